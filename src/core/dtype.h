@@ -48,4 +48,7 @@ uint8_t f32_to_e4m3(float f);
 
 inline constexpr float kE4M3Max = 448.0f;
 
+// Reads element i of an array of a float dtype (F32, BF16, F16, F8_E4M3) as fp32.
+float load_as_f32(const void* base, DType dtype, int64_t i);
+
 }  // namespace dsi

@@ -141,7 +141,7 @@ void Tensor::copy_from(const Tensor& src) {
   }
   // Generic strided copy: iterate over all indices of the shape.
   const int n = ndim();
-  std::vector<int64_t> idx(size_t(n), 0);
+  std::vector<int64_t> idx(static_cast<size_t>(n), 0);
   const int64_t total = numel();
   for (int64_t k = 0; k < total; ++k) {
     int64_t so = 0, doff = 0;

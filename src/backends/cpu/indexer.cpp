@@ -1,0 +1,46 @@
+// CPU reference: lightning-indexer logits in exact fp32 (no Hadamard rotation or fp8: those are GPU
+// numerics). Same operation order as HF: scale the dot product, relu, then weight and sum the heads.
+#include <cmath>
+#include <limits>
+
+#include "backends/cpu/cpu_ops.h"
+
+namespace dsi::cpu {
+
+void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
+                    const Tensor& bounds, float softmax_scale, Tensor& logits) {
+  DSI_CHECK(q.ndim() == 3 && q.is_contiguous(), "indexer_logits: q must be [rows, heads, d], got {}",
+            q.desc());
+  const int64_t rows = q.dim(0), heads = q.dim(1), d = q.dim(2);
+  check_shape(weights, {rows, heads}, "indexer_logits weights");
+  DSI_CHECK(keys.ndim() == 2 && keys.dim(1) == d && keys.stride(1) == 1,
+            "indexer_logits: keys {} for q {}", keys.desc(), q.desc());
+  const int64_t n_keys = keys.dim(0);
+  check_shape(bounds, {rows}, "indexer_logits bounds");
+  check_shape(logits, {rows, n_keys}, "indexer_logits logits");
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t bound = bounds.i32()[r];
+    DSI_CHECK(bound >= 0 && bound <= n_keys, "indexer_logits: bound {} outside [0, {}]", bound, n_keys);
+    const float* w = weights.f32() + r * heads;
+    float* out = logits.f32() + r * n_keys;
+    for (int64_t s = 0; s < n_keys; ++s) {
+      if (s >= bound) {
+        out[s] = ninf;
+        continue;
+      }
+      const float* k = keys.f32() + s * keys.stride(0);
+      float acc = 0.0f;
+      for (int64_t j = 0; j < heads; ++j) {
+        const float* qj = q.f32() + (r * heads + j) * d;
+        float dot = 0.0f;
+        for (int64_t c = 0; c < d; ++c) dot += qj[c] * k[c];
+        const float relu = std::max(dot * softmax_scale, 0.0f);
+        acc += w[j] * relu;
+      }
+      out[s] = acc;
+    }
+  }
+}
+
+}  // namespace dsi::cpu

@@ -1,0 +1,68 @@
+// CPU reference: y = x W^T for f32 / bf16 / f16 / fp8-block-scaled weights. Weights stay in their
+// checkpoint dtype; blocks of rows are dequantised to fp32 and multiplied with OpenBLAS sgemm.
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "backends/cpu/cpu_ops.h"
+#include "ops/linear.h"
+
+namespace dsi::cpu {
+
+Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
+  const Tensor& wt = w.weight;
+  DSI_CHECK(wt.ndim() == 2 && wt.is_contiguous(), "linear: weight must be a contiguous [out, in], got {}",
+            wt.desc());
+  DSI_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= wt.dim(0),
+            "dequantize_rows: rows [{}, {}) of {}", row_begin, row_end, wt.desc());
+  const int64_t in = wt.dim(1);
+  Tensor out = Tensor::empty({row_end - row_begin, in}, DType::F32);
+  float* o = out.f32();
+  const bool fp8 = wt.dtype() == DType::F8_E4M3;
+  if (fp8) {
+    DSI_CHECK(w.scale_inv.defined(), "linear: fp8 weight {} without weight_scale_inv", wt.desc());
+    check_dtype(w.scale_inv, DType::F32, "weight_scale_inv");
+  }
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    float* orow = o + (r - row_begin) * in;
+    const int64_t base = r * in;
+    for (int64_t c = 0; c < in; ++c) orow[c] = load_as_f32(wt.raw(), wt.dtype(), base + c);
+    if (fp8) {
+      const float* srow = w.scale_inv.f32() + (r / w.block_out) * w.scale_inv.dim(1);
+      for (int64_t c = 0; c < in; ++c) orow[c] *= srow[c / w.block_in];
+    }
+  }
+  return out;
+}
+
+void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  const int64_t out_f = w.out_features(), in_f = w.in_features();
+  DSI_CHECK(x.ndim() == 2 && x.dim(1) == in_f && x.stride(1) == 1,
+            "linear: input {} does not match weight {}", x.desc(), w.weight.desc());
+  check_dtype(x, DType::F32, "linear input");
+  DSI_CHECK(out.ndim() == 2 && out.dim(0) == x.dim(0) && out.dim(1) == out_f && out.stride(1) == 1,
+            "linear: output {} for input {} and weight {}", out.desc(), x.desc(), w.weight.desc());
+  const int64_t n = x.dim(0);
+  if (n == 0 || out_f == 0) return;
+  if (in_f == 0) {
+    for (int64_t i = 0; i < n; ++i) std::fill_n(out.f32() + i * out.stride(0), out_f, 0.0f);
+    return;
+  }
+  if (w.weight.dtype() == DType::F32 && w.weight.is_contiguous()) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(out_f), int(in_f), 1.0f,
+                x.f32(), int(x.stride(0)), w.weight.f32(), int(in_f), 0.0f, out.f32(),
+                int(out.stride(0)));
+    return;
+  }
+  // Dequantise ~1 MB of weight rows at a time.
+  const int64_t chunk = std::max<int64_t>(1, (1 << 18) / in_f);
+  for (int64_t r0 = 0; r0 < out_f; r0 += chunk) {
+    const int64_t r1 = std::min(out_f, r0 + chunk);
+    Tensor wf = dequantize_rows(w, r0, r1);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(r1 - r0), int(in_f), 1.0f,
+                x.f32(), int(x.stride(0)), wf.f32(), int(in_f), 0.0f, out.f32() + r0,
+                int(out.stride(0)));
+  }
+}
+
+}  // namespace dsi::cpu

@@ -1,0 +1,45 @@
+// CPU reference: exact top-k per row in the total order (score descending, then position ascending).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "backends/cpu/cpu_ops.h"
+#include "ops/topk.h"
+
+namespace dsi::cpu {
+
+void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Tensor* values) {
+  DSI_CHECK(scores.ndim() == 2 && scores.stride(1) == 1, "topk: scores must be [rows, n], got {}",
+            scores.desc());
+  check_dtype(scores, DType::F32, "topk scores");
+  const int64_t rows = scores.dim(0), n = scores.dim(1);
+  DSI_CHECK(k >= 0, "topk: k = {} must be >= 0", k);
+  check_shape(bounds, {rows}, "topk bounds");
+  check_shape(indices, {rows, k}, "topk indices");
+  if (values && values->defined()) check_shape(*values, {rows, k}, "topk values");
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<int32_t> order;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t bound = bounds.i32()[r];
+    DSI_CHECK(bound >= 0 && bound <= n, "topk: bound {} outside [0, {}]", bound, n);
+    const float* s = scores.f32() + r * scores.stride(0);
+    // NaN would break the strict weak order; rank it last (as -inf), never crash.
+    auto key = [&](int32_t i) { return std::isnan(s[i]) ? ninf : s[i]; };
+    order.resize(size_t(bound));
+    std::iota(order.begin(), order.end(), 0);
+    const int64_t take = std::min<int64_t>(k, bound);
+    std::partial_sort(order.begin(), order.begin() + take, order.end(), [&](int32_t a, int32_t b) {
+      return ops::topk_before(key(a), a, key(b), b);
+    });
+    int32_t* idx = indices.i32() + r * k;
+    for (int64_t j = 0; j < k; ++j) idx[j] = j < take ? order[size_t(j)] : -1;
+    if (values && values->defined()) {
+      float* v = values->f32() + r * k;
+      for (int64_t j = 0; j < k; ++j) v[j] = j < take ? s[order[size_t(j)]] : ninf;
+    }
+  }
+}
+
+}  // namespace dsi::cpu

@@ -1,0 +1,70 @@
+// MLA attention forward; see attention.h. Mirrors HF GlmMoeDsaAttention / DeepseekV32Attention, but
+// attends in the absorbed form over the latent cache (mathematically equal to HF's expanded K/V).
+#include "model/attention.h"
+
+#include "model/indexer.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
+#include "ops/mla.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace dsi {
+
+Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const Tensor& u,
+                     LayerKvCache& kv, Tensor& topk) {
+  const ModelConfig& c = *ctx.cfg;
+  const int64_t n = ctx.n, heads = c.n_heads, nope = c.head_dim_nope, rope = c.head_dim_rope;
+  const int64_t lora = c.kv_lora_rank, dk = lora + rope;
+  const float eps = float(c.rms_norm_eps);
+  const Device dev = u.device();
+
+  // Queries: c_q = RMSNorm(q_a_proj u); q = q_b_proj c_q -> [n, H, nope | rope]; RoPE on the rope part.
+  Tensor c_q = Tensor::empty({n, c.q_lora_rank}, DType::F32, dev);
+  ops::linear(u, w.q_a_proj, c_q);
+  ops::rms_norm(c_q, w.q_a_layernorm, eps, c_q);
+  Tensor q = Tensor::empty({n, heads, c.qk_head_dim()}, DType::F32, dev);
+  Tensor q2 = q.view({n, heads * c.qk_head_dim()});
+  ops::linear(c_q, w.q_b_proj, q2);
+  ops::rope(q, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
+            RopeStyle::kInterleaved, /*offset=*/int(nope));
+
+  // Keys: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache stores RMSNorm(c_kv) and RoPE(k_pe).
+  Tensor kv_a = Tensor::empty({n, dk}, DType::F32, dev);
+  ops::linear(u, w.kv_a_proj_with_mqa, kv_a);
+  Tensor rows = kv.latent.slice(ctx.start, ctx.start + n);
+  Tensor rows_ckv = rows.narrow(1, 0, lora);
+  ops::rms_norm(kv_a.narrow(1, 0, lora), w.kv_a_layernorm, eps, rows_ckv);
+  Tensor rows_kpe = rows.narrow(1, lora, rope);
+  ops::copy(kv_a.narrow(1, lora, rope), rows_kpe);
+  Tensor rows3 = rows.view({n, 1, dk});
+  ops::rope(rows3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
+            RopeStyle::kInterleaved, /*offset=*/int(lora));
+
+  if (w.indexer) {
+    topk = indexer_topk(ctx, *w.indexer, u, c_q, kv.index_keys);
+  } else {
+    DSI_CHECK(topk.defined() && topk.dim(0) == n,
+              "shared indexer layer: no top-k from a previous full layer");
+  }
+
+  // Absorbed queries [n, H, kv_lora | rope]: W_UK^T q_nope, then q_pe.
+  Tensor q_abs = Tensor::empty({n, heads, dk}, DType::F32, dev);
+  Tensor q_abs_lat = q_abs.narrow(2, 0, lora);
+  ops::mla_absorb_q(q.narrow(2, 0, nope), w.w_uk, q_abs_lat);
+  Tensor q_abs_pe = q_abs.narrow(2, lora, rope);
+  ops::copy(q.narrow(2, nope, rope), q_abs_pe);
+
+  Tensor o_lat = Tensor::empty({n, heads, lora}, DType::F32, dev);
+  Tensor lse = Tensor::empty({n, heads}, DType::F32, dev);
+  ops::sparse_mla(q_abs, kv.latent.slice(0, ctx.start + n), topk, float(c.attn_softmax_scale()),
+                  int(lora), o_lat, lse);
+
+  Tensor o = Tensor::empty({n, heads, c.v_head_dim}, DType::F32, dev);
+  ops::mla_up_v(o_lat, w.w_uv, o);
+  Tensor out = Tensor::empty({n, c.hidden_size}, DType::F32, dev);
+  ops::linear(o.view({n, heads * c.v_head_dim}), w.o_proj, out);
+  return out;
+}
+
+}  // namespace dsi

@@ -1,0 +1,141 @@
+// The DSA model forward; see dsa_model.h. Layer structure: dsa-reference.md section 2,
+//   u = RMSNorm_in(h); h += Attn(u); v = RMSNorm_post(h); h += FFN(v); logits = lm_head(RMSNorm(h)).
+#include "model/dsa_model.h"
+
+#include "model/attention.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
+#include "ops/moe.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace dsi {
+
+std::unique_ptr<DsaModel> DsaModel::load(const std::string& dir) {
+  ModelConfig cfg = load_config(dir + "/config.json");
+  Checkpoint ck = Checkpoint::open(dir);
+  ModelWeights w = load_weights(ck, cfg);
+  return std::make_unique<DsaModel>(std::move(cfg), std::move(w));
+}
+
+DsaModel::DsaModel(ModelConfig cfg, ModelWeights weights)
+    : cfg_(std::move(cfg)), weights_(std::move(weights)) {
+  const ops::RopeFreqs f =
+      ops::compute_rope_freqs(cfg_.rope, cfg_.head_dim_rope, cfg_.max_position_embeddings);
+  rope_.inv_freq = Tensor::from_f32(f.inv_freq, {int64_t(f.inv_freq.size())});
+  rope_.attention_factor = f.attention_factor;
+}
+
+LayerContext DsaModel::make_context(int64_t start, int64_t n) const {
+  LayerContext ctx;
+  ctx.cfg = &cfg_;
+  ctx.rope = &rope_;
+  ctx.start = start;
+  ctx.n = n;
+  ctx.positions = Tensor::empty({n}, DType::I32);
+  ctx.bounds = Tensor::empty({n}, DType::I32);
+  for (int64_t i = 0; i < n; ++i) {
+    ctx.positions.i32()[i] = int32_t(start + i);
+    ctx.bounds.i32()[i] = int32_t(start + i + 1);
+  }
+  return ctx;
+}
+
+void DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, Tensor& h,
+                             LayerKvCache& kv, Tensor& topk) const {
+  const int64_t n = ctx.n, d = cfg_.hidden_size;
+  const float eps = float(cfg_.rms_norm_eps);
+  Tensor x = Tensor::empty({n, d}, DType::F32, h.device());
+  ops::rms_norm(h, w.input_layernorm, eps, x);
+  Tensor attn = mla_attention(ctx, w.self_attn, x, kv, topk);
+  ops::add_inplace(h, attn);
+
+  ops::rms_norm(h, w.post_attention_layernorm, eps, x);
+  Tensor ffn = Tensor::empty({n, d}, DType::F32, h.device());
+  if (!w.is_moe) {
+    ops::mlp(x, w.mlp, ffn);
+  } else {
+    Tensor router_logits = Tensor::empty({n, cfg_.n_experts}, DType::F32, h.device());
+    ops::linear(x, w.moe.gate, router_logits);
+    const int k = cfg_.n_experts_active;
+    Tensor ids = Tensor::empty({n, k}, DType::I32, h.device());
+    Tensor weights = Tensor::empty({n, k}, DType::F32, h.device());
+    RouterParams rp;
+    rp.n_experts_active = k;
+    rp.n_group = cfg_.n_group;
+    rp.topk_group = cfg_.topk_group;
+    rp.norm_topk_prob = cfg_.norm_topk_prob;
+    rp.routed_scaling_factor = float(cfg_.routed_scaling_factor);
+    ops::moe_route(router_logits, w.moe.e_score_correction_bias, rp, ids, weights);
+    ops::moe_experts(x, ids, weights, w.moe.experts, ffn);
+    Tensor shared = Tensor::empty({n, d}, DType::F32, h.device());
+    ops::mlp(x, w.moe.shared_experts, shared);
+    ops::add_inplace(ffn, shared);
+  }
+  ops::add_inplace(h, ffn);
+}
+
+Tensor DsaModel::forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTrace* trace) const {
+  const int64_t n = tokens.dim(0), start = cache.length();
+  DSI_CHECK(n > 0, "forward: no tokens");
+  DSI_CHECK(start + n <= cache.capacity(), "forward: {} + {} tokens exceed the cache capacity {}",
+            start, n, cache.capacity());
+  const LayerContext ctx = make_context(start, n);
+  Tensor h = Tensor::empty({n, cfg_.hidden_size}, DType::F32);
+  ops::embedding(weights_.embed_tokens, tokens, h);
+  Tensor topk;
+  for (int i = 0; i < cfg_.n_layers; ++i) {
+    decoder_layer(ctx, weights_.layers[size_t(i)], h, cache.layer(i), topk);
+    if (trace) trace->topk.push_back(topk);
+  }
+  Tensor out = Tensor::empty({n, cfg_.hidden_size}, DType::F32);
+  ops::rms_norm(h, weights_.norm, float(cfg_.rms_norm_eps), out);
+  cache.set_length(start + n);
+  return out;
+}
+
+Tensor DsaModel::logits(const Tensor& hidden) const {
+  Tensor out = Tensor::empty({hidden.dim(0), cfg_.vocab_size}, DType::F32, hidden.device());
+  ops::linear(hidden, weights_.lm_head, out);
+  return out;
+}
+
+Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
+                             SequenceKvCache& cache, ForwardTrace* trace) const {
+  DSI_CHECK(weights_.mtp.has_value(), "this checkpoint has no MTP layer");
+  const MtpWeights& m = *weights_.mtp;
+  const int64_t n = hidden.dim(0), d = cfg_.hidden_size, start = cache.mtp_length();
+  DSI_CHECK(next_tokens.dim(0) == n, "mtp_forward: {} hidden rows but {} tokens", n,
+            next_tokens.dim(0));
+  DSI_CHECK(start + n <= cache.capacity(), "mtp_forward: {} + {} rows exceed the cache capacity {}",
+            start, n, cache.capacity());
+  const float eps = float(cfg_.rms_norm_eps);
+  // x = eh_proj([enorm(embed(t_{i+1})) ; hnorm(h_i)]): the embedding comes first.
+  Tensor cat = Tensor::empty({n, 2 * d}, DType::F32);
+  Tensor emb = Tensor::empty({n, d}, DType::F32);
+  ops::embedding(m.embed_tokens, next_tokens, emb);
+  Tensor cat_e = cat.narrow(1, 0, d);
+  ops::rms_norm(emb, m.enorm, eps, cat_e);
+  Tensor cat_h = cat.narrow(1, d, d);
+  ops::rms_norm(hidden, m.hnorm, eps, cat_h);
+  Tensor h = Tensor::empty({n, d}, DType::F32);
+  ops::linear(cat, m.eh_proj, h);
+
+  const LayerContext ctx = make_context(start, n);
+  Tensor topk;
+  decoder_layer(ctx, m.layer, h, cache.mtp(), topk);
+  if (trace) trace->topk.push_back(topk);
+  Tensor out = Tensor::empty({n, d}, DType::F32);
+  ops::rms_norm(h, m.shared_head_norm, eps, out);
+  cache.set_mtp_length(start + n);
+  return out;
+}
+
+Tensor DsaModel::mtp_logits(const Tensor& mtp_hidden) const {
+  DSI_CHECK(weights_.mtp.has_value(), "this checkpoint has no MTP layer");
+  Tensor out = Tensor::empty({mtp_hidden.dim(0), cfg_.vocab_size}, DType::F32);
+  ops::linear(mtp_hidden, weights_.mtp->head, out);
+  return out;
+}
+
+}  // namespace dsi

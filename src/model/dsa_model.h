@@ -1,0 +1,56 @@
+// The DSA causal LM (GlmMoeDsaForCausalLM / DeepseekV32ForCausalLM) and its MTP layer, written once
+// against the op API: the device of the weights picks the backend.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/layer_context.h"
+#include "model/weights.h"
+#include "runtime/kv_cache.h"
+
+namespace dsi {
+
+// Optional record of a forward call, for tests and debugging.
+struct ForwardTrace {
+  std::vector<Tensor> topk;  // per layer run: [n, index_topk] i32 selected positions
+};
+
+class DsaModel {
+ public:
+  // Reads config.json and the safetensors weights of a checkpoint directory.
+  static std::unique_ptr<DsaModel> load(const std::string& dir);
+  DsaModel(ModelConfig cfg, ModelWeights weights);
+
+  const ModelConfig& config() const { return cfg_; }
+  bool has_mtp() const { return weights_.mtp.has_value(); }
+
+  // Runs the main model over `tokens` ([n] i32) at positions [cache.length(), + n) and appends them
+  // to the caches. Returns the hidden states after the final norm, [n, hidden] f32.
+  Tensor forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTrace* trace = nullptr) const;
+  // lm_head: [n, hidden] -> [n, vocab] f32.
+  Tensor logits(const Tensor& hidden) const;
+
+  // The MTP layer (dsa-reference.md section 5): row i combines hidden[i] (the main model's state
+  // after the final norm, or the previous draft step's) with next_tokens[i] (the token after it),
+  // x = eh_proj([enorm(embed(next)); hnorm(hidden)]), runs at positions [cache.mtp_length(), + n)
+  // and appends to the MTP caches. Returns shared_head.norm(y), [n, hidden] f32.
+  Tensor mtp_forward(const Tensor& hidden, const Tensor& next_tokens, SequenceKvCache& cache,
+                     ForwardTrace* trace = nullptr) const;
+  // The MTP head: [n, hidden] -> draft logits [n, vocab] f32.
+  Tensor mtp_logits(const Tensor& mtp_hidden) const;
+
+ private:
+  // One pre-norm decoder layer over h ([n, hidden], updated in place).
+  void decoder_layer(const LayerContext& ctx, const LayerWeights& w, Tensor& h, LayerKvCache& kv,
+                     Tensor& topk) const;
+  LayerContext make_context(int64_t start, int64_t n) const;
+
+  ModelConfig cfg_;
+  ModelWeights weights_;
+  RopeTable rope_;
+};
+
+}  // namespace dsi

@@ -1,0 +1,79 @@
+// The model's weights, mirroring the checkpoint's module names (model.layers.{i}.self_attn.q_a_proj,
+// ...indexer.wq_b, ...mlp.experts.{e}.gate_proj, MTP's enorm/hnorm/eh_proj/shared_head).
+// Linear weights stay in their checkpoint dtype (mapped, not copied); norms and biases become fp32.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "ops/linear.h"
+#include "ops/moe.h"
+
+namespace dsi {
+
+struct IndexerWeights {
+  LinearWeight wq_b;          // [n_index_heads * index_head_dim, q_lora]
+  LinearWeight wk;            // [index_head_dim, hidden]
+  LinearWeight weights_proj;  // [n_index_heads, hidden]
+  Tensor k_norm_weight;       // [index_head_dim] f32 (LayerNorm)
+  Tensor k_norm_bias;         // [index_head_dim] f32
+};
+
+struct AttentionWeights {
+  LinearWeight q_a_proj;            // [q_lora, hidden]
+  Tensor q_a_layernorm;             // [q_lora] f32
+  LinearWeight q_b_proj;            // [n_heads * (nope + rope), q_lora]
+  LinearWeight kv_a_proj_with_mqa;  // [kv_lora + rope, hidden]
+  Tensor kv_a_layernorm;            // [kv_lora] f32
+  LinearWeight kv_b_proj;           // [n_heads * (nope + v), kv_lora]
+  LinearWeight o_proj;              // [hidden, n_heads * v]
+  // kv_b_proj split for the absorbed form (fp32): W_UK [H, nope, kv_lora], W_UV [H, v, kv_lora].
+  Tensor w_uk;
+  Tensor w_uv;
+  std::optional<IndexerWeights> indexer;  // absent on "shared" layers
+};
+
+struct MoeWeights {
+  LinearWeight gate;                // router [n_experts, hidden] (computed in fp32)
+  Tensor e_score_correction_bias;   // [n_experts] f32
+  std::vector<MlpWeights> experts;  // routed experts
+  MlpWeights shared_experts;
+};
+
+struct LayerWeights {
+  Tensor input_layernorm;           // [hidden] f32
+  Tensor post_attention_layernorm;  // [hidden] f32
+  AttentionWeights self_attn;
+  bool is_moe = false;
+  MlpWeights mlp;  // dense layers
+  MoeWeights moe;  // MoE layers
+};
+
+// The multi-token-prediction layer (index num_hidden_layers in the checkpoint).
+struct MtpWeights {
+  LayerWeights layer;
+  Tensor enorm;             // [hidden] f32, applied to the embedding of token i+1
+  Tensor hnorm;             // [hidden] f32, applied to the main model's hidden h_i
+  LinearWeight eh_proj;     // [hidden, 2 * hidden]; input = [enorm(emb) ; hnorm(h)]
+  Tensor shared_head_norm;  // [hidden] f32
+  Tensor embed_tokens;      // [vocab, hidden]; the layer's own copy, else model.embed_tokens
+  LinearWeight head;        // [vocab, hidden]; shared_head.head, else lm_head
+};
+
+struct ModelWeights {
+  Tensor embed_tokens;  // [vocab, hidden] (checkpoint dtype)
+  std::vector<LayerWeights> layers;
+  Tensor norm;  // [hidden] f32
+  LinearWeight lm_head;
+  std::optional<MtpWeights> mtp;
+};
+
+// Loads every tensor the config implies, checking names, shapes and dtypes; errors name the tensor.
+// Sets cfg.n_mtp_layers when the config left it unstated (-1) from what the checkpoint holds.
+ModelWeights load_weights(const Checkpoint& ck, ModelConfig& cfg);
+
+}  // namespace dsi

@@ -1,0 +1,29 @@
+// Linear layers y = x W^T with weights in their checkpoint dtype: f32, bf16, f16, or fp8 e4m3 with
+// 128x128 block scales (W = W8 * scale_inv[i / block_out, j / block_in], DeepSeek's recipe).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace dsi {
+
+struct LinearWeight {
+  Tensor weight;     // [out, in]: F32, BF16, F16 or F8_E4M3
+  Tensor scale_inv;  // [ceil(out / block_out), ceil(in / block_in)] F32; only with F8_E4M3
+  int block_out = 128;
+  int block_in = 128;
+
+  bool defined() const { return weight.defined(); }
+  int64_t out_features() const { return weight.dim(0); }
+  int64_t in_features() const { return weight.dim(1); }
+};
+
+namespace ops {
+
+// y = x W^T. x: [n, in] f32 (strided rows ok); out: [n, out] f32 contiguous.
+void linear(const Tensor& x, const LinearWeight& w, Tensor& out);
+
+// Dequantises rows [row_begin, row_end) of W to fp32 (host); out: [row_end - row_begin, in].
+Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
+
+}  // namespace ops
+}  // namespace dsi

@@ -1,0 +1,16 @@
+// Dispatch of the normalisation ops; see norm.h.
+#include "ops/norm.h"
+
+#include "ops/dispatch.h"
+
+namespace dsi::ops {
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  DSI_DISPATCH(x.device(), rms_norm, x, weight, eps, out);
+}
+
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out) {
+  DSI_DISPATCH(x.device(), layer_norm, x, weight, bias, eps, out);
+}
+
+}  // namespace dsi::ops

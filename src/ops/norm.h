@@ -1,0 +1,17 @@
+// Normalisation ops: RMSNorm (all MLA/decoder norms) and LayerNorm (the indexer's k_norm).
+// Both compute in fp32 (HF GlmMoeDsaRMSNorm / nn.LayerNorm semantics).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace dsi::ops {
+
+// out[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight.
+// x: [n, d] f32, rows may be strided (last dim contiguous); weight: [d] f32; out: [n, d] f32.
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+
+// out[i] = (x[i] - mean) / sqrt(var + eps) * weight + bias (biased variance, as nn.LayerNorm).
+// x: [n, d] f32 (strided rows ok); weight, bias: [d] f32; out: [n, d] f32.
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
+
+}  // namespace dsi::ops
