@@ -872,12 +872,9 @@ def explicit_hf_config(config_cls, cfg, sem):
 
 def load_hf(transformers, load_dir, cfg, sem, ref, force_explicit):
     """Load the checkpoint with HF (fp32, eager), check parse, loading info and every parameter."""
-    import torch as _t
-
     model_cls, config_cls = hf_classes(transformers, cfg["model_type"])
-    kwargs = dict(dtype=_t.float32, attn_implementation="eager", output_loading_info=True)
-    note = None
-    model, info = (None, None)
+    kwargs = dict(dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    note, model, info = None, None, None
     if not force_explicit:
         model, info = model_cls.from_pretrained(load_dir, **kwargs)
         problems = parse_problems(model, cfg, sem)
@@ -1002,7 +999,7 @@ def json_margin(x):
     return None if not math.isfinite(x) else float(x)
 
 
-def build_fixture(transformers, spec, out_root, seed, force_explicit, modules):
+def build_fixture(transformers, spec, out_root, seed, force_explicit):
     """Write one fixture's checkpoint and goldens; return a summary dict."""
     name = spec["name"]
     cfg = spec["config"]()
@@ -1194,7 +1191,7 @@ def main():
     summaries = []
     for spec in specs:
         print(f"[{spec['name']}] building ...", flush=True)
-        s = build_fixture(transformers, spec, args.out, args.seed, args.explicit_hf_config, (glm_mod, dsv_mod))
+        s = build_fixture(transformers, spec, args.out, args.seed, args.explicit_hf_config)
         summaries.append(s)
         print(f"[{spec['name']}] {health_report(s)}", flush=True)
         if args.self_check:

@@ -1,2 +1,174 @@
-// dsinfer command-line interface (placeholder until the generate/logits commands land).
-int main() { return 0; }
+// dsinfer command-line interface: `generate` (prefill + decode) and `logits` (teacher-forced
+// logits to .npy). Errors go to stderr as one line with a non-zero exit code; with --json the last
+// line of stdout is one JSON object.
+#include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/npy.h"
+#include "dsinfer/error.h"
+#include "model/dsa_model.h"
+#include "runtime/generator.h"
+
+namespace {
+
+using dsi::fail;
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  size_t i = 0;
+  while (i <= text.size()) {
+    size_t j = text.find(',', i);
+    if (j == std::string::npos) j = text.size();
+    std::string tok = text.substr(i, j - i);
+    tok.erase(0, tok.find_first_not_of(" \t"));
+    tok.erase(tok.find_last_not_of(" \t") + 1);
+    if (!tok.empty() || j < text.size()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long v = std::strtoll(tok.c_str(), &end, 10);
+      if (tok.empty() || *end != '\0' || errno != 0 || v < INT32_MIN || v > INT32_MAX)
+        fail("--prompt-ids: '{}' is not a token id (expected comma-separated integers)", tok);
+      ids.push_back(int32_t(v));
+    }
+    i = j + 1;
+  }
+  if (ids.empty()) fail("--prompt-ids: the prompt is empty");
+  return ids;
+}
+
+struct CommonOptions {
+  std::string model_dir;
+  std::string prompt_ids;
+  std::string prompt_text;
+  std::string device = "cpu";
+  int prefill_chunk = 0;
+};
+
+void add_common(CLI::App* cmd, CommonOptions& o) {
+  cmd->add_option("--model", o.model_dir, "checkpoint directory (config.json + safetensors)")
+      ->required();
+  cmd->add_option("--prefill-chunk", o.prefill_chunk, "prompt tokens per prefill step (0 = all)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--device", o.device, "compute device: cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+}
+
+std::vector<int32_t> prompt_of(const CommonOptions& o) {
+  if (!o.prompt_text.empty())
+    fail("--prompt needs a tokenizer, which this build does not have yet; pass --prompt-ids");
+  return parse_ids(o.prompt_ids);
+}
+
+std::unique_ptr<dsi::DsaModel> load_model(const CommonOptions& o) {
+  if (o.device != "cpu") fail("--device {}: this build has no CUDA backend", o.device);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto model = dsi::DsaModel::load(o.model_dir);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const auto& c = model->config();
+  spdlog::info("loaded {} ({}, {} layers, hidden {}, vocab {}{}) in {:.2f} s", o.model_dir,
+               c.model_type, c.n_layers, c.hidden_size, c.vocab_size,
+               model->has_mtp() ? ", MTP layer" : "", s);
+  return model;
+}
+
+int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bool json) {
+  const std::vector<int32_t> prompt = prompt_of(o);
+  auto model = load_model(o);
+  const dsi::GenerationResult r = dsi::generate(*model, prompt, params);
+  const auto& st = r.stats;
+  spdlog::info("prompt {} tokens, prefill {:.3f} s; generated {} tokens, decode {:.2f} tok/s ({})",
+               st.prompt_tokens, st.prefill_seconds, st.generated_tokens,
+               st.decode_tokens_per_second, r.finish_reason);
+  if (json) {
+    nlohmann::json j;
+    j["prompt_ids"] = prompt;
+    j["output_ids"] = r.output_ids;
+    j["finish_reason"] = r.finish_reason;
+    j["stats"] = {{"prompt_tokens", st.prompt_tokens},
+                  {"generated_tokens", st.generated_tokens},
+                  {"prefill_seconds", st.prefill_seconds},
+                  {"decode_seconds", st.decode_seconds},
+                  {"decode_tokens_per_second", st.decode_tokens_per_second}};
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::string line;
+    for (size_t i = 0; i < r.output_ids.size(); ++i)
+      line += (i ? "," : "") + std::to_string(r.output_ids[i]);
+    std::cout << line << std::endl;
+  }
+  return 0;
+}
+
+int run_logits(const CommonOptions& o, const std::string& out, const std::string& mtp_out) {
+  const std::vector<int32_t> prompt = prompt_of(o);
+  auto model = load_model(o);
+  const dsi::PromptLogits r = dsi::prompt_logits(*model, prompt, o.prefill_chunk, !mtp_out.empty());
+  dsi::write_npy(out, r.logits);
+  spdlog::info("wrote {} logits {}", out, dsi::shape_str(r.logits.shape()));
+  if (!mtp_out.empty()) {
+    dsi::write_npy(mtp_out, r.mtp_logits);
+    spdlog::info("wrote {} MTP logits {}", mtp_out, dsi::shape_str(r.mtp_logits.shape()));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  spdlog::set_default_logger(spdlog::stderr_color_mt("dsinfer"));
+  spdlog::set_pattern("[%H:%M:%S.%e] %v");
+
+  CLI::App app{"dsinfer: inference for DeepSeek-Sparse-Attention models (GLM-5.x, DeepSeek-V3.2)"};
+  app.require_subcommand(1);
+
+  CommonOptions gen_opts;
+  dsi::GenerationParams params;
+  bool json = false;
+  CLI::App* gen = app.add_subcommand("generate", "generate tokens after a prompt");
+  add_common(gen, gen_opts);
+  auto* ids_opt = gen->add_option("--prompt-ids", gen_opts.prompt_ids, "prompt token ids: 1,2,3");
+  auto* text_opt = gen->add_option("--prompt", gen_opts.prompt_text, "prompt text");
+  ids_opt->excludes(text_opt);
+  gen->add_option("--max-new-tokens", params.max_new_tokens, "tokens to generate (default 16)")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--temperature", params.sampling.temperature, "0 = greedy (default)")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--top-p", params.sampling.top_p, "nucleus mass in (0, 1] (default 1)")
+      ->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--seed", params.sampling.seed, "random seed for sampling (default 0)");
+  gen->add_flag("--ignore-eos", params.ignore_eos, "do not stop at the config's eos_token_id");
+  gen->add_flag("--json", json, "print one JSON object (ids and stats) as the last stdout line");
+
+  CommonOptions log_opts;
+  std::string out, mtp_out;
+  CLI::App* lg = app.add_subcommand("logits", "teacher-forced logits of a prompt to .npy");
+  add_common(lg, log_opts);
+  lg->add_option("--prompt-ids", log_opts.prompt_ids, "prompt token ids: 1,2,3")->required();
+  lg->add_option("--out", out, "output .npy: float32 [n, vocab]")->required();
+  lg->add_option("--mtp-out", mtp_out, "MTP logits .npy: float32 [n - 1, vocab]");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (gen->parsed()) {
+      if (gen_opts.prompt_ids.empty() && gen_opts.prompt_text.empty())
+        fail("generate needs --prompt-ids or --prompt");
+      params.prefill_chunk = gen_opts.prefill_chunk;
+      return run_generate(gen_opts, params, json);
+    }
+    return run_logits(log_opts, out, mtp_out);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}
