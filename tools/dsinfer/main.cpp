@@ -50,6 +50,7 @@ struct CommonOptions {
   std::string prompt_text;
   std::string device = "cpu";
   int prefill_chunk = 0;
+  bool text_given = false;  // --prompt was passed (even empty)
 };
 
 void add_common(CLI::App* cmd, CommonOptions& o) {
@@ -61,7 +62,7 @@ void add_common(CLI::App* cmd, CommonOptions& o) {
 }
 
 std::vector<int32_t> prompt_of(const CommonOptions& o) {
-  if (!o.prompt_text.empty())
+  if (o.text_given)
     fail("--prompt needs a tokenizer, which this build does not have yet; pass --prompt-ids");
   return parse_ids(o.prompt_ids);
 }
@@ -99,8 +100,10 @@ int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bo
     std::cout << j.dump() << std::endl;
   } else {
     std::string line;
-    for (size_t i = 0; i < r.output_ids.size(); ++i)
-      line += (i ? "," : "") + std::to_string(r.output_ids[i]);
+    for (size_t i = 0; i < r.output_ids.size(); ++i) {
+      if (i) line += ',';
+      line += std::to_string(r.output_ids[i]);
+    }
     std::cout << line << std::endl;
   }
   return 0;
@@ -161,9 +164,10 @@ int main(int argc, char** argv) {
   }
   try {
     if (gen->parsed()) {
-      if (gen_opts.prompt_ids.empty() && gen_opts.prompt_text.empty())
+      if (ids_opt->count() == 0 && text_opt->count() == 0)
         fail("generate needs --prompt-ids or --prompt");
       params.prefill_chunk = gen_opts.prefill_chunk;
+      gen_opts.text_given = text_opt->count() > 0;
       return run_generate(gen_opts, params, json);
     }
     return run_logits(log_opts, out, mtp_out);
