@@ -108,7 +108,7 @@ TEST(Cli, BadInputGivesOneLineError) {
       {"generate " + model + " --prompt hello", "tokenizer"},
       {"generate " + model, "--prompt-ids or --prompt"},
       {"generate --model /nonexistent/dir --prompt-ids 1", "/nonexistent/dir"},
-      {"generate " + model + " --prompt-ids 1 --device cuda", "no CUDA backend"},
+      {"generate " + model + " --prompt-ids 1 --device cuda", "--device cuda"},
       {"logits " + model + " --prompt-ids 1,2 --out /nonexistent/dir/x.npy", "/nonexistent/dir/x.npy"},
   };
   for (const auto& c : cases) {

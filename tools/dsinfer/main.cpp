@@ -16,6 +16,9 @@
 #include "dsinfer/error.h"
 #include "model/dsa_model.h"
 #include "runtime/generator.h"
+#ifdef DSI_WITH_CUDA
+#include "backends/cuda/device.h"
+#endif
 
 namespace {
 
@@ -68,7 +71,15 @@ std::vector<int32_t> prompt_of(const CommonOptions& o) {
 }
 
 std::unique_ptr<dsi::DsaModel> load_model(const CommonOptions& o) {
-  if (o.device != "cpu") fail("--device {}: this build has no CUDA backend", o.device);
+  if (o.device != "cpu") {
+#ifdef DSI_WITH_CUDA
+    const int n = dsi::cuda::device_count();
+    fail("--device cuda: the CUDA backend runs no model yet ({} device{} visible{}{})", n,
+         n == 1 ? "" : "s", n > 0 ? ": " : "", n > 0 ? dsi::cuda::device_description(0) : "");
+#else
+    fail("--device {}: this build has no CUDA backend (build the `cuda` preset)", o.device);
+#endif
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto model = dsi::DsaModel::load(o.model_dir);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

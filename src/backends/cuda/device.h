@@ -1,0 +1,14 @@
+// CUDA devices visible to this process (the CUDA backend's entry point; kernels come with the
+// CUDA backend work).
+#pragma once
+
+#include <string>
+
+namespace dsi::cuda {
+
+// Number of visible CUDA devices; 0 when the driver or devices are missing (never throws).
+int device_count();
+// "NVIDIA H200 (sm_90, 141 GiB)" for device i; throws dsi::Error if i is not visible.
+std::string device_description(int i);
+
+}  // namespace dsi::cuda
