@@ -22,11 +22,18 @@ namespace dsi::test {
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 inline constexpr float kNinfF = -std::numeric_limits<float>::infinity();
 
+// Tensor::from_f32 that also takes an empty vector: from_f32 memcpy's from the vector's data(),
+// null when empty, which UBSan rejects (see OpElementwise.EmptyHostTensorsFromVectors).
+inline Tensor host_f32(const std::vector<float>& v, const Shape& shape) {
+  if (v.empty() && shape_numel(shape) == 0) return Tensor::empty(shape, DType::F32);
+  return Tensor::from_f32(v, shape);
+}
+
 // A contiguous F32 tensor of random_floats(seed) in [-scale, scale).
 inline Tensor rand_tensor(const Shape& shape, uint64_t seed, float scale = 1.0f) {
   std::vector<float> v = random_floats(size_t(shape_numel(shape)), seed);
   for (float& x : v) x *= scale;
-  return Tensor::from_f32(v, shape);
+  return host_f32(v, shape);
 }
 
 // Element offset (in elements) of logical index `flat` (row-major over shape) of a strided view.
@@ -53,7 +60,7 @@ inline std::vector<double> to_f64(const Tensor& t) {
 
 inline Tensor from_f64(const std::vector<double>& v, const Shape& shape) {
   std::vector<float> f(v.begin(), v.end());
-  return Tensor::from_f32(f, shape);
+  return host_f32(f, shape);
 }
 
 // Element-wise fp32 op vs a float64 reference: |got - ref| <= abs + rel * |ref| (as allclose).
@@ -149,18 +156,24 @@ inline double ref_bf16(uint16_t h) {  // the top 16 bits of an IEEE binary32
 inline double ref_f16(uint16_t h) {  // IEEE binary16: 1 sign, 5 exponent (bias 15), 10 mantissa
   const int sign = (h >> 15) & 1, e = (h >> 10) & 0x1f, m = h & 0x3ff;
   double v;
-  if (e == 0) v = std::ldexp(double(m), -24);
-  else if (e == 31) v = m ? std::nan("") : kInf;
-  else v = std::ldexp(1.0 + m / 1024.0, e - 15);
+  if (e == 0)
+    v = std::ldexp(double(m), -24);
+  else if (e == 31)
+    v = m ? std::nan("") : kInf;
+  else
+    v = std::ldexp(1.0 + m / 1024.0, e - 15);
   return sign ? -v : v;
 }
 
 inline double ref_e4m3(uint8_t b) {  // OCP e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa; no inf
   const int sign = (b >> 7) & 1, e = (b >> 3) & 0xf, m = b & 0x7;
   double v;
-  if (e == 0xf && m == 0x7) v = std::nan("");
-  else if (e == 0) v = std::ldexp(double(m), -9);
-  else v = std::ldexp(1.0 + m / 8.0, e - 7);
+  if (e == 0xf && m == 0x7)
+    v = std::nan("");
+  else if (e == 0)
+    v = std::ldexp(double(m), -9);
+  else
+    v = std::ldexp(1.0 + m / 8.0, e - 7);
   return sign ? -v : v;
 }
 

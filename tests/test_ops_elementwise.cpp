@@ -1,5 +1,5 @@
-// Op tests, element-wise family: add / axpy / scale in place, SiLU-and-multiply, strided copy and the
-// embedding gather (F32 / BF16 / F16 tables) against float64 formulas, plus their error checks.
+// Op tests, element-wise family: add / axpy / scale in place, SiLU-and-multiply, strided copy and
+// the embedding gather (F32 / BF16 / F16 tables) against float64 formulas, plus their error checks.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -86,8 +86,8 @@ TEST(OpElementwise, CopyStridedRoundTrip) {
   for (int64_t i = 0; i < dst.numel(); ++i) EXPECT_EQ(test::at_f32(back, i), dst.f32()[i]) << i;
 }
 
-// Embedding gathers rows exactly for F32, BF16 and F16 tables (decoded independently), repeated ids,
-// into a strided output view inside a guard buffer.
+// Embedding gathers rows exactly for F32, BF16 and F16 tables (decoded independently), repeated
+// ids, into a strided output view inside a guard buffer.
 TEST(OpElementwise, EmbeddingAllTableDtypes) {
   const int64_t vocab = 11, d = 7;
   const std::vector<int32_t> ids = {3, 0, 10, 3, 7};
@@ -123,8 +123,11 @@ TEST(OpElementwise, EmbeddingAllTableDtypes) {
 TEST(OpElementwise, EmbeddingOutOfVocabularyThrows) {
   const Tensor table = test::rand_tensor({5, 4}, 560);
   Tensor out = Tensor::empty({2, 4}, DType::F32);
-  test::expect_error([&] { ops::embedding(table, Tensor::from_i32({1, 123456}, {2}), out); },
-                     {"123456"});
+  test::expect_error(
+      [&] {
+        ops::embedding(table, Tensor::from_i32({1, 123456}, {2}), out);
+      },
+      {"123456"});
   test::expect_error([&] { ops::embedding(table, Tensor::from_i32({-3, 1}, {2}), out); }, {"-3"});
   test::expect_error([&] { ops::embedding(table, Tensor::from_i32({5, 0}, {2}), out); }, {"5"});
 }
@@ -134,8 +137,23 @@ TEST(OpElementwise, ShapeMismatchThrows) {
   Tensor a = test::rand_tensor({3, 4}, 570);
   const Tensor before = a.contiguous();
   test::expect_error([&] { ops::add_inplace(a, test::rand_tensor({3, 5}, 571)); }, {"[3, 5]"});
-  test::expect_error([&] { ops::axpy_inplace(a, test::rand_tensor({4, 4}, 572), 2.0f); }, {"[4, 4]"});
+  test::expect_error(
+      [&] {
+        ops::axpy_inplace(a, test::rand_tensor({4, 4}, 572), 2.0f);
+      },
+      {"[4, 4]"});
   EXPECT_EQ(std::memcmp(a.raw(), before.raw(), a.nbytes()), 0);
+}
+
+// Empty host tensors can be built from empty vectors (an n = 0 batch is a normal op input).
+TEST(OpElementwise, EmptyHostTensorsFromVectors) {
+  const Tensor f = Tensor::from_f32({}, {0, 30});
+  const Tensor i = Tensor::from_i32({}, {4, 0});
+  EXPECT_EQ(f.shape(), (Shape{0, 30}));
+  EXPECT_EQ(i.shape(), (Shape{4, 0}));
+  Tensor out = Tensor::empty({0, 30}, DType::F32);
+  ops::copy(f, out);
+  EXPECT_EQ(out.numel(), 0);
 }
 
 }  // namespace

@@ -24,7 +24,8 @@ std::vector<double> ref_rms_norm(const Tensor& x, const Tensor& w, double eps) {
     double ss = 0;
     for (int64_t j = 0; j < d; ++j) ss += xv[size_t(i * d + j)] * xv[size_t(i * d + j)];
     const double inv = 1.0 / std::sqrt(ss / double(d) + eps);
-    for (int64_t j = 0; j < d; ++j) out[size_t(i * d + j)] = xv[size_t(i * d + j)] * inv * wv[size_t(j)];
+    for (int64_t j = 0; j < d; ++j)
+      out[size_t(i * d + j)] = xv[size_t(i * d + j)] * inv * wv[size_t(j)];
   }
   return out;
 }
@@ -128,13 +129,15 @@ TEST(OpNorm, RmsNormGuardRegion) {
 TEST(OpNorm, LayerNormMatchesFloat64) {
   for (int64_t d : {5, 128}) {
     std::vector<float> v = test::random_floats(size_t(4 * d), 260 + uint64_t(d));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = v[i] * 2.0f + float(i / size_t(d));  // row means 0..3
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = v[i] * 2.0f + float(i / size_t(d));  // row means 0..3
     const Tensor x = Tensor::from_f32(v, {4, d});
     const Tensor w = test::rand_tensor({d}, 270 + uint64_t(d), 2.0f);
     const Tensor b = test::rand_tensor({d}, 280 + uint64_t(d));
     Tensor out = Tensor::empty({4, d}, DType::F32);
     ops::layer_norm(x, w, b, 1e-6f, out);
-    expect_elementwise_near(out, ref_layer_norm(x, w, b, 1e-6), "layer_norm d=" + std::to_string(d));
+    expect_elementwise_near(out, ref_layer_norm(x, w, b, 1e-6),
+                            "layer_norm d=" + std::to_string(d));
   }
 }
 

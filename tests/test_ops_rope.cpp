@@ -19,9 +19,9 @@ namespace {
 using test::expect_elementwise_near;
 using test::to_f64;
 
-// Float64 rotation of x (logical [n, H, d], row-major) in place: for each row r and head h, pair i of
-// the dims [offset, offset + 2*half) rotates by pos[r] * inv_freq[i], cos/sin times attention_factor.
-// Interleaved pairs are (2i, 2i+1); half-split pairs are (i, i + half).
+// Float64 rotation of x (logical [n, H, d], row-major) in place: for each row r and head h, pair i
+// of the dims [offset, offset + 2*half) rotates by pos[r] * inv_freq[i], cos/sin times
+// attention_factor. Interleaved pairs are (2i, 2i+1); half-split pairs are (i, i + half).
 std::vector<double> ref_rope(std::vector<double> x, int64_t n, int64_t heads, int64_t d,
                              const std::vector<int32_t>& pos, const std::vector<float>& inv_freq,
                              double attention_factor, RopeStyle style, int offset) {
@@ -55,14 +55,15 @@ void check_rope(int64_t n, int64_t heads, int64_t d, int rot_dim, int offset, Ro
                 float attention_factor, const std::vector<int32_t>& pos, uint64_t seed) {
   const std::vector<float> inv_freq = default_inv_freq(10000.0, rot_dim);
   Tensor x = test::rand_tensor({n, heads, d}, seed);
-  const std::vector<double> want = ref_rope(to_f64(x), n, heads, d, pos, inv_freq,
-                                            attention_factor, style, offset);
+  const std::vector<double> want =
+      ref_rope(to_f64(x), n, heads, d, pos, inv_freq, attention_factor, style, offset);
   ops::rope(x, Tensor::from_i32(pos, {n}), Tensor::from_f32(inv_freq, {int64_t(inv_freq.size())}),
             attention_factor, style, offset);
   expect_elementwise_near(x, want, "rope");
 }
 
-// Interleaved RoPE rotates pairs (x[2i], x[2i+1]) by pos * inv_freq_i, several heads, positions > 0.
+// Interleaved RoPE rotates pairs (x[2i], x[2i+1]) by pos * inv_freq_i, several heads, positions >
+// 0.
 TEST(OpRope, InterleavedMatchesFloat64Rotation) {
   check_rope(4, 3, 32, 32, 0, RopeStyle::kInterleaved, 1.0f, {5, 17, 42, 63}, 101);
 }
@@ -126,8 +127,8 @@ TEST(OpRope, StridedHeadViewRotatesOnlyItsDims) {
   const Tensor before = q.contiguous();
   Tensor q_pe = q.narrow(2, nope, rope);
   // Expected: the rope part of every head rotated, everything else unchanged.
-  std::vector<double> want = ref_rope(to_f64(before), rows, heads, width, pos, f, 1.0,
-                                      RopeStyle::kInterleaved, int(nope));
+  std::vector<double> want =
+      ref_rope(to_f64(before), rows, heads, width, pos, f, 1.0, RopeStyle::kInterleaved, int(nope));
   ops::rope(q_pe, Tensor::from_i32(pos, {rows}), Tensor::from_f32(f, {rope / 2}), 1.0f,
             RopeStyle::kInterleaved, 0);
   expect_elementwise_near(q, want, "rope strided view");
@@ -144,33 +145,41 @@ TEST(OpRope, LargePositionsWithinFp32AngleBound) {
   Tensor x = test::rand_tensor({3, 2, 32}, 109);
   const std::vector<double> in = to_f64(x);
   const std::vector<double> want = ref_rope(in, 3, 2, 32, pos, f, 1.0, RopeStyle::kHalfSplit, 0);
-  ops::rope(x, Tensor::from_i32(pos, {3}), Tensor::from_f32(f, {16}), 1.0f, RopeStyle::kHalfSplit, 0);
+  ops::rope(x, Tensor::from_i32(pos, {3}), Tensor::from_f32(f, {16}), 1.0f, RopeStyle::kHalfSplit,
+            0);
   for (int64_t r = 0; r < 3; ++r)
     for (int64_t h = 0; h < 2; ++h)
       for (int64_t i = 0; i < 16; ++i) {
         const int64_t base = (r * 2 + h) * 32;
         const double angle_err = double(pos[size_t(r)]) * f[size_t(i)] * 0x1.0p-24 + 1e-6;
-        const double bound = angle_err * (std::fabs(in[size_t(base + i)]) +
-                                          std::fabs(in[size_t(base + i + 16)])) + tol::kElementwiseAbs;
+        const double bound =
+            angle_err * (std::fabs(in[size_t(base + i)]) + std::fabs(in[size_t(base + i + 16)])) +
+            tol::kElementwiseAbs;
         for (int64_t j : {i, i + 16})
-          EXPECT_NEAR(x.f32()[base + j], want[size_t(base + j)], bound) << r << "," << h << "," << j;
+          EXPECT_NEAR(x.f32()[base + j], want[size_t(base + j)], bound)
+              << r << "," << h << "," << j;
       }
 }
 
 // ---- compute_rope_freqs ----
 
 // Float64 version of HF _compute_yarn_parameters for a rotary dim `dim` (find_correction_dim,
-// floor/ceil when truncating, clamp to [0, dim-1], +0.001 for a zero-width ramp, linear ramp, blend).
+// floor/ceil when truncating, clamp to [0, dim-1], +0.001 for a zero-width ramp, linear ramp,
+// blend).
 struct RefYarn {
   std::vector<double> inv_freq;
   double attention_factor;
 };
 
-double ref_get_mscale(double scale, double m) { return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+double ref_get_mscale(double scale, double m) {
+  return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+}
 
 RefYarn ref_yarn(const RopeConfig& c, int dim) {
   auto correction_dim = [&](double rotations) {
-    return dim * std::log(double(c.original_max_position_embeddings) / (rotations * 2 * std::numbers::pi)) /
+    return dim *
+           std::log(double(c.original_max_position_embeddings) /
+                    (rotations * 2 * std::numbers::pi)) /
            (2 * std::log(c.theta));
   };
   double low = correction_dim(c.beta_fast), high = correction_dim(c.beta_slow);
@@ -189,10 +198,13 @@ RefYarn ref_yarn(const RopeConfig& c, int dim) {
     const double extrapolation_factor = 1.0 - ramp;
     r.inv_freq.push_back(inter * (1 - extrapolation_factor) + extra * extrapolation_factor);
   }
-  if (c.attention_factor) r.attention_factor = *c.attention_factor;
+  if (c.attention_factor)
+    r.attention_factor = *c.attention_factor;
   else if (c.mscale != 0 && c.mscale_all_dim != 0)
-    r.attention_factor = ref_get_mscale(c.factor, c.mscale) / ref_get_mscale(c.factor, c.mscale_all_dim);
-  else r.attention_factor = ref_get_mscale(c.factor, 1.0);
+    r.attention_factor =
+        ref_get_mscale(c.factor, c.mscale) / ref_get_mscale(c.factor, c.mscale_all_dim);
+  else
+    r.attention_factor = ref_get_mscale(c.factor, 1.0);
   return r;
 }
 
@@ -203,7 +215,8 @@ void expect_freqs_near(const std::vector<float>& got, const std::vector<double>&
     EXPECT_NEAR(got[i], want[i], tol::kRopeFreqRel * want[i]) << what << " i=" << i;
 }
 
-RopeConfig yarn_config(double theta, double factor, int64_t orig, double beta_fast, double beta_slow) {
+RopeConfig yarn_config(double theta, double factor, int64_t orig, double beta_fast,
+                       double beta_slow) {
   RopeConfig c;
   c.type = "yarn";
   c.theta = theta;
@@ -230,8 +243,9 @@ TEST(OpRopeFreqs, DefaultThetaFormula) {
 
 // YaRN inverse frequencies match the float64 HF formula within 1e-6 relative across the edge cases
 // of the correction range: DeepSeek-V3.2's config, no truncation, low clamped to 0, high clamped to
-// dim - 1, both ends clamped to 0 (zero-width ramp, +0.001), high below low, and beta_fast ==
-// beta_slow without truncation (zero-width ramp inside the range).
+// dim - 1 inside the ramp, both ends past dim - 1, both ends clamped to 0 (zero-width ramp,
+// +0.001), high below low, and beta_fast == beta_slow without truncation (zero-width ramp inside
+// the range).
 TEST(OpRopeFreqs, YarnMatchesHfFormula) {
   struct Case {
     const char* name;
@@ -242,28 +256,32 @@ TEST(OpRopeFreqs, YarnMatchesHfFormula) {
       {"deepseek_v32", yarn_config(1e4, 40, 4096, 32, 1), 64},
       {"no_truncate", yarn_config(1e4, 40, 4096, 32, 1), 64},
       {"low_clamped", yarn_config(1e4, 8, 64, 32, 1), 64},
-      {"high_clamped", yarn_config(1e4, 4, 1000000000000, 32, 1), 64},
+      {"high_clamped", yarn_config(1e4, 4, 65536, 32, 1e-5), 64},  // ramp (i - 20) / (63 - 20)
+      {"both_above_dim", yarn_config(1e4, 4, 1000000000000, 32, 1), 64},
       {"both_zero", yarn_config(1e4, 4, 6, 32, 1), 64},
       {"high_below_low", yarn_config(1e4, 4, 3, 32, 1), 64},
       {"equal_betas", yarn_config(1e4, 16, 4096, 4, 4), 64},
       {"theta_1e6_dim32", yarn_config(1e6, 4, 8192, 32, 1), 32},
   };
   cases[1].c.truncate = false;
-  cases[6].c.truncate = false;
+  cases[7].c.truncate = false;
   for (const Case& k : cases) {
     const RefYarn want = ref_yarn(k.c, k.dim);
     const ops::RopeFreqs got = ops::compute_rope_freqs(k.c, k.dim, 163840);
     expect_freqs_near(got.inv_freq, want.inv_freq, k.name);
-    EXPECT_NEAR(got.attention_factor, want.attention_factor, 1e-6 * want.attention_factor) << k.name;
+    EXPECT_NEAR(got.attention_factor, want.attention_factor, 1e-6 * want.attention_factor)
+        << k.name;
   }
   // The ramp really blends: DeepSeek's first frequency is unscaled, its last is divided by factor.
   const ops::RopeFreqs ds = ops::compute_rope_freqs(cases[0].c, 64, 163840);
   EXPECT_NEAR(ds.inv_freq[0], 1.0, 1e-6);
-  EXPECT_NEAR(ds.inv_freq[31], std::pow(1e4, -62.0 / 64) / 40, 1e-6 * std::pow(1e4, -62.0 / 64) / 40);
+  EXPECT_NEAR(ds.inv_freq[31], std::pow(1e4, -62.0 / 64) / 40,
+              1e-6 * std::pow(1e4, -62.0 / 64) / 40);
 }
 
 // attention_factor: an explicit value wins; mscale and mscale_all_dim both set give
-// get_mscale(f, mscale) / get_mscale(f, mscale_all_dim); otherwise get_mscale(f); factor <= 1 gives 1.
+// get_mscale(f, mscale) / get_mscale(f, mscale_all_dim); otherwise get_mscale(f); factor <= 1
+// gives 1.
 TEST(OpRopeFreqs, YarnAttentionFactorRules) {
   const double ln40 = std::log(40.0);
   RopeConfig c = yarn_config(1e4, 40, 4096, 32, 1);

@@ -72,7 +72,7 @@ Tensor Tensor::from_f32(const std::vector<float>& v, const Shape& shape) {
   DSI_CHECK(int64_t(v.size()) == shape_numel(shape), "from_f32: {} values for shape {}", v.size(),
             shape_str(shape));
   Tensor t = empty(shape, DType::F32);
-  std::memcpy(t.raw(), v.data(), v.size() * sizeof(float));
+  if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(float));
   return t;
 }
 
@@ -80,7 +80,7 @@ Tensor Tensor::from_i32(const std::vector<int32_t>& v, const Shape& shape) {
   DSI_CHECK(int64_t(v.size()) == shape_numel(shape), "from_i32: {} values for shape {}", v.size(),
             shape_str(shape));
   Tensor t = empty(shape, DType::I32);
-  std::memcpy(t.raw(), v.data(), v.size() * sizeof(int32_t));
+  if (!v.empty()) std::memcpy(t.raw(), v.data(), v.size() * sizeof(int32_t));
   return t;
 }
 

@@ -18,6 +18,8 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
   const int64_t n_keys = keys.dim(0);
   check_shape(bounds, {rows}, "indexer_logits bounds");
   check_shape(logits, {rows, n_keys}, "indexer_logits logits");
+  DSI_CHECK(weights.is_contiguous() && bounds.is_contiguous() && logits.is_contiguous(),
+            "indexer_logits: weights, bounds and logits must be contiguous");
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t bound = bounds.i32()[r];

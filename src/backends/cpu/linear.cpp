@@ -22,6 +22,11 @@ Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end
   if (fp8) {
     DSI_CHECK(w.scale_inv.defined(), "linear: fp8 weight {} without weight_scale_inv", wt.desc());
     check_dtype(w.scale_inv, DType::F32, "weight_scale_inv");
+    DSI_CHECK(w.block_out > 0 && w.block_in > 0, "linear: fp8 block size {}x{}", w.block_out, w.block_in);
+    check_shape(w.scale_inv,
+                {(wt.dim(0) + w.block_out - 1) / w.block_out, (in + w.block_in - 1) / w.block_in},
+                "weight_scale_inv");
+    DSI_CHECK(w.scale_inv.is_contiguous(), "weight_scale_inv must be contiguous");
   }
   for (int64_t r = row_begin; r < row_end; ++r) {
     float* orow = o + (r - row_begin) * in;

@@ -58,6 +58,8 @@ void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float 
   DSI_CHECK(indices.ndim() == 2 && indices.dim(0) == rows, "sparse_mla: indices {}", indices.desc());
   check_shape(out, {rows, heads, dv}, "sparse_mla out");
   check_shape(lse, {rows, heads}, "sparse_mla lse");
+  DSI_CHECK(indices.is_contiguous() && out.is_contiguous() && lse.is_contiguous(),
+            "sparse_mla: indices, out and lse must be contiguous");
   const int64_t topk = indices.dim(1), n_keys = kv.dim(0);
   std::vector<int32_t> sel;
   std::vector<float> score;

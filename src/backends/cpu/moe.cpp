@@ -21,6 +21,8 @@ void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterPara
   check_shape(bias, {e}, "moe_route bias");
   check_shape(expert_ids, {n, k}, "moe_route expert_ids");
   check_shape(weights, {n, k}, "moe_route weights");
+  DSI_CHECK(bias.is_contiguous() && expert_ids.is_contiguous() && weights.is_contiguous(),
+            "moe_route: bias, expert_ids and weights must be contiguous");
   DSI_CHECK(p.n_group >= 1 && e % p.n_group == 0 && p.topk_group <= p.n_group,
             "moe_route: {} experts in {} groups, keep {}", e, p.n_group, p.topk_group);
   const int64_t per_group = e / p.n_group;
@@ -93,6 +95,8 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
   const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
   check_shape(weights, {n, k}, "moe_experts weights");
   check_shape(out, {n, d}, "moe_experts out");
+  DSI_CHECK(out.is_contiguous() && expert_ids.is_contiguous() && weights.is_contiguous(),
+            "moe_experts: out, expert_ids and weights must be contiguous");
   std::fill_n(out.f32(), n * d, 0.0f);
   std::vector<std::vector<std::pair<int64_t, float>>> routed(experts.size());
   for (int64_t t = 0; t < n; ++t) {

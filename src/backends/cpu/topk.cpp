@@ -18,7 +18,11 @@ void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Te
   DSI_CHECK(k >= 0, "topk: k = {} must be >= 0", k);
   check_shape(bounds, {rows}, "topk bounds");
   check_shape(indices, {rows, k}, "topk indices");
-  if (values && values->defined()) check_shape(*values, {rows, k}, "topk values");
+  DSI_CHECK(indices.is_contiguous(), "topk: indices must be contiguous");
+  if (values && values->defined()) {
+    check_shape(*values, {rows, k}, "topk values");
+    DSI_CHECK(values->is_contiguous(), "topk: values must be contiguous");
+  }
   const float ninf = -std::numeric_limits<float>::infinity();
   std::vector<int32_t> order;
   for (int64_t r = 0; r < rows; ++r) {

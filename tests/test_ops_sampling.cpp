@@ -1,0 +1,170 @@
+// Op tests, sampling: argmax tie order, greedy limits of sample(), the exact inverse-CDF mapping of
+// u over the nucleus, and a chi-square goodness-of-fit test of temperature + top-p sampling.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "ops/sampling.h"
+#include "test_ops_common.h"
+#include "test_util.h"
+
+namespace dsi {
+namespace {
+
+// The nucleus of softmax(logits / T) in float64: tokens by (probability desc, id asc), the smallest
+// prefix whose mass reaches top_p; probabilities renormalised over it.
+struct Nucleus {
+  std::vector<int32_t> ids;
+  std::vector<double> p;    // renormalised, same order as ids
+  double mass_before_last;  // mass (of the full distribution) without the last nucleus token
+  double mass;              // mass of the nucleus
+};
+Nucleus ref_nucleus(const std::vector<float>& logits, double T, double top_p) {
+  const double m = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p;
+  for (float l : logits) p.push_back(std::exp((l - m) / T));
+  const double total = std::accumulate(p.begin(), p.end(), 0.0);
+  for (double& x : p) x /= total;
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)]; });
+  Nucleus nu{{}, {}, 0, 0};
+  for (int32_t id : order) {
+    nu.mass_before_last = nu.mass;
+    nu.ids.push_back(id);
+    nu.mass += p[size_t(id)];
+    if (nu.mass >= top_p) break;
+  }
+  for (int32_t id : nu.ids) nu.p.push_back(p[size_t(id)] / nu.mass);
+  return nu;
+}
+
+// The vocabulary of the goodness-of-fit tests, ids deliberately not in probability order.
+const std::vector<float> kLogits6 = {-0.4f, 0.8f, -1.0f, 1.0f, 0.0f, 0.5f};
+
+int32_t ref_argmax(const float* l, int64_t v) {
+  int32_t best = 0;
+  for (int64_t i = 1; i < v; ++i)
+    if (l[i] > l[best]) best = int32_t(i);
+  return best;
+}
+
+// argmax picks the maximum, the lowest id among equal maxima; rows may be strided.
+TEST(OpSampling, ArgmaxLowestIdOnTies) {
+  const Tensor hand = Tensor::from_f32({1, 5, 5, 2, /**/ 3, 3, 3, 3, /**/ -9, -2, -7, -2}, {3, 4});
+  Tensor out = Tensor::empty({3}, DType::I32);
+  ops::argmax(hand, out);
+  EXPECT_EQ(out.i32()[0], 1);
+  EXPECT_EQ(out.i32()[1], 0);
+  EXPECT_EQ(out.i32()[2], 1);
+  std::vector<float> v = test::random_floats(8 * 1000, 1000);
+  for (float& x : v) x = std::round(x * 20.0f);  // many ties at the top
+  const Tensor wide = Tensor::from_f32(v, {8, 1000});
+  const Tensor rows = wide.narrow(1, 100, 700);
+  Tensor out8 = Tensor::empty({8}, DType::I32);
+  ops::argmax(rows, out8);
+  for (int64_t r = 0; r < 8; ++r)
+    EXPECT_EQ(out8.i32()[r], ref_argmax(v.data() + r * 1000 + 100, 700)) << r;
+}
+
+// temperature <= 0 is greedy: the argmax (lowest id on ties) whatever u and top_p are.
+TEST(OpSampling, TemperatureZeroIsArgmax) {
+  std::mt19937_64 rng(1010);
+  for (int trial = 0; trial < 20; ++trial) {
+    std::vector<float> l = test::random_floats(50, 1020 + uint64_t(trial));
+    for (float& x : l) x = std::round(x * 5.0f);
+    const int32_t want = ref_argmax(l.data(), 50);
+    for (float T : {0.0f, -1.0f})
+      EXPECT_EQ(ops::sample(Tensor::from_f32(l, {50}), T, 0.9f, test::uniform01(rng)), want)
+          << trial;
+  }
+}
+
+// A tiny top_p keeps only the most likely token: always the argmax, even for u near 1, and the
+// lowest id when the top is tied.
+TEST(OpSampling, TinyTopPIsArgmax) {
+  const Tensor l = Tensor::from_f32(kLogits6, {6});
+  const Tensor tied = Tensor::from_f32({0.1f, 2.0f, -1.0f, 2.0f}, {4});
+  for (double u : {0.0, 0.3, 0.7, 0.999999}) {
+    EXPECT_EQ(ops::sample(l, 0.7f, 1e-6f, u), 3) << u;
+    EXPECT_EQ(ops::sample(tied, 1.0f, 1e-6f, u), 1) << u;
+  }
+}
+
+// u maps to the nucleus by the inverse CDF in (probability desc, id asc) order: just below each
+// cumulative boundary gives that token, just above gives the next; u never leaves the nucleus.
+TEST(OpSampling, InverseCdfOverNucleus) {
+  const Tensor l = Tensor::from_f32(kLogits6, {6});
+  for (double top_p : {0.8, 1.0}) {
+    const Nucleus nu = ref_nucleus(kLogits6, 0.7, top_p);
+    double cum = 0;
+    for (size_t j = 0; j < nu.ids.size(); ++j) {
+      const double lo = cum;
+      cum += nu.p[j];
+      EXPECT_EQ(ops::sample(l, 0.7f, float(top_p), lo + 1e-6), nu.ids[j]) << top_p << " " << j;
+      if (j + 1 < nu.ids.size()) {
+        EXPECT_EQ(ops::sample(l, 0.7f, float(top_p), cum - 1e-6), nu.ids[j]) << top_p << " " << j;
+      }
+    }
+    EXPECT_EQ(ops::sample(l, 0.7f, float(top_p), 1.0 - 1e-12), nu.ids.back()) << top_p;
+  }
+  // top_p = 1 keeps every token: all six are reachable.
+  EXPECT_EQ(ref_nucleus(kLogits6, 0.7, 1.0).ids.size(), 6u);
+}
+
+// Chi-square goodness of fit, vocab 6 at temperature 0.7 and top_p 0.8: the nucleus is tokens
+// {3, 1, 5} (mass 0.838; {3, 1} alone has 0.655), drawn with the renormalised probabilities.
+// 20000 draws from std::mt19937_64 (seed 20250101). Three categories: df = 2, alpha = 0.001,
+// critical value chi2_{0.999}(2) = -2 ln(0.001) = 13.816. Tokens outside the nucleus must never be
+// drawn.
+TEST(OpSampling, ChiSquareTemperatureTopP) {
+  const Nucleus nu = ref_nucleus(kLogits6, 0.7, 0.8);
+  ASSERT_EQ(nu.ids, (std::vector<int32_t>{3, 1, 5}));
+  ASSERT_LT(nu.mass_before_last, 0.8 - 0.05);  // the cut is far from float rounding
+  ASSERT_GT(nu.mass, 0.8 + 0.02);
+  const Tensor l = Tensor::from_f32(kLogits6, {6});
+  std::mt19937_64 rng(20250101);
+  const int draws = 20000;
+  std::vector<int> count(6, 0);
+  for (int i = 0; i < draws; ++i) {
+    const int32_t t = ops::sample(l, 0.7f, 0.8f, test::uniform01(rng));
+    ASSERT_TRUE(t >= 0 && t < 6) << t;
+    ++count[size_t(t)];
+  }
+  for (int32_t t : {0, 2, 4})
+    EXPECT_EQ(count[size_t(t)], 0) << "token " << t << " is outside the nucleus";
+  double chi2 = 0;
+  for (size_t j = 0; j < nu.ids.size(); ++j) {
+    const double expected = draws * nu.p[j];
+    chi2 += std::pow(count[size_t(nu.ids[j])] - expected, 2) / expected;
+  }
+  EXPECT_LT(chi2, 13.816) << "counts " << count[3] << " " << count[1] << " " << count[5];
+}
+
+// A grid of u over [0, 1) never yields a token outside the nucleus (top_p 0.5: tokens 3 and 1
+// only).
+TEST(OpSampling, NeverDrawsOutsideNucleus) {
+  const Tensor l = Tensor::from_f32(kLogits6, {6});
+  const Nucleus nu = ref_nucleus(kLogits6, 0.7, 0.5);
+  ASSERT_EQ(nu.ids, (std::vector<int32_t>{3, 1}));
+  std::vector<int> count(6, 0);
+  for (int i = 0; i < 10000; ++i) ++count[size_t(ops::sample(l, 0.7f, 0.5f, i / 10000.0))];
+  EXPECT_GT(count[3], 0);
+  EXPECT_GT(count[1], 0);
+  EXPECT_EQ(count[0] + count[2] + count[4] + count[5], 0);
+}
+
+// top_p outside (0, 1] is an error naming it.
+TEST(OpSampling, BadTopPThrows) {
+  const Tensor l = Tensor::from_f32(kLogits6, {6});
+  test::expect_error([&] { ops::sample(l, 0.7f, 0.0f, 0.5); }, {"top_p"});
+  test::expect_error([&] { ops::sample(l, 0.7f, 1.5f, 0.5); }, {"1.5"});
+}
+
+}  // namespace
+}  // namespace dsi
