@@ -4,7 +4,6 @@
 
 #include <cstring>
 #include <fstream>
-#include <regex>
 
 namespace dsi {
 
@@ -52,18 +51,40 @@ Tensor read_npy(const std::string& path) {
   std::string header(hlen, '\0');
   f.read(header.data(), std::streamsize(hlen));
   DSI_CHECK(f.good(), "{}: truncated header", path);
-  std::smatch m;
-  DSI_CHECK(std::regex_search(header, m, std::regex("'descr':\\s*'([<|][fi]4)'")),
-            "{}: dtype is not <f4 or <i4 ({})", path, header);
-  const DType dtype = m[1].str()[1] == 'f' ? DType::F32 : DType::I32;
-  DSI_CHECK(header.find("'fortran_order': False") != std::string::npos, "{}: Fortran order", path);
-  DSI_CHECK(std::regex_search(header, m, std::regex("'shape':\\s*\\(([0-9,\\s]*)\\)")),
-            "{}: no shape in header", path);
+  // The header is a Python dict literal; pick out the three keys by hand.
+  auto value_of = [&](const std::string& key) {
+    const size_t k = header.find("'" + key + "'");
+    DSI_CHECK(k != std::string::npos, "{}: no '{}' in header", path, key);
+    const size_t colon = header.find(':', k);
+    DSI_CHECK(colon != std::string::npos, "{}: malformed header", path);
+    return header.substr(colon + 1);
+  };
+  const std::string descr = value_of("descr");
+  const size_t q = descr.find('\'');
+  const std::string type = q == std::string::npos ? "" : descr.substr(q + 1, 3);
+  DSI_CHECK(type == "<f4" || type == "<i4" || type == "|i4", "{}: dtype '{}' is not <f4 or <i4", path,
+            type);
+  const DType dtype = type[1] == 'f' ? DType::F32 : DType::I32;
+  DSI_CHECK(value_of("fortran_order").find("False") < value_of("fortran_order").find(','),
+            "{}: Fortran-order arrays are not supported", path);
+  const std::string dims = value_of("shape");
+  const size_t open = dims.find('('), close = dims.find(')');
+  DSI_CHECK(open != std::string::npos && close != std::string::npos && open < close,
+            "{}: malformed shape", path);
   Shape shape;
-  const std::string dims = m[1].str();
-  std::regex num("[0-9]+");
-  for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator(); ++it)
-    shape.push_back(std::stoll(it->str()));
+  int64_t cur = -1;
+  for (size_t i = open + 1; i <= close; ++i) {
+    const char c = dims[i];
+    if (c >= '0' && c <= '9') {
+      cur = (cur < 0 ? 0 : cur) * 10 + (c - '0');
+      DSI_CHECK(cur < (int64_t(1) << 40), "{}: dimension too large", path);
+    } else if (c == ',' || c == ')') {
+      if (cur >= 0) shape.push_back(cur);
+      cur = -1;
+    } else {
+      DSI_CHECK(c == ' ', "{}: malformed shape", path);
+    }
+  }
   Tensor t = Tensor::empty(shape, dtype);
   f.read(static_cast<char*>(t.raw()), std::streamsize(t.nbytes()));
   DSI_CHECK(f.gcount() == std::streamsize(t.nbytes()), "{}: truncated data ({} of {} bytes)", path,
