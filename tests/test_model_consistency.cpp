@@ -15,13 +15,6 @@
 namespace dsi {
 namespace {
 
-const DsaModel& model_of(const std::string& fixture) {
-  static std::map<std::string, std::unique_ptr<DsaModel>> cache;
-  auto& m = cache[fixture];
-  if (!m) m = DsaModel::load(test::fixture_dir(fixture));
-  return *m;
-}
-
 // The longest golden prompt of a fixture (several times index_topk).
 std::vector<int32_t> long_prompt(const std::string& fixture) {
   const auto m = test::load_manifest(fixture);
@@ -69,7 +62,7 @@ ChunkedRun run_chunked(const DsaModel& model, const std::vector<int32_t>& ids,
 class Consistency : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Consistency, DecodeTokenByTokenEqualsFullPrefill) {
-  const DsaModel& model = model_of(GetParam());
+  const DsaModel& model = test::fixture_model(GetParam());
   const auto ids = long_prompt(GetParam());
   const ChunkedRun full = run_chunked(model, ids, {int(ids.size())});
   const ChunkedRun decode = run_chunked(model, ids, {1});
@@ -78,7 +71,7 @@ TEST_P(Consistency, DecodeTokenByTokenEqualsFullPrefill) {
 }
 
 TEST_P(Consistency, ChunkedPrefillEqualsOneChunk) {
-  const DsaModel& model = model_of(GetParam());
+  const DsaModel& model = test::fixture_model(GetParam());
   const auto ids = long_prompt(GetParam());
   const int k = model.config().index_topk;
   const ChunkedRun full = run_chunked(model, ids, {int(ids.size())});
@@ -92,7 +85,7 @@ TEST_P(Consistency, ChunkedPrefillEqualsOneChunk) {
 }
 
 TEST_P(Consistency, ChunkedMtpEqualsOneChunk) {
-  const DsaModel& model = model_of(GetParam());
+  const DsaModel& model = test::fixture_model(GetParam());
   const auto ids = long_prompt(GetParam());
   const PromptLogits full = prompt_logits(model, ids, 0, true);
   for (int chunk : {1, 4, 7}) {
@@ -103,7 +96,7 @@ TEST_P(Consistency, ChunkedMtpEqualsOneChunk) {
 }
 
 TEST_P(Consistency, GenerateIsChunkInvariantAndStopsAtEos) {
-  const DsaModel& model = model_of(GetParam());
+  const DsaModel& model = test::fixture_model(GetParam());
   const auto ids = long_prompt(GetParam());
   GenerationParams gp;
   gp.max_new_tokens = 8;
@@ -130,7 +123,7 @@ TEST_P(Consistency, GenerateIsChunkInvariantAndStopsAtEos) {
 }
 
 TEST_P(Consistency, SeededSamplingIsReproducible) {
-  const DsaModel& model = model_of(GetParam());
+  const DsaModel& model = test::fixture_model(GetParam());
   const auto ids = long_prompt(GetParam());
   GenerationParams gp;
   gp.max_new_tokens = 6;

@@ -39,14 +39,6 @@ std::vector<Prompt> prompts_of(const nlohmann::json& manifest) {
   return out;
 }
 
-// Loading is the slow part under sanitizers: one model per fixture for the whole binary.
-const DsaModel& model_of(const std::string& fixture) {
-  static std::map<std::string, std::unique_ptr<DsaModel>> cache;
-  auto& m = cache[fixture];
-  if (!m) m = DsaModel::load(test::fixture_dir(fixture));
-  return *m;
-}
-
 Tensor golden(const std::string& fixture, const std::string& file) {
   return read_npy(test::fixture_dir(fixture) + "/goldens/" + file);
 }
@@ -55,7 +47,7 @@ class Golden : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Golden, LogitsAndMtpLogitsMatchHF) {
   const std::string fx = GetParam();
-  const DsaModel& model = model_of(fx);
+  const DsaModel& model = test::fixture_model(fx);
   ASSERT_TRUE(model.has_mtp());
   for (const Prompt& p : prompts_of(test::load_manifest(fx))) {
     SCOPED_TRACE(fx + " " + p.name + " (" + std::to_string(p.ids.size()) + " tokens)");
@@ -75,7 +67,7 @@ TEST_P(Golden, LogitsAndMtpLogitsMatchHF) {
 
 TEST_P(Golden, TopkSetsMatchHFExactly) {
   const std::string fx = GetParam();
-  const DsaModel& model = model_of(fx);
+  const DsaModel& model = test::fixture_model(fx);
   const int n_layers = model.config().n_layers, k = model.config().index_topk;
   for (const Prompt& p : prompts_of(test::load_manifest(fx))) {
     SCOPED_TRACE(fx + " " + p.name);
@@ -96,7 +88,7 @@ TEST_P(Golden, TopkSetsMatchHFExactly) {
 
 TEST_P(Golden, GreedyTokensMatchHFFullRecompute) {
   const std::string fx = GetParam();
-  const DsaModel& model = model_of(fx);
+  const DsaModel& model = test::fixture_model(fx);
   for (const Prompt& p : prompts_of(test::load_manifest(fx))) {
     SCOPED_TRACE(fx + " " + p.name);
     GenerationParams gp;
@@ -111,9 +103,8 @@ TEST_P(Golden, GreedyTokensMatchHFFullRecompute) {
 TEST_P(Golden, RopeAndSoftmaxScaleMatchHF) {
   const std::string fx = GetParam();
   const nlohmann::json m = test::load_manifest(fx);
-  const ModelConfig& cfg = model_of(fx).config();
-  const ops::RopeFreqs f = ops::compute_rope_freqs(cfg.rope, cfg.head_dim_rope,
-                                                   cfg.max_position_embeddings);
+  const ModelConfig& cfg = test::fixture_model(fx).config();
+  const ops::RopeFreqs f = ops::compute_rope_freqs(cfg.rope, cfg.head_dim_rope);
   const auto hf = m.at("rope_inv_freq").get<std::vector<double>>();
   ASSERT_EQ(f.inv_freq.size(), hf.size());
   for (size_t i = 0; i < hf.size(); ++i)

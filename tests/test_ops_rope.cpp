@@ -46,7 +46,7 @@ std::vector<double> ref_rope(std::vector<double> x, int64_t n, int64_t heads, in
 std::vector<float> default_inv_freq(double theta, int rot_dim) {
   RopeConfig c;
   c.theta = theta;
-  return ops::compute_rope_freqs(c, rot_dim, 4096).inv_freq;
+  return ops::compute_rope_freqs(c, rot_dim).inv_freq;
 }
 
 // Rotates a fresh [n, H, d] tensor with ops::rope and compares with ref_rope. Positions stay below
@@ -233,7 +233,7 @@ TEST(OpRopeFreqs, DefaultThetaFormula) {
     for (int dim : {16, 64}) {
       RopeConfig c;
       c.theta = theta;
-      const ops::RopeFreqs f = ops::compute_rope_freqs(c, dim, 163840);
+      const ops::RopeFreqs f = ops::compute_rope_freqs(c, dim);
       std::vector<double> want;
       for (int i = 0; i < dim / 2; ++i) want.push_back(std::pow(theta, -2.0 * i / dim));
       expect_freqs_near(f.inv_freq, want, "default theta=" + std::to_string(theta));
@@ -267,13 +267,13 @@ TEST(OpRopeFreqs, YarnMatchesHfFormula) {
   cases[7].c.truncate = false;
   for (const Case& k : cases) {
     const RefYarn want = ref_yarn(k.c, k.dim);
-    const ops::RopeFreqs got = ops::compute_rope_freqs(k.c, k.dim, 163840);
+    const ops::RopeFreqs got = ops::compute_rope_freqs(k.c, k.dim);
     expect_freqs_near(got.inv_freq, want.inv_freq, k.name);
     EXPECT_NEAR(got.attention_factor, want.attention_factor, 1e-6 * want.attention_factor)
         << k.name;
   }
   // The ramp really blends: DeepSeek's first frequency is unscaled, its last is divided by factor.
-  const ops::RopeFreqs ds = ops::compute_rope_freqs(cases[0].c, 64, 163840);
+  const ops::RopeFreqs ds = ops::compute_rope_freqs(cases[0].c, 64);
   EXPECT_NEAR(ds.inv_freq[0], 1.0, 1e-6);
   EXPECT_NEAR(ds.inv_freq[31], std::pow(1e4, -62.0 / 64) / 40,
               1e-6 * std::pow(1e4, -62.0 / 64) / 40);
@@ -288,24 +288,24 @@ TEST(OpRopeFreqs, YarnAttentionFactorRules) {
   c.attention_factor = 0.75;
   c.mscale = 1.0;
   c.mscale_all_dim = 0.5;
-  EXPECT_FLOAT_EQ(ops::compute_rope_freqs(c, 64, 163840).attention_factor, 0.75f);
+  EXPECT_FLOAT_EQ(ops::compute_rope_freqs(c, 64).attention_factor, 0.75f);
   c.attention_factor.reset();
-  EXPECT_NEAR(ops::compute_rope_freqs(c, 64, 163840).attention_factor,
+  EXPECT_NEAR(ops::compute_rope_freqs(c, 64).attention_factor,
               (0.1 * ln40 + 1) / (0.05 * ln40 + 1), 1e-6);
   c.mscale_all_dim = 1.0;  // DeepSeek-V3.2: the ratio is exactly 1
-  EXPECT_NEAR(ops::compute_rope_freqs(c, 64, 163840).attention_factor, 1.0, 1e-7);
+  EXPECT_NEAR(ops::compute_rope_freqs(c, 64).attention_factor, 1.0, 1e-7);
   c.mscale = 0.7;
   c.mscale_all_dim = 0.0;  // only one set: get_mscale(factor) with mscale 1
-  EXPECT_NEAR(ops::compute_rope_freqs(c, 64, 163840).attention_factor, 0.1 * ln40 + 1, 1e-6);
+  EXPECT_NEAR(ops::compute_rope_freqs(c, 64).attention_factor, 0.1 * ln40 + 1, 1e-6);
   c.mscale = 0.0;
-  EXPECT_NEAR(ops::compute_rope_freqs(c, 64, 163840).attention_factor, 0.1 * ln40 + 1, 1e-6);
+  EXPECT_NEAR(ops::compute_rope_freqs(c, 64).attention_factor, 0.1 * ln40 + 1, 1e-6);
   for (double factor : {1.0, 0.5}) {
     c.factor = factor;
     c.mscale = 0.0;
-    EXPECT_EQ(ops::compute_rope_freqs(c, 64, 163840).attention_factor, 1.0f) << factor;
+    EXPECT_EQ(ops::compute_rope_freqs(c, 64).attention_factor, 1.0f) << factor;
     c.mscale = 2.0;
     c.mscale_all_dim = 1.0;
-    EXPECT_EQ(ops::compute_rope_freqs(c, 64, 163840).attention_factor, 1.0f) << factor;
+    EXPECT_EQ(ops::compute_rope_freqs(c, 64).attention_factor, 1.0f) << factor;
     c.mscale_all_dim = 0.0;
   }
 }
@@ -313,8 +313,8 @@ TEST(OpRopeFreqs, YarnAttentionFactorRules) {
 // An odd or zero rotary dim is rejected with a message naming it.
 TEST(OpRopeFreqs, RejectsOddRotaryDim) {
   RopeConfig c;
-  test::expect_error([&] { ops::compute_rope_freqs(c, 15, 4096); }, {"15"});
-  test::expect_error([&] { ops::compute_rope_freqs(c, 0, 4096); }, {"0"});
+  test::expect_error([&] { ops::compute_rope_freqs(c, 15); }, {"15"});
+  test::expect_error([&] { ops::compute_rope_freqs(c, 0); }, {"0"});
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <atomic>
 #include <cmath>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <random>
 #include <unistd.h>
 
@@ -22,6 +24,13 @@ nlohmann::json load_manifest(const std::string& fixture) {
 }
 
 std::vector<std::string> fixture_names() { return {"glm_tiny", "dsv32_tiny", "glm_tiny_fp8"}; }
+
+const DsaModel& fixture_model(const std::string& name) {
+  static std::map<std::string, std::unique_ptr<DsaModel>> cache;
+  auto& m = cache[name];
+  if (!m) m = DsaModel::load(fixture_dir(name));
+  return *m;
+}
 
 double nmse(const Tensor& a, const Tensor& ref) {
   EXPECT_EQ(a.shape(), ref.shape());

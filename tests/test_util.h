@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/dsa_model.h"
 
 namespace dsi::test {
 
@@ -17,6 +18,8 @@ std::string source_dir();
 std::string fixture_dir(const std::string& name);  // tests/fixtures/<name>
 nlohmann::json load_manifest(const std::string& fixture);
 std::vector<std::string> fixture_names();  // every fixture with goldens
+// The fixture's model, loaded once per test binary (loading dominates under sanitizers).
+const DsaModel& fixture_model(const std::string& name);
 
 // sum((a - b)^2) / sum(b^2) over all elements of two f32 tensors of the same shape.
 double nmse(const Tensor& a, const Tensor& ref);

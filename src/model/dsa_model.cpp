@@ -21,7 +21,7 @@ std::unique_ptr<DsaModel> DsaModel::load(const std::string& dir) {
 DsaModel::DsaModel(ModelConfig cfg, ModelWeights weights)
     : cfg_(std::move(cfg)), weights_(std::move(weights)) {
   const ops::RopeFreqs f =
-      ops::compute_rope_freqs(cfg_.rope, cfg_.head_dim_rope, cfg_.max_position_embeddings);
+      ops::compute_rope_freqs(cfg_.rope, cfg_.head_dim_rope);
   rope_.inv_freq = Tensor::from_f32(f.inv_freq, {int64_t(f.inv_freq.size())});
   rope_.attention_factor = f.attention_factor;
 }

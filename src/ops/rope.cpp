@@ -17,7 +17,7 @@ double correction_dim(double num_rotations, int dim, double base, double max_pos
 double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
 }  // namespace
 
-RopeFreqs compute_rope_freqs(const RopeConfig& rope, int rot_dim, int64_t max_position_embeddings) {
+RopeFreqs compute_rope_freqs(const RopeConfig& rope, int rot_dim) {
   DSI_CHECK(rot_dim > 0 && rot_dim % 2 == 0, "rope: rotary dim {} must be positive and even", rot_dim);
   const int half = rot_dim / 2;
   RopeFreqs f;
@@ -57,7 +57,6 @@ RopeFreqs compute_rope_freqs(const RopeConfig& rope, int rot_dim, int64_t max_po
   } else {
     f.attention_factor = float(yarn_mscale(factor, 1.0));
   }
-  (void)max_position_embeddings;
   return f;
 }
 

@@ -15,7 +15,7 @@ struct RopeFreqs {
 };
 
 // HF `_compute_default_rope_parameters` / `_compute_yarn_parameters` for a rotary dim `rot_dim`.
-RopeFreqs compute_rope_freqs(const RopeConfig& rope, int rot_dim, int64_t max_position_embeddings);
+RopeFreqs compute_rope_freqs(const RopeConfig& rope, int rot_dim);
 
 // Rotates x[r, h, offset : offset + 2*inv_freq.size()] in place by angle pos[r] * inv_freq[i].
 // x: [n, heads, d] f32, last dim contiguous, other dims may be strided; positions: [n] i32;
