@@ -9,9 +9,11 @@
 #include <numeric>
 #include <vector>
 
+#include "ops/elementwise.h"
 #include "ops/moe.h"
 #include "test_ops_common.h"
 #include "test_util.h"
+#include "tolerances.h"
 
 namespace dsi {
 namespace {
@@ -273,7 +275,8 @@ TEST(OpMoe, ExpertsMatchFloat64) {
   const Tensor x = test::rand_tensor({n, hidden}, 990, 2.0f);
   Tensor buf = test::guard_filled({n * hidden + 8}, DType::F32);
   Tensor out = test::contiguous_view_in(buf, {n, hidden}, 4);
-  ops::moe_experts(x, Tensor::from_i32(ids, {n, k}), Tensor::from_f32(w, {n, k}), experts, out);
+  ops::moe_experts(x, Tensor::from_i32(ids, {n, k}), Tensor::from_f32(w, {n, k}), experts, 0,
+                   int(experts.size()), out);
   test::expect_guard_intact(buf, out, "moe_experts");
   std::vector<double> want(size_t(n * hidden), 0.0);
   const std::vector<double> xv = to_f64(x);
@@ -295,9 +298,30 @@ TEST(OpMoe, ExpertIdOutOfRangeThrows) {
   test::expect_error(
       [&] {
         ops::moe_experts(test::rand_tensor({1, 8}, 997), Tensor::from_i32({1, 7}, {1, 2}),
-                         Tensor::from_f32({0.5f, 0.5f}, {1, 2}), experts, out);
+                         Tensor::from_f32({0.5f, 0.5f}, {1, 2}), experts, 0, 2, out);
       },
       {"7"});
+}
+
+// Expert parallelism: two ranks holding experts [0, 2) and [2, 4) produce partial outputs whose
+// sum is the single-rank output (ids outside a rank's range contribute nothing there).
+TEST(OpMoe, ExpertShardsSumToTheWhole) {
+  std::vector<MlpWeights> experts;
+  for (int e = 0; e < 4; ++e) experts.push_back(make_mlp(8, 4, 1000 + uint64_t(e)));
+  const Tensor x = test::rand_tensor({3, 8}, 1010);
+  const Tensor ids = Tensor::from_i32({0, 3, 2, 1, 3, 2}, {3, 2});
+  const Tensor w = Tensor::from_f32({0.7f, 0.3f, 0.5f, 0.5f, 0.9f, 0.1f}, {3, 2});
+  Tensor whole = Tensor::empty({3, 8}, DType::F32), a = Tensor::empty({3, 8}, DType::F32),
+         b = Tensor::empty({3, 8}, DType::F32);
+  ops::moe_experts(x, ids, w, experts, 0, 4, whole);
+  ops::moe_experts(x, ids, w, {experts[0], experts[1]}, 0, 4, a);
+  ops::moe_experts(x, ids, w, {experts[2], experts[3]}, 2, 4, b);
+  ops::add_inplace(a, b);
+  EXPECT_LE(test::nmse(a, whole), tol::kSelfConsistencyNmse);
+  Tensor none = Tensor::empty({3, 8}, DType::F32);
+  ops::moe_experts(x, Tensor::from_i32({0, 1, 0, 1, 1, 0}, {3, 2}), w, {experts[2], experts[3]}, 2,
+                   4, none);
+  for (int64_t i = 0; i < none.numel(); ++i) EXPECT_EQ(none.f32()[i], 0.0f);
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // The model's weights, mirroring the checkpoint's module names (model.layers.{i}.self_attn.q_a_proj,
 // ...indexer.wq_b, ...mlp.experts.{e}.gate_proj, MTP's enorm/hnorm/eh_proj/shared_head).
 // Linear weights stay in their checkpoint dtype (mapped, not copied); norms and biases become fp32.
+// Under tensor parallelism each rank holds its shard, as the table in weights.cpp says; shapes in
+// the comments below are the full (T = 1) ones, divided along the split dimension otherwise.
 #pragma once
 
 #include <optional>
@@ -38,9 +40,10 @@ struct AttentionWeights {
 };
 
 struct MoeWeights {
-  LinearWeight gate;                // router [n_experts, hidden] (computed in fp32)
+  LinearWeight gate;                // router [n_experts, hidden] (computed in fp32), replicated
   Tensor e_score_correction_bias;   // [n_experts] f32
-  std::vector<MlpWeights> experts;  // routed experts
+  int first_expert = 0;             // experts[j] is routed expert first_expert + j (expert-parallel)
+  std::vector<MlpWeights> experts;  // this rank's routed experts
   MlpWeights shared_experts;
 };
 
@@ -65,15 +68,24 @@ struct MtpWeights {
 };
 
 struct ModelWeights {
-  Tensor embed_tokens;  // [vocab, hidden] (checkpoint dtype)
+  Tensor embed_tokens;  // [vocab, hidden] (checkpoint dtype), replicated
   std::vector<LayerWeights> layers;
   Tensor norm;  // [hidden] f32
-  LinearWeight lm_head;
+  LinearWeight lm_head;  // vocabulary-parallel: rows [vocab_begin, vocab_begin + out_features)
+  int64_t vocab_begin = 0;
+  int64_t vocab_shard = 0;  // rows per rank, ceil(vocab / T) (the last rank may hold fewer)
   std::optional<MtpWeights> mtp;
 };
 
-// Loads every tensor the config implies, checking names, shapes and dtypes; errors name the tensor.
-// Sets cfg.n_mtp_layers when the config left it unstated (-1) from what the checkpoint holds.
-ModelWeights load_weights(const Checkpoint& ck, ModelConfig& cfg);
+// This rank's share of a T-way tensor-parallel run (rank 0 of 1 = everything).
+struct TpShard {
+  int rank = 0;
+  int size = 1;
+};
+
+// Loads every tensor the config implies for this shard, checking names, shapes and dtypes; errors
+// name the tensor. Reads only what the shard needs. Sets cfg.n_mtp_layers when the config left it
+// unstated (-1) from what the checkpoint holds.
+ModelWeights load_weights(const Checkpoint& ck, ModelConfig& cfg, TpShard shard = {});
 
 }  // namespace dsi

@@ -11,6 +11,10 @@ struct LinearWeight {
   Tensor scale_inv;  // [ceil(out / block_out), ceil(in / block_in)] F32; only with F8_E4M3
   int block_out = 128;
   int block_in = 128;
+  // When `weight` is a tensor-parallel slice that starts inside a scale block: the slice's offset
+  // in its first block (0 <= row0 < block_out), so row r uses scale row (row0 + r) / block_out.
+  int64_t row0 = 0;
+  int64_t col0 = 0;
 
   bool defined() const { return weight.defined(); }
   int64_t out_features() const { return weight.dim(0); }

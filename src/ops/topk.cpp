@@ -9,4 +9,8 @@ void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Te
   DSI_DISPATCH(scores.device(), topk, scores, bounds, k, indices, values);
 }
 
+void topk_merge(const Tensor& scores, const Tensor& positions, int k, Tensor& winners) {
+  DSI_DISPATCH(scores.device(), topk_merge, scores, positions, k, winners);
+}
+
 }  // namespace dsi::ops

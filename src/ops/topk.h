@@ -7,9 +7,16 @@
 namespace dsi::ops {
 
 // For each row r, selects the k best of scores[r, 0 : bounds[r]) (column index = position).
-// scores: [rows, n] f32; bounds: [rows] i32 (<= n); indices: [rows, k] i32, best first, -1 when
-// fewer than k entries are valid; values (optional, may be undefined): [rows, k] f32, -inf for -1.
+// Entries scoring -inf (or NaN) are never selected: a row with fewer than k finite entries is
+// padded with -1. scores: [rows, n] f32; bounds: [rows] i32 (<= n); indices: [rows, k] i32, best
+// first; values (optional, may be undefined): [rows, k] f32, -inf where the index is -1.
 void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Tensor* values);
+
+// Merges candidate lists into the k best by the same total order, comparing global positions.
+// scores: [rows, m] f32; positions: [rows, m] i32 (-1 = empty candidate, never selected);
+// winners: [rows, k] i32 positions, best first, -1 padded; candidates scoring -inf become -1.
+// A position must appear at most once per row.
+void topk_merge(const Tensor& scores, const Tensor& positions, int k, Tensor& winners);
 
 // True when (score a, position pa) ranks before (score b, position pb) in the total order.
 inline bool topk_before(float a, int64_t pa, float b, int64_t pb) {

@@ -35,6 +35,7 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
                     const Tensor& bounds, float softmax_scale, Tensor& logits);
 
 void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Tensor* values);
+void topk_merge(const Tensor& scores, const Tensor& positions, int k, Tensor& winners);
 
 void mla_absorb_q(const Tensor& q_nope, const Tensor& w_uk, Tensor& out);
 void mla_up_v(const Tensor& o_lat, const Tensor& w_uv, Tensor& out);
@@ -44,7 +45,8 @@ void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float 
 void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterParams& p,
                Tensor& expert_ids, Tensor& weights);
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
-                 const std::vector<MlpWeights>& experts, Tensor& out);
+                 const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
+                 Tensor& out);
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
 
 void argmax(const Tensor& logits, Tensor& out);

@@ -23,8 +23,12 @@ Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end
     DSI_CHECK(w.scale_inv.defined(), "linear: fp8 weight {} without weight_scale_inv", wt.desc());
     check_dtype(w.scale_inv, DType::F32, "weight_scale_inv");
     DSI_CHECK(w.block_out > 0 && w.block_in > 0, "linear: fp8 block size {}x{}", w.block_out, w.block_in);
+    DSI_CHECK(w.row0 >= 0 && w.row0 < w.block_out && w.col0 >= 0 && w.col0 < w.block_in,
+              "linear: slice offsets ({}, {}) outside the first {}x{} block", w.row0, w.col0,
+              w.block_out, w.block_in);
     check_shape(w.scale_inv,
-                {(wt.dim(0) + w.block_out - 1) / w.block_out, (in + w.block_in - 1) / w.block_in},
+                {(w.row0 + wt.dim(0) + w.block_out - 1) / w.block_out,
+                 (w.col0 + in + w.block_in - 1) / w.block_in},
                 "weight_scale_inv");
     DSI_CHECK(w.scale_inv.is_contiguous(), "weight_scale_inv must be contiguous");
   }
@@ -33,8 +37,8 @@ Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end
     const int64_t base = r * in;
     for (int64_t c = 0; c < in; ++c) orow[c] = load_as_f32(wt.raw(), wt.dtype(), base + c);
     if (fp8) {
-      const float* srow = w.scale_inv.f32() + (r / w.block_out) * w.scale_inv.dim(1);
-      for (int64_t c = 0; c < in; ++c) orow[c] *= srow[c / w.block_in];
+      const float* srow = w.scale_inv.f32() + ((w.row0 + r) / w.block_out) * w.scale_inv.dim(1);
+      for (int64_t c = 0; c < in; ++c) orow[c] *= srow[(w.col0 + c) / w.block_in];
     }
   }
   return out;

@@ -90,11 +90,15 @@ void mlp(const Tensor& x, const MlpWeights& w, Tensor& out) {
 }
 
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
-                 const std::vector<MlpWeights>& experts, Tensor& out) {
+                 const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
+                 Tensor& out) {
   DSI_CHECK(x.ndim() == 2 && x.is_contiguous(), "moe_experts: x {}", x.desc());
   const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
   check_shape(weights, {n, k}, "moe_experts weights");
   check_shape(out, {n, d}, "moe_experts out");
+  DSI_CHECK(first_expert >= 0 && first_expert + int64_t(experts.size()) <= n_experts,
+            "moe_experts: experts [{}, {}) outside [0, {})", first_expert,
+            first_expert + int64_t(experts.size()), n_experts);
   DSI_CHECK(out.is_contiguous() && expert_ids.is_contiguous() && weights.is_contiguous(),
             "moe_experts: out, expert_ids and weights must be contiguous");
   std::fill_n(out.f32(), n * d, 0.0f);
@@ -102,9 +106,10 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < k; ++j) {
       const int32_t e = expert_ids.i32()[t * k + j];
-      DSI_CHECK(e >= 0 && size_t(e) < experts.size(), "moe_experts: expert id {} of {}", e,
-                experts.size());
-      routed[size_t(e)].push_back({t, weights.f32()[t * k + j]});
+      DSI_CHECK(e >= 0 && e < n_experts, "moe_experts: expert id {} outside [0, {})", e, n_experts);
+      const int64_t local = int64_t(e) - first_expert;
+      if (local < 0 || local >= int64_t(experts.size())) continue;  // held by another rank
+      routed[size_t(local)].push_back({t, weights.f32()[t * k + j]});
     }
   }
   for (size_t e = 0; e < experts.size(); ++e) {

@@ -29,11 +29,12 @@ void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Te
     const int64_t bound = bounds.i32()[r];
     DSI_CHECK(bound >= 0 && bound <= n, "topk: bound {} outside [0, {}]", bound, n);
     const float* s = scores.f32() + r * scores.stride(0);
-    // NaN would break the strict weak order; rank it last (as -inf), never crash.
-    auto key = [&](int32_t i) { return std::isnan(s[i]) ? ninf : s[i]; };
-    order.resize(size_t(bound));
-    std::iota(order.begin(), order.end(), 0);
-    const int64_t take = std::min<int64_t>(k, bound);
+    // Only finite (or +inf) scores are selectable; NaN and -inf never are.
+    order.clear();
+    for (int32_t i = 0; i < int32_t(bound); ++i)
+      if (s[i] > ninf) order.push_back(i);
+    auto key = [&](int32_t i) { return s[i]; };
+    const int64_t take = std::min<int64_t>(k, int64_t(order.size()));
     std::partial_sort(order.begin(), order.begin() + take, order.end(), [&](int32_t a, int32_t b) {
       return ops::topk_before(key(a), a, key(b), b);
     });
@@ -43,6 +44,31 @@ void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Te
       float* v = values->f32() + r * k;
       for (int64_t j = 0; j < k; ++j) v[j] = j < take ? s[order[size_t(j)]] : ninf;
     }
+  }
+}
+
+void topk_merge(const Tensor& scores, const Tensor& positions, int k, Tensor& winners) {
+  DSI_CHECK(scores.ndim() == 2 && scores.is_contiguous(), "topk_merge: scores {}", scores.desc());
+  check_dtype(scores, DType::F32, "topk_merge scores");
+  check_shape(positions, scores.shape(), "topk_merge positions");
+  check_dtype(positions, DType::I32, "topk_merge positions");
+  const int64_t rows = scores.dim(0), m = scores.dim(1);
+  check_shape(winners, {rows, k}, "topk_merge winners");
+  DSI_CHECK(positions.is_contiguous() && winners.is_contiguous(), "topk_merge: contiguous tensors");
+  const float ninf = -std::numeric_limits<float>::infinity();
+  std::vector<int32_t> cand;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = scores.f32() + r * m;
+    const int32_t* p = positions.i32() + r * m;
+    cand.clear();
+    for (int32_t j = 0; j < int32_t(m); ++j)
+      if (p[j] >= 0 && s[j] > ninf) cand.push_back(j);
+    const int64_t take = std::min<int64_t>(k, int64_t(cand.size()));
+    std::partial_sort(cand.begin(), cand.begin() + take, cand.end(), [&](int32_t a, int32_t b) {
+      return ops::topk_before(s[a], p[a], s[b], p[b]);
+    });
+    int32_t* w = winners.i32() + r * k;
+    for (int64_t j = 0; j < k; ++j) w[j] = j < take ? p[cand[size_t(j)]] : -1;
   }
 }
 

@@ -1,0 +1,29 @@
+// Decode context parallelism: the two places where the ranks of a DCP group, each holding 1/W of
+// every request's keys, act as one. (1) The exact global top-k of the lightning indexer: local
+// top-k, all-gather of (score, global position), the same merge on every rank. (2) Sparse attention
+// over each rank's own selected keys, combined across the group with LSE correction, by all-gather +
+// reduce-scatter ("ag_rs") or all-to-all ("a2a"). With W = 1 both are the plain single-rank ops.
+#pragma once
+
+#include "core/tensor.h"
+#include "runtime/parallel.h"
+
+namespace dsi {
+
+struct DcpTopk {
+  Tensor local;   // [n, k] i32: this rank's winners as local cache slots, -1 elsewhere
+  Tensor global;  // [n, k] i32: every winner as a global position, best first, -1 padded
+};
+
+// scores: [n, n_local_keys] f32 indexer logits over this rank's keys; bounds: [n] i32, each row's
+// causal bound localised (keys [0, bounds[i]) are visible). Every member of the DCP group must call
+// this with the same n and k, also when it owns no key (then it contributes only empty candidates).
+DcpTopk dcp_topk(const RankContext& rc, const Tensor& scores, const Tensor& bounds, int k);
+
+// q: [n, Hl, dk] absorbed queries of this rank's heads; kv: [n_local_keys, dk] this rank's latent
+// cache; selected: [n, k] i32 local slots (-1 = none). Returns o_lat [n, Hl, dv] for this rank's
+// heads: softmax attention over the union of the group's selected keys.
+Tensor dcp_sparse_attention(const RankContext& rc, const Tensor& q, const Tensor& kv,
+                            const Tensor& selected, float softmax_scale, int dv);
+
+}  // namespace dsi
