@@ -41,7 +41,7 @@ def _device_name(torch, device):
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def _run_eval(torch, model_dir, data_dir, device, settings):
+def _run_eval(torch, model_dir, data_dir, device, settings, engine=None):
     """Load the exported checkpoint and compute every evaluation number."""
     from tokenizers import Tokenizer
 
@@ -55,6 +55,8 @@ def _run_eval(torch, model_dir, data_dir, device, settings):
     res = evaluation.evaluate(model, held, seq_len, cfg["eos_token_id"], tokenizer=tok, tiny=settings["tiny"])
     window = held[:seq_len]
     res["hf_check"] = hfcheck.hf_self_check(model_dir, model, cfg, window, device)
+    if engine:
+        res["engine_check"] = hfcheck.engine_check(engine, model_dir, model, window, device)
     res["seconds"] = round(time.perf_counter() - t, 2)
     return res
 
@@ -97,13 +99,14 @@ def cmd_train(args):
     train_tokens = kdata.load_tokens(os.path.join(args.data, "train.npy"), device)
     held_tokens = kdata.load_tokens(os.path.join(args.data, "heldout.npy"), device)
     os.makedirs(args.out, exist_ok=True)
+    amp = {"auto": None, "on": True, "off": False}[args.amp]
     trainer = Trainer(model, hp, train_tokens, held_tokens, seq_len, args.seed, device,
-                      log_path=os.path.join(args.out, "train_log.jsonl"))
+                      log_path=os.path.join(args.out, "train_log.jsonl"), amp=amp)
     steps = [int(s) for s in args.steps.split(",")] if args.steps else None
     if steps is not None and len(steps) != 3:
         sys.exit("--steps takes three comma-separated counts: dense,warmup,sparse")
     t_plan = time.perf_counter()
-    plan = trainer.make_plan(steps=steps, tiny=args.tiny, budget=args.time_budget)
+    plan = trainer.make_plan(steps=steps, tiny=args.tiny, budget=args.time_budget, max_epochs=args.max_epochs)
     plan_s = time.perf_counter() - t_plan
     stages = trainer.run(args.time_budget, guard=steps is None and not args.tiny)
     trainer.close()
@@ -115,8 +118,7 @@ def cmd_train(args):
     if device.type == "cuda":
         torch.cuda.empty_cache()
     settings = {"seq_len": seq_len, "tiny": bool(args.tiny)}
-    res = _run_eval(torch, args.out, args.data, device, settings)
-    total_s = time.perf_counter() - t_all
+    res = _run_eval(torch, args.out, args.data, device, settings, engine=args.engine)
     report = {
         "device": _device_name(torch, device),
         "torch_version": torch.__version__,
@@ -135,7 +137,6 @@ def cmd_train(args):
                      "total": round(time.perf_counter() - t_all, 2)},
         "eval": res,
     }
-    del total_s
     with open(os.path.join(args.out, "eval.json"), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
         f.write("\n")
@@ -160,6 +161,13 @@ def _print_summary(report):
               f"nmse {hf['main_logits']['nmse']:.3g}; MTP {hf.get('mtp_logits')}")
     else:
         print(f"[result] HF check {hf}")
+    if "engine_check" in ev:
+        e = ev["engine_check"]
+        if e.get("status") in ("match", "MISMATCH"):
+            print(f"[result] dsinfer check {e['status']}: main nmse {e['main_logits']['nmse']:.3g}, "
+                  f"MTP nmse {e['mtp_logits']['nmse']:.3g}")
+        else:
+            print(f"[result] dsinfer check {e}")
 
 
 def cmd_eval(args):
@@ -172,7 +180,7 @@ def cmd_eval(args):
     settings = dict(stored["settings"]) if stored else {"seq_len": 512, "tiny": False}
     if args.seq_len:
         settings["seq_len"] = args.seq_len
-    res = _run_eval(torch, args.model, args.data, device, settings)
+    res = _run_eval(torch, args.model, args.data, device, settings, engine=args.engine)
     report = {"device": _device_name(torch, device), "settings": settings, "eval": res}
     if stored:
         keys = ("heldout_dense", "heldout_topk", "mtp_acceptance")
@@ -203,9 +211,14 @@ def main(argv=None):
     a.add_argument("--device", choices=["cuda", "cpu"], default=None)
     a.add_argument("--tiny", action="store_true", help="toy config, 20 steps per stage (CPU test)")
     a.add_argument("--steps", default=None, help="fix the plan: dense,warmup,sparse step counts")
+    a.add_argument("--max-epochs", type=float, default=None,
+                   help="cap stages 1 + 3 at this many passes over train.npy (calibrated plans only)")
     a.add_argument("--batch-size", type=int, default=None)
     a.add_argument("--dropout", type=float, default=None)
     a.add_argument("--lr", type=float, default=None)
+    a.add_argument("--engine", default=None, help="optional dsinfer binary: also compare its CPU logits")
+    a.add_argument("--amp", choices=["auto", "on", "off"], default="auto",
+                   help="bf16 autocast in training (auto: on for CUDA); 'on' with --device cpu tests that path")
     a.set_defaults(func=cmd_train)
     a = sub.add_parser("eval", help="re-run the evaluation from an exported checkpoint")
     a.add_argument("--model", required=True)
@@ -213,6 +226,7 @@ def main(argv=None):
     a.add_argument("--device", choices=["cuda", "cpu"], default=None)
     a.add_argument("--seq-len", type=int, default=None)
     a.add_argument("--out", default=None, help="also write the JSON report here")
+    a.add_argument("--engine", default=None, help="optional dsinfer binary: also compare its CPU logits")
     a.set_defaults(func=cmd_eval)
     args = p.parse_args(argv)
     args.func(args)

@@ -21,6 +21,7 @@ const char* collective_name(CollectiveOp op) {
 bool CollectiveDesc::same_call(const CollectiveDesc& o) const {
   CollectiveDesc a = *this, b = o;
   a.world_rank = b.world_rank = -1;
+  a.invalid = b.invalid = 0;
   return std::memcmp(&a, &b, sizeof(CollectiveDesc)) == 0;  // no padding: see the static_assert
 }
 

@@ -15,7 +15,7 @@ namespace dsi {
 inline constexpr int kMaxCollectiveDims = 8;
 
 // Trivially copyable and padding-free (MpiComm exchanges it as raw bytes between processes of the
-// same build). Two members agree when every field but world_rank is equal.
+// same build). Two members agree when every field but world_rank and invalid is equal.
 struct CollectiveDesc {
   uint64_t call = 0;        // this rank's call number on the group, 1-based
   int32_t world_rank = -1;  // who issued it (for messages only)
@@ -29,7 +29,7 @@ struct CollectiveDesc {
   int32_t reserved = 0;     // keeps the struct free of padding bytes
   int64_t shape[kMaxCollectiveDims] = {};  // main tensor's shape; unused entries 0
 
-  bool same_call(const CollectiveDesc& o) const;  // all fields but world_rank equal
+  bool same_call(const CollectiveDesc& o) const;  // all fields but world_rank and invalid equal
 };
 static_assert(sizeof(CollectiveDesc) == 32 + 8 * kMaxCollectiveDims, "CollectiveDesc has padding");
 

@@ -40,6 +40,7 @@ class MpiSession {
   int size() const { return size_; }
   // Called by a communicator that left MPI requests pending: finalising could hang.
   void mark_broken() { broken_ = true; }
+  bool broken() const { return broken_; }
 
  private:
   bool owns_ = false;
@@ -69,9 +70,8 @@ class MpiComm final : public Communicator {
   void barrier(const Group& g) override;
   [[noreturn]] void abort(const std::string& why) override;
 
-  struct State;  // MPI handles live in the .cpp, so users of this header need no <mpi.h>
-
  private:
+  struct State;  // MPI handles live in the .cpp, so users of this header need no <mpi.h>
   std::unique_ptr<State> s_;
 };
 

@@ -1,5 +1,7 @@
 // MLA attention forward; see attention.h. Mirrors HF GlmMoeDsaAttention / DeepseekV32Attention, but
 // attends in the absorbed form over the latent cache (mathematically equal to HF's expanded K/V).
+// Under TP a rank runs its H/T heads; under DCP its cache holds only the tokens it owns and the
+// partial attention is combined across the group (runtime/dcp.h).
 #include "model/attention.h"
 
 #include "model/indexer.h"
@@ -12,9 +14,9 @@
 namespace dsi {
 
 Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const Tensor& u,
-                     LayerKvCache& kv, Tensor& topk) {
+                     LayerKvCache& kv, DcpTopk& topk) {
   const ModelConfig& c = *ctx.cfg;
-  const int64_t n = ctx.n, heads = c.n_heads, nope = c.head_dim_nope, rope = c.head_dim_rope;
+  const int64_t n = ctx.n, heads = w.w_uk.dim(0), nope = c.head_dim_nope, rope = c.head_dim_rope;
   const int64_t lora = c.kv_lora_rank, dk = lora + rope;
   const float eps = float(c.rms_norm_eps);
   const Device dev = u.device();
@@ -29,22 +31,20 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   ops::rope(q, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
             RopeStyle::kInterleaved, /*offset=*/int(nope));
 
-  // Keys: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache stores RMSNorm(c_kv) and RoPE(k_pe).
+  // Keys: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache keeps RMSNorm(c_kv) and RoPE(k_pe).
   Tensor kv_a = Tensor::empty({n, dk}, DType::F32, dev);
   ops::linear(u, w.kv_a_proj_with_mqa, kv_a);
-  Tensor rows = kv.latent.slice(ctx.start, ctx.start + n);
-  Tensor rows_ckv = rows.narrow(1, 0, lora);
-  ops::rms_norm(kv_a.narrow(1, 0, lora), w.kv_a_layernorm, eps, rows_ckv);
-  Tensor rows_kpe = rows.narrow(1, lora, rope);
-  ops::copy(kv_a.narrow(1, lora, rope), rows_kpe);
-  Tensor rows3 = rows.view({n, 1, dk});
-  ops::rope(rows3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
+  Tensor ckv = kv_a.narrow(1, 0, lora);
+  ops::rms_norm(ckv, w.kv_a_layernorm, eps, ckv);
+  Tensor kv3 = kv_a.view({n, 1, dk});
+  ops::rope(kv3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
             RopeStyle::kInterleaved, /*offset=*/int(lora));
+  store_owned_rows(ctx, kv_a, kv.latent);
 
   if (w.indexer) {
     topk = indexer_topk(ctx, *w.indexer, u, c_q, kv.index_keys);
   } else {
-    DSI_CHECK(topk.defined() && topk.dim(0) == n,
+    DSI_CHECK(topk.local.defined() && topk.local.dim(0) == n,
               "shared indexer layer: no top-k from a previous full layer");
   }
 
@@ -55,10 +55,8 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   Tensor q_abs_pe = q_abs.narrow(2, lora, rope);
   ops::copy(q.narrow(2, nope, rope), q_abs_pe);
 
-  Tensor o_lat = Tensor::empty({n, heads, lora}, DType::F32, dev);
-  Tensor lse = Tensor::empty({n, heads}, DType::F32, dev);
-  ops::sparse_mla(q_abs, kv.latent.slice(0, ctx.start + n), topk, float(c.attn_softmax_scale()),
-                  int(lora), o_lat, lse);
+  Tensor o_lat = dcp_sparse_attention(*ctx.rank, q_abs, kv.latent.slice(0, ctx.local_keys),
+                                      topk.local, float(c.attn_softmax_scale()), int(lora));
 
   Tensor o = Tensor::empty({n, heads, c.v_head_dim}, DType::F32, dev);
   ops::mla_up_v(o_lat, w.w_uv, o);

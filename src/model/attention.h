@@ -4,14 +4,16 @@
 
 #include "model/layer_context.h"
 #include "model/weights.h"
+#include "runtime/dcp.h"
 #include "runtime/kv_cache.h"
 
 namespace dsi {
 
-// u: [n, hidden] after input_layernorm. Appends the new rows' latents (and index keys) to `kv`.
-// topk: [n, index_topk] i32; computed here on layers with their own indexer, read on "shared" ones
-// (it must then hold the previous full layer's selection). Returns the attention output [n, hidden].
+// u: [n, hidden] after input_layernorm. Stores the owned new rows' latents (and index keys) in `kv`.
+// topk: computed here on layers with their own indexer, read on "shared" ones (it must then hold
+// the previous full layer's selection). Returns this rank's partial attention output [n, hidden]
+// (its heads' share of o_proj; the model sums the partials over the TP group).
 Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const Tensor& u,
-                     LayerKvCache& kv, Tensor& topk);
+                     LayerKvCache& kv, DcpTopk& topk);
 
 }  // namespace dsi

@@ -2,6 +2,9 @@
 //   u = RMSNorm_in(h); h += Attn(u); v = RMSNorm_post(h); h += FFN(v); logits = lm_head(RMSNorm(h)).
 #include "model/dsa_model.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include "model/attention.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
@@ -14,40 +17,58 @@ namespace dsi {
 std::unique_ptr<DsaModel> DsaModel::load(const std::string& dir) {
   ModelConfig cfg = load_config(dir + "/config.json");
   Checkpoint ck = Checkpoint::open(dir);
-  ModelWeights w = load_weights(ck, cfg);
-  return std::make_unique<DsaModel>(std::move(cfg), std::move(w));
+  return load(ck, std::move(cfg), RankContext{});
 }
 
-DsaModel::DsaModel(ModelConfig cfg, ModelWeights weights)
-    : cfg_(std::move(cfg)), weights_(std::move(weights)) {
+std::unique_ptr<DsaModel> DsaModel::load(const Checkpoint& ck, ModelConfig cfg,
+                                         const RankContext& rank) {
+  rank.cfg.validate(cfg);
+  ModelWeights w = load_weights(ck, cfg, TpShard{rank.tp_rank, rank.cfg.tp});
+  return std::make_unique<DsaModel>(std::move(cfg), std::move(w), rank);
+}
+
+DsaModel::DsaModel(ModelConfig cfg, ModelWeights weights, RankContext rank)
+    : cfg_(std::move(cfg)), weights_(std::move(weights)), rank_(std::move(rank)) {
   const ops::RopeFreqs f =
       ops::compute_rope_freqs(cfg_.rope, cfg_.head_dim_rope);
   rope_.inv_freq = Tensor::from_f32(f.inv_freq, {int64_t(f.inv_freq.size())});
   rope_.attention_factor = f.attention_factor;
 }
 
+SequenceKvCache DsaModel::make_cache(int64_t capacity, bool with_mtp) const {
+  return SequenceKvCache(cfg_, capacity, with_mtp, rank_.dcp);
+}
+
 LayerContext DsaModel::make_context(int64_t start, int64_t n) const {
+  const DcpLayout& dcp = rank_.dcp;
   LayerContext ctx;
   ctx.cfg = &cfg_;
   ctx.rope = &rope_;
+  ctx.rank = &rank_;
   ctx.start = start;
   ctx.n = n;
   ctx.positions = Tensor::empty({n}, DType::I32);
-  ctx.bounds = Tensor::empty({n}, DType::I32);
+  // Causal bounds are global per row (row at p sees keys [0, p]), then localised per row.
+  ctx.local_bounds = Tensor::empty({n}, DType::I32);
   for (int64_t i = 0; i < n; ++i) {
-    ctx.positions.i32()[i] = int32_t(start + i);
-    ctx.bounds.i32()[i] = int32_t(start + i + 1);
+    const int64_t p = start + i;
+    ctx.positions.i32()[i] = int32_t(p);
+    ctx.local_bounds.i32()[i] = int32_t(dcp.local_len(p + 1));
+    if (dcp.owns(p)) ctx.owned_rows.push_back(int32_t(i));
   }
+  ctx.local_start = dcp.local_len(start);
+  ctx.local_keys = dcp.local_len(start + n);
   return ctx;
 }
 
 void DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, Tensor& h,
-                             LayerKvCache& kv, Tensor& topk) const {
+                             LayerKvCache& kv, DcpTopk& topk) const {
   const int64_t n = ctx.n, d = cfg_.hidden_size;
   const float eps = float(cfg_.rms_norm_eps);
   Tensor x = Tensor::empty({n, d}, DType::F32, h.device());
   ops::rms_norm(h, w.input_layernorm, eps, x);
   Tensor attn = mla_attention(ctx, w.self_attn, x, kv, topk);
+  rank_.all_reduce_tp(attn);  // o_proj partial sums of each rank's heads
   ops::add_inplace(h, attn);
 
   ops::rms_norm(h, w.post_attention_layernorm, eps, x);
@@ -72,6 +93,7 @@ void DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, Ten
     ops::mlp(x, w.moe.shared_experts, shared);
     ops::add_inplace(ffn, shared);
   }
+  rank_.all_reduce_tp(ffn);  // column/row-split MLPs and this rank's experts: partial sums
   ops::add_inplace(h, ffn);
 }
 
@@ -83,10 +105,10 @@ Tensor DsaModel::forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTr
   const LayerContext ctx = make_context(start, n);
   Tensor h = Tensor::empty({n, cfg_.hidden_size}, DType::F32);
   ops::embedding(weights_.embed_tokens, tokens, h);
-  Tensor topk;
+  DcpTopk topk;
   for (int i = 0; i < cfg_.n_layers; ++i) {
     decoder_layer(ctx, weights_.layers[size_t(i)], h, cache.layer(i), topk);
-    if (trace) trace->topk.push_back(topk);
+    if (trace) trace->topk.push_back(topk.global);
   }
   Tensor out = Tensor::empty({n, cfg_.hidden_size}, DType::F32);
   ops::rms_norm(h, weights_.norm, float(cfg_.rms_norm_eps), out);
@@ -94,10 +116,38 @@ Tensor DsaModel::forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTr
   return out;
 }
 
-Tensor DsaModel::logits(const Tensor& hidden) const {
-  Tensor out = Tensor::empty({hidden.dim(0), cfg_.vocab_size}, DType::F32, hidden.device());
-  ops::linear(hidden, weights_.lm_head, out);
+Tensor DsaModel::vocab_parallel_logits(const Tensor& hidden, const LinearWeight& head) const {
+  const int64_t n = hidden.dim(0), vocab = cfg_.vocab_size;
+  if (rank_.cfg.tp == 1) {
+    Tensor out = Tensor::empty({n, vocab}, DType::F32, hidden.device());
+    ops::linear(hidden, head, out);
+    return out;
+  }
+  // Each rank computes its vocabulary slice (padded to the common slice width with -inf), then
+  // the slices are gathered and laid side by side.
+  const int64_t shard = weights_.vocab_shard, mine = head.out_features();
+  Tensor part = Tensor::empty({n, shard}, DType::F32);
+  Tensor part_mine = part.narrow(1, 0, mine);
+  Tensor local = Tensor::empty({n, mine}, DType::F32);
+  ops::linear(hidden, head, local);
+  ops::copy(local, part_mine);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = mine; j < shard; ++j) part.f32()[i * shard + j] = -INFINITY;
+  const int T = rank_.cfg.tp;
+  Tensor all = Tensor::empty({T * n, shard}, DType::F32);
+  rank_.comm->all_gather(rank_.tp_group, part, all);
+  Tensor out = Tensor::empty({n, vocab}, DType::F32);
+  for (int r = 0; r < T; ++r) {
+    const int64_t begin = r * shard, len = std::min(shard, vocab - begin);
+    if (len <= 0) continue;
+    Tensor dst = out.narrow(1, begin, len);
+    ops::copy(all.slice(r * n, (r + 1) * n).narrow(1, 0, len), dst);
+  }
   return out;
+}
+
+Tensor DsaModel::logits(const Tensor& hidden) const {
+  return vocab_parallel_logits(hidden, weights_.lm_head);
 }
 
 Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
@@ -122,9 +172,9 @@ Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
   ops::linear(cat, m.eh_proj, h);
 
   const LayerContext ctx = make_context(start, n);
-  Tensor topk;
+  DcpTopk topk;
   decoder_layer(ctx, m.layer, h, cache.mtp(), topk);
-  if (trace) trace->topk.push_back(topk);
+  if (trace) trace->topk.push_back(topk.global);
   Tensor out = Tensor::empty({n, d}, DType::F32);
   ops::rms_norm(h, m.shared_head_norm, eps, out);
   cache.set_mtp_length(start + n);
@@ -133,9 +183,7 @@ Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
 
 Tensor DsaModel::mtp_logits(const Tensor& mtp_hidden) const {
   DSI_CHECK(weights_.mtp.has_value(), "this checkpoint has no MTP layer");
-  Tensor out = Tensor::empty({mtp_hidden.dim(0), cfg_.vocab_size}, DType::F32);
-  ops::linear(mtp_hidden, weights_.mtp->head, out);
-  return out;
+  return vocab_parallel_logits(mtp_hidden, weights_.mtp->head);
 }
 
 }  // namespace dsi

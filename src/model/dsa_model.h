@@ -1,5 +1,7 @@
 // The DSA causal LM (GlmMoeDsaForCausalLM / DeepseekV32ForCausalLM) and its MTP layer, written once
-// against the op API: the device of the weights picks the backend.
+// against the op API: the device of the weights picks the backend. One DsaModel per rank: under
+// tensor / decode-context parallelism every rank runs the same calls on its shard and the
+// collectives make the ranks act as one model (runtime/parallel.h, runtime/dcp.h).
 #pragma once
 
 #include <memory>
@@ -9,28 +11,35 @@
 #include "model/config.h"
 #include "model/layer_context.h"
 #include "model/weights.h"
+#include "runtime/dcp.h"
 #include "runtime/kv_cache.h"
 
 namespace dsi {
 
 // Optional record of a forward call, for tests and debugging.
 struct ForwardTrace {
-  std::vector<Tensor> topk;  // per layer run: [n, index_topk] i32 selected positions
+  std::vector<Tensor> topk;  // per layer run: [n, index_topk] i32 selected global positions
 };
 
 class DsaModel {
  public:
-  // Reads config.json and the safetensors weights of a checkpoint directory.
+  // Reads config.json and the safetensors weights of a checkpoint directory (one rank).
   static std::unique_ptr<DsaModel> load(const std::string& dir);
-  DsaModel(ModelConfig cfg, ModelWeights weights);
+  // This rank's shard of an opened checkpoint (`cfg` from its config.json).
+  static std::unique_ptr<DsaModel> load(const Checkpoint& ck, ModelConfig cfg,
+                                        const RankContext& rank);
+  DsaModel(ModelConfig cfg, ModelWeights weights, RankContext rank = {});
 
   const ModelConfig& config() const { return cfg_; }
+  const RankContext& rank() const { return rank_; }
   bool has_mtp() const { return weights_.mtp.has_value(); }
+  // A cache for `capacity` tokens holding this rank's share of them.
+  SequenceKvCache make_cache(int64_t capacity, bool with_mtp) const;
 
   // Runs the main model over `tokens` ([n] i32) at positions [cache.length(), + n) and appends them
   // to the caches. Returns the hidden states after the final norm, [n, hidden] f32.
   Tensor forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTrace* trace = nullptr) const;
-  // lm_head: [n, hidden] -> [n, vocab] f32.
+  // lm_head: [n, hidden] -> [n, vocab] f32 (vocabulary-parallel, gathered on every rank).
   Tensor logits(const Tensor& hidden) const;
 
   // The MTP layer (dsa-reference.md section 5): row i combines hidden[i] (the main model's state
@@ -45,11 +54,13 @@ class DsaModel {
  private:
   // One pre-norm decoder layer over h ([n, hidden], updated in place).
   void decoder_layer(const LayerContext& ctx, const LayerWeights& w, Tensor& h, LayerKvCache& kv,
-                     Tensor& topk) const;
+                     DcpTopk& topk) const;
   LayerContext make_context(int64_t start, int64_t n) const;
+  Tensor vocab_parallel_logits(const Tensor& hidden, const LinearWeight& head) const;
 
   ModelConfig cfg_;
   ModelWeights weights_;
+  RankContext rank_;
   RopeTable rope_;
 };
 

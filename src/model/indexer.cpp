@@ -9,16 +9,24 @@
 #include "ops/linear.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
-#include "ops/topk.h"
 
 namespace dsi {
 
-Tensor indexer_topk(const LayerContext& ctx, const IndexerWeights& w, const Tensor& u,
-                    const Tensor& c_q, Tensor& key_cache) {
+void store_owned_rows(const LayerContext& ctx, const Tensor& rows, Tensor& cache) {
+  for (size_t j = 0; j < ctx.owned_rows.size(); ++j) {
+    const int64_t slot = ctx.local_start + int64_t(j);
+    Tensor dst = cache.slice(slot, slot + 1);
+    ops::copy(rows.slice(ctx.owned_rows[j], ctx.owned_rows[j] + 1), dst);
+  }
+}
+
+DcpTopk indexer_topk(const LayerContext& ctx, const IndexerWeights& w, const Tensor& u,
+                     const Tensor& c_q, Tensor& key_cache) {
   const ModelConfig& c = *ctx.cfg;
   const int64_t n = ctx.n, heads = c.n_index_heads, hd = c.index_head_dim;
   const Device dev = u.device();
 
+  // Every rank computes all index heads for every new row (the indexer is replicated).
   Tensor q = Tensor::empty({n, heads * hd}, DType::F32, dev);
   ops::linear(c_q, w.wq_b, q);
   Tensor q3 = q.view({n, heads, hd});
@@ -27,23 +35,20 @@ Tensor indexer_topk(const LayerContext& ctx, const IndexerWeights& w, const Tens
 
   Tensor k = Tensor::empty({n, hd}, DType::F32, dev);
   ops::linear(u, w.wk, k);
-  Tensor new_keys = key_cache.slice(ctx.start, ctx.start + n);
-  ops::layer_norm(k, w.k_norm_weight, w.k_norm_bias, 1e-6f, new_keys);
-  Tensor new_keys3 = new_keys.view({n, 1, hd});
-  ops::rope(new_keys3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
+  ops::layer_norm(k, w.k_norm_weight, w.k_norm_bias, 1e-6f, k);
+  Tensor k3 = k.view({n, 1, hd});
+  ops::rope(k3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
             c.indexer_rope_style, /*offset=*/0);
+  store_owned_rows(ctx, k, key_cache);
 
   Tensor weights = Tensor::empty({n, heads}, DType::F32, dev);
   ops::linear(u, w.weights_proj, weights);
   ops::scale_inplace(weights, 1.0f / std::sqrt(float(heads)));
 
-  const int64_t n_keys = ctx.start + n;
-  Tensor logits = Tensor::empty({n, n_keys}, DType::F32, dev);
-  ops::indexer_logits(q3, weights, key_cache.slice(0, n_keys), ctx.bounds,
+  Tensor logits = Tensor::empty({n, ctx.local_keys}, DType::F32, dev);
+  ops::indexer_logits(q3, weights, key_cache.slice(0, ctx.local_keys), ctx.local_bounds,
                       1.0f / std::sqrt(float(hd)), logits);
-  Tensor selected = Tensor::empty({n, c.index_topk}, DType::I32, dev);
-  ops::topk(logits, ctx.bounds, c.index_topk, selected, nullptr);
-  return selected;
+  return dcp_topk(*ctx.rank, logits, ctx.local_bounds, c.index_topk);
 }
 
 }  // namespace dsi

@@ -1,9 +1,13 @@
-// What every layer of one forward call shares: the config, the RoPE table, and the rows being run
-// (their absolute positions and where they land in the caches).
+// What every layer of one forward call shares: the config, the RoPE table, this rank's place in
+// the parallel layout, and the rows being run (their global positions, and which of them this rank
+// keeps in its slice of the caches).
 #pragma once
+
+#include <vector>
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "runtime/parallel.h"
 
 namespace dsi {
 
@@ -15,10 +19,16 @@ struct RopeTable {
 struct LayerContext {
   const ModelConfig* cfg = nullptr;
   const RopeTable* rope = nullptr;
-  Tensor positions;   // [n] i32: absolute position of each new row
-  Tensor bounds;      // [n] i32: causal bound of each row (keys [0, position + 1) are visible)
-  int64_t start = 0;  // cache row of the first new token; rows are [start, start + n)
+  const RankContext* rank = nullptr;
+  Tensor positions;   // [n] i32: global position of each new row
+  int64_t start = 0;  // global position of the first new row; rows are [start, start + n)
   int64_t n = 0;      // new rows in this call
+
+  // Under DCP this rank caches only the tokens it owns (identity with one rank):
+  std::vector<int32_t> owned_rows;  // rows of this call whose token this rank owns, in order
+  int64_t local_start = 0;          // cache slot of the first owned row
+  int64_t local_keys = 0;           // cached keys visible to this call: slots [0, local_keys)
+  Tensor local_bounds;  // [n] i32: each row's causal bound (position + 1) localised to this rank
 };
 
 }  // namespace dsi

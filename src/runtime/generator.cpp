@@ -41,6 +41,14 @@ Tensor prefill(const DsaModel& model, const std::vector<int32_t>& prompt, int ch
   }
   return keep_all ? all : last;
 }
+// Every rank samples from the same gathered logits with the same seed, so they agree already; the
+// broadcast from TP rank 0 makes that a guarantee (the ranks' next steps must stay in lockstep).
+int32_t agree_on_token(const RankContext& rank, int32_t tok) {
+  if (rank.cfg.tp == 1) return tok;
+  Tensor t = Tensor::from_i32({tok}, {1});
+  rank.comm->broadcast(rank.tp_group, t, 0);
+  return t.i32()[0];
+}
 }  // namespace
 
 void validate_prompt(const ModelConfig& cfg, const std::vector<int32_t>& prompt) {
@@ -68,7 +76,7 @@ GenerationResult generate(const DsaModel& model, const std::vector<int32_t>& pro
   res.stats.prompt_tokens = int64_t(prompt.size());
   const int64_t limit = cfg.max_position_embeddings;
   const int64_t capacity = std::min<int64_t>(limit, int64_t(prompt.size()) + params.max_new_tokens);
-  SequenceKvCache cache(cfg, std::max<int64_t>(capacity, 1), /*with_mtp=*/false);
+  SequenceKvCache cache = model.make_cache(std::max<int64_t>(capacity, 1), /*with_mtp=*/false);
   std::mt19937_64 rng(sp.seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
 
@@ -80,8 +88,9 @@ GenerationResult generate(const DsaModel& model, const std::vector<int32_t>& pro
   const auto t1 = Clock::now();
   res.finish_reason = "length";
   while (int64_t(res.output_ids.size()) < params.max_new_tokens) {
-    const int32_t tok = ops::sample(logits.view({cfg.vocab_size}), sp.temperature, sp.top_p,
-                                    uniform(rng));
+    int32_t tok = ops::sample(logits.view({cfg.vocab_size}), sp.temperature, sp.top_p,
+                              uniform(rng));
+    tok = agree_on_token(model.rank(), tok);
     res.output_ids.push_back(tok);
     const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), tok) !=
                      cfg.eos_token_ids.end();
@@ -110,7 +119,7 @@ PromptLogits prompt_logits(const DsaModel& model, const std::vector<int32_t>& pr
   validate_prompt(cfg, prompt);
   DSI_CHECK(!with_mtp || model.has_mtp(), "this checkpoint has no MTP layer");
   const int64_t n = int64_t(prompt.size());
-  SequenceKvCache cache(cfg, n, with_mtp);
+  SequenceKvCache cache = model.make_cache(n, with_mtp);
   PromptLogits out;
   Tensor hidden = prefill(model, prompt, prefill_chunk, cache, /*keep_all=*/true);
   out.logits = model.logits(hidden);

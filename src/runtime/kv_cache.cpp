@@ -12,12 +12,14 @@ LayerKvCache make_layer(const ModelConfig& cfg, int64_t capacity, bool indexer) 
 }
 }  // namespace
 
-SequenceKvCache::SequenceKvCache(const ModelConfig& cfg, int64_t capacity, bool with_mtp)
+SequenceKvCache::SequenceKvCache(const ModelConfig& cfg, int64_t capacity, bool with_mtp,
+                                 const DcpLayout& dcp)
     : capacity_(capacity) {
   DSI_CHECK(capacity > 0, "kv cache: capacity {} must be positive", capacity);
+  const int64_t slots = dcp.local_len(capacity);
   for (int i = 0; i < cfg.n_layers; ++i)
-    layers_.push_back(make_layer(cfg, capacity, cfg.indexer_full[size_t(i)]));
-  if (with_mtp) mtp_ = make_layer(cfg, capacity, /*indexer=*/true);
+    layers_.push_back(make_layer(cfg, slots, cfg.indexer_full[size_t(i)]));
+  if (with_mtp) mtp_ = make_layer(cfg, slots, /*indexer=*/true);
 }
 
 void SequenceKvCache::set_length(int64_t n) {

@@ -6,6 +6,8 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <functional>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -16,13 +18,37 @@
 #include "dsinfer/error.h"
 #include "model/dsa_model.h"
 #include "runtime/generator.h"
+#include "runtime/ranks.h"
+#ifdef DSI_WITH_MPI
+#include "comm/mpi_comm.h"
+#endif
 #ifdef DSI_WITH_CUDA
 #include "backends/cuda/device.h"
 #endif
 
+namespace dsi {
+// The MPI session of a process started by mpirun (none otherwise).
+#ifdef DSI_WITH_MPI
+using MpiSessionPtr = std::unique_ptr<MpiSession>;
+#else
+struct NoMpi {
+  int rank() const { return 0; }
+  int size() const { return 1; }
+};
+using MpiSessionPtr = std::unique_ptr<NoMpi>;
+#endif
+}  // namespace dsi
+
 namespace {
 
 using dsi::fail;
+
+// True when this process was started by mpirun / srun as one of several ranks.
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE"})
+    if (const char* s = std::getenv(v); s && std::atoi(s) > 1) return true;
+  return false;
+}
 
 std::vector<int32_t> parse_ids(const std::string& text) {
   std::vector<int32_t> ids;
@@ -54,6 +80,9 @@ struct CommonOptions {
   std::string device = "cpu";
   int prefill_chunk = 0;
   bool text_given = false;  // --prompt was passed (even empty)
+  dsi::ParallelConfig parallel;
+  std::string dcp_comm = "ag_rs";
+  dsi::CommOptions comm;
 };
 
 void add_common(CLI::App* cmd, CommonOptions& o) {
@@ -62,6 +91,20 @@ void add_common(CLI::App* cmd, CommonOptions& o) {
   cmd->add_option("--prefill-chunk", o.prefill_chunk, "prompt tokens per prefill step (0 = all)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", o.device, "compute device: cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--tp", o.parallel.tp, "tensor-parallel ranks (threads, or the mpirun processes)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--dcp", o.parallel.dcp, "decode-context-parallel group size (divides --tp)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--dcp-interleave", o.parallel.dcp_interleave,
+                  "consecutive tokens per DCP rank (default 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--dcp-comm", o.dcp_comm, "DCP attention combine: ag_rs (default) or a2a")
+      ->check(CLI::IsMember({"ag_rs", "a2a"}));
+  cmd->add_flag("--check-lockstep", o.comm.check_lockstep,
+                "verify that every rank issues the same collectives (debugging)");
+  cmd->add_option("--comm-timeout", o.comm.timeout_seconds,
+                  "seconds a collective may wait before failing (default 60)")
+      ->check(CLI::PositiveNumber);
 }
 
 std::vector<int32_t> prompt_of(const CommonOptions& o) {
@@ -70,66 +113,100 @@ std::vector<int32_t> prompt_of(const CommonOptions& o) {
   return parse_ids(o.prompt_ids);
 }
 
-std::unique_ptr<dsi::DsaModel> load_model(const CommonOptions& o) {
-  if (o.device != "cpu") {
+void check_device(const CommonOptions& o) {
+  if (o.device == "cpu") return;
 #ifdef DSI_WITH_CUDA
-    const int n = dsi::cuda::device_count();
-    fail("--device cuda: the CUDA backend runs no model yet ({} device{} visible{}{})", n,
-         n == 1 ? "" : "s", n > 0 ? ": " : "", n > 0 ? dsi::cuda::device_description(0) : "");
+  const int n = dsi::cuda::device_count();
+  fail("--device cuda: the CUDA backend runs no model yet ({} device{} visible{}{})", n,
+       n == 1 ? "" : "s", n > 0 ? ": " : "", n > 0 ? dsi::cuda::device_description(0) : "");
 #else
-    fail("--device {}: this build has no CUDA backend (build the `cuda` preset)", o.device);
+  fail("--device {}: this build has no CUDA backend (build the `cuda` preset)", o.device);
 #endif
-  }
+}
+
+std::unique_ptr<dsi::DsaModel> load_model(const CommonOptions& o, const dsi::RankContext& rank) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = dsi::DsaModel::load(o.model_dir);
+  auto model = dsi::load_rank_model(o.model_dir, rank);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& c = model->config();
-  spdlog::info("loaded {} ({}, {} layers, hidden {}, vocab {}{}) in {:.2f} s", o.model_dir,
-               c.model_type, c.n_layers, c.hidden_size, c.vocab_size,
-               model->has_mtp() ? ", MTP layer" : "", s);
+  if (rank.is_root())
+    spdlog::info("loaded {} ({}, {} layers, hidden {}, vocab {}{}) on {} rank{} (tp {}, dcp {}) "
+                 "in {:.2f} s",
+                 o.model_dir, c.model_type, c.n_layers, c.hidden_size, c.vocab_size,
+                 model->has_mtp() ? ", MTP layer" : "", o.parallel.tp,
+                 o.parallel.tp == 1 ? "" : "s", o.parallel.tp, o.parallel.dcp, s);
   return model;
 }
 
-int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bool json) {
-  const std::vector<int32_t> prompt = prompt_of(o);
-  auto model = load_model(o);
-  const dsi::GenerationResult r = dsi::generate(*model, prompt, params);
-  const auto& st = r.stats;
-  spdlog::info("prompt {} tokens, prefill {:.3f} s; generated {} tokens, decode {:.2f} tok/s ({})",
-               st.prompt_tokens, st.prefill_seconds, st.generated_tokens,
-               st.decode_tokens_per_second, r.finish_reason);
-  if (json) {
-    nlohmann::json j;
-    j["prompt_ids"] = prompt;
-    j["output_ids"] = r.output_ids;
-    j["finish_reason"] = r.finish_reason;
-    j["stats"] = {{"prompt_tokens", st.prompt_tokens},
-                  {"generated_tokens", st.generated_tokens},
-                  {"prefill_seconds", st.prefill_seconds},
-                  {"decode_seconds", st.decode_seconds},
-                  {"decode_tokens_per_second", st.decode_tokens_per_second}};
-    std::cout << j.dump() << std::endl;
-  } else {
-    std::string line;
-    for (size_t i = 0; i < r.output_ids.size(); ++i) {
-      if (i) line += ',';
-      line += std::to_string(r.output_ids[i]);
-    }
-    std::cout << line << std::endl;
+// Runs `work(model)` on every rank of the layout: this process's rank under mpirun (one process
+// per rank), else thread ranks in this process. Only the root rank should print.
+void on_ranks(const CommonOptions& o, dsi::MpiSessionPtr& mpi,
+              const std::function<void(const dsi::DsaModel&)>& work) {
+  check_device(o);
+  dsi::ParallelConfig cfg = o.parallel;
+  cfg.combine = dsi::parse_dcp_combine(o.dcp_comm);
+#ifdef DSI_WITH_MPI
+  if (mpi && mpi->size() > 1) {
+    if (cfg.tp != mpi->size())
+      fail("--tp {} does not match the {} processes mpirun started", cfg.tp, mpi->size());
+    dsi::MpiComm comm(*mpi, o.comm);
+    const dsi::RankContext rank = dsi::RankContext::make(cfg, comm.rank(), &comm);
+    work(*load_model(o, rank));
+    return;
   }
+#endif
+  dsi::run_on_thread_ranks(cfg, o.comm, [&](const dsi::RankContext& rank) {
+    work(*load_model(o, rank));
+  });
+}
+
+int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bool json,
+                 dsi::MpiSessionPtr& mpi) {
+  const std::vector<int32_t> prompt = prompt_of(o);
+  on_ranks(o, mpi, [&](const dsi::DsaModel& model) {
+    const dsi::GenerationResult r = dsi::generate(model, prompt, params);
+    if (!model.rank().is_root()) return;
+    const auto& st = r.stats;
+    spdlog::info("prompt {} tokens, prefill {:.3f} s; generated {} tokens, decode {:.2f} tok/s ({})",
+                 st.prompt_tokens, st.prefill_seconds, st.generated_tokens,
+                 st.decode_tokens_per_second, r.finish_reason);
+    if (json) {
+      nlohmann::json j;
+      j["prompt_ids"] = prompt;
+      j["output_ids"] = r.output_ids;
+      j["finish_reason"] = r.finish_reason;
+      j["stats"] = {{"prompt_tokens", st.prompt_tokens},
+                    {"generated_tokens", st.generated_tokens},
+                    {"prefill_seconds", st.prefill_seconds},
+                    {"decode_seconds", st.decode_seconds},
+                    {"decode_tokens_per_second", st.decode_tokens_per_second}};
+      std::cout << j.dump() << std::endl;
+    } else {
+      std::string line;
+      for (size_t i = 0; i < r.output_ids.size(); ++i) {
+        if (i) line += ',';
+        line += std::to_string(r.output_ids[i]);
+      }
+      std::cout << line << std::endl;
+    }
+  });
   return 0;
 }
 
-int run_logits(const CommonOptions& o, const std::string& out, const std::string& mtp_out) {
+int run_logits(const CommonOptions& o, const std::string& out, const std::string& mtp_out,
+               dsi::MpiSessionPtr& mpi) {
   const std::vector<int32_t> prompt = prompt_of(o);
-  auto model = load_model(o);
-  const dsi::PromptLogits r = dsi::prompt_logits(*model, prompt, o.prefill_chunk, !mtp_out.empty());
-  dsi::write_npy(out, r.logits);
-  spdlog::info("wrote {} logits {}", out, dsi::shape_str(r.logits.shape()));
-  if (!mtp_out.empty()) {
-    dsi::write_npy(mtp_out, r.mtp_logits);
-    spdlog::info("wrote {} MTP logits {}", mtp_out, dsi::shape_str(r.mtp_logits.shape()));
-  }
+  on_ranks(o, mpi, [&](const dsi::DsaModel& model) {
+    const dsi::PromptLogits r =
+        dsi::prompt_logits(model, prompt, o.prefill_chunk, !mtp_out.empty());
+    if (!model.rank().is_root()) return;
+    dsi::write_npy(out, r.logits);
+    spdlog::info("wrote {} logits {}", out, dsi::shape_str(r.logits.shape()));
+    if (!mtp_out.empty()) {
+      dsi::write_npy(mtp_out, r.mtp_logits);
+      spdlog::info("wrote {} MTP logits {}", mtp_out, dsi::shape_str(r.mtp_logits.shape()));
+    }
+  });
   return 0;
 }
 
@@ -173,17 +250,26 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  dsi::MpiSessionPtr mpi;
   try {
+#ifdef DSI_WITH_MPI
+    if (launched_by_mpi()) mpi = std::make_unique<dsi::MpiSession>(&argc, &argv);
+#else
+    if (launched_by_mpi()) fail("started by mpirun, but this build has no MPI support");
+#endif
     if (gen->parsed()) {
       if (ids_opt->count() == 0 && text_opt->count() == 0)
         fail("generate needs --prompt-ids or --prompt");
       params.prefill_chunk = gen_opts.prefill_chunk;
       gen_opts.text_given = text_opt->count() > 0;
-      return run_generate(gen_opts, params, json);
+      return run_generate(gen_opts, params, json, mpi);
     }
-    return run_logits(log_opts, out, mtp_out);
+    return run_logits(log_opts, out, mtp_out, mpi);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+    if (mpi && mpi->size() > 1)
+      std::fprintf(stderr, "error: rank %d: %s\n", mpi->rank(), e.what());
+    else
+      std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }
 }

@@ -56,11 +56,10 @@ def checkpoint_tensors(model):
     return out
 
 
-def model_state_from_checkpoint(tensors, cfg):
-    """Inverse of checkpoint_tensors: {this code's state_dict name: fp32 tensor}."""
-    L = cfg["num_hidden_layers"]
-    proto = KjvDsaModel(cfg)
-    want = proto.state_dict()
+def model_state_from_checkpoint(tensors, model):
+    """Inverse of checkpoint_tensors for `model`'s names and shapes: {state_dict name: fp32 tensor}."""
+    L = model.cfg["num_hidden_layers"]
+    want = model.state_dict()
     state = {}
     for name, ref in want.items():
         ck = _ckpt_prefix(name, L)
@@ -98,6 +97,7 @@ def write_checkpoint(model, out_dir, data_dir):
     for k, shard in enumerate(shards):
         fn = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, os.path.join(out_dir, fn), metadata={"format": "pt"})
+        os.chmod(os.path.join(out_dir, fn), 0o644)
         for name, t in shard.items():
             weight_map[name] = fn
             total += t.numel() * t.element_size()
@@ -134,9 +134,10 @@ def load_model(model_dir, device):
     """Build the model from config.json and the safetensors (stored weights as fp32), eval mode."""
     with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as f:
         cfg = kconfig.from_hf_config_json(json.load(f))
-    model = KjvDsaModel(cfg)
+    with torch.random.fork_rng(devices=[]):  # the throwaway default init must not touch the global RNG
+        model = KjvDsaModel(cfg)
     tensors = read_checkpoint_tensors(model_dir)
-    state = model_state_from_checkpoint(tensors, cfg)
+    state = model_state_from_checkpoint(tensors, model)
     expected = set(checkpoint_tensors(model).keys())
     extra = sorted(set(tensors) - expected)
     if extra:

@@ -137,9 +137,9 @@ class Attention(nn.Module):
         k_nope, v = kv.split([self.dn, self.dv], dim=-1)
         qf = torch.cat([q_nope, q_pe.to(q_nope.dtype)], dim=-1)
         kf = torch.cat([k_nope, k_pe.to(k_nope.dtype).expand(-1, self.H, -1, -1)], dim=-1)
-        s = (torch.matmul(qf, kf.transpose(-1, -2)) * self.scale).float()
+        s = torch.matmul(qf, kf.transpose(-1, -2)) * self.scale
         s = s.masked_fill(~allowed.unsqueeze(1), float("-inf"))
-        p = torch.softmax(s, dim=-1)
+        p = torch.softmax(s, dim=-1, dtype=torch.float32)
         o = torch.matmul(p.to(v.dtype), v).transpose(1, 2).reshape(B, T, self.H * self.dv)
         return self.o_proj(o), p
 

@@ -19,8 +19,9 @@ cosine to 10% in stage 3. AdamW (betas 0.9/0.95), gradient clipping 1.0, bf16 au
 
 Step plan: --steps fixes the three step counts. Otherwise (--tiny: 20 each) a calibration measures the
 seconds per step of each stage on a throwaway copy (RNG state restored afterwards), and stage k gets
-floor(fraction_k * budget / seconds_per_step_k) steps rounded down to 2 significant digits, with the
-fractions 0.6 / 0.1 / 0.3. A guard ends a stage early if it overruns its share by 20% (logged).
+floor(0.92 * fraction_k * budget / seconds_per_step_k) steps rounded down to 2 significant digits, with
+the fractions 0.6 / 0.1 / 0.3. A guard ends a stage early if it runs past 1.15 x its share + 5 s
+(logged as truncated). --max-epochs optionally caps stages 1 + 3 at that many passes over train.npy.
 """
 
 import copy
@@ -36,6 +37,8 @@ from .model import cross_entropy, indexer_kl
 
 STAGES = ("dense", "warmup", "sparse")
 FRACTIONS = {"dense": 0.6, "warmup": 0.1, "sparse": 0.3}
+SAFETY = 0.92  # calibrated steps fill 92% of each share (logging, held-out monitor, timing noise)
+GUARD = 1.15  # a calibrated stage is cut when it has run 1.15 x its share + 5 s
 
 
 @dataclass
@@ -53,10 +56,10 @@ class Hyper:
     balance_alpha: float = 1e-4
     bias_gamma: float = 1e-3
     indexer_lr: float = 1e-3
-    dropout: float = 0.1
+    dropout: float = 0.2
     log_every: int = 50
     monitor_every: int = 500
-    monitor_windows: int = 16
+    monitor_windows: int = 64
 
 
 def round_2sig(n):
@@ -76,11 +79,11 @@ def sync(device):
 class Trainer:
     """Holds the model, optimisers, samplers and the log; runs the stages."""
 
-    def __init__(self, model, hp, train_tokens, heldout_tokens, seq_len, seed, device, log_path=None):
+    def __init__(self, model, hp, train_tokens, heldout_tokens, seq_len, seed, device, log_path=None, amp=None):
         self.model, self.hp, self.seq_len, self.device = model, hp, seq_len, device
         self.train_tokens, self.heldout_tokens = train_tokens, heldout_tokens
         self.seed = seed
-        self.amp = device.type == "cuda"
+        self.amp = device.type == "cuda" if amp is None else amp
         idx_params = [p for i in model.indexers() for p in i.parameters()]
         idx_ids = {id(p) for p in idx_params}
         self.main_params = [p for p in model.parameters() if id(p) not in idx_ids]
@@ -218,7 +221,7 @@ class Trainer:
         with torch.random.fork_rng(devices=devices):
             clone = copy.deepcopy(self.model)
             shadow = Trainer(clone, self.hp, self.train_tokens, self.heldout_tokens, self.seq_len, self.seed,
-                             self.device)
+                             self.device, amp=self.amp)
             shadow.plan = {s: 1000 for s in STAGES}
             sampler = kdata.WindowSampler(self.train_tokens, self.seq_len + 2, self.hp.batch_size, self.seed + 7919)
             for stage in STAGES:
@@ -236,7 +239,7 @@ class Trainer:
             torch.cuda.empty_cache()
         return secs
 
-    def make_plan(self, steps=None, tiny=False, budget=360.0):
+    def make_plan(self, steps=None, tiny=False, budget=360.0, max_epochs=None):
         """Decide the step counts (see the module docstring); logs the plan."""
         rec = {"event": "plan", "budget_s": budget}
         if steps is not None:
@@ -246,13 +249,23 @@ class Trainer:
         else:
             t = time.perf_counter()
             secs = self.calibrate()
-            self.plan = {s: round_2sig(int(FRACTIONS[s] * budget / secs[s])) for s in STAGES}
+            self.plan = {s: round_2sig(int(SAFETY * FRACTIONS[s] * budget / secs[s])) for s in STAGES}
             rec.update({"source": "calibrated", "calibration_s": round(time.perf_counter() - t, 2),
                         "sec_per_step": {s: round(v, 5) for s, v in secs.items()}})
+            tokens = self.hp.batch_size * self.seq_len
+            cap = None if not max_epochs else int(max_epochs * self.train_tokens.numel() / tokens)
+            if cap is not None and self.plan["dense"] + self.plan["sparse"] > cap:
+                scale = cap / (self.plan["dense"] + self.plan["sparse"])
+                for s in ("dense", "sparse"):
+                    self.plan[s] = round_2sig(int(self.plan[s] * scale))
+                rec["capped_by_max_epochs"] = max_epochs
         rec["steps"] = dict(self.plan)
         rec["tokens_per_step"] = self.hp.batch_size * self.seq_len
+        rec["epochs_stage1_plus_3"] = round((self.plan["dense"] + self.plan["sparse"]) * rec["tokens_per_step"]
+                                            / self.train_tokens.numel(), 2)
         rec["hyper"] = asdict(self.hp)
         rec["guard"] = rec["source"] == "calibrated"
+        rec["bf16_autocast"] = self.amp
         self.log(rec)
         return self.plan
 
@@ -269,7 +282,7 @@ class Trainer:
             sync(self.device)
             start = last = time.perf_counter()
             last_step = 0
-            limit = 1.2 * FRACTIONS[stage] * budget + 5.0
+            limit = GUARD * FRACTIONS[stage] * budget + 5.0
             truncated, done = False, 0
             for j in range(n):
                 rec = self.step(stage, sampler.next(), main_step, j)

@@ -1,0 +1,35 @@
+// Running one model over several ranks: thread ranks inside this process (the default for CPU runs
+// and tests), each loading its shard and running the same calls; the communicator keeps them in
+// lockstep. Multi-process runs (mpirun) call the same per-rank code with an MPI communicator.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "dsinfer/sampling.h"
+#include "model/dsa_model.h"
+#include "runtime/generator.h"
+#include "runtime/parallel.h"
+
+namespace dsi {
+
+// Runs fn(rank) on each of cfg.tp thread ranks and waits for all of them. A rank that throws
+// aborts the others (they fail instead of waiting), and its error, the root cause, is rethrown.
+void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
+                         const std::function<void(const RankContext&)>& fn);
+
+// Loads this rank's shard of the checkpoint in `dir` (config.json + safetensors).
+std::unique_ptr<DsaModel> load_rank_model(const std::string& dir, const RankContext& rank);
+
+// generate / prompt_logits over the ranks of `cfg` on threads; returns rank 0's result (every rank
+// computes the same one).
+GenerationResult generate_on_ranks(const std::string& dir, const std::vector<int32_t>& prompt,
+                                   const GenerationParams& params, const ParallelConfig& cfg,
+                                   const CommOptions& options = {});
+PromptLogits prompt_logits_on_ranks(const std::string& dir, const std::vector<int32_t>& prompt,
+                                    int prefill_chunk, bool with_mtp, const ParallelConfig& cfg,
+                                    const CommOptions& options = {});
+
+}  // namespace dsi
