@@ -125,6 +125,43 @@ TEST(Cli, BadInputGivesOneLineError) {
   }
 }
 
+// Thread ranks from the command line give the single-rank greedy tokens.
+TEST(Cli, ThreadRanksGenerateTheSameTokens) {
+  const auto p = golden_prompt("dsv32_tiny", 4);
+  const auto greedy = p.at("greedy").get<std::vector<int32_t>>();
+  const CliResult r = run_cli("generate --model " + test::fixture_dir("dsv32_tiny") + " --prompt-ids " +
+                              ids_csv(p.at("ids").get<std::vector<int32_t>>()) +
+                              " --max-new-tokens " + std::to_string(greedy.size()) +
+                              " --ignore-eos --json --tp 4 --dcp 2 --dcp-interleave 2 --dcp-comm a2a"
+                              " --check-lockstep --prefill-chunk 5");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string last = r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1);
+  EXPECT_EQ(nlohmann::json::parse(last).at("output_ids").get<std::vector<int32_t>>(), greedy);
+}
+
+#ifdef DSI_WITH_MPI
+// Four processes under mpirun (one rank each) give the single-rank greedy tokens; only rank 0
+// prints them.
+TEST(Cli, MpirunFourProcesses) {
+  const auto p = golden_prompt("glm_tiny", 5);
+  const auto greedy = p.at("greedy").get<std::vector<int32_t>>();
+  // OpenMPI refuses root without these; its internals are not ours to leak-check.
+  const std::string env =
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ASAN_OPTIONS=detect_leaks=0 ";
+  const std::string cmd = env + "mpirun -np 4 --oversubscribe " + std::string(DSI_CLI_PATH) +
+                          " generate --model " + test::fixture_dir("glm_tiny") + " --prompt-ids " +
+                          ids_csv(p.at("ids").get<std::vector<int32_t>>()) + " --max-new-tokens " +
+                          std::to_string(greedy.size()) +
+                          " --ignore-eos --json --tp 4 --dcp 4 --check-lockstep";
+  test::TempDir tmp;
+  const int status = std::system((cmd + " >" + tmp.path() + "/out 2>" + tmp.path() + "/err").c_str());
+  const std::string out = slurp(tmp.path() + "/out");
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << slurp(tmp.path() + "/err");
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << "only rank 0 prints: " << out;
+  EXPECT_EQ(nlohmann::json::parse(out).at("output_ids").get<std::vector<int32_t>>(), greedy);
+}
+#endif
+
 TEST(Cli, UsageErrorsExitNonZero) {
   for (const std::string args : {"", "generate", "frobnicate", "generate --model x --top-p 2 --prompt-ids 1",
                                  "logits --model x --prompt-ids 1"}) {
