@@ -180,7 +180,7 @@ class Trainer:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.main_params, hp.grad_clip)
         self.main_opt.step()
-        rec = {"ce": ce.detach(), "mtp_ce": mtp.detach(), "balance": bal.detach(), "lr": lr}
+        rec = {"ce": ce.detach(), "mtp_ce": mtp.detach(), "kl": None, "balance": bal.detach(), "lr": lr}
         if sparse:
             lr_i = self.idx_lr(stage, j)
             for g in self.idx_opt.param_groups:
