@@ -15,6 +15,7 @@ struct GenerationParams {
   int max_new_tokens = 16;
   bool ignore_eos = false;  // keep going past the config's eos_token_id
   int prefill_chunk = 0;    // prompt tokens per prefill step; 0 = the whole prompt at once
+  int speculative_tokens = 0;  // K > 0: the MTP layer drafts K tokens per round, the model verifies
   SamplingParams sampling;
 };
 

@@ -41,7 +41,7 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
             RopeStyle::kInterleaved, /*offset=*/int(lora));
   store_owned_rows(ctx, kv_a, kv.latent);
 
-  if (w.indexer) {
+  if (w.indexer && !ctx.reuse_topk) {
     topk = indexer_topk(ctx, *w.indexer, u, c_q, kv.index_keys);
   } else {
     DSI_CHECK(topk.local.defined() && topk.local.dim(0) == n,

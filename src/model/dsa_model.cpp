@@ -151,7 +151,7 @@ Tensor DsaModel::logits(const Tensor& hidden) const {
 }
 
 Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
-                             SequenceKvCache& cache, ForwardTrace* trace) const {
+                             SequenceKvCache& cache, ForwardTrace* trace, DcpTopk* share) const {
   DSI_CHECK(weights_.mtp.has_value(), "this checkpoint has no MTP layer");
   const MtpWeights& m = *weights_.mtp;
   const int64_t n = hidden.dim(0), d = cfg_.hidden_size, start = cache.mtp_length();
@@ -171,9 +171,16 @@ Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
   Tensor h = Tensor::empty({n, d}, DType::F32);
   ops::linear(cat, m.eh_proj, h);
 
-  const LayerContext ctx = make_context(start, n);
+  LayerContext ctx = make_context(start, n);
   DcpTopk topk;
+  if (share && share->local.defined()) {
+    DSI_CHECK(n == 1, "mtp_forward: a shared MTP selection is reused for one row at a time");
+    ctx.reuse_topk = true;
+    topk = *share;
+  }
   decoder_layer(ctx, m.layer, h, cache.mtp(), topk);
+  if (share && !share->local.defined())
+    *share = DcpTopk{topk.local.slice(n - 1, n), topk.global.slice(n - 1, n)};
   if (trace) trace->topk.push_back(topk.global);
   Tensor out = Tensor::empty({n, d}, DType::F32);
   ops::rms_norm(h, m.shared_head_norm, eps, out);

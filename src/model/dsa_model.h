@@ -46,8 +46,11 @@ class DsaModel {
   // after the final norm, or the previous draft step's) with next_tokens[i] (the token after it),
   // x = eh_proj([enorm(embed(next)); hnorm(hidden)]), runs at positions [cache.mtp_length(), + n)
   // and appends to the MTP caches. Returns shared_head.norm(y), [n, hidden] f32.
+  // `share` (optional) implements index_share_for_mtp_iteration across chained draft steps: when
+  // it holds a selection, the MTP indexer is skipped and that selection reused; when empty, it is
+  // filled with this call's selection for the last row.
   Tensor mtp_forward(const Tensor& hidden, const Tensor& next_tokens, SequenceKvCache& cache,
-                     ForwardTrace* trace = nullptr) const;
+                     ForwardTrace* trace = nullptr, DcpTopk* share = nullptr) const;
   // The MTP head: [n, hidden] -> draft logits [n, vocab] f32.
   Tensor mtp_logits(const Tensor& mtp_hidden) const;
 

@@ -29,6 +29,10 @@ struct LayerContext {
   int64_t local_start = 0;          // cache slot of the first owned row
   int64_t local_keys = 0;           // cached keys visible to this call: slots [0, local_keys)
   Tensor local_bounds;  // [n] i32: each row's causal bound (position + 1) localised to this rank
+
+  // The layer's own indexer is skipped and the given selection reused (GLM-5.2's
+  // index_share_for_mtp_iteration for chained MTP draft steps).
+  bool reuse_topk = false;
 };
 
 }  // namespace dsi

@@ -41,14 +41,76 @@ Tensor prefill(const DsaModel& model, const std::vector<int32_t>& prompt, int ch
   }
   return keep_all ? all : last;
 }
-// Every rank samples from the same gathered logits with the same seed, so they agree already; the
-// broadcast from TP rank 0 makes that a guarantee (the ranks' next steps must stay in lockstep).
-int32_t agree_on_token(const RankContext& rank, int32_t tok) {
-  if (rank.cfg.tp == 1) return tok;
-  Tensor t = Tensor::from_i32({tok}, {1});
+// Every rank computes the same logits and draws the same uniforms, so the ranks agree already; the
+// broadcast from TP rank 0 makes that a guarantee (their next steps must stay in lockstep).
+void agree_on_tokens(const RankContext& rank, std::vector<int32_t>& tokens, int max_tokens) {
+  if (rank.cfg.tp == 1) return;
+  Tensor t = Tensor::zeros({max_tokens + 1}, DType::I32);  // [count, tokens...], fixed shape
+  t.i32()[0] = int32_t(tokens.size());
+  std::copy(tokens.begin(), tokens.end(), t.i32() + 1);
   rank.comm->broadcast(rank.tp_group, t, 0);
-  return t.i32()[0];
+  tokens.assign(t.i32() + 1, t.i32() + 1 + t.i32()[0]);
 }
+
+// The outcome of verifying one round: `accepted` drafts kept, then `next` (the bonus token when
+// every draft was accepted, else the target's choice where the first draft failed).
+struct Verdict {
+  int accepted = 0;
+  int32_t next = -1;
+};
+
+// logits: [1 + k, vocab], row j = the model's prediction after the round's j-th token.
+Verdict judge(const Tensor& logits, const Draft& draft, const SamplingParams& sp,
+              std::mt19937_64& rng, std::uniform_real_distribution<double>& uniform) {
+  const int k = int(draft.tokens.size());
+  const int64_t vocab = logits.dim(1);
+  auto row = [&](int j) { return logits.slice(j, j + 1).view({vocab}); };
+  if (sp.temperature <= 0.0f) {  // greedy: accept while the draft is the target's argmax
+    for (int j = 0; j < k; ++j) {
+      const int32_t target = ops::sample(row(j), 0.0f, 1.0f, 0.0);
+      if (draft.tokens[size_t(j)] != target) return {j, target};
+    }
+    return {k, ops::sample(row(k), 0.0f, 1.0f, 0.0)};
+  }
+  // Rejection sampling: accept draft d with probability min(1, p(d) / q(d)); on rejection draw from
+  // the residual max(p - q, 0). The emitted tokens are then distributed exactly as p.
+  for (int j = 0; j < k; ++j) {
+    const std::vector<double> p = ops::token_distribution(row(j), sp.temperature, sp.top_p);
+    const int32_t d = draft.tokens[size_t(j)];
+    std::vector<double> q(p.size(), 0.0);
+    if (draft.dists.empty()) {
+      q[size_t(d)] = 1.0;  // a drafter that proposes fixed tokens
+    } else {
+      q = draft.dists[size_t(j)];
+    }
+    if (q[size_t(d)] > 0.0 && uniform(rng) * q[size_t(d)] < p[size_t(d)]) continue;
+    std::vector<double> residual(p.size());
+    double mass = 0.0;
+    for (size_t i = 0; i < p.size(); ++i) mass += residual[i] = std::max(p[i] - q[i], 0.0);
+    return {j, ops::draw_token(mass > 0.0 ? residual : p, uniform(rng))};
+  }
+  return {k, ops::draw_token(ops::token_distribution(row(k), sp.temperature, sp.top_p),
+                             uniform(rng))};
+}
+
+// Rows not yet consumed by the drafter: model states and the token following each.
+struct Pending {
+  Tensor hidden;  // [m, hidden]
+  std::vector<int32_t> next;
+  int64_t start = 0;
+  void append(const Tensor& rows, const std::vector<int32_t>& tokens) {
+    if (!hidden.defined() || hidden.dim(0) == 0) {
+      hidden = rows.contiguous();
+    } else {
+      Tensor joined = Tensor::empty({hidden.dim(0) + rows.dim(0), hidden.dim(1)}, DType::F32);
+      Tensor a = joined.slice(0, hidden.dim(0)), b = joined.slice(hidden.dim(0), joined.dim(0));
+      a.copy_from(hidden);
+      b.copy_from(rows);
+      hidden = joined;
+    }
+    next.insert(next.end(), tokens.begin(), tokens.end());
+  }
+};
 }  // namespace
 
 void validate_prompt(const ModelConfig& cfg, const std::vector<int32_t>& prompt) {
@@ -64,47 +126,121 @@ void validate_prompt(const ModelConfig& cfg, const std::vector<int32_t>& prompt)
 
 GenerationResult generate(const DsaModel& model, const std::vector<int32_t>& prompt,
                           const GenerationParams& params) {
+  if (params.speculative_tokens <= 0) return generate_with(model, prompt, params, nullptr);
+  DSI_CHECK(model.has_mtp(), "speculative decoding needs an MTP layer, and this checkpoint has none");
+  return generate_with(model, prompt, params, [&](SequenceKvCache& cache) {
+    return std::make_unique<MtpDrafter>(model, cache);
+  });
+}
+
+GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>& prompt,
+                               const GenerationParams& params, const DrafterFactory& make_drafter,
+                               const RoundObserver& after_round) {
   const ModelConfig& cfg = model.config();
   validate_prompt(cfg, prompt);
   DSI_CHECK(params.max_new_tokens >= 0, "max_new_tokens = {} must be >= 0", params.max_new_tokens);
   DSI_CHECK(params.prefill_chunk >= 0, "prefill_chunk = {} must be >= 0", params.prefill_chunk);
+  DSI_CHECK(params.speculative_tokens >= 0, "speculative_tokens = {} must be >= 0",
+            params.speculative_tokens);
   const SamplingParams& sp = params.sampling;
   DSI_CHECK(sp.temperature >= 0.0f, "temperature = {} must be >= 0", sp.temperature);
   DSI_CHECK(sp.top_p > 0.0f && sp.top_p <= 1.0f, "top_p = {} must be in (0, 1]", sp.top_p);
 
+  const int K = make_drafter ? params.speculative_tokens : 0;
   GenerationResult res;
   res.stats.prompt_tokens = int64_t(prompt.size());
+  res.speculative.drafted_at.assign(size_t(K), 0);
+  res.speculative.accepted_at.assign(size_t(K), 0);
   const int64_t limit = cfg.max_position_embeddings;
-  const int64_t capacity = std::min<int64_t>(limit, int64_t(prompt.size()) + params.max_new_tokens);
-  SequenceKvCache cache = model.make_cache(std::max<int64_t>(capacity, 1), /*with_mtp=*/false);
+  // Verification writes up to K positions past the last kept token before they are cut back.
+  const int64_t capacity =
+      std::min<int64_t>(limit, int64_t(prompt.size()) + params.max_new_tokens + K);
+  SequenceKvCache cache = model.make_cache(std::max<int64_t>(capacity, 1), model.has_mtp() && K > 0);
+  std::unique_ptr<Drafter> drafter = K > 0 ? make_drafter(cache) : nullptr;
   std::mt19937_64 rng(sp.seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
 
+  std::vector<int32_t> sequence = prompt;
+  // Emits tokens in order; false once generation must stop (eos, or max_new_tokens reached).
+  auto emit = [&](const std::vector<int32_t>& tokens) {
+    for (int32_t tok : tokens) {
+      if (int64_t(res.output_ids.size()) >= params.max_new_tokens) return false;
+      res.output_ids.push_back(tok);
+      sequence.push_back(tok);
+      const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), tok) !=
+                       cfg.eos_token_ids.end();
+      if (eos && !params.ignore_eos) {
+        res.finish_reason = "eos";
+        return false;
+      }
+    }
+    return int64_t(res.output_ids.size()) < params.max_new_tokens;
+  };
+
   const auto t0 = Clock::now();
-  Tensor hidden = prefill(model, prompt, params.prefill_chunk, cache, /*keep_all=*/false);
-  Tensor logits = model.logits(hidden);
+  Tensor hidden = prefill(model, prompt, params.prefill_chunk, cache, /*keep_all=*/drafter != nullptr);
+  const int64_t n = hidden.dim(0);
+  Tensor logits = model.logits(hidden.slice(n - 1, n));
   res.stats.prefill_seconds = seconds_since(t0);
+  res.finish_reason = "length";
+  if (params.max_new_tokens == 0) return res;
 
   const auto t1 = Clock::now();
-  res.finish_reason = "length";
-  while (int64_t(res.output_ids.size()) < params.max_new_tokens) {
-    int32_t tok = ops::sample(logits.view({cfg.vocab_size}), sp.temperature, sp.top_p,
-                              uniform(rng));
-    tok = agree_on_token(model.rank(), tok);
-    res.output_ids.push_back(tok);
-    const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), tok) !=
-                     cfg.eos_token_ids.end();
-    if (eos && !params.ignore_eos) {
-      res.finish_reason = "eos";
-      break;
-    }
-    if (int64_t(res.output_ids.size()) >= params.max_new_tokens) break;
-    if (cache.length() >= limit) {
+  std::vector<int32_t> first = {ops::sample(logits.view({cfg.vocab_size}), sp.temperature, sp.top_p,
+                                            uniform(rng))};
+  agree_on_tokens(model.rank(), first, K + 1);
+  Pending pending;
+  if (drafter) pending.append(hidden, std::vector<int32_t>(prompt.begin() + 1, prompt.end()));
+  if (drafter) pending.next.push_back(first[0]);
+  bool more = emit(first);
+  if (after_round) after_round(sequence, cache);
+
+  while (more) {
+    const int64_t L = cache.length();
+    if (L >= limit) {
       res.finish_reason = "context";
       break;
     }
-    hidden = model.forward(Tensor::from_i32({tok}, {1}), cache);
-    logits = model.logits(hidden);
+    // Drafts beyond what this round can still emit, or past the context, are not worth verifying.
+    const int64_t room = std::min<int64_t>(params.max_new_tokens - int64_t(res.output_ids.size()) - 1,
+                                           limit - L - 1);
+    const int k = int(std::min<int64_t>(K, std::max<int64_t>(room, 0)));
+    Draft draft;
+    if (k > 0) {
+      const DraftContext ctx{sequence, pending.hidden, pending.next, pending.start, k, sp, rng};
+      draft = drafter->propose(ctx);
+      DSI_CHECK(int(draft.tokens.size()) == k, "the drafter proposed {} tokens, {} wanted",
+                draft.tokens.size(), k);
+    }
+    // Verify [last token, drafts]: 1 + k rows at positions L .. L + k.
+    std::vector<int32_t> rows = {sequence.back()};
+    rows.insert(rows.end(), draft.tokens.begin(), draft.tokens.end());
+    Tensor h = model.forward(Tensor::from_i32(rows, {int64_t(rows.size())}), cache);
+    const Verdict v = judge(model.logits(h), draft, sp, rng, uniform);
+    std::vector<int32_t> emitted(draft.tokens.begin(), draft.tokens.begin() + v.accepted);
+    emitted.push_back(v.next);
+    agree_on_tokens(model.rank(), emitted, K + 1);
+    const int accepted = int(emitted.size()) - 1;
+    if (k > 0) {
+      SpeculativeStats& st = res.speculative;
+      ++st.rounds;
+      st.drafted += k;
+      st.accepted += accepted;
+      for (int j = 0; j < k; ++j) ++st.drafted_at[size_t(j)];
+      for (int j = 0; j < accepted; ++j) ++st.accepted_at[size_t(j)];
+    }
+    // Cut every cache back to the accepted tokens: rejected drafts leave no trace.
+    cache.set_length(L + accepted + 1);
+    if (drafter) {
+      if (k > 0) {  // the drafter consumed the pending rows; its chained steps are dropped
+        drafter->rewind(L);
+        pending = Pending{};
+        pending.start = L;
+      }
+      pending.append(h.slice(0, accepted + 1), emitted);
+    }
+    more = emit(emitted);
+    if (after_round) after_round(sequence, cache);
   }
   res.stats.generated_tokens = int64_t(res.output_ids.size());
   res.stats.decode_seconds = res.output_ids.size() > 1 ? seconds_since(t1) : 0.0;

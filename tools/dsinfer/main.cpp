@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <fmt/ranges.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -170,6 +171,12 @@ int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bo
     spdlog::info("prompt {} tokens, prefill {:.3f} s; generated {} tokens, decode {:.2f} tok/s ({})",
                  st.prompt_tokens, st.prefill_seconds, st.generated_tokens,
                  st.decode_tokens_per_second, r.finish_reason);
+    const dsi::SpeculativeStats& sp = r.speculative;
+    if (params.speculative_tokens > 0)
+      spdlog::info("speculative: {} rounds, {} drafted, {} accepted (rate {:.3f}, mean acceptance "
+                   "length {:.3f}), per position [{:.3f}]",
+                   sp.rounds, sp.drafted, sp.accepted, sp.acceptance_rate(),
+                   sp.mean_acceptance_length(), fmt::join(sp.per_position_rates(), ", "));
     if (json) {
       nlohmann::json j;
       j["prompt_ids"] = prompt;
@@ -180,6 +187,13 @@ int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bo
                     {"prefill_seconds", st.prefill_seconds},
                     {"decode_seconds", st.decode_seconds},
                     {"decode_tokens_per_second", st.decode_tokens_per_second}};
+      if (params.speculative_tokens > 0)
+        j["stats"]["speculative"] = {{"rounds", sp.rounds},
+                                     {"drafted", sp.drafted},
+                                     {"accepted", sp.accepted},
+                                     {"acceptance_rate", sp.acceptance_rate()},
+                                     {"mean_acceptance_length", sp.mean_acceptance_length()},
+                                     {"per_position_acceptance", sp.per_position_rates()}};
       std::cout << j.dump() << std::endl;
     } else {
       std::string line;
@@ -235,6 +249,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   gen->add_option("--seed", params.sampling.seed, "random seed for sampling (default 0)");
   gen->add_flag("--ignore-eos", params.ignore_eos, "do not stop at the config's eos_token_id");
+  gen->add_option("--speculative-tokens", params.speculative_tokens,
+                  "MTP speculative decoding: draft K tokens per round (0 = off, the default)")
+      ->check(CLI::NonNegativeNumber);
   gen->add_flag("--json", json, "print one JSON object (ids and stats) as the last stdout line");
 
   CommonOptions log_opts;

@@ -9,6 +9,17 @@
 
 namespace dsi::cpu {
 
+namespace {
+// Token ids by probability descending, then id ascending: the order of the nucleus and the CDF.
+std::vector<int32_t> ranked(const std::vector<double>& p) {
+  std::vector<int32_t> order(p.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)]; });
+  return order;
+}
+}  // namespace
+
 void argmax(const Tensor& logits, Tensor& out) {
   DSI_CHECK(logits.ndim() == 2 && logits.stride(1) == 1, "argmax: logits {}", logits.desc());
   check_shape(out, {logits.dim(0)}, "argmax out");
@@ -22,30 +33,28 @@ void argmax(const Tensor& logits, Tensor& out) {
   }
 }
 
-int32_t sample(const Tensor& logits, float temperature, float top_p, double u) {
-  DSI_CHECK(logits.ndim() == 1, "sample: logits must be [vocab], got {}", logits.desc());
+std::vector<double> token_distribution(const Tensor& logits, float temperature, float top_p) {
+  DSI_CHECK(logits.ndim() == 1, "sampling: logits must be [vocab], got {}", logits.desc());
+  check_dtype(logits, DType::F32, "sampling logits");
   const int64_t v = logits.dim(0);
+  DSI_CHECK(v > 0, "sampling: empty vocabulary");
   const float* l = logits.f32();
+  std::vector<double> p(static_cast<size_t>(v), 0.0);
   if (temperature <= 0.0f) {
-    Tensor row = logits.view({1, v});
     Tensor out = Tensor::empty({1}, DType::I32);
-    argmax(row, out);
-    return out.i32()[0];
+    argmax(logits.view({1, v}), out);
+    p[size_t(out.i32()[0])] = 1.0;
+    return p;
   }
-  DSI_CHECK(top_p > 0.0f && top_p <= 1.0f, "sample: top_p = {} outside (0, 1]", top_p);
+  DSI_CHECK(top_p > 0.0f && top_p <= 1.0f, "sampling: top_p = {} outside (0, 1]", top_p);
   const float m = *std::max_element(l, l + v);
-  std::vector<double> p(static_cast<size_t>(v));
   double total = 0.0;
   for (int64_t i = 0; i < v; ++i) {
     p[size_t(i)] = std::exp(double(l[i] - m) / double(temperature));
     total += p[size_t(i)];
   }
-  std::vector<int32_t> order(static_cast<size_t>(v));
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b);
-  });
-  // Keep the smallest prefix whose mass reaches top_p.
+  std::vector<int32_t> order = ranked(p);
+  // Keep the smallest prefix whose mass reaches top_p; zero the rest and renormalise.
   size_t keep = 0;
   double mass = 0.0;
   while (keep < order.size()) {
@@ -53,12 +62,30 @@ int32_t sample(const Tensor& logits, float temperature, float top_p, double u) {
     ++keep;
     if (mass >= double(top_p) * total) break;
   }
+  for (size_t i = keep; i < order.size(); ++i) p[size_t(order[i])] = 0.0;
+  for (double& x : p) x /= mass;
+  return p;
+}
+
+int32_t draw_token(const std::vector<double>& p, double u) {
+  DSI_CHECK(!p.empty(), "draw_token: empty distribution");
+  const std::vector<int32_t> order = ranked(p);
+  double mass = 0.0;
+  for (double x : p) mass += x;
+  DSI_CHECK(mass > 0.0, "draw_token: the distribution has no mass");
   double target = u * mass;
-  for (size_t i = 0; i < keep; ++i) {
-    target -= p[size_t(order[i])];
-    if (target < 0.0) return order[i];
+  int32_t last = order[0];
+  for (int32_t id : order) {
+    if (p[size_t(id)] <= 0.0) break;
+    last = id;
+    target -= p[size_t(id)];
+    if (target < 0.0) return id;
   }
-  return order[keep - 1];
+  return last;  // u * mass rounded past the total: the last token with mass
+}
+
+int32_t sample(const Tensor& logits, float temperature, float top_p, double u) {
+  return draw_token(token_distribution(logits, temperature, top_p), u);
 }
 
 }  // namespace dsi::cpu

@@ -1,0 +1,50 @@
+// The MTP drafter and speculative statistics; see speculative.h. The verification loop itself is
+// the generation loop in generator.cpp (plain decoding is a round with no drafts).
+#include "runtime/speculative.h"
+
+#include "ops/sampling.h"
+
+namespace dsi {
+
+std::vector<double> SpeculativeStats::per_position_rates() const {
+  std::vector<double> r(drafted_at.size(), 0.0);
+  for (size_t j = 0; j < r.size(); ++j)
+    if (drafted_at[j] > 0) r[j] = double(accepted_at[j]) / double(drafted_at[j]);
+  return r;
+}
+
+Draft MtpDrafter::propose(const DraftContext& ctx) {
+  const ModelConfig& cfg = model_.config();
+  DSI_CHECK(cache_.mtp_length() == ctx.pending_start,
+            "MTP drafter: its cache holds {} positions but the pending rows start at {}",
+            cache_.mtp_length(), ctx.pending_start);
+  const int64_t m = ctx.pending_hidden.dim(0);
+  DSI_CHECK(m >= 1 && int64_t(ctx.pending_next.size()) == m, "MTP drafter: {} pending rows", m);
+  const bool sample = ctx.sampling.temperature > 0.0f;
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  DcpTopk shared;  // index_share_for_mtp_iteration: the first step's selection, reused after
+  DcpTopk* share = cfg.index_share_for_mtp_iteration ? &shared : nullptr;
+
+  Draft d;
+  // Step 1 consumes every pending row (target states, exact); its last row drafts the first token.
+  Tensor y = model_.mtp_forward(ctx.pending_hidden, Tensor::from_i32(ctx.pending_next, {m}), cache_,
+                                nullptr, share);
+  Tensor last = y.slice(m - 1, m);
+  for (int j = 0; j < ctx.k; ++j) {
+    if (j > 0) {  // chained step: the previous draft and the previous step's post-norm state
+      last = model_.mtp_forward(last, Tensor::from_i32({d.tokens.back()}, {1}), cache_, nullptr, share);
+    }
+    const Tensor logits = model_.mtp_logits(last).view({cfg.vocab_size});
+    if (sample) {
+      std::vector<double> q = ops::token_distribution(logits, ctx.sampling.temperature,
+                                                      ctx.sampling.top_p);
+      d.tokens.push_back(ops::draw_token(q, uniform(ctx.rng)));
+      d.dists.push_back(std::move(q));
+    } else {
+      d.tokens.push_back(ops::sample(logits, 0.0f, 1.0f, 0.0));
+    }
+  }
+  return d;
+}
+
+}  // namespace dsi
