@@ -52,47 +52,6 @@ void agree_on_tokens(const RankContext& rank, std::vector<int32_t>& tokens, int 
   tokens.assign(t.i32() + 1, t.i32() + 1 + t.i32()[0]);
 }
 
-// The outcome of verifying one round: `accepted` drafts kept, then `next` (the bonus token when
-// every draft was accepted, else the target's choice where the first draft failed).
-struct Verdict {
-  int accepted = 0;
-  int32_t next = -1;
-};
-
-// logits: [1 + k, vocab], row j = the model's prediction after the round's j-th token.
-Verdict judge(const Tensor& logits, const Draft& draft, const SamplingParams& sp,
-              std::mt19937_64& rng, std::uniform_real_distribution<double>& uniform) {
-  const int k = int(draft.tokens.size());
-  const int64_t vocab = logits.dim(1);
-  auto row = [&](int j) { return logits.slice(j, j + 1).view({vocab}); };
-  if (sp.temperature <= 0.0f) {  // greedy: accept while the draft is the target's argmax
-    for (int j = 0; j < k; ++j) {
-      const int32_t target = ops::sample(row(j), 0.0f, 1.0f, 0.0);
-      if (draft.tokens[size_t(j)] != target) return {j, target};
-    }
-    return {k, ops::sample(row(k), 0.0f, 1.0f, 0.0)};
-  }
-  // Rejection sampling: accept draft d with probability min(1, p(d) / q(d)); on rejection draw from
-  // the residual max(p - q, 0). The emitted tokens are then distributed exactly as p.
-  for (int j = 0; j < k; ++j) {
-    const std::vector<double> p = ops::token_distribution(row(j), sp.temperature, sp.top_p);
-    const int32_t d = draft.tokens[size_t(j)];
-    std::vector<double> q(p.size(), 0.0);
-    if (draft.dists.empty()) {
-      q[size_t(d)] = 1.0;  // a drafter that proposes fixed tokens
-    } else {
-      q = draft.dists[size_t(j)];
-    }
-    if (q[size_t(d)] > 0.0 && uniform(rng) * q[size_t(d)] < p[size_t(d)]) continue;
-    std::vector<double> residual(p.size());
-    double mass = 0.0;
-    for (size_t i = 0; i < p.size(); ++i) mass += residual[i] = std::max(p[i] - q[i], 0.0);
-    return {j, ops::draw_token(mass > 0.0 ? residual : p, uniform(rng))};
-  }
-  return {k, ops::draw_token(ops::token_distribution(row(k), sp.temperature, sp.top_p),
-                             uniform(rng))};
-}
-
 // Rows not yet consumed by the drafter: model states and the token following each.
 struct Pending {
   Tensor hidden;  // [m, hidden]
@@ -216,7 +175,7 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
     std::vector<int32_t> rows = {sequence.back()};
     rows.insert(rows.end(), draft.tokens.begin(), draft.tokens.end());
     Tensor h = model.forward(Tensor::from_i32(rows, {int64_t(rows.size())}), cache);
-    const Verdict v = judge(model.logits(h), draft, sp, rng, uniform);
+    const Verdict v = verify_drafts(model.logits(h), draft, sp, rng);
     std::vector<int32_t> emitted(draft.tokens.begin(), draft.tokens.begin() + v.accepted);
     emitted.push_back(v.next);
     agree_on_tokens(model.rank(), emitted, K + 1);

@@ -32,7 +32,9 @@ class SequenceKvCache {
   void set_mtp_length(int64_t n);
 
   LayerKvCache& layer(int i) { return layers_.at(size_t(i)); }
+  const LayerKvCache& layer(int i) const { return layers_.at(size_t(i)); }
   LayerKvCache& mtp() { return mtp_; }
+  const LayerKvCache& mtp() const { return mtp_; }
   bool has_mtp() const { return mtp_.latent.defined(); }
 
  private:

@@ -2,6 +2,8 @@
 // the generation loop in generator.cpp (plain decoding is a round with no drafts).
 #include "runtime/speculative.h"
 
+#include <algorithm>
+
 #include "ops/sampling.h"
 
 namespace dsi {
@@ -11,6 +13,40 @@ std::vector<double> SpeculativeStats::per_position_rates() const {
   for (size_t j = 0; j < r.size(); ++j)
     if (drafted_at[j] > 0) r[j] = double(accepted_at[j]) / double(drafted_at[j]);
   return r;
+}
+
+Verdict verify_drafts(const Tensor& logits, const Draft& draft, const SamplingParams& sp,
+                      std::mt19937_64& rng) {
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  const int k = int(draft.tokens.size());
+  const int64_t vocab = logits.dim(1);
+  auto row = [&](int j) { return logits.slice(j, j + 1).view({vocab}); };
+  if (sp.temperature <= 0.0f) {  // greedy: accept while the draft is the target's argmax
+    for (int j = 0; j < k; ++j) {
+      const int32_t target = ops::sample(row(j), 0.0f, 1.0f, 0.0);
+      if (draft.tokens[size_t(j)] != target) return {j, target};
+    }
+    return {k, ops::sample(row(k), 0.0f, 1.0f, 0.0)};
+  }
+  // Rejection sampling: accept draft d with probability min(1, p(d) / q(d)); on rejection draw from
+  // the residual max(p - q, 0). The emitted tokens are then distributed exactly as p.
+  for (int j = 0; j < k; ++j) {
+    const std::vector<double> p = ops::token_distribution(row(j), sp.temperature, sp.top_p);
+    const int32_t d = draft.tokens[size_t(j)];
+    std::vector<double> q(p.size(), 0.0);
+    if (draft.dists.empty()) {
+      q[size_t(d)] = 1.0;  // a drafter that proposes fixed tokens
+    } else {
+      q = draft.dists[size_t(j)];
+    }
+    if (q[size_t(d)] > 0.0 && uniform(rng) * q[size_t(d)] < p[size_t(d)]) continue;
+    std::vector<double> residual(p.size());
+    double mass = 0.0;
+    for (size_t i = 0; i < p.size(); ++i) mass += residual[i] = std::max(p[i] - q[i], 0.0);
+    return {j, ops::draw_token(mass > 0.0 ? residual : p, uniform(rng))};
+  }
+  return {k, ops::draw_token(ops::token_distribution(row(k), sp.temperature, sp.top_p),
+                             uniform(rng))};
 }
 
 Draft MtpDrafter::propose(const DraftContext& ctx) {

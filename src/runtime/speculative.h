@@ -47,6 +47,21 @@ struct Draft {
   std::vector<std::vector<double>> dists;
 };
 
+// The outcome of verifying one round: `accepted` drafts kept, then `next` (the bonus token when
+// every draft was accepted, else the target's choice where the first rejected draft stood).
+struct Verdict {
+  int accepted = 0;
+  int32_t next = -1;
+};
+
+// logits: [1 + k, vocab] f32, row j = the model's prediction after the round's j-th token (the
+// last accepted token, then the drafts). Greedy (temperature 0): accept while the draft is the
+// argmax. Sampling: accept draft d with probability min(1, p(d) / q(d)) and on rejection draw from
+// the residual max(p - q, 0), so the emitted tokens are distributed exactly as p (p and q after
+// temperature and top-p, ops::token_distribution). Draws its uniforms from `rng`.
+Verdict verify_drafts(const Tensor& logits, const Draft& draft, const SamplingParams& sampling,
+                      std::mt19937_64& rng);
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
