@@ -356,6 +356,35 @@ TEST(SpeculativeSampling, SameDistributionAsPlainSampling) {
   }
 }
 
+// GLM-5.2's index_share_for_mtp_iteration: a chained draft step skips the MTP indexer and reuses
+// the first step's selection; greedy output stays that of plain decoding.
+TEST(SpeculativeMtp, IndexShareReusesTheFirstStepSelection) {
+  ModelConfig cfg = load_config(test::fixture_dir("glm_tiny") + "/config.json");
+  cfg.index_share_for_mtp_iteration = true;
+  const Checkpoint ck = Checkpoint::open(test::fixture_dir("glm_tiny"));
+  ModelWeights w = load_weights(ck, cfg);
+  const DsaModel model(cfg, std::move(w));
+  const std::vector<int32_t> prompt = prompt_of("glm_tiny", 4);
+  // Direct: step 1 over the prompt's rows fills the shared selection; step 2 reuses it.
+  const int64_t n = int64_t(prompt.size());
+  SequenceKvCache cache = model.make_cache(n + 2, true);
+  Tensor h = model.forward(Tensor::from_i32(prompt, {n}), cache);
+  DcpTopk share;
+  ForwardTrace t1, t2;
+  std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
+  next.push_back(7);
+  Tensor y = model.mtp_forward(h, Tensor::from_i32(next, {n}), cache, &t1, &share);
+  ASSERT_TRUE(share.local.defined());
+  model.mtp_forward(y.slice(n - 1, n), Tensor::from_i32({9}, {1}), cache, &t2, &share);
+  const Tensor& first_last_row = t1.topk[0];
+  const Tensor& second = t2.topk[0];
+  ASSERT_EQ(second.dim(0), 1);
+  for (int64_t j = 0; j < second.dim(1); ++j)
+    EXPECT_EQ(second.i32()[j], first_last_row.i32()[(n - 1) * first_last_row.dim(1) + j]);
+  EXPECT_EQ(generate(model, prompt, greedy_params(12, 3)).output_ids,
+            generate(model, prompt, greedy_params(12, 0)).output_ids);
+}
+
 TEST(SpeculativeErrors, NeedsAnMtpLayer) {
   test::TempDir d;
   // glm_tiny without its MTP layer: copy config and weights minus model.layers.4.*
