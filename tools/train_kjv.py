@@ -195,6 +195,36 @@ def cmd_eval(args):
         print(f"[result] numbers identical to the stored eval.json: {report['same_as_stored_eval_json']}")
 
 
+def cmd_eval_slice(args):
+    """The numbers the engine's tests compare with: a held-out slice and a few acceptance prompts."""
+    torch, device = _setup_torch(args.device)
+    from kjv import data as kdata
+    from kjv import evaluation, export
+    model, cfg = export.load_model(args.model, device)
+    held = kdata.load_tokens(os.path.join(args.data, "heldout.npy"), device)
+    n_tok = args.windows * args.seq_len
+    sl = held[:n_tok]
+    acc = evaluation.measure_acceptance(model, held, cfg["eos_token_id"], n_prompts=args.prompts,
+                                        prompt_len=args.prompt_len, n_gen=args.generated)
+    n = held.numel()
+    starts = [j * (n - args.prompt_len) // args.prompts for j in range(args.prompts)]
+    report = {
+        "model": os.path.basename(os.path.normpath(args.model)),
+        "seq_len": args.seq_len,
+        "windows": args.windows,
+        "tokens": sl.tolist(),
+        "dense": evaluation.heldout_scores(model, sl, args.seq_len, "dense"),
+        "topk": evaluation.heldout_scores(model, sl, args.seq_len, "sparse"),
+        "acceptance": acc,
+        "acceptance_prompts": [held[s0:s0 + args.prompt_len].tolist() for s0 in starts],
+    }
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+        f.write("\n")
+    print(f"[result] slice of {args.windows} x {args.seq_len}: ce dense {report['dense']['ce']:.6f}, "
+          f"top-k {report['topk']['ce']:.6f}; acceptance {acc['per_position_acceptance']}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -228,6 +258,17 @@ def main(argv=None):
     a.add_argument("--out", default=None, help="also write the JSON report here")
     a.add_argument("--engine", default=None, help="optional dsinfer binary: also compare its CPU logits")
     a.set_defaults(func=cmd_eval)
+    a = sub.add_parser("eval-slice", help="the reference numbers of the engine's tests (slice + prompts)")
+    a.add_argument("--model", required=True)
+    a.add_argument("--data", required=True)
+    a.add_argument("--out", required=True)
+    a.add_argument("--device", choices=["cuda", "cpu"], default=None)
+    a.add_argument("--seq-len", type=int, default=512)
+    a.add_argument("--windows", type=int, default=4)
+    a.add_argument("--prompts", type=int, default=8)
+    a.add_argument("--prompt-len", type=int, default=64)
+    a.add_argument("--generated", type=int, default=64)
+    a.set_defaults(func=cmd_eval_slice)
     args = p.parse_args(argv)
     args.func(args)
 

@@ -1,6 +1,7 @@
 // Thread ranks; see ranks.h.
 #include "runtime/ranks.h"
 
+#include <algorithm>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -35,8 +36,11 @@ void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
   if (first) std::rethrow_exception(first);
 }
 
-std::unique_ptr<DsaModel> load_rank_model(const std::string& dir, const RankContext& rank) {
+std::unique_ptr<DsaModel> load_rank_model(const std::string& dir, const RankContext& rank,
+                                          const ModelOverrides& overrides) {
   ModelConfig cfg = load_config(dir + "/config.json");
+  if (overrides.dense_attention)
+    cfg.index_topk = int(std::max<int64_t>(cfg.index_topk, cfg.max_position_embeddings));
   const Checkpoint ck = Checkpoint::open(dir);
   return DsaModel::load(ck, std::move(cfg), rank);
 }

@@ -20,8 +20,16 @@ namespace dsi {
 void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
                          const std::function<void(const RankContext&)>& fn);
 
+// Changes to a checkpoint's config made at load time.
+struct ModelOverrides {
+  // Every causal key selected (index_topk raised to the context length): dense attention, for
+  // evaluating what the sparse selection costs.
+  bool dense_attention = false;
+};
+
 // Loads this rank's shard of the checkpoint in `dir` (config.json + safetensors).
-std::unique_ptr<DsaModel> load_rank_model(const std::string& dir, const RankContext& rank);
+std::unique_ptr<DsaModel> load_rank_model(const std::string& dir, const RankContext& rank,
+                                          const ModelOverrides& overrides = {});
 
 // generate / prompt_logits over the ranks of `cfg` on threads; returns rank 0's result (every rank
 // computes the same one).
