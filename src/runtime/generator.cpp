@@ -41,6 +41,7 @@ Tensor prefill(const DsaModel& model, const std::vector<int32_t>& prompt, int ch
   }
   return keep_all ? all : last;
 }
+
 // Every rank computes the same logits and draws the same uniforms, so the ranks agree already; the
 // broadcast from TP rank 0 makes that a guarantee (their next steps must stay in lockstep).
 void agree_on_tokens(const RankContext& rank, std::vector<int32_t>& tokens, int max_tokens) {
