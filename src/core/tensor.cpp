@@ -1,10 +1,43 @@
-// Tensor views and host storage; see tensor.h.
+// Tensor views, host storage, the device-backend registry and copies across devices; see tensor.h.
 #include "core/tensor.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
+#ifdef DSI_WITH_CUDA
+namespace dsi::cuda {
+void init();  // backends/cuda/memory/memory.cu: registers the CUDA device backend (idempotent)
+}
+#endif
+
 namespace dsi {
+
+namespace {
+// One slot per DeviceType; written once by a backend's init, read by every device allocation/copy.
+std::atomic<DeviceBackend*> g_device_backends[2] = {nullptr, nullptr};
+
+// The backend that owns `device`'s memory; throws when this build has none for it.
+DeviceBackend& backend_of(Device device) {
+  DeviceBackend* b = device_backend(device.type);
+#ifdef DSI_WITH_CUDA
+  if (b == nullptr && device.type == DeviceType::CUDA) {
+    cuda::init();
+    b = device_backend(device.type);
+  }
+#endif
+  DSI_CHECK(b != nullptr, "tensor on {}: this build has no backend for that device", device.str());
+  return *b;
+}
+}  // namespace
+
+void register_device_backend(DeviceType type, DeviceBackend* backend) {
+  g_device_backends[size_t(type)].store(backend, std::memory_order_release);
+}
+
+DeviceBackend* device_backend(DeviceType type) {
+  return g_device_backends[size_t(type)].load(std::memory_order_acquire);
+}
 
 std::string Device::str() const {
   return type == DeviceType::CPU ? std::string("cpu") : fmt::format("cuda:{}", index);
@@ -43,16 +76,22 @@ Shape contiguous_strides(const Shape& shape) {
 }  // namespace
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  DSI_CHECK(device.is_cpu(), "Tensor::empty on {}: device tensors are allocated by their backend",
-            device.str());
   for (int64_t d : shape) DSI_CHECK(d >= 0, "negative dimension in shape {}", shape_str(shape));
-  auto st = std::make_shared<HostStorage>(size_t(shape_numel(shape)) * dtype_size(dtype));
+  const size_t bytes = size_t(shape_numel(shape)) * dtype_size(dtype);
+  std::shared_ptr<Storage> st;
+  if (device.is_cpu())
+    st = std::make_shared<HostStorage>(bytes);
+  else
+    st = backend_of(device).allocate(bytes, device);
   return wrap(st->data(), shape, dtype, device, st);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   Tensor t = empty(shape, dtype, device);
-  std::memset(t.raw(), 0, t.nbytes());
+  if (device.is_cpu())
+    std::memset(t.raw(), 0, t.nbytes());
+  else if (t.nbytes() > 0)
+    backend_of(device).fill_zero(t.raw(), t.nbytes(), device);
   return t;
 }
 
@@ -131,9 +170,28 @@ Tensor Tensor::contiguous() const {
 }
 
 void Tensor::copy_from(const Tensor& src) {
-  DSI_CHECK(device_.is_cpu() && src.device_.is_cpu(), "copy_from: host tensors only");
   DSI_CHECK(src.shape_ == shape_ && src.dtype_ == dtype_, "copy_from: {} into {}", src.desc(),
             desc());
+  if (!device_.is_cpu() || !src.device_.is_cpu()) {
+    if (numel() == 0) return;
+    if (is_contiguous() && src.is_contiguous()) {
+      backend_of(device_.is_cpu() ? src.device_ : device_)
+          .copy_bytes(data_, device_, src.data_, src.device_, nbytes());
+    } else if (device_ == src.device_) {
+      backend_of(device_).copy_strided(src, *this);
+    } else if (!src.is_contiguous()) {
+      // Gather on src's side first, then move contiguous bytes (and scatter below if needed).
+      Tensor packed = empty(shape_, dtype_, src.device_);
+      packed.copy_from(src);
+      copy_from(packed);
+    } else {
+      // src is contiguous, this is strided and on another device: move the bytes, then scatter.
+      Tensor staged = empty(shape_, dtype_, device_);
+      staged.copy_from(src);
+      copy_from(staged);
+    }
+    return;
+  }
   const size_t es = dtype_size(dtype_);
   if (is_contiguous() && src.is_contiguous()) {
     std::memcpy(data_, src.data_, nbytes());
@@ -157,6 +215,14 @@ void Tensor::copy_from(const Tensor& src) {
     }
   }
 }
+
+Tensor to_device(const Tensor& t, Device device) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), device);
+  out.copy_from(t);
+  return out;
+}
+
+Tensor to_host(const Tensor& t) { return t.contiguous(); }
 
 std::string Tensor::desc() const { return std::string(dtype_name(dtype_)) + shape_str(shape_); }
 

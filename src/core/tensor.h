@@ -1,6 +1,7 @@
 // Tensor: a typed, shaped, strided view of memory on one device, optionally keeping its storage alive.
-// Storage is anything that owns bytes: host allocations, memory-mapped checkpoint files, and (later)
-// device allocations. Views (view/slice/narrow) share the storage; nothing here copies implicitly.
+// Storage is anything that owns bytes: host allocations, memory-mapped checkpoint files, and device
+// allocations (made by the device's backend through DeviceBackend, so core/ has no CUDA headers).
+// Views (view/slice/narrow) share the storage; nothing here copies implicitly.
 #pragma once
 
 #include <cstdint>
@@ -58,7 +59,8 @@ class Tensor {
  public:
   Tensor() = default;
 
-  // Uninitialised / zero-filled host tensors (64-byte aligned).
+  // Uninitialised / zero-filled tensors: host memory 64-byte aligned; device memory from the device's
+  // backend (throws when this build or machine has none).
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::cpu());
   // A contiguous view of memory someone else owns; `keep` (optional) is kept alive by the view.
@@ -96,9 +98,9 @@ class Tensor {
   Tensor slice(int64_t begin, int64_t end) const;
   // [start, start+len) along dimension `d` (strided view).
   Tensor narrow(int d, int64_t start, int64_t len) const;
-  // A contiguous copy on the host (any layout in, same dtype out).
+  // A contiguous copy on the host (any layout and device in, same dtype out).
   Tensor contiguous() const;
-  // Copies the contents of `src` (same shape and dtype, host) into this tensor.
+  // Copies the contents of `src` (same shape and dtype, any layout, any device) into this tensor.
   void copy_from(const Tensor& src);
 
   std::string desc() const;  // "F32[2, 3]" for error messages
@@ -117,6 +119,33 @@ class Tensor {
   DType dtype_ = DType::F32;
   Device device_;
 };
+
+// Memory of a device type other than the host, provided by that device's backend. The CUDA backend
+// registers one (backends/cuda/memory); core/ only sees this interface.
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  // A new allocation of `bytes` (may be 0; data() is never null) on `device`, contents undefined.
+  virtual std::shared_ptr<Storage> allocate(size_t bytes, Device device) = 0;
+  virtual void fill_zero(void* data, size_t bytes, Device device) = 0;
+  // Copies `bytes` contiguous bytes; each side is the host or one of this backend's devices.
+  virtual void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
+                          size_t bytes) = 0;
+  // dst = src for two tensors of the same shape and dtype on one of this backend's devices, any
+  // strides (dst must not overlap src).
+  virtual void copy_strided(const Tensor& src, const Tensor& dst) = 0;
+};
+
+// Installs the backend of a device type (idempotent). The CUDA backend installs itself the first time
+// a CUDA tensor is made (dsi::cuda::init()).
+void register_device_backend(DeviceType type, DeviceBackend* backend);
+// The backend of `type`, or null when none is registered (the host has none: it is core's own).
+DeviceBackend* device_backend(DeviceType type);
+
+// A contiguous copy of `t` (any layout, any device) on `device`.
+Tensor to_device(const Tensor& t, Device device);
+// A contiguous copy of `t` on the host (same as t.contiguous()).
+Tensor to_host(const Tensor& t);
 
 // Checks used at op boundaries: "what" names the argument in the message.
 void check_shape(const Tensor& t, const Shape& want, const char* what);

@@ -1,4 +1,4 @@
-// Checked CUDA runtime calls: a failing call throws dsi::Error naming the call, file and line.
+// Checked CUDA runtime / cuBLAS calls: a failing call throws dsi::Error naming the call, file and line.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,3 +12,15 @@
       ::dsi::fail("CUDA error {} ({}) in {} at {}:{}", int(dsi_err_),                         \
                   cudaGetErrorString(dsi_err_), #call, __FILE__, __LINE__);                   \
   } while (0)
+
+// After a kernel launch: launch-configuration errors always; in debug builds also the kernel's own
+// faults (synchronising), so they are reported at the launch that caused them.
+#ifdef NDEBUG
+#define DSI_CUDA_CHECK_LAUNCH() DSI_CUDA_CHECK(cudaGetLastError())
+#else
+#define DSI_CUDA_CHECK_LAUNCH()                   \
+  do {                                            \
+    DSI_CUDA_CHECK(cudaGetLastError());           \
+    DSI_CUDA_CHECK(cudaDeviceSynchronize());      \
+  } while (0)
+#endif

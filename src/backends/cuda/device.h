@@ -1,5 +1,4 @@
-// CUDA devices visible to this process (the CUDA backend's entry point; kernels come with the
-// CUDA backend work).
+// CUDA devices visible to this process (the ops themselves are declared in cuda_ops.h).
 #pragma once
 
 #include <string>

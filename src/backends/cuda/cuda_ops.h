@@ -1,0 +1,68 @@
+// The CUDA backend: every op of src/ops with the signature and semantics of the CPU reference
+// (backends/cpu/cpu_ops.h). All tensor arguments live on one CUDA device (checked); ops run on that
+// device's legacy default stream, in call order. This header has no CUDA includes: ops/dispatch.h
+// includes it into plain C++ translation units.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace dsi {
+struct LinearWeight;
+struct MlpWeights;
+struct RouterParams;
+}  // namespace dsi
+
+namespace dsi::cuda {
+
+// Registers the CUDA device backend (allocation and copies of CUDA tensors); idempotent. Called
+// implicitly by the first CUDA tensor allocation.
+void init();
+
+void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
+
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
+          RopeStyle style, int offset);
+
+void linear(const Tensor& x, const LinearWeight& w, Tensor& out);
+// Returns a host tensor, as the CPU op (linear.h); dequantize_rows_to is the on-device form.
+Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
+// out: [row_end - row_begin, in] f32 contiguous, on the weight's device.
+void dequantize_rows_to(const LinearWeight& w, int64_t row_begin, int64_t row_end, Tensor& out);
+
+void copy(const Tensor& src, Tensor& dst);
+void scale_inplace(Tensor& a, float scale);
+void add_inplace(Tensor& a, const Tensor& b);
+void axpy_inplace(Tensor& a, const Tensor& b, float scale);
+void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
+void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
+
+void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
+                    const Tensor& bounds, float softmax_scale, Tensor& logits);
+
+void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Tensor* values);
+void topk_merge(const Tensor& scores, const Tensor& positions, int k, Tensor& winners);
+
+void mla_absorb_q(const Tensor& q_nope, const Tensor& w_uk, Tensor& out);
+void mla_up_v(const Tensor& o_lat, const Tensor& w_uv, Tensor& out);
+void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float softmax_scale,
+                int dv, Tensor& out, Tensor& lse);
+
+void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterParams& p,
+               Tensor& expert_ids, Tensor& weights);
+void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
+                 const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
+                 Tensor& out);
+void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
+
+void argmax(const Tensor& logits, Tensor& out);
+// Sampling is host logic: the logits row is copied to the host and the CPU code runs on it, so the
+// result is bitwise the CPU's.
+std::vector<double> token_distribution(const Tensor& logits, float temperature, float top_p);
+int32_t sample(const Tensor& logits, float temperature, float top_p, double u);
+
+}  // namespace dsi::cuda

@@ -1,0 +1,26 @@
+// Lightning-indexer logits in exact fp32: one thread per (row, key), heads and dims summed
+// sequentially in the CPU reference's order with _rn intrinsics, so the logits are bitwise the
+// CPU's (and so is the top-k taken from them). A first, simple kernel: the Hadamard + fp8 form of
+// the deployed indexer comes with the performance work.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsi::cuda {
+
+struct IndexerParams {
+  const float* q;          // [rows, heads, d] contiguous
+  const float* weights;    // [rows, heads] contiguous
+  const float* keys;       // [n_keys, d], row stride key_stride
+  const int32_t* bounds;   // [rows], keys [0, bounds[r]) visible to row r
+  float* logits;           // [rows, n_keys] contiguous; -inf at and past the bound
+  int64_t key_stride;
+  int64_t rows, heads, d, n_keys;
+  float softmax_scale;
+  unsigned long long* bad;  // lowered to the first row whose bound is outside [0, n_keys]
+};
+void launch_indexer_logits(const IndexerParams& p, cudaStream_t stream);
+
+}  // namespace dsi::cuda

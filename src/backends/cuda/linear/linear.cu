@@ -1,0 +1,156 @@
+// Linear ops of the CUDA backend; see linear.h and ops/linear.h.
+#include <algorithm>
+#include <climits>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/linear/cublas.h"
+#include "backends/cuda/linear/linear.h"
+#include "backends/cuda/memory/memory.h"
+#include "ops/linear.h"
+
+namespace dsi::cuda {
+
+namespace {
+
+__global__ void dequantize_kernel(DequantParams p) {
+  const int64_t total = p.rows * p.in;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    const int64_t r = p.row_begin + i / p.in, c = i % p.in;
+    float v = load_float(p.w, p.kind, r * p.in + c);
+    if (p.scale_inv != nullptr)
+      v = __fmul_rn(v, p.scale_inv[((p.row0 + r) / p.block_out) * p.scale_cols +
+                                   (p.col0 + c) / p.block_in]);
+    p.out[i] = v;
+  }
+}
+
+// The CPU reference's checks of a weight and a row range, with its messages.
+void validate_weight(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
+  const Tensor& wt = w.weight;
+  DSI_CHECK(wt.ndim() == 2 && wt.is_contiguous(), "linear: weight must be a contiguous [out, in], got {}",
+            wt.desc());
+  DSI_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= wt.dim(0),
+            "dequantize_rows: rows [{}, {}) of {}", row_begin, row_end, wt.desc());
+  const int64_t in = wt.dim(1);
+  if (wt.dtype() == DType::F8_E4M3) {
+    DSI_CHECK(w.scale_inv.defined(), "linear: fp8 weight {} without weight_scale_inv", wt.desc());
+    check_dtype(w.scale_inv, DType::F32, "weight_scale_inv");
+    DSI_CHECK(w.block_out > 0 && w.block_in > 0, "linear: fp8 block size {}x{}", w.block_out, w.block_in);
+    DSI_CHECK(w.row0 >= 0 && w.row0 < w.block_out && w.col0 >= 0 && w.col0 < w.block_in,
+              "linear: slice offsets ({}, {}) outside the first {}x{} block", w.row0, w.col0,
+              w.block_out, w.block_in);
+    check_shape(w.scale_inv,
+                {(w.row0 + wt.dim(0) + w.block_out - 1) / w.block_out,
+                 (w.col0 + in + w.block_in - 1) / w.block_in},
+                "weight_scale_inv");
+    DSI_CHECK(w.scale_inv.is_contiguous(), "weight_scale_inv must be contiguous");
+    check_on(w.scale_inv, wt.device(), "linear", "weight_scale_inv");
+  }
+  float_kind(wt.dtype(), "linear weight");
+}
+
+// Dequantises rows [row_begin, row_end) of a validated weight into out (device, contiguous).
+void dequantize_into(const LinearWeight& w, int64_t row_begin, int64_t row_end, float* out) {
+  DequantParams p{};
+  p.w = w.weight.raw();
+  p.kind = float_kind(w.weight.dtype(), "linear weight");
+  p.out = out;
+  p.row_begin = row_begin;
+  p.rows = row_end - row_begin;
+  p.in = w.weight.dim(1);
+  if (w.weight.dtype() == DType::F8_E4M3) {
+    p.scale_inv = w.scale_inv.f32();
+    p.scale_cols = w.scale_inv.dim(1);
+    p.row0 = w.row0;
+    p.col0 = w.col0;
+    p.block_out = w.block_out;
+    p.block_in = w.block_in;
+  } else {
+    p.block_out = p.block_in = 1;
+  }
+  launch_dequantize(p, stream());
+}
+
+// C[n, m] (row stride ldc) = X[n, k] (row stride ldx) * W[m, k]^T (row stride k), all fp32.
+void sgemm_xwt(const float* x, int64_t ldx, const float* w, float* c, int64_t ldc, int64_t n,
+               int64_t m, int64_t k) {
+  if (n == 1) {  // a single row: its stride is irrelevant, cuBLAS only wants ld >= the row length
+    ldx = std::max(ldx, k);
+    ldc = std::max(ldc, m);
+  }
+  DSI_CHECK(ldx >= k && ldc >= m, "linear: row strides {} (input) and {} (output) below {} and {}",
+            ldx, ldc, k, m);
+  DSI_CHECK(n <= INT_MAX && m <= INT_MAX && k <= INT_MAX && ldx <= INT_MAX && ldc <= INT_MAX,
+            "linear: GEMM of {} x {} x {} beyond cuBLAS's 32-bit sizes", n, m, k);
+  const float alpha = 1.0f, beta = 0.0f;
+  // Column-major view: C^T [m, n] = W [k, m]^T * X^T [k, n].
+  DSI_CUBLAS_CHECK(cublasSgemm(cublas_handle(), CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k),
+                               &alpha, w, int(k), x, int(ldx), &beta, c, int(ldc)));
+}
+
+}  // namespace
+
+void launch_dequantize(const DequantParams& p, cudaStream_t s) {
+  const int64_t total = p.rows * p.in;
+  if (total == 0) return;
+  dequantize_kernel<<<grid_for(total, 256), 256, 0, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+void dequantize_rows_to(const LinearWeight& w, int64_t row_begin, int64_t row_end, Tensor& out) {
+  validate_weight(w, row_begin, row_end);
+  check_shape(out, {row_end - row_begin, w.weight.dim(1)}, "dequantize_rows out");
+  check_dtype(out, DType::F32, "dequantize_rows out");
+  DSI_CHECK(out.is_contiguous(), "dequantize_rows: out must be contiguous");
+  check_on(out, w.weight.device(), "dequantize_rows", "out");
+  DeviceGuard guard(w.weight.device());
+  dequantize_into(w, row_begin, row_end, out.f32());
+}
+
+Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
+  validate_weight(w, row_begin, row_end);
+  const int64_t in = w.weight.dim(1);
+  Tensor host = Tensor::empty({row_end - row_begin, in}, DType::F32);
+  if (host.numel() == 0) return host;
+  DeviceGuard guard(w.weight.device());
+  Scratch buf(size_t(host.numel()) * sizeof(float));
+  dequantize_into(w, row_begin, row_end, buf.as<float>());
+  DSI_CUDA_CHECK(cudaMemcpy(host.raw(), buf.as<void>(), host.nbytes(), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  const int64_t out_f = w.out_features(), in_f = w.in_features();
+  DSI_CHECK(x.ndim() == 2 && x.dim(1) == in_f && x.stride(1) == 1,
+            "linear: input {} does not match weight {}", x.desc(), w.weight.desc());
+  check_dtype(x, DType::F32, "linear input");
+  DSI_CHECK(out.ndim() == 2 && out.dim(0) == x.dim(0) && out.dim(1) == out_f && out.stride(1) == 1,
+            "linear: output {} for input {} and weight {}", out.desc(), x.desc(), w.weight.desc());
+  check_dtype(out, DType::F32, "linear output");
+  check_on(w.weight, x.device(), "linear", "weight");
+  check_on(out, x.device(), "linear", "output");
+  const int64_t n = x.dim(0);
+  if (n == 0 || out_f == 0) return;
+  DeviceGuard guard(x.device());
+  if (in_f == 0) {
+    fill_f32(out, 0.0f);
+    return;
+  }
+  if (w.weight.dtype() == DType::F32 && w.weight.is_contiguous()) {
+    sgemm_xwt(x.f32(), x.stride(0), w.weight.f32(), out.f32(), out.stride(0), n, out_f, in_f);
+    return;
+  }
+  validate_weight(w, 0, out_f);
+  // Dequantise up to 64 MiB of fp32 weight rows at a time into one reused scratch buffer.
+  const int64_t chunk = std::min(out_f, std::max<int64_t>(1, (int64_t(1) << 24) / in_f));
+  Scratch wf(size_t(chunk * in_f) * sizeof(float));
+  for (int64_t r0 = 0; r0 < out_f; r0 += chunk) {
+    const int64_t r1 = std::min(out_f, r0 + chunk);
+    dequantize_into(w, r0, r1, wf.as<float>());
+    sgemm_xwt(x.f32(), x.stride(0), wf.as<float>(), out.f32() + r0, out.stride(0), n, r1 - r0, in_f);
+  }
+}
+
+}  // namespace dsi::cuda

@@ -1,0 +1,27 @@
+// Linear layers on the GPU: fp32 weights go straight to cuBLAS sgemm; bf16 / f16 / fp8-block-scaled
+// weights are dequantised to fp32 in chunks of rows (exactly as the CPU reference) and multiplied
+// with sgemm, so the only difference to the CPU is cuBLAS's summation order.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/common.cuh"
+
+namespace dsi::cuda {
+
+// out[r - row_begin, c] = W[r, c] (* scale_inv[(row0 + r) / block_out, (col0 + c) / block_in] for fp8)
+struct DequantParams {
+  const void* w;           // [out_features, in] of kind, contiguous
+  const float* scale_inv;  // [ceil((row0 + out_features) / block_out), scale_cols]; fp8 only, else null
+  float* out;              // [rows, in] contiguous
+  int64_t scale_cols;
+  int64_t row_begin, rows, in;
+  int64_t row0, col0;
+  int block_out, block_in;
+  FloatKind kind;
+};
+void launch_dequantize(const DequantParams& p, cudaStream_t stream);
+
+}  // namespace dsi::cuda

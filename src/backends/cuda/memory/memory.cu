@@ -1,0 +1,188 @@
+// Device memory of the CUDA backend; see memory.h. CudaStorage owns one cudaMalloc allocation;
+// CudaDeviceBackend is what core/tensor.cpp calls for CUDA tensors.
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/device.h"
+#include "backends/cuda/memory/memory.h"
+
+namespace dsi::cuda {
+
+namespace {
+
+__device__ __forceinline__ void strided_offsets(int64_t flat, int ndim, const int64_t* shape,
+                                                const int64_t* sa, const int64_t* sb, int64_t* oa,
+                                                int64_t* ob) {
+  int64_t a = 0, b = 0;
+  for (int d = ndim - 1; d >= 0; --d) {
+    const int64_t i = flat % shape[d];
+    flat /= shape[d];
+    a += i * sa[d];
+    b += i * sb[d];
+  }
+  *oa = a;
+  *ob = b;
+}
+
+__global__ void strided_copy_kernel(StridedCopyParams p) {
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.numel; i += step) {
+    int64_t so, dof;
+    strided_offsets(i, p.ndim, p.shape, p.src_strides, p.dst_strides, &so, &dof);
+    const char* s = p.src + so * p.elem_size;
+    char* d = p.dst + dof * p.elem_size;
+    if (!p.aligned) {
+      for (int b = 0; b < p.elem_size; ++b) d[b] = s[b];
+      continue;
+    }
+    switch (p.elem_size) {
+      case 1: *d = *s; break;
+      case 2: *reinterpret_cast<uint16_t*>(d) = *reinterpret_cast<const uint16_t*>(s); break;
+      case 4: *reinterpret_cast<uint32_t*>(d) = *reinterpret_cast<const uint32_t*>(s); break;
+      default:
+        *reinterpret_cast<unsigned long long*>(d) = *reinterpret_cast<const unsigned long long*>(s);
+    }
+  }
+}
+
+__global__ void strided_fill_kernel(StridedFillParams p) {
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.numel; i += step) {
+    int64_t off, unused;
+    strided_offsets(i, p.ndim, p.shape, p.strides, p.strides, &off, &unused);
+    p.dst[off] = p.value;
+  }
+}
+
+// One cudaMalloc allocation on one device (at least 256 bytes, so data() is never null).
+class CudaStorage final : public Storage {
+ public:
+  CudaStorage(size_t bytes, Device device) : size_(bytes), device_(device) {
+    DeviceGuard guard(device);
+    const cudaError_t e = cudaMalloc(&ptr_, std::max<size_t>(bytes, 256));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      fail("out of CUDA memory allocating {} bytes on {} ({})", bytes, device.str(),
+           cudaGetErrorString(e));
+    }
+  }
+  ~CudaStorage() override {
+    // No throwing here; a free after the runtime shut down (static tensors) is harmless.
+    int cur = -1;
+    const bool switched = cudaGetDevice(&cur) == cudaSuccess && cur != device_.index &&
+                          cudaSetDevice(device_.index) == cudaSuccess;
+    cudaFree(ptr_);
+    if (switched) cudaSetDevice(cur);
+  }
+  CudaStorage(const CudaStorage&) = delete;
+  CudaStorage& operator=(const CudaStorage&) = delete;
+  void* data() override { return ptr_; }
+  size_t size() const override { return size_; }
+  Device device() const override { return device_; }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t size_ = 0;
+  Device device_;
+};
+
+class CudaDeviceBackend final : public DeviceBackend {
+ public:
+  std::shared_ptr<Storage> allocate(size_t bytes, Device device) override {
+    DSI_CHECK(device_count() > 0, "tensor on {}: no CUDA device is visible to this process",
+              device.str());
+    return std::make_shared<CudaStorage>(bytes, device);
+  }
+
+  void fill_zero(void* data, size_t bytes, Device device) override {
+    DeviceGuard guard(device);
+    DSI_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream()));
+  }
+
+  void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
+                  size_t bytes) override {
+    if (bytes == 0) return;
+    if (dst_device.is_cpu() && src_device.is_cpu()) {
+      std::memcpy(dst, src, bytes);
+    } else if (src_device.is_cpu()) {
+      DeviceGuard guard(dst_device);
+      DSI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    } else if (dst_device.is_cpu()) {
+      DeviceGuard guard(src_device);
+      DSI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    } else if (src_device == dst_device) {
+      DeviceGuard guard(dst_device);
+      DSI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    } else {
+      DeviceGuard guard(dst_device);
+      DSI_CUDA_CHECK(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, bytes));
+    }
+  }
+
+  void copy_strided(const Tensor& src, const Tensor& dst) override {
+    DSI_CHECK(src.device() == dst.device() && !dst.device().is_cpu(),
+              "copy_strided: {} on {} into {} on {}", src.desc(), src.device().str(), dst.desc(),
+              dst.device().str());
+    DeviceGuard guard(dst.device());
+    copy_strided_tensor(src, dst);
+  }
+};
+
+}  // namespace
+
+void launch_strided_copy(const StridedCopyParams& p, cudaStream_t s) {
+  if (p.numel == 0) return;
+  strided_copy_kernel<<<grid_for(p.numel, 256), 256, 0, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+void launch_strided_fill(const StridedFillParams& p, cudaStream_t s) {
+  if (p.numel == 0) return;
+  strided_fill_kernel<<<grid_for(p.numel, 256), 256, 0, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+void copy_strided_tensor(const Tensor& src, const Tensor& dst) {
+  DSI_CHECK(src.shape() == dst.shape() && src.dtype() == dst.dtype(), "copy: {} into {}",
+            src.desc(), dst.desc());
+  DSI_CHECK(dst.ndim() <= kMaxCopyDims, "copy: {} has more than {} dimensions", dst.desc(),
+            kMaxCopyDims);
+  StridedCopyParams p{};
+  p.src = static_cast<const char*>(src.raw());
+  p.dst = static_cast<char*>(dst.raw());
+  p.ndim = dst.ndim();
+  for (int d = 0; d < p.ndim; ++d) {
+    p.shape[d] = dst.dim(d);
+    p.src_strides[d] = src.stride(d);
+    p.dst_strides[d] = dst.stride(d);
+  }
+  p.elem_size = int(dtype_size(dst.dtype()));
+  p.aligned = (reinterpret_cast<uintptr_t>(p.src) | reinterpret_cast<uintptr_t>(p.dst)) %
+                  uintptr_t(p.elem_size) == 0;
+  p.numel = dst.numel();
+  launch_strided_copy(p, stream());
+}
+
+void fill_f32(const Tensor& t, float value) {
+  DSI_CHECK(dtype_size(t.dtype()) == 4 && t.ndim() <= kMaxCopyDims, "fill: {}", t.desc());
+  StridedFillParams p{};
+  p.dst = static_cast<uint32_t*>(t.raw());
+  p.ndim = t.ndim();
+  for (int d = 0; d < p.ndim; ++d) {
+    p.shape[d] = t.dim(d);
+    p.strides[d] = t.stride(d);
+  }
+  std::memcpy(&p.value, &value, 4);
+  p.numel = t.numel();
+  launch_strided_fill(p, stream());
+}
+
+void init() {
+  // Stateless; never destroyed, so tensors released during static destruction still find it.
+  static CudaDeviceBackend* const backend = new CudaDeviceBackend();
+  register_device_backend(DeviceType::CUDA, backend);
+}
+
+}  // namespace dsi::cuda

@@ -1,0 +1,221 @@
+// MLA ops of the CUDA backend; see mla.h and ops/mla.h.
+#include <algorithm>
+#include <climits>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/linear/cublas.h"
+#include "backends/cuda/memory/memory.h"
+#include "backends/cuda/mla/mla.h"
+
+namespace dsi::cuda {
+
+namespace {
+
+constexpr int kMlaThreads = 256;
+
+// One block per (row, head). Shared memory: sel[topk] (key row or -1), p[topk] (scores, then
+// unnormalised probabilities), red[33] for the reductions.
+__global__ void __launch_bounds__(kMlaThreads) sparse_mla_kernel(SparseMlaParams p) {
+  extern __shared__ float smem[];
+  int32_t* sel = reinterpret_cast<int32_t*>(smem);
+  float* prob = smem + p.topk;
+  float* red = prob + p.topk;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int64_t bh = blockIdx.x; bh < p.rows * p.heads; bh += gridDim.x) {
+    const int64_t r = bh / p.heads, h = bh % p.heads;
+    const int32_t* idx = p.indices + r * p.topk;
+    for (int64_t j = threadIdx.x; j < p.topk; j += blockDim.x) {
+      const int32_t s = idx[j];
+      if (s >= p.n_keys && h == 0) atomicMin(p.bad, static_cast<unsigned long long>(r * p.topk + j));
+      sel[j] = (s >= 0 && s < p.n_keys) ? s : -1;
+    }
+    __syncthreads();
+    // Scores: one warp per selected key, lanes split the dk dims.
+    const float* q = p.q + r * p.q_s0 + h * p.q_s1;
+    for (int64_t j = warp; j < p.topk; j += nwarps) {
+      const int32_t s = sel[j];
+      if (s < 0) {
+        if (lane == 0) prob[j] = -INFINITY;
+        continue;
+      }
+      const float* k = p.kv + int64_t(s) * p.kv_stride;
+      float dot = 0.0f;
+      for (int64_t c = lane; c < p.dk; c += 32) dot = __fadd_rn(dot, __fmul_rn(q[c], k[c]));
+      dot = warp_sum(dot);
+      if (lane == 0) prob[j] = __fmul_rn(dot, p.softmax_scale);
+    }
+    __syncthreads();
+    float m = -INFINITY, cnt = 0.0f;
+    for (int64_t j = threadIdx.x; j < p.topk; j += blockDim.x) {
+      if (sel[j] < 0) continue;
+      m = fmaxf(m, prob[j]);
+      cnt += 1.0f;
+    }
+    m = block_max(m, red);
+    cnt = block_sum(cnt, red);  // exact: counts stay far below 2^24
+    float* o = p.out + bh * p.dv;
+    if (cnt == 0.0f) {  // no key: out = 0, lse = -inf (block-uniform branch)
+      for (int c = threadIdx.x; c < p.dv; c += blockDim.x) o[c] = 0.0f;
+      if (threadIdx.x == 0) p.lse[bh] = -INFINITY;
+      __syncthreads();  // sel/prob are rewritten by the next (row, head)
+      continue;
+    }
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < p.topk; j += blockDim.x) {
+      float e = 0.0f;
+      if (sel[j] >= 0) e = exp_f(__fsub_rn(prob[j], m));
+      prob[j] = e;
+      sum = __fadd_rn(sum, e);
+    }
+    sum = block_sum(sum, red);  // its barriers also publish prob[]
+    // out[c] = sum_j p_j v_j[c] / sum, accumulated in key order like the CPU reference.
+    for (int c = threadIdx.x; c < p.dv; c += blockDim.x) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < p.topk; ++j) {
+        const int32_t s = sel[j];
+        if (s >= 0) acc = __fadd_rn(acc, __fmul_rn(prob[j], p.kv[int64_t(s) * p.kv_stride + c]));
+      }
+      o[c] = __fdiv_rn(acc, sum);
+    }
+    if (threadIdx.x == 0) p.lse[bh] = __fadd_rn(m, log_f(sum));
+    __syncthreads();  // sel/prob are rewritten by the next (row, head)
+  }
+}
+
+// Column-major strided-batched sgemm over heads, fp32 in and out.
+void batched_sgemm(cublasOperation_t ta, int64_t m, int64_t n, int64_t k, const float* a,
+                   int64_t lda, int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b,
+                   float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  DSI_CHECK(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX && lda <= INT_MAX && ldb <= INT_MAX &&
+                ldc <= INT_MAX && batch <= INT_MAX,
+            "mla: batched GEMM {} x {} x {} (batch {}) beyond cuBLAS's 32-bit sizes", m, n, k, batch);
+  const float alpha = 1.0f, beta = 0.0f;
+  DSI_CUBLAS_CHECK(cublasSgemmStridedBatched(cublas_handle(), ta, CUBLAS_OP_N, int(m), int(n), int(k),
+                                             &alpha, a, int(lda), stride_a, b, int(ldb), stride_b,
+                                             &beta, c, int(ldc), stride_c, int(batch)));
+}
+
+}  // namespace
+
+size_t sparse_mla_smem_bytes(int64_t topk) { return size_t(topk) * 8 + 33 * sizeof(float); }
+
+void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t s) {
+  const int64_t blocks = p.rows * p.heads;
+  if (blocks == 0) return;
+  const size_t smem = sparse_mla_smem_bytes(p.topk);
+  if (smem > 48 * 1024) {
+    int dev = 0, max_smem = 0;
+    DSI_CUDA_CHECK(cudaGetDevice(&dev));
+    DSI_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    DSI_CHECK(smem <= size_t(max_smem), "sparse_mla: top-k of {} needs {} bytes of shared memory, the "
+              "device has {}", p.topk, smem, max_smem);
+    DSI_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(smem)));
+  }
+  sparse_mla_kernel<<<grid_items(blocks), kMlaThreads, smem, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+void mla_absorb_q(const Tensor& q_nope, const Tensor& w_uk, Tensor& out) {
+  DSI_CHECK(q_nope.ndim() == 3 && q_nope.stride(2) == 1, "mla_absorb_q: q_nope {}", q_nope.desc());
+  const int64_t rows = q_nope.dim(0), heads = q_nope.dim(1), nope = q_nope.dim(2);
+  DSI_CHECK(w_uk.ndim() == 3 && w_uk.dim(0) == heads && w_uk.dim(1) == nope && w_uk.is_contiguous(),
+            "mla_absorb_q: w_uk {} for q_nope {}", w_uk.desc(), q_nope.desc());
+  const int64_t lora = w_uk.dim(2);
+  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.dim(2) == lora &&
+                out.stride(2) == 1,
+            "mla_absorb_q: out {}", out.desc());
+  check_dtype(q_nope, DType::F32, "mla_absorb_q q_nope");
+  check_dtype(w_uk, DType::F32, "mla_absorb_q w_uk");
+  check_dtype(out, DType::F32, "mla_absorb_q out");
+  check_on(w_uk, q_nope.device(), "mla_absorb_q", "w_uk");
+  check_on(out, q_nope.device(), "mla_absorb_q", "out");
+  if (rows == 0 || heads == 0 || lora == 0) return;
+  DeviceGuard guard(q_nope.device());
+  if (nope == 0) {
+    fill_f32(out, 0.0f);
+    return;
+  }
+  // Per head, row-major out[:, h, :] (rows x lora) = q_nope[:, h, :] (rows x nope) W_UK[h] (nope x
+  // lora); column-major: out^T (lora x rows) = W_UK[h]^T-as-stored (lora x nope) q^T (nope x rows).
+  const int64_t ldq = rows == 1 ? std::max(q_nope.stride(0), nope) : q_nope.stride(0);
+  const int64_t ldo = rows == 1 ? std::max(out.stride(0), lora) : out.stride(0);
+  batched_sgemm(CUBLAS_OP_N, lora, rows, nope, w_uk.f32(), lora, nope * lora, q_nope.f32(), ldq,
+                q_nope.stride(1), out.f32(), ldo, out.stride(1), heads);
+}
+
+void mla_up_v(const Tensor& o_lat, const Tensor& w_uv, Tensor& out) {
+  DSI_CHECK(o_lat.ndim() == 3 && o_lat.stride(2) == 1, "mla_up_v: o_lat {}", o_lat.desc());
+  const int64_t rows = o_lat.dim(0), heads = o_lat.dim(1), lora = o_lat.dim(2);
+  DSI_CHECK(w_uv.ndim() == 3 && w_uv.dim(0) == heads && w_uv.dim(2) == lora && w_uv.is_contiguous(),
+            "mla_up_v: w_uv {} for o_lat {}", w_uv.desc(), o_lat.desc());
+  const int64_t dv = w_uv.dim(1);
+  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.dim(2) == dv &&
+                out.stride(2) == 1,
+            "mla_up_v: out {}", out.desc());
+  check_dtype(o_lat, DType::F32, "mla_up_v o_lat");
+  check_dtype(w_uv, DType::F32, "mla_up_v w_uv");
+  check_dtype(out, DType::F32, "mla_up_v out");
+  check_on(w_uv, o_lat.device(), "mla_up_v", "w_uv");
+  check_on(out, o_lat.device(), "mla_up_v", "out");
+  if (rows == 0 || heads == 0 || dv == 0) return;
+  DeviceGuard guard(o_lat.device());
+  if (lora == 0) {
+    fill_f32(out, 0.0f);
+    return;
+  }
+  // Per head, row-major out[:, h, :] (rows x dv) = o_lat[:, h, :] (rows x lora) W_UV[h]^T (lora x
+  // dv); column-major: out^T (dv x rows) = op_T(W_UV[h] stored lora x dv) o_lat^T (lora x rows).
+  const int64_t ldo_lat = rows == 1 ? std::max(o_lat.stride(0), lora) : o_lat.stride(0);
+  const int64_t ldo = rows == 1 ? std::max(out.stride(0), dv) : out.stride(0);
+  batched_sgemm(CUBLAS_OP_T, dv, rows, lora, w_uv.f32(), lora, dv * lora, o_lat.f32(), ldo_lat,
+                o_lat.stride(1), out.f32(), ldo, out.stride(1), heads);
+}
+
+void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float softmax_scale,
+                int dv, Tensor& out, Tensor& lse) {
+  DSI_CHECK(q.ndim() == 3 && q.stride(2) == 1, "sparse_mla: q must be [rows, heads, dk], got {}",
+            q.desc());
+  const int64_t rows = q.dim(0), heads = q.dim(1), dk = q.dim(2);
+  DSI_CHECK(kv.ndim() == 2 && kv.dim(1) == dk && kv.stride(1) == 1, "sparse_mla: kv {} for q {}",
+            kv.desc(), q.desc());
+  DSI_CHECK(dv > 0 && dv <= dk, "sparse_mla: dv = {} outside (0, {}]", dv, dk);
+  DSI_CHECK(indices.ndim() == 2 && indices.dim(0) == rows, "sparse_mla: indices {}", indices.desc());
+  check_shape(out, {rows, heads, dv}, "sparse_mla out");
+  check_shape(lse, {rows, heads}, "sparse_mla lse");
+  DSI_CHECK(indices.is_contiguous() && out.is_contiguous() && lse.is_contiguous(),
+            "sparse_mla: indices, out and lse must be contiguous");
+  check_dtype(q, DType::F32, "sparse_mla q");
+  check_dtype(kv, DType::F32, "sparse_mla kv");
+  check_on(kv, q.device(), "sparse_mla", "kv");
+  check_on(indices, q.device(), "sparse_mla", "indices");
+  check_on(out, q.device(), "sparse_mla", "out");
+  check_on(lse, q.device(), "sparse_mla", "lse");
+  if (rows == 0) return;
+  DeviceGuard guard(q.device());
+  ErrorFlag bad;
+  SparseMlaParams p{};
+  p.q = q.f32();
+  p.kv = kv.f32();
+  p.indices = indices.i32();
+  p.out = out.f32();
+  p.lse = lse.f32();
+  p.q_s0 = q.stride(0);
+  p.q_s1 = q.stride(1);
+  p.kv_stride = kv.stride(0);
+  p.rows = rows;
+  p.heads = heads;
+  p.dk = dk;
+  p.n_keys = kv.dim(0);
+  p.topk = indices.dim(1);
+  p.dv = dv;
+  p.softmax_scale = softmax_scale;
+  p.bad = bad.ptr();
+  launch_sparse_mla(p, stream());
+  const unsigned long long first = bad.read();
+  if (first != ErrorFlag::kNone)
+    fail("sparse_mla: index {} outside the {} cached keys", read_device(p.indices + first), p.n_keys);
+}
+
+}  // namespace dsi::cuda

@@ -1,0 +1,45 @@
+// Exact top-k in dsinfer's total order (score descending, then position ascending), as a sort:
+// every candidate becomes one 64-bit key (topk_key in common.cuh; 0 = not selectable), each row's
+// keys are sorted descending with cub's segmented radix sort, and the first k keys are decoded.
+// Keys are unique within a row, so the result is fully determined: bitwise the CPU's selection.
+// Simple and exact; the performance work replaces the full sort by a radix select.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsi::cuda {
+
+// keys[r, s] for the rows [row0, row0 + rows) of a score matrix.
+struct TopkKeysParams {
+  const float* scores;       // [rows, n], row stride score_stride
+  const int32_t* bounds;     // [rows] (topk: positions [0, bound) selectable); null for merge
+  const int32_t* positions;  // [rows, n] contiguous (merge: -1 = empty); null for topk
+  unsigned long long* keys;  // [rows, n] contiguous, out
+  int64_t score_stride;
+  int64_t rows, n;
+};
+void launch_topk_keys(const TopkKeysParams& p, cudaStream_t stream);
+
+// out[r, j] for j < k from the sorted keys: a position (-1 where no key) and, for topk, its score.
+struct TopkDecodeParams {
+  const unsigned long long* sorted;  // [rows, n] contiguous, each row descending
+  const float* scores;               // [rows, n], row stride score_stride (values source)
+  int32_t* indices;                  // [rows, k] contiguous, best first, -1 padded
+  float* values;                     // [rows, k] contiguous, -inf padded; null when not wanted
+  int64_t score_stride;
+  int64_t rows, n, k;
+};
+void launch_topk_decode(const TopkDecodeParams& p, cudaStream_t stream);
+
+// Checks bounds[r] in [0, n]; lowers *bad to the first bad row.
+void launch_topk_check_bounds(const int32_t* bounds, int64_t rows, int64_t n,
+                              unsigned long long* bad, cudaStream_t stream);
+
+// Sorts each row of keys_in ([rows, n] contiguous) descending into keys_out (cub segmented radix
+// sort; scratch from the stream-ordered pool). rows * n < 2^31.
+void sort_rows_descending(const unsigned long long* keys_in, unsigned long long* keys_out,
+                          int64_t rows, int64_t n, cudaStream_t stream);
+
+}  // namespace dsi::cuda

@@ -1,0 +1,170 @@
+// Helpers of the CUDA op tests: the skip-without-GPU fixture, host <-> device moves, NaN-guarded
+// device outputs, and GPU-vs-CPU comparisons that check the special-value map before the values.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/device.h"
+#include "core/tensor.h"
+#include "cuda/cuda_tolerances.h"
+#include "test_ops_common.h"
+
+namespace dsi::test {
+
+inline bool has_gpu() {
+  static const bool yes = cuda::device_count() > 0;
+  return yes;
+}
+
+inline Device gpu() { return Device::cuda(0); }
+
+// Every CUDA test derives from this: without a visible device the test is skipped, never failed.
+class CudaTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!has_gpu()) GTEST_SKIP() << "no CUDA device visible: CUDA op tests skipped";
+  }
+};
+
+inline Tensor dev(const Tensor& host) { return to_device(host, gpu()); }
+inline Tensor host(const Tensor& t) { return to_host(t); }
+
+// An output view inside a NaN-guarded device buffer. make_view places the view in a buffer; it is
+// applied to the device buffer (for the op) and to its host copy (for the check).
+struct Guarded {
+  Tensor dbuf;
+  Tensor view;  // on the device: pass this to the op
+  std::function<Tensor(const Tensor&)> make_view;
+
+  // Downloads the buffer, checks that nothing outside the view was written and everything inside
+  // was, and returns the view's contents (host, contiguous).
+  Tensor check(const std::string& what) const {
+    const Tensor hb = host(dbuf);
+    const Tensor hv = make_view(hb);
+    expect_guard_intact(hb, hv, what);
+    return hv.contiguous();
+  }
+};
+
+// A contiguous view of `shape` with `pad` guard elements before and after it.
+inline Guarded guarded(const Shape& shape, DType dtype, int64_t pad = 37) {
+  Guarded g;
+  g.dbuf = dev(guard_filled({pad + shape_numel(shape) + pad}, dtype));
+  g.make_view = [shape, pad](const Tensor& b) { return contiguous_view_in(b, shape, pad); };
+  g.view = g.make_view(g.dbuf);
+  return g;
+}
+
+// A strided view of `shape`: every dimension sits inside a larger one (1 guard slice before,
+// 1 after; 3 after in the last dimension, which stays contiguous).
+inline Guarded guarded_strided(const Shape& shape, DType dtype) {
+  Shape outer = shape;
+  for (size_t d = 0; d < outer.size(); ++d) outer[d] += d + 1 == outer.size() ? 4 : 2;
+  Guarded g;
+  g.dbuf = dev(guard_filled(outer, dtype));
+  g.make_view = [shape](const Tensor& b) {
+    Tensor v = b;
+    for (int d = 0; d < int(shape.size()); ++d) v = v.narrow(d, 1, shape[size_t(d)]);
+    return v;
+  };
+  g.view = g.make_view(g.dbuf);
+  return g;
+}
+
+// A device copy of `t` placed as a strided view (same layout as guarded_strided; guards not checked):
+// exercises the ops' strided-input paths.
+inline Tensor dev_strided(const Tensor& t) {
+  Guarded g = guarded_strided(t.shape(), t.dtype());
+  g.view.copy_from(t);
+  return g.view;
+}
+
+enum class FloatClass { kFinite, kNan, kPosInf, kNegInf };
+inline FloatClass float_class(float v) {
+  if (std::isnan(v)) return FloatClass::kNan;
+  if (std::isinf(v)) return v > 0 ? FloatClass::kPosInf : FloatClass::kNegInf;
+  return FloatClass::kFinite;
+}
+
+// The special-value maps (NaN, +inf, -inf positions) of two host F32 tensors are equal.
+inline bool expect_same_specials(const Tensor& got, const Tensor& want, const std::string& what) {
+  EXPECT_EQ(got.shape(), want.shape()) << what;
+  if (got.shape() != want.shape()) return false;
+  int bad = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const float g = at_f32(got, i), w = at_f32(want, i);
+    if (float_class(g) != float_class(w) && bad++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " is " << g << " on the GPU, " << w
+                    << " on the CPU";
+  }
+  EXPECT_EQ(bad, 0) << what << ": special-value maps differ";
+  return bad == 0;
+}
+
+// GPU vs CPU, element-wise: |g - c| <= abs + rel * |c| on finite entries.
+inline void expect_elementwise_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  if (!expect_same_specials(got, want, what)) return;
+  int bad = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = at_f32(got, i), w = at_f32(want, i);
+    if (float_class(float(w)) != FloatClass::kFinite) continue;
+    const double tol = tol::kCudaElementwiseAbs + tol::kCudaElementwiseRel * std::fabs(w);
+    if (!(std::fabs(g - w) <= tol) && bad++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " GPU " << g << " CPU " << w;
+  }
+  EXPECT_EQ(bad, 0) << what << ": elements out of tolerance";
+}
+
+// GPU vs CPU, normalised MSE over the finite entries (sum (g - c)^2 / sum c^2).
+inline void expect_nmse_close(const Tensor& got, const Tensor& want, double tol,
+                              const std::string& what) {
+  if (!expect_same_specials(got, want, what)) return;
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = at_f32(got, i), w = at_f32(want, i);
+    if (float_class(float(w)) != FloatClass::kFinite) continue;
+    num += (g - w) * (g - w);
+    den += w * w;
+  }
+  const double e = den == 0 ? num : num / den;
+  EXPECT_LE(e, tol) << what << ": normalised MSE " << e;
+}
+
+// Bitwise equality of two host tensors of the same shape and dtype (any layout).
+inline void expect_bitwise(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  const Tensor ac = a.contiguous(), bc = b.contiguous();
+  EXPECT_EQ(std::memcmp(ac.raw(), bc.raw(), ac.nbytes()), 0) << what << ": not bitwise equal";
+}
+
+// Exact equality of two host I32 tensors, reporting the first differences.
+inline void expect_same_i32(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  int bad = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const int32_t g = at_i32(got, i), w = at_i32(want, i);
+    if (g != w && bad++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " GPU " << g << " CPU " << w;
+  }
+  EXPECT_EQ(bad, 0) << what << ": integer outputs differ";
+}
+
+// The dsi::Error message of fn ("" when it does not throw).
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace dsi::test

@@ -1,0 +1,134 @@
+// CUDA op tests, part 3: MoE routing (expert ids exact, including ties, groups and masked groups),
+// the routed experts over a rank's slice of experts, and the dense SwiGLU MLP, against the CPU.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/dtype.h"
+#include "cuda/cuda_test_util.h"
+#include "ops/moe.h"
+
+namespace dsi {
+namespace {
+
+using test::dev;
+using test::gpu;
+using test::host;
+
+class CudaMoe : public test::CudaTest {};
+
+std::string sz(const char* name, int64_t v) { return std::string(" ") + name + "=" + std::to_string(v); }
+
+TEST_F(CudaMoe, RouteGroupsTiesAndScaling) {
+  // (experts, groups, keep groups, active)
+  for (auto [e, g, tg, k] : std::vector<std::tuple<int, int, int, int>>{
+           {8, 1, 1, 1}, {8, 4, 1, 4}, {64, 8, 4, 8}, {64, 1, 1, 6}, {256, 8, 4, 8}, {256, 1, 1, 2}}) {
+    for (int64_t n : {0, 1, 5, 130}) {
+      for (bool ties : {false, true}) {
+        for (bool norm : {true, false}) {
+          const std::string what = "moe_route" + sz("E", e) + sz("groups", g) + sz("keep", tg) +
+                                   sz("k", k) + sz("n", n) + sz("ties", ties) + sz("norm", norm);
+          std::vector<float> lg = test::random_floats(size_t(n * e), uint64_t(e * 1000 + n));
+          // Ties: a few logit levels, so equal sigmoid scores decide by the lower expert id.
+          for (float& v : lg) v = ties ? float(int(v * 2.0f)) : v * 3.0f;
+          std::vector<float> bias = test::random_floats(size_t(e), uint64_t(e) + 9);
+          for (float& v : bias) v = ties ? 0.0f : v * 0.1f;
+          const Tensor hl = test::host_f32(lg, {n, int64_t(e)}), hb = Tensor::from_f32(bias, {e});
+          RouterParams p;
+          p.n_experts_active = k;
+          p.n_group = g;
+          p.topk_group = tg;
+          p.norm_topk_prob = norm;
+          p.routed_scaling_factor = 2.5f;
+          Tensor ci = Tensor::empty({n, k}, DType::I32), cw = Tensor::empty({n, k}, DType::F32);
+          ops::moe_route(hl, hb, p, ci, cw);
+          test::Guarded gi = test::guarded({n, int64_t(k)}, DType::I32);
+          test::Guarded gw = test::guarded({n, int64_t(k)}, DType::F32);
+          ops::moe_route(dev(hl), dev(hb), p, gi.view, gw.view);
+          test::expect_same_i32(gi.check(what), ci, what);
+          test::expect_elementwise_close(gw.check(what), cw, what);
+        }
+      }
+    }
+  }
+}
+
+LinearWeight weight_of(DType dt, int64_t out, int64_t in, uint64_t seed, bool on_gpu) {
+  const std::vector<float> v = test::random_floats(size_t(out * in), seed);
+  LinearWeight w;
+  if (dt == DType::F32) {
+    w.weight = Tensor::from_f32(v, {out, in});
+  } else {
+    w.weight = Tensor::empty({out, in}, DType::BF16);
+    for (size_t i = 0; i < v.size(); ++i) w.weight.data<uint16_t>()[i] = f32_to_bf16(v[i] * 0.3f);
+  }
+  if (on_gpu) w.weight = dev(w.weight);
+  return w;
+}
+
+MlpWeights mlp_of(DType dt, int64_t hidden, int64_t inter, uint64_t seed, bool on_gpu) {
+  return {weight_of(dt, inter, hidden, seed, on_gpu), weight_of(dt, inter, hidden, seed + 1, on_gpu),
+          weight_of(dt, hidden, inter, seed + 2, on_gpu)};
+}
+
+TEST_F(CudaMoe, ExpertsOnARankSlice) {
+  const int64_t hidden = 64, inter = 32, k = 3;
+  const int n_experts = 8, first = 2, held = 4;  // this rank holds experts [2, 6)
+  for (DType dt : {DType::F32, DType::BF16}) {
+    std::vector<MlpWeights> cpu_experts, gpu_experts;
+    for (int e = 0; e < held; ++e) {
+      cpu_experts.push_back(mlp_of(dt, hidden, inter, uint64_t(e) * 10, false));
+      gpu_experts.push_back(mlp_of(dt, hidden, inter, uint64_t(e) * 10, true));
+    }
+    for (int64_t n : {0, 1, 5, 33}) {
+      const std::string what = std::string("moe_experts ") + std::string(dtype_name(dt)) + sz("n", n);
+      const Tensor x = test::rand_tensor({n, hidden}, uint64_t(n) + 1);
+      std::vector<int32_t> ids(static_cast<size_t>(n * k));
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < k; ++j) ids[size_t(t * k + j)] = int32_t((t * 3 + j * 5 + 1) % n_experts);
+      const Tensor hid = n ? Tensor::from_i32(ids, {n, k}) : Tensor::empty({0, k}, DType::I32);
+      const Tensor hw = test::rand_tensor({n, k}, uint64_t(n) + 2);
+      Tensor cpu = Tensor::empty({n, hidden}, DType::F32);
+      ops::moe_experts(x, hid, hw, cpu_experts, first, n_experts, cpu);
+      test::Guarded g = test::guarded({n, hidden}, DType::F32);
+      ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, first, n_experts, g.view);
+      const Tensor got = g.check(what);
+      test::expect_nmse_close(got, cpu, tol::kCudaGemmNmse, what);
+      ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, first, n_experts, g.view);
+      test::expect_bitwise(g.check(what), got, what + " repeat");
+    }
+  }
+}
+
+TEST_F(CudaMoe, BadExpertIdGivesTheCpuError) {
+  std::vector<MlpWeights> ce = {mlp_of(DType::F32, 8, 4, 1, false)};
+  std::vector<MlpWeights> ge = {mlp_of(DType::F32, 8, 4, 1, true)};
+  const Tensor x = test::rand_tensor({2, 8}, 1), w = test::rand_tensor({2, 2}, 2);
+  const Tensor ids = Tensor::from_i32({0, 1, 3, 4}, {2, 2});
+  Tensor co = Tensor::empty({2, 8}, DType::F32), go = Tensor::empty({2, 8}, DType::F32, gpu());
+  const std::string cm = test::error_of([&] { ops::moe_experts(x, ids, w, ce, 0, 4, co); });
+  const std::string gm =
+      test::error_of([&] { ops::moe_experts(dev(x), dev(ids), dev(w), ge, 0, 4, go); });
+  EXPECT_FALSE(cm.empty());
+  EXPECT_EQ(gm, cm);
+}
+
+TEST_F(CudaMoe, DenseMlp) {
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const MlpWeights cw = mlp_of(dt, 96, 200, 5, false), gw = mlp_of(dt, 96, 200, 5, true);
+    for (int64_t n : {0, 1, 7, 130}) {
+      const Tensor x = test::rand_tensor({n, 96}, uint64_t(n) + 4);
+      Tensor cpu = Tensor::empty({n, 96}, DType::F32);
+      ops::mlp(x, cw, cpu);
+      test::Guarded g = test::guarded_strided({n, 96}, DType::F32);
+      ops::mlp(dev(x), gw, g.view);
+      test::expect_nmse_close(g.check("mlp"), cpu, tol::kCudaGemmNmse,
+                              std::string("mlp ") + std::string(dtype_name(dt)) + sz("n", n));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsi
