@@ -21,22 +21,23 @@ std::unique_ptr<DsaModel> DsaModel::load(const std::string& dir) {
 }
 
 std::unique_ptr<DsaModel> DsaModel::load(const Checkpoint& ck, ModelConfig cfg,
-                                         const RankContext& rank) {
+                                         const RankContext& rank, Device device) {
   rank.cfg.validate(cfg);
   ModelWeights w = load_weights(ck, cfg, TpShard{rank.tp_rank, rank.cfg.tp});
-  return std::make_unique<DsaModel>(std::move(cfg), std::move(w), rank);
+  if (!device.is_cpu()) w = weights_to_device(w, device);
+  return std::make_unique<DsaModel>(std::move(cfg), std::move(w), rank, device);
 }
 
-DsaModel::DsaModel(ModelConfig cfg, ModelWeights weights, RankContext rank)
-    : cfg_(std::move(cfg)), weights_(std::move(weights)), rank_(std::move(rank)) {
+DsaModel::DsaModel(ModelConfig cfg, ModelWeights weights, RankContext rank, Device device)
+    : cfg_(std::move(cfg)), weights_(std::move(weights)), rank_(std::move(rank)), device_(device) {
   const ops::RopeFreqs f =
       ops::compute_rope_freqs(cfg_.rope, cfg_.head_dim_rope);
-  rope_.inv_freq = Tensor::from_f32(f.inv_freq, {int64_t(f.inv_freq.size())});
+  rope_.inv_freq = to_device(Tensor::from_f32(f.inv_freq, {int64_t(f.inv_freq.size())}), device_);
   rope_.attention_factor = f.attention_factor;
 }
 
 SequenceKvCache DsaModel::make_cache(int64_t capacity, bool with_mtp) const {
-  return SequenceKvCache(cfg_, capacity, with_mtp, rank_.dcp);
+  return SequenceKvCache(cfg_, capacity, with_mtp, rank_.dcp, device_);
 }
 
 LayerContext DsaModel::make_context(int64_t start, int64_t n) const {
@@ -58,6 +59,8 @@ LayerContext DsaModel::make_context(int64_t start, int64_t n) const {
   }
   ctx.local_start = dcp.local_len(start);
   ctx.local_keys = dcp.local_len(start + n);
+  ctx.positions = to_device(ctx.positions, device_);
+  ctx.local_bounds = to_device(ctx.local_bounds, device_);
   return ctx;
 }
 
@@ -103,14 +106,14 @@ Tensor DsaModel::forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTr
   DSI_CHECK(start + n <= cache.capacity(), "forward: {} + {} tokens exceed the cache capacity {}",
             start, n, cache.capacity());
   const LayerContext ctx = make_context(start, n);
-  Tensor h = Tensor::empty({n, cfg_.hidden_size}, DType::F32);
-  ops::embedding(weights_.embed_tokens, tokens, h);
+  Tensor h = Tensor::empty({n, cfg_.hidden_size}, DType::F32, device_);
+  ops::embedding(weights_.embed_tokens, to_device(tokens, device_), h);
   DcpTopk topk;
   for (int i = 0; i < cfg_.n_layers; ++i) {
     decoder_layer(ctx, weights_.layers[size_t(i)], h, cache.layer(i), topk);
     if (trace) trace->topk.push_back(topk.global);
   }
-  Tensor out = Tensor::empty({n, cfg_.hidden_size}, DType::F32);
+  Tensor out = Tensor::empty({n, cfg_.hidden_size}, DType::F32, device_);
   ops::rms_norm(h, weights_.norm, float(cfg_.rms_norm_eps), out);
   cache.set_length(start + n);
   return out;
@@ -119,10 +122,11 @@ Tensor DsaModel::forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTr
 Tensor DsaModel::vocab_parallel_logits(const Tensor& hidden, const LinearWeight& head) const {
   const int64_t n = hidden.dim(0), vocab = cfg_.vocab_size;
   if (rank_.cfg.tp == 1) {
-    Tensor out = Tensor::empty({n, vocab}, DType::F32, hidden.device());
+    Tensor out = Tensor::empty({n, vocab}, DType::F32, device_);
     ops::linear(hidden, head, out);
     return out;
   }
+  DSI_CHECK(device_.is_cpu(), "vocabulary-parallel logits on {}: not supported yet", device_.str());
   // Each rank computes its vocabulary slice (padded to the common slice width with -inf), then
   // the slices are gathered and laid side by side.
   const int64_t shard = weights_.vocab_shard, mine = head.out_features();
@@ -161,14 +165,14 @@ Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
             start, n, cache.capacity());
   const float eps = float(cfg_.rms_norm_eps);
   // x = eh_proj([enorm(embed(t_{i+1})) ; hnorm(h_i)]): the embedding comes first.
-  Tensor cat = Tensor::empty({n, 2 * d}, DType::F32);
-  Tensor emb = Tensor::empty({n, d}, DType::F32);
-  ops::embedding(m.embed_tokens, next_tokens, emb);
+  Tensor cat = Tensor::empty({n, 2 * d}, DType::F32, device_);
+  Tensor emb = Tensor::empty({n, d}, DType::F32, device_);
+  ops::embedding(m.embed_tokens, to_device(next_tokens, device_), emb);
   Tensor cat_e = cat.narrow(1, 0, d);
   ops::rms_norm(emb, m.enorm, eps, cat_e);
   Tensor cat_h = cat.narrow(1, d, d);
   ops::rms_norm(hidden, m.hnorm, eps, cat_h);
-  Tensor h = Tensor::empty({n, d}, DType::F32);
+  Tensor h = Tensor::empty({n, d}, DType::F32, device_);
   ops::linear(cat, m.eh_proj, h);
 
   LayerContext ctx = make_context(start, n);
@@ -182,7 +186,7 @@ Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
   if (share && !share->local.defined())
     *share = DcpTopk{topk.local.slice(n - 1, n), topk.global.slice(n - 1, n)};
   if (trace) trace->topk.push_back(topk.global);
-  Tensor out = Tensor::empty({n, d}, DType::F32);
+  Tensor out = Tensor::empty({n, d}, DType::F32, device_);
   ops::rms_norm(h, m.shared_head_norm, eps, out);
   cache.set_mtp_length(start + n);
   return out;

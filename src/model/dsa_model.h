@@ -25,13 +25,16 @@ class DsaModel {
  public:
   // Reads config.json and the safetensors weights of a checkpoint directory (one rank).
   static std::unique_ptr<DsaModel> load(const std::string& dir);
-  // This rank's shard of an opened checkpoint (`cfg` from its config.json).
+  // This rank's shard of an opened checkpoint (`cfg` from its config.json), with its weights on
+  // `device` (the backend of every op follows from it).
   static std::unique_ptr<DsaModel> load(const Checkpoint& ck, ModelConfig cfg,
-                                        const RankContext& rank);
-  DsaModel(ModelConfig cfg, ModelWeights weights, RankContext rank = {});
+                                        const RankContext& rank, Device device = Device::cpu());
+  DsaModel(ModelConfig cfg, ModelWeights weights, RankContext rank = {},
+           Device device = Device::cpu());
 
   const ModelConfig& config() const { return cfg_; }
   const RankContext& rank() const { return rank_; }
+  Device device() const { return device_; }
   bool has_mtp() const { return weights_.mtp.has_value(); }
   // A cache for `capacity` tokens holding this rank's share of them.
   SequenceKvCache make_cache(int64_t capacity, bool with_mtp) const;
@@ -64,6 +67,7 @@ class DsaModel {
   ModelConfig cfg_;
   ModelWeights weights_;
   RankContext rank_;
+  Device device_;
   RopeTable rope_;
 };
 

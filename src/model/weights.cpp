@@ -3,6 +3,7 @@
 #include "model/weights.h"
 
 #include <cstring>
+#include <map>
 #include <string_view>
 #include <tuple>
 
@@ -283,6 +284,69 @@ ModelWeights load_weights(const Checkpoint& ck, ModelConfig& cfg, TpShard shard)
                  ? ld.linear(mp, "shared_head.head", cfg.vocab_size, cfg.hidden_size)
                  : w.lm_head;
     w.mtp = std::move(m);
+  }
+  return w;
+}
+
+namespace {
+// Call fn on every tensor of a piece of the weights (a LinearWeight: its weight and its scales).
+template <typename F>
+void visit_linear(LinearWeight& l, F&& fn) {
+  fn(l.weight);
+  fn(l.scale_inv);
+}
+template <typename F>
+void visit_mlp(MlpWeights& m, F&& fn) {
+  visit_linear(m.gate_proj, fn);
+  visit_linear(m.up_proj, fn);
+  visit_linear(m.down_proj, fn);
+}
+template <typename F>
+void visit_layer(LayerWeights& l, F&& fn) {
+  fn(l.input_layernorm);
+  fn(l.post_attention_layernorm);
+  AttentionWeights& a = l.self_attn;
+  for (LinearWeight* lw : {&a.q_a_proj, &a.q_b_proj, &a.kv_a_proj_with_mqa, &a.kv_b_proj, &a.o_proj})
+    visit_linear(*lw, fn);
+  for (Tensor* t : {&a.q_a_layernorm, &a.kv_a_layernorm, &a.w_uk, &a.w_uv}) fn(*t);
+  if (a.indexer) {
+    IndexerWeights& ix = *a.indexer;
+    for (LinearWeight* lw : {&ix.wq_b, &ix.wk, &ix.weights_proj}) visit_linear(*lw, fn);
+    fn(ix.k_norm_weight);
+    fn(ix.k_norm_bias);
+  }
+  visit_mlp(l.mlp, fn);
+  visit_linear(l.moe.gate, fn);
+  fn(l.moe.e_score_correction_bias);
+  for (MlpWeights& e : l.moe.experts) visit_mlp(e, fn);
+  visit_mlp(l.moe.shared_experts, fn);
+}
+}  // namespace
+
+ModelWeights weights_to_device(const ModelWeights& src, Device device) {
+  ModelWeights w = src;
+  std::map<const void*, Tensor> moved;  // source data pointer -> its device copy
+  auto move = [&](Tensor& t) {
+    if (!t.defined()) return;
+    auto it = moved.find(t.raw());
+    if (it != moved.end() && it->second.shape() == t.shape() && it->second.dtype() == t.dtype()) {
+      t = it->second;
+      return;
+    }
+    Tensor d = to_device(t.is_contiguous() ? t : t.contiguous(), device);
+    moved[t.raw()] = d;
+    t = d;
+  };
+  move(w.embed_tokens);
+  for (LayerWeights& l : w.layers) visit_layer(l, move);
+  move(w.norm);
+  visit_linear(w.lm_head, move);
+  if (w.mtp) {
+    MtpWeights& m = *w.mtp;
+    visit_layer(m.layer, move);
+    for (Tensor* t : {&m.enorm, &m.hnorm, &m.shared_head_norm, &m.embed_tokens}) move(*t);
+    visit_linear(m.eh_proj, move);
+    visit_linear(m.head, move);
   }
   return w;
 }

@@ -88,4 +88,8 @@ struct TpShard {
 // unstated (-1) from what the checkpoint holds.
 ModelWeights load_weights(const Checkpoint& ck, ModelConfig& cfg, TpShard shard = {});
 
+// Copies every tensor to `device` (a tensor shared by two fields, e.g. the MTP layer's fallback to
+// the main embedding, is copied once and stays shared).
+ModelWeights weights_to_device(const ModelWeights& w, Device device);
+
 }  // namespace dsi

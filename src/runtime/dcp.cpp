@@ -37,9 +37,11 @@ float lse_factor(float lse, float total) {
 
 DcpTopk dcp_topk(const RankContext& rc, const Tensor& scores, const Tensor& bounds, int k) {
   const int64_t n = scores.dim(0);
+  DSI_CHECK(rc.dcp.size == 1 || scores.device().is_cpu(),
+            "decode context parallelism on {}: not supported yet", scores.device().str());
   const DcpLayout& L = rc.dcp;
   DcpTopk out;
-  out.local = Tensor::empty({n, k}, DType::I32);
+  out.local = Tensor::empty({n, k}, DType::I32, scores.device());
   if (L.size == 1) {
     ops::topk(scores, bounds, k, out.local, nullptr);
     out.global = out.local;  // with one rank, local slots are global positions
@@ -81,9 +83,9 @@ Tensor dcp_sparse_attention(const RankContext& rc, const Tensor& q, const Tensor
                             const Tensor& selected, float softmax_scale, int dv) {
   const int64_t n = q.dim(0), hl = q.dim(1), dk = q.dim(2);
   const int W = rc.dcp.size;
-  Tensor o_lat = Tensor::empty({n, hl, dv}, DType::F32);
+  Tensor o_lat = Tensor::empty({n, hl, dv}, DType::F32, q.device());
   if (W == 1) {
-    Tensor lse = Tensor::empty({n, hl}, DType::F32);
+    Tensor lse = Tensor::empty({n, hl}, DType::F32, q.device());
     ops::sparse_mla(q, kv, selected, softmax_scale, dv, o_lat, lse);
     return o_lat;
   }

@@ -28,7 +28,7 @@ Tensor prefill(const DsaModel& model, const std::vector<int32_t>& prompt, int ch
   const size_t n = prompt.size();
   const size_t step = chunk > 0 ? size_t(chunk) : n;
   Tensor all;
-  if (keep_all) all = Tensor::empty({int64_t(n), model.config().hidden_size}, DType::F32);
+  if (keep_all) all = Tensor::empty({int64_t(n), model.config().hidden_size}, DType::F32, model.device());
   Tensor last;
   for (size_t b = 0; b < n; b += step) {
     const size_t e = std::min(n, b + step);
@@ -60,9 +60,11 @@ struct Pending {
   int64_t start = 0;
   void append(const Tensor& rows, const std::vector<int32_t>& tokens) {
     if (!hidden.defined() || hidden.dim(0) == 0) {
-      hidden = rows.contiguous();
+      hidden = Tensor::empty(rows.shape(), DType::F32, rows.device());
+      hidden.copy_from(rows);
     } else {
-      Tensor joined = Tensor::empty({hidden.dim(0) + rows.dim(0), hidden.dim(1)}, DType::F32);
+      Tensor joined =
+          Tensor::empty({hidden.dim(0) + rows.dim(0), hidden.dim(1)}, DType::F32, rows.device());
       Tensor a = joined.slice(0, hidden.dim(0)), b = joined.slice(hidden.dim(0), joined.dim(0));
       a.copy_from(hidden);
       b.copy_from(rows);
@@ -218,7 +220,7 @@ PromptLogits prompt_logits(const DsaModel& model, const std::vector<int32_t>& pr
   SequenceKvCache cache = model.make_cache(n, with_mtp);
   PromptLogits out;
   Tensor hidden = prefill(model, prompt, prefill_chunk, cache, /*keep_all=*/true);
-  out.logits = model.logits(hidden);
+  out.logits = to_host(model.logits(hidden));
   if (with_mtp) {
     out.mtp_logits = Tensor::empty({n - 1, cfg.vocab_size}, DType::F32);
     if (n > 1) {

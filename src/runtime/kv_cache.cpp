@@ -4,22 +4,22 @@
 namespace dsi {
 
 namespace {
-LayerKvCache make_layer(const ModelConfig& cfg, int64_t capacity, bool indexer) {
+LayerKvCache make_layer(const ModelConfig& cfg, int64_t capacity, bool indexer, Device device) {
   LayerKvCache c;
-  c.latent = Tensor::zeros({capacity, cfg.kv_lora_rank + cfg.head_dim_rope}, DType::F32);
-  if (indexer) c.index_keys = Tensor::zeros({capacity, cfg.index_head_dim}, DType::F32);
+  c.latent = Tensor::zeros({capacity, cfg.kv_lora_rank + cfg.head_dim_rope}, DType::F32, device);
+  if (indexer) c.index_keys = Tensor::zeros({capacity, cfg.index_head_dim}, DType::F32, device);
   return c;
 }
 }  // namespace
 
 SequenceKvCache::SequenceKvCache(const ModelConfig& cfg, int64_t capacity, bool with_mtp,
-                                 const DcpLayout& dcp)
+                                 const DcpLayout& dcp, Device device)
     : capacity_(capacity) {
   DSI_CHECK(capacity > 0, "kv cache: capacity {} must be positive", capacity);
   const int64_t slots = dcp.local_len(capacity);
   for (int i = 0; i < cfg.n_layers; ++i)
-    layers_.push_back(make_layer(cfg, slots, cfg.indexer_full[size_t(i)]));
-  if (with_mtp) mtp_ = make_layer(cfg, slots, /*indexer=*/true);
+    layers_.push_back(make_layer(cfg, slots, cfg.indexer_full[size_t(i)], device));
+  if (with_mtp) mtp_ = make_layer(cfg, slots, /*indexer=*/true, device);
 }
 
 void SequenceKvCache::set_length(int64_t n) {

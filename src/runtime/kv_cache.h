@@ -23,7 +23,7 @@ class SequenceKvCache {
   // `capacity` tokens of the sequence; this rank allocates slots for the ones `dcp` gives it.
   // `with_mtp` adds the MTP layer's caches (same capacity).
   SequenceKvCache(const ModelConfig& cfg, int64_t capacity, bool with_mtp,
-                  const DcpLayout& dcp = {});
+                  const DcpLayout& dcp = {}, Device device = Device::cpu());
 
   int64_t capacity() const { return capacity_; }  // in tokens of the sequence (global)
   int64_t length() const { return length_; }          // main-model tokens cached

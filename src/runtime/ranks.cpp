@@ -37,12 +37,12 @@ void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
 }
 
 std::unique_ptr<DsaModel> load_rank_model(const std::string& dir, const RankContext& rank,
-                                          const ModelOverrides& overrides) {
+                                          const ModelOverrides& overrides, Device device) {
   ModelConfig cfg = load_config(dir + "/config.json");
   if (overrides.dense_attention)
     cfg.index_topk = int(std::max<int64_t>(cfg.index_topk, cfg.max_position_embeddings));
   const Checkpoint ck = Checkpoint::open(dir);
-  return DsaModel::load(ck, std::move(cfg), rank);
+  return DsaModel::load(ck, std::move(cfg), rank, device);
 }
 
 GenerationResult generate_on_ranks(const std::string& dir, const std::vector<int32_t>& prompt,

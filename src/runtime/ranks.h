@@ -29,7 +29,8 @@ struct ModelOverrides {
 
 // Loads this rank's shard of the checkpoint in `dir` (config.json + safetensors).
 std::unique_ptr<DsaModel> load_rank_model(const std::string& dir, const RankContext& rank,
-                                          const ModelOverrides& overrides = {});
+                                          const ModelOverrides& overrides = {},
+                                          Device device = Device::cpu());
 
 // generate / prompt_logits over the ranks of `cfg` on threads; returns rank 0's result (every rank
 // computes the same one).

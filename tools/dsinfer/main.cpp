@@ -8,10 +8,13 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +22,9 @@
 #include "dsinfer/error.h"
 #include "model/dsa_model.h"
 #include "runtime/generator.h"
+#include "runtime/perplexity.h"
 #include "runtime/ranks.h"
+#include "text/tokenizer.h"
 #ifdef DSI_WITH_MPI
 #include "comm/mpi_comm.h"
 #endif
@@ -81,6 +86,7 @@ struct CommonOptions {
   std::string device = "cpu";
   int prefill_chunk = 0;
   bool text_given = false;  // --prompt was passed (even empty)
+  bool dense_attention = false;
   dsi::ParallelConfig parallel;
   std::string dcp_comm = "ag_rs";
   dsi::CommOptions comm;
@@ -91,7 +97,10 @@ void add_common(CLI::App* cmd, CommonOptions& o) {
       ->required();
   cmd->add_option("--prefill-chunk", o.prefill_chunk, "prompt tokens per prefill step (0 = all)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--device", o.device, "compute device: cpu")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", o.device, "compute device: cpu (default) or cuda")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_flag("--dense-attention", o.dense_attention,
+                "attend to every causal key (index_topk raised to the context length)");
   cmd->add_option("--tp", o.parallel.tp, "tensor-parallel ranks (threads, or the mpirun processes)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--dcp", o.parallel.dcp, "decode-context-parallel group size (divides --tp)")
@@ -108,34 +117,50 @@ void add_common(CLI::App* cmd, CommonOptions& o) {
       ->check(CLI::PositiveNumber);
 }
 
-std::vector<int32_t> prompt_of(const CommonOptions& o) {
-  if (o.text_given)
-    fail("--prompt needs a tokenizer, which this build does not have yet; pass --prompt-ids");
-  return parse_ids(o.prompt_ids);
+// The checkpoint's tokenizer (<model>/tokenizer.json), for --prompt.
+std::optional<dsi::Tokenizer> tokenizer_of(const CommonOptions& o) {
+  if (!o.text_given) return std::nullopt;
+  const auto t0 = std::chrono::steady_clock::now();
+  dsi::Tokenizer tok = dsi::Tokenizer::load(o.model_dir + "/tokenizer.json");
+  spdlog::info("loaded {}/tokenizer.json ({} tokens) in {:.3f} s", o.model_dir, tok.vocab_size(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return tok;
 }
 
-void check_device(const CommonOptions& o) {
-  if (o.device == "cpu") return;
+// --prompt text is encoded as HF does by default (add_special_tokens: the tokenizer's
+// post-processor may add a BOS); --prompt-ids are taken as they are.
+std::vector<int32_t> prompt_of(const CommonOptions& o, const std::optional<dsi::Tokenizer>& tok) {
+  if (!tok) return parse_ids(o.prompt_ids);
+  std::vector<int32_t> ids = tok->encode(o.prompt_text, /*add_special_tokens=*/true);
+  if (ids.empty()) fail("--prompt: the prompt is empty (it encodes to no tokens)");
+  return ids;
+}
+
+// The device a rank computes on: the CPU, or GPU (rank mod the visible GPUs) with --device cuda.
+dsi::Device device_for(const CommonOptions& o, int rank) {
+  if (o.device == "cpu") return dsi::Device::cpu();
 #ifdef DSI_WITH_CUDA
   const int n = dsi::cuda::device_count();
-  fail("--device cuda: the CUDA backend runs no model yet ({} device{} visible{}{})", n,
-       n == 1 ? "" : "s", n > 0 ? ": " : "", n > 0 ? dsi::cuda::device_description(0) : "");
+  if (n == 0) fail("--device cuda: no CUDA device is visible");
+  return dsi::Device::cuda(rank % n);
 #else
+  (void)rank;
   fail("--device {}: this build has no CUDA backend (build the `cuda` preset)", o.device);
 #endif
 }
 
 std::unique_ptr<dsi::DsaModel> load_model(const CommonOptions& o, const dsi::RankContext& rank) {
   const auto t0 = std::chrono::steady_clock::now();
-  auto model = dsi::load_rank_model(o.model_dir, rank);
+  const dsi::Device device = device_for(o, rank.tp_rank);
+  auto model = dsi::load_rank_model(o.model_dir, rank, dsi::ModelOverrides{o.dense_attention}, device);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& c = model->config();
   if (rank.is_root())
     spdlog::info("loaded {} ({}, {} layers, hidden {}, vocab {}{}) on {} rank{} (tp {}, dcp {}) "
-                 "in {:.2f} s",
+                 "on {} in {:.2f} s",
                  o.model_dir, c.model_type, c.n_layers, c.hidden_size, c.vocab_size,
                  model->has_mtp() ? ", MTP layer" : "", o.parallel.tp,
-                 o.parallel.tp == 1 ? "" : "s", o.parallel.tp, o.parallel.dcp, s);
+                 o.parallel.tp == 1 ? "" : "s", o.parallel.tp, o.parallel.dcp, device.str(), s);
   return model;
 }
 
@@ -143,7 +168,7 @@ std::unique_ptr<dsi::DsaModel> load_model(const CommonOptions& o, const dsi::Ran
 // per rank), else thread ranks in this process. Only the root rank should print.
 void on_ranks(const CommonOptions& o, dsi::MpiSessionPtr& mpi,
               const std::function<void(const dsi::DsaModel&)>& work) {
-  check_device(o);
+  device_for(o, 0);  // a missing GPU fails here, before any rank starts
   dsi::ParallelConfig cfg = o.parallel;
   cfg.combine = dsi::parse_dcp_combine(o.dcp_comm);
 #ifdef DSI_WITH_MPI
@@ -163,7 +188,8 @@ void on_ranks(const CommonOptions& o, dsi::MpiSessionPtr& mpi,
 
 int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bool json,
                  dsi::MpiSessionPtr& mpi) {
-  const std::vector<int32_t> prompt = prompt_of(o);
+  const std::optional<dsi::Tokenizer> tok = tokenizer_of(o);
+  const std::vector<int32_t> prompt = prompt_of(o, tok);
   on_ranks(o, mpi, [&](const dsi::DsaModel& model) {
     const dsi::GenerationResult r = dsi::generate(model, prompt, params);
     if (!model.rank().is_root()) return;
@@ -182,6 +208,8 @@ int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bo
       j["prompt_ids"] = prompt;
       j["output_ids"] = r.output_ids;
       j["finish_reason"] = r.finish_reason;
+      // The generated text; special tokens (an eos that stopped generation) are left out.
+      if (tok) j["output_text"] = tok->decode(r.output_ids, /*skip_special_tokens=*/true);
       j["stats"] = {{"prompt_tokens", st.prompt_tokens},
                     {"generated_tokens", st.generated_tokens},
                     {"prefill_seconds", st.prefill_seconds},
@@ -195,6 +223,8 @@ int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bo
                                      {"mean_acceptance_length", sp.mean_acceptance_length()},
                                      {"per_position_acceptance", sp.per_position_rates()}};
       std::cout << j.dump() << std::endl;
+    } else if (tok) {
+      std::cout << tok->decode(r.output_ids, /*skip_special_tokens=*/true) << std::endl;
     } else {
       std::string line;
       for (size_t i = 0; i < r.output_ids.size(); ++i) {
@@ -209,7 +239,7 @@ int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bo
 
 int run_logits(const CommonOptions& o, const std::string& out, const std::string& mtp_out,
                dsi::MpiSessionPtr& mpi) {
-  const std::vector<int32_t> prompt = prompt_of(o);
+  const std::vector<int32_t> prompt = prompt_of(o, std::nullopt);
   on_ranks(o, mpi, [&](const dsi::DsaModel& model) {
     const dsi::PromptLogits r =
         dsi::prompt_logits(model, prompt, o.prefill_chunk, !mtp_out.empty());
@@ -219,6 +249,46 @@ int run_logits(const CommonOptions& o, const std::string& out, const std::string
     if (!mtp_out.empty()) {
       dsi::write_npy(mtp_out, r.mtp_logits);
       spdlog::info("wrote {} MTP logits {}", mtp_out, dsi::shape_str(r.mtp_logits.shape()));
+    }
+  });
+  return 0;
+}
+
+// Held-out evaluation of a text file (encoded with the checkpoint's tokenizer) or of token ids.
+int run_perplexity(const CommonOptions& o, const std::string& text_file, int window, bool json,
+                   dsi::MpiSessionPtr& mpi) {
+  std::vector<int32_t> tokens;
+  if (!text_file.empty()) {
+    std::ifstream f(text_file, std::ios::binary);
+    if (!f.good()) fail("{}: cannot open", text_file);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    tokens = dsi::Tokenizer::load(o.model_dir + "/tokenizer.json").encode(ss.str(), false);
+  } else {
+    tokens = parse_ids(o.prompt_ids);
+  }
+  if (tokens.size() < 2) fail("perplexity needs at least 2 tokens, got {}", tokens.size());
+  on_ranks(o, mpi, [&](const dsi::DsaModel& model) {
+    const dsi::PerplexityResult r = dsi::perplexity(model, tokens, window, model.has_mtp());
+    if (!model.rank().is_root()) return;
+    spdlog::info("{} tokens in {} windows of {}: cross-entropy {:.6f}, perplexity {:.4f}, top-1 "
+                 "accuracy {:.4f}{}",
+                 r.tokens_scored, r.windows, window, r.ce, r.ppl, r.top1_acc,
+                 model.has_mtp() ? fmt::format("; MTP (t+2) cross-entropy {:.6f}", r.mtp_ce) : "");
+    if (json) {
+      nlohmann::json j = {{"windows", r.windows},   {"tokens_scored", r.tokens_scored},
+                          {"ce", r.ce},             {"ppl", r.ppl},
+                          {"top1_acc", r.top1_acc}, {"dense_attention", o.dense_attention}};
+      if (model.has_mtp()) {
+        j["mtp_tokens_scored"] = r.mtp_tokens_scored;
+        j["mtp_ce"] = r.mtp_ce;
+        j["mtp_top1_acc"] = r.mtp_top1_acc;
+      }
+      std::cout << j.dump() << std::endl;
+    } else {
+      std::cout << fmt::format("perplexity {:.4f} (cross-entropy {:.6f} over {} tokens)", r.ppl, r.ce,
+                               r.tokens_scored)
+                << std::endl;
     }
   });
   return 0;
@@ -239,7 +309,9 @@ int main(int argc, char** argv) {
   CLI::App* gen = app.add_subcommand("generate", "generate tokens after a prompt");
   add_common(gen, gen_opts);
   auto* ids_opt = gen->add_option("--prompt-ids", gen_opts.prompt_ids, "prompt token ids: 1,2,3");
-  auto* text_opt = gen->add_option("--prompt", gen_opts.prompt_text, "prompt text");
+  auto* text_opt = gen->add_option("--prompt", gen_opts.prompt_text,
+                                   "prompt text, encoded with <model>/tokenizer.json; the output "
+                                   "is then printed as text");
   ids_opt->excludes(text_opt);
   gen->add_option("--max-new-tokens", params.max_new_tokens, "tokens to generate (default 16)")
       ->check(CLI::NonNegativeNumber);
@@ -262,6 +334,19 @@ int main(int argc, char** argv) {
   lg->add_option("--out", out, "output .npy: float32 [n, vocab]")->required();
   lg->add_option("--mtp-out", mtp_out, "MTP logits .npy: float32 [n - 1, vocab]");
 
+  CommonOptions ppl_opts;
+  std::string text_file;
+  int window = 512;
+  bool ppl_json = false;
+  CLI::App* pp = app.add_subcommand("perplexity", "held-out cross-entropy and perplexity");
+  add_common(pp, ppl_opts);
+  auto* file_opt = pp->add_option("--text-file", text_file, "text, encoded with <model>/tokenizer.json");
+  auto* tids_opt = pp->add_option("--token-ids", ppl_opts.prompt_ids, "token ids: 1,2,3");
+  file_opt->excludes(tids_opt);
+  pp->add_option("--window", window, "tokens per window, each evaluated from scratch (default 512)")
+      ->check(CLI::Range(2, 1 << 24));
+  pp->add_flag("--json", ppl_json, "print one JSON object as the last stdout line");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -280,6 +365,11 @@ int main(int argc, char** argv) {
       params.prefill_chunk = gen_opts.prefill_chunk;
       gen_opts.text_given = text_opt->count() > 0;
       return run_generate(gen_opts, params, json, mpi);
+    }
+    if (pp->parsed()) {
+      if (file_opt->count() == 0 && tids_opt->count() == 0)
+        fail("perplexity needs --text-file or --token-ids");
+      return run_perplexity(ppl_opts, text_file, window, ppl_json, mpi);
     }
     return run_logits(log_opts, out, mtp_out, mpi);
   } catch (const std::exception& e) {
