@@ -93,8 +93,9 @@ struct CommonOptions {
 };
 
 void add_common(CLI::App* cmd, CommonOptions& o) {
-  cmd->add_option("--model", o.model_dir, "checkpoint directory (config.json + safetensors)")
-      ->required();
+  o.model_dir = DSI_DEFAULT_MODEL_DIR;
+  cmd->add_option("--model", o.model_dir,
+                  "checkpoint directory (config.json + safetensors); default: the bundled model");
   cmd->add_option("--prefill-chunk", o.prefill_chunk, "prompt tokens per prefill step (0 = all)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", o.device, "compute device: cpu (default) or cuda")
