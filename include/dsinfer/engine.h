@@ -1,0 +1,115 @@
+// The serving engine: many requests at once on one model (all of its ranks), scheduled by one
+// engine thread with continuous batching over paged KV caches. Requests and results are token
+// ids; text (tokenizer, chat templates, stop strings) is the server's business (src/server/).
+// Thread-safe: submit / cancel / metrics may be called from any thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dsinfer/sampling.h"
+
+namespace dsi {
+
+struct EngineOptions {
+  std::string model_dir;
+  std::string device = "cpu";  // "cpu" or "cuda"
+  int tp = 1;                  // tensor-parallel ranks (threads of this process)
+  int dcp = 1;                 // decode-context-parallel group size (divides tp)
+  int dcp_interleave = 1;
+  std::string dcp_comm = "ag_rs";  // "ag_rs" or "a2a"
+  int speculative_tokens = 0;      // MTP drafts per round for every request (0 = off)
+  int max_num_seqs = 16;                // requests decoded together
+  int max_num_batched_tokens = 2048;    // tokens per engine step (prefill chunks + decode rows)
+  int64_t max_model_len = 0;            // prompt + output tokens per request; 0 = the model's limit
+  int64_t kv_cache_memory = 0;          // bytes for the KV pages (per rank); 0 = from the fraction
+  double kv_cache_fraction = 0.5;       // of free device memory (CPU: of available RAM)
+  bool prefix_caching = true;           // reuse full cached pages of an identical prompt prefix
+};
+
+// One request: a prompt of token ids and how to continue it.
+struct EngineRequest {
+  std::vector<int32_t> prompt;
+  int max_new_tokens = 16;
+  bool ignore_eos = false;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_token_ids;  // stop after emitting any of these (besides the eos ids)
+  int logprobs = -1;                    // -1: none; n >= 0: each token's logprob and the top n
+};
+
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0.0f;  // natural log of the model's probability (before temperature / top-p)
+};
+
+struct GeneratedToken {
+  int32_t id = 0;
+  float logprob = 0.0f;              // only when the request asked for logprobs
+  std::vector<TokenLogprob> top;     // the top `logprobs` alternatives, most likely first
+};
+
+// What the engine reports for a request: new tokens, and at the end a finish reason.
+struct RequestEvent {
+  std::vector<GeneratedToken> tokens;  // tokens since the previous event (may be empty at the end)
+  bool finished = false;
+  std::string finish_reason;  // when finished: "stop" (eos / stop id), "length", "abort", "error"
+  std::string error;          // when finish_reason == "error": what went wrong
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;  // so far
+  int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+// Called on the engine thread for every event of a request; must be quick and must not throw.
+// After the event with `finished` set it is never called again for that request.
+using EventSink = std::function<void(RequestEvent&&)>;
+
+struct EngineMetrics {
+  int64_t running = 0;          // requests being prefilled or decoded
+  int64_t waiting = 0;          // queued requests (new or preempted)
+  int64_t kv_pages_total = 0;   // pages of 64 tokens (per DCP rank) in the pool
+  int64_t kv_pages_used = 0;
+  int64_t kv_capacity_tokens = 0;  // tokens of one sequence the pool can hold in all
+  int64_t requests_finished = 0;
+  int64_t preemptions = 0;
+  int64_t prompt_tokens = 0;       // processed in prefill (prefix-cache hits excluded)
+  int64_t generation_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  int64_t steps = 0;
+  // Speculative decoding, named as vLLM names them.
+  int64_t num_drafts = 0;
+  int64_t num_draft_tokens = 0;
+  int64_t num_accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_pos;  // [speculative_tokens]
+};
+
+struct ModelInfo {
+  std::string id;                 // the model directory's base name
+  std::string model_dir;
+  int64_t max_model_len = 0;
+  int64_t vocab_size = 0;
+  std::vector<int32_t> eos_token_ids;
+  int speculative_tokens = 0;
+};
+
+class Engine {
+ public:
+  // Loads the model on its ranks, sizes the page pool (capacity logged), starts the engine thread.
+  // Throws dsi::Error with a one-line message on a bad model, options or device.
+  static std::unique_ptr<Engine> start(const EngineOptions& options);
+  virtual ~Engine() = default;  // finishes every request with "abort" and joins the engine thread
+
+  // Queues a request; returns its id. A request the engine can never run (empty prompt, token id
+  // outside the vocabulary, prompt + max_new_tokens past max_model_len, bad sampling values)
+  // throws dsi::Error naming the problem, and nothing is queued.
+  virtual uint64_t submit(EngineRequest request, EventSink sink) = 0;
+  // Stops a request (its sink gets a final "abort" event unless it already finished) and frees
+  // its pages. Unknown or finished ids are ignored.
+  virtual void cancel(uint64_t id) = 0;
+  virtual EngineMetrics metrics() const = 0;
+  virtual const ModelInfo& info() const = 0;
+};
+
+}  // namespace dsi
