@@ -3,7 +3,8 @@
 set -euo pipefail
 
 packages=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
-          libopenblas-dev libgtest-dev openmpi-bin libopenmpi-dev libpcre2-dev)
+          libopenblas-dev libgtest-dev openmpi-bin libopenmpi-dev libpcre2-dev
+          clang libclang-rt-14-dev libcpp-httplib-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
