@@ -7,3 +7,5 @@ cd "$(dirname "$0")/.."
 cmake --preset debug-asan >/dev/null
 cmake --build --preset debug-asan
 ctest --preset debug-asan -j "$(nproc)"
+# The parsers of untrusted input under libFuzzer (clang, ASan + UBSan), FUZZ_SECONDS (30) per target.
+./scripts/fuzz.sh
