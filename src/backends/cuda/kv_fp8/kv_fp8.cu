@@ -1,0 +1,646 @@
+// fp8 KV-cache ops of the CUDA backend; see kv_fp8.h and ops/kv_fp8.h. Every rounding step mirrors
+// the CPU reference (backends/cpu/kv_fp8.cpp): the stores write bitwise-equal caches and the indexer
+// logits are bitwise equal; sparse MLA differs from the reference only in summation order.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_kv_fp8.h"
+#include "backends/cuda/kv_fp8/kv_fp8.h"
+#include "ops/kv_fp8.h"
+
+namespace dsi::cuda {
+
+namespace {
+
+constexpr int kPage = ops::kKvPageTokens;
+constexpr int kLora = ops::kMlaFp8Lora;
+constexpr int kRope = ops::kMlaFp8Rope;
+constexpr int kDk = kLora + kRope;
+constexpr int kEntry = ops::kMlaFp8Bytes;
+
+// ---- scalar numerics shared by the kernels (the CPU twins are in backends/cpu/kv_fp8.cpp) ----
+
+// ceil(log2(max(amax, 1e-4) / 448)) from the bits of the IEEE fp32 quotient.
+__device__ __forceinline__ int ue8m0_exponent(float amax) {
+  const float ratio = __fdiv_rn(fmaxf(amax, ops::kFp8AmaxFloor), 448.0f);
+  const unsigned bits = __float_as_uint(ratio);
+  const int e = int((bits >> 23) & 0xffu) - 127;
+  return (bits & 0x7fffffu) != 0u ? e + 1 : e;
+}
+// 2^e for e in [-126, 127] (the exponents above stay within [-22, 121]).
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float(unsigned(e + 127) << 23); }
+
+// e4m3 byte of x (|x| <= 448): hardware round to nearest even; -0 stored as +0 as on the CPU.
+__device__ __forceinline__ uint8_t quantize_e4m3(float x) {
+  const uint8_t b = static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+  return (b & 0x7fu) == 0u ? uint8_t(0) : b;
+}
+
+// f32 -> bf16 bits, round to nearest even, NaN kept quiet (dsi::f32_to_bf16).
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  unsigned u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+__device__ __forceinline__ float bf16_bits_to_f32(unsigned h) { return __uint_as_float(h << 16); }
+
+// ---- rotate + quantise: one block per d-vector ----
+
+constexpr int kRqThreads = 128;
+
+// xs: [d] in shared memory, loaded by the caller (not yet synchronised). Rotates in place with the
+// CPU's butterfly order, multiplies by the Hadamard constant, and returns the group's exponent; on
+// return xs holds the rotated values and every thread has seen them (block_max synchronises).
+__device__ int rotate_in_smem(float* xs, int d, float hscale, float* red) {
+  __syncthreads();
+  for (int h = 1; h < d; h *= 2) {
+    for (int q = threadIdx.x; q < d / 2; q += blockDim.x) {
+      const int i0 = (q / h) * 2 * h + q % h, i1 = i0 + h;
+      const float a = xs[i0], b = xs[i1];
+      xs[i0] = __fadd_rn(a, b);
+      xs[i1] = __fsub_rn(a, b);
+    }
+    __syncthreads();
+  }
+  float amax = 0.0f;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) {
+    const float y = __fmul_rn(xs[c], hscale);
+    xs[c] = y;
+    amax = fmaxf(amax, fabsf(y));
+  }
+  amax = block_max(amax, red);  // its barriers publish xs
+  return ue8m0_exponent(amax);
+}
+
+__global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantParams p) {
+  __shared__ float xs[128];
+  __shared__ float red[33];
+  const int d = p.d;
+  const int64_t page_bytes = int64_t(kPage) * (d + 4);
+  for (int64_t i = blockIdx.x; i < p.n; i += gridDim.x) {
+    int32_t slot = 0;
+    if (p.pool != nullptr) {
+      slot = p.slots[i];
+      if (slot < -1 || int64_t(slot) >= p.n_pages * kPage) {
+        if (threadIdx.x == 0) atomicMin(p.bad, static_cast<unsigned long long>(i));
+        continue;  // block-uniform
+      }
+      if (slot < 0) continue;
+    }
+    for (int c = threadIdx.x; c < d; c += blockDim.x) xs[c] = p.x[i * p.x_stride + c];
+    const int e = rotate_in_smem(xs, d, p.hadamard_scale, red);
+    const float inv = pow2f(-e);  // exact: x * inv is x / scale
+    if (p.pool != nullptr) {
+      uint8_t* page = p.pool + int64_t(slot / kPage) * page_bytes;
+      const int off = slot % kPage;
+      for (int c = threadIdx.x; c < d; c += blockDim.x)
+        page[int64_t(off) * d + c] = quantize_e4m3(__fmul_rn(xs[c], inv));
+      if (threadIdx.x == 0)
+        *reinterpret_cast<float*>(page + int64_t(kPage) * d + off * 4) = pow2f(e);
+    } else {
+      for (int c = threadIdx.x; c < d; c += blockDim.x)
+        p.q8[i * d + c] = e4m3_to_float(quantize_e4m3(__fmul_rn(xs[c], inv)));
+      if (threadIdx.x == 0) p.wq[i] = __fmul_rn(__fmul_rn(p.weights[i], pow2f(e)), p.softmax_scale);
+    }
+    __syncthreads();  // xs is rewritten by the next vector
+  }
+}
+
+// ---- indexer logits: one thread per key, keys of one row in tiles of 128 per block ----
+
+constexpr int kLgThreads = 128;
+
+// Each thread decodes its key's D e4m3 values into registers once and runs the CPU's loops over the
+// heads: dot in c order (products of e4m3 values are exact, so fmaf rounds as the CPU's add does),
+// then acc += w'_j * relu(dot) with the product and the sum rounded separately.
+template <int D>
+__global__ void __launch_bounds__(kLgThreads) indexer_logits_fp8_kernel(IndexerLogitsFp8Params p) {
+  extern __shared__ float4 smem4[];
+  float* qs = reinterpret_cast<float*>(smem4);  // [heads, D]
+  float* ws = qs + p.heads * D;                 // [heads]
+  const int64_t r = blockIdx.y;
+  const int64_t seq = p.row_seq[r], bound = p.bounds[r];
+  const int64_t max_bound = p.n_cols < p.max_pages * kPage ? p.n_cols : p.max_pages * kPage;
+  if (seq < 0 || seq >= p.n_seqs || bound < 0 || bound > max_bound) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicMin(p.bad_row, static_cast<unsigned long long>(r));
+    return;  // block-uniform
+  }
+  const float4* qrow = reinterpret_cast<const float4*>(p.q8 + r * p.heads * D);
+  for (int i = threadIdx.x; i < p.heads * D / 4; i += blockDim.x) smem4[i] = qrow[i];
+  for (int j = threadIdx.x; j < p.heads; j += blockDim.x) ws[j] = p.wq[r * p.heads + j];
+  __syncthreads();
+  const int64_t page_bytes = int64_t(kPage) * (D + 4);
+  const int64_t n_tiles = (p.n_cols + kLgThreads - 1) / kLgThreads;
+  for (int64_t tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+    const int64_t s = tile * kLgThreads + threadIdx.x;
+    if (s >= p.n_cols) continue;
+    float* out = p.logits + r * p.n_cols + s;
+    if (s >= bound) {
+      *out = -INFINITY;
+      continue;
+    }
+    const int64_t pi = seq * p.max_pages + s / kPage;
+    const int32_t page = p.block_tables[pi];
+    if (page < 0 || page >= p.n_pages) {
+      atomicMin(p.bad_page, static_cast<unsigned long long>(pi));
+      *out = NAN;
+      continue;
+    }
+    const uint8_t* pg = p.pool + int64_t(page) * page_bytes;
+    const int off = int(s % kPage);
+    float k[D];
+    const uint4* kv = reinterpret_cast<const uint4*>(pg + int64_t(off) * D);  // 16-byte aligned
+#pragma unroll
+    for (int v = 0; v < D / 16; ++v) {
+      const uint4 raw = kv[v];
+      const unsigned w4[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int b = 0; b < 16; ++b) k[v * 16 + b] = e4m3_to_float(uint8_t(w4[b / 4] >> (8 * (b % 4))));
+    }
+    const float k_scale = *reinterpret_cast<const float*>(pg + int64_t(kPage) * D + off * 4);
+    float acc = 0.0f;
+    for (int j = 0; j < p.heads; ++j) {
+      const float4* qj = reinterpret_cast<const float4*>(qs + j * D);
+      float dot = 0.0f;
+#pragma unroll
+      for (int c = 0; c < D / 4; ++c) {
+        const float4 qv = qj[c];  // the same address in every lane: a broadcast
+        dot = fmaf(qv.x, k[4 * c + 0], dot);
+        dot = fmaf(qv.y, k[4 * c + 1], dot);
+        dot = fmaf(qv.z, k[4 * c + 2], dot);
+        dot = fmaf(qv.w, k[4 * c + 3], dot);
+      }
+      acc = __fadd_rn(acc, __fmul_rn(ws[j], fmaxf(dot, 0.0f)));
+    }
+    *out = __fmul_rn(k_scale, acc);
+  }
+}
+
+// ---- MLA cache store / load ----
+
+constexpr int kMsThreads = 128;  // thread t: latent values 4t..4t+3 (warp w = tile w); t < 32: RoPE
+
+__global__ void __launch_bounds__(kMsThreads) mla_store_fp8_kernel(MlaStoreFp8Params p) {
+  const int t = threadIdx.x, lane = t & 31, tile = t >> 5;
+  for (int64_t i = blockIdx.x; i < p.m; i += gridDim.x) {
+    const int32_t slot = p.slots[i];
+    if (slot < -1 || slot >= p.n_slots) {
+      if (t == 0) atomicMin(p.bad, static_cast<unsigned long long>(i));
+      continue;
+    }
+    if (slot < 0) continue;
+    const float* x = p.rows + i * p.row_stride;
+    uint8_t* e = p.pool + int64_t(slot) * kEntry;
+    float v[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      v[u] = x[4 * t + u];
+      amax = fmaxf(amax, fabsf(v[u]));
+    }
+    amax = warp_max(amax);  // the warp is the tile of 128 values
+    const int ex = ue8m0_exponent(amax);
+    const float inv = pow2f(-ex);
+    unsigned packed = 0;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) packed |= unsigned(quantize_e4m3(__fmul_rn(v[u], inv))) << (8 * u);
+    *reinterpret_cast<unsigned*>(e + 4 * t) = packed;
+    if (lane == 0) *reinterpret_cast<float*>(e + ops::kMlaFp8ScaleOffset + 4 * tile) = pow2f(ex);
+    if (t < kRope / 2) {
+      const unsigned lo = f32_to_bf16_bits(x[kLora + 2 * t]), hi = f32_to_bf16_bits(x[kLora + 2 * t + 1]);
+      *reinterpret_cast<unsigned*>(e + ops::kMlaFp8RopeOffset + 4 * t) = lo | (hi << 16);
+    }
+  }
+}
+
+// Decodes entry value c (0..575) of a cache entry.
+__device__ __forceinline__ float decode_entry_value(const uint8_t* e, int c) {
+  if (c < kLora) {
+    const float scale = *reinterpret_cast<const float*>(e + ops::kMlaFp8ScaleOffset + 4 * (c / ops::kMlaFp8Tile));
+    return __fmul_rn(e4m3_to_float(e[c]), scale);
+  }
+  const uint16_t h = *reinterpret_cast<const uint16_t*>(e + ops::kMlaFp8RopeOffset + 2 * (c - kLora));
+  return bf16_bits_to_f32(h);
+}
+
+__global__ void mla_load_fp8_kernel(MlaLoadFp8Params p) {
+  const int64_t total = p.m * kDk, step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
+    const int64_t i = t / kDk;
+    const int c = int(t % kDk);
+    const int32_t slot = p.slots[i];
+    if (slot < -1 || slot >= p.n_slots) {
+      if (c == 0) atomicMin(p.bad, static_cast<unsigned long long>(i));
+      continue;
+    }
+    p.rows[t] = slot < 0 ? 0.0f : decode_entry_value(p.pool + int64_t(slot) * kEntry, c);
+  }
+}
+
+// ---- sparse MLA over the fp8 cache ----
+// One block per (row, group of HG heads). Per tile of kTk = 32 selected keys: decode the entries to
+// fp32 in shared memory, scores [HG, 32] (one thread per (head, key), a sequential 576-dot), an
+// online-softmax update per head (one warp per head, one lane per key), then out += p V with each
+// thread owning 4 value columns of HG/2 heads in registers.
+
+constexpr int kSmThreads = 256;
+constexpr int kTk = 32;            // keys per tile (= warp size: the softmax step is one lane per key)
+constexpr int kKStride = kDk + 4;  // 580 floats: float4 rows, conflict-free across lanes
+constexpr int kPieces = kLora / 16 + 1 + kRope / 8;  // 16-byte pieces per entry: 32 latent, 1 flag, 8 RoPE
+
+template <int HG>
+constexpr size_t sparse_mla_fp8_smem() {
+  return sizeof(float) * (size_t(HG) * kDk + size_t(kTk) * kKStride + size_t(HG) * kTk + 3 * HG) +
+         sizeof(int) * kTk;
+}
+
+template <int HG>
+__global__ void __launch_bounds__(kSmThreads) sparse_mla_fp8_kernel(SparseMlaFp8Params p) {
+  static_assert(HG % 2 == 0 && kSmThreads == 2 * (kLora / 4), "thread layout: 128 column groups x 2");
+  extern __shared__ float4 smem4[];
+  float* qs = reinterpret_cast<float*>(smem4);  // [HG, 576]
+  float* ks = qs + HG * kDk;                    // [kTk, kKStride]
+  float* sc = ks + kTk * kKStride;              // [HG, kTk] scores, then probabilities
+  float* m_s = sc + HG * kTk;                   // [HG] running max
+  float* l_s = m_s + HG;                        // [HG] running sum
+  float* a_s = l_s + HG;                        // [HG] this tile's rescale factor
+  int* valid = reinterpret_cast<int*>(a_s + HG);  // [kTk]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int hs = tid / (kLora / 4), c0 = (tid % (kLora / 4)) * 4;
+  const int64_t n_groups = (p.heads + HG - 1) / HG;
+  for (int64_t item = blockIdx.x; item < p.rows * n_groups; item += gridDim.x) {
+    const int64_t r = item / n_groups, h0 = (item % n_groups) * HG;
+    for (int i = tid; i < HG * kDk; i += kSmThreads) {
+      const int h = i / kDk, c = i % kDk;
+      qs[i] = h0 + h < p.heads ? p.q[r * p.q_s0 + (h0 + h) * p.q_s1 + c] : 0.0f;
+    }
+    for (int h = tid; h < HG; h += kSmThreads) {
+      m_s[h] = -INFINITY;
+      l_s[h] = 0.0f;
+    }
+    float acc[HG / 2][4];
+#pragma unroll
+    for (int a = 0; a < HG / 2; ++a) acc[a][0] = acc[a][1] = acc[a][2] = acc[a][3] = 0.0f;
+    __syncthreads();
+    for (int64_t t0 = 0; t0 < p.topk; t0 += kTk) {
+      // Decode the tile: piece < 32: 16 latent bytes; piece 32: the key's validity; else 8 RoPE values.
+      for (int i = tid; i < kTk * kPieces; i += kSmThreads) {
+        const int k = i / kPieces, piece = i % kPieces;
+        const int64_t j = t0 + k;
+        int32_t slot = j < p.topk ? p.indices[r * p.topk + j] : -1;
+        if (slot >= p.n_slots) {
+          if (piece == 0 && h0 == 0) atomicMin(p.bad, static_cast<unsigned long long>(r * p.topk + j));
+          slot = -1;
+        }
+        const uint8_t* e = p.pool + int64_t(slot < 0 ? 0 : slot) * kEntry;
+        float* dst = ks + k * kKStride;
+        if (piece < kLora / 16) {
+          const int c = piece * 16;
+          if (slot < 0) {
+            for (int u = 0; u < 16; ++u) dst[c + u] = 0.0f;
+          } else {
+            const uint4 raw = *reinterpret_cast<const uint4*>(e + c);
+            const float scale =
+                *reinterpret_cast<const float*>(e + ops::kMlaFp8ScaleOffset + 4 * (c / ops::kMlaFp8Tile));
+            const unsigned w4[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int u = 0; u < 16; ++u)
+              dst[c + u] = __fmul_rn(e4m3_to_float(uint8_t(w4[u / 4] >> (8 * (u % 4)))), scale);
+          }
+        } else if (piece == kLora / 16) {
+          valid[k] = slot >= 0 ? 1 : 0;
+        } else {
+          const int c = (piece - kLora / 16 - 1) * 8;
+          if (slot < 0) {
+            for (int u = 0; u < 8; ++u) dst[kLora + c + u] = 0.0f;
+          } else {
+            const uint4 raw = *reinterpret_cast<const uint4*>(e + ops::kMlaFp8RopeOffset + 2 * c);
+            const unsigned w4[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int u = 0; u < 8; ++u) dst[kLora + c + u] = bf16_bits_to_f32((w4[u / 2] >> (16 * (u % 2))) & 0xffffu);
+          }
+        }
+      }
+      __syncthreads();
+      // Scores: lanes of a warp take 32 keys of one head (q broadcast, key rows conflict-free).
+      for (int i = tid; i < HG * kTk; i += kSmThreads) {
+        const int h = i / kTk, k = i % kTk;
+        float s = -INFINITY;
+        if (valid[k]) {
+          const float4* qh = reinterpret_cast<const float4*>(qs + h * kDk);
+          const float4* kk = reinterpret_cast<const float4*>(ks + k * kKStride);
+          float dot = 0.0f;
+#pragma unroll 4
+          for (int c = 0; c < kDk / 4; ++c) {
+            const float4 a = qh[c], b = kk[c];
+            dot = fmaf(a.x, b.x, dot);
+            dot = fmaf(a.y, b.y, dot);
+            dot = fmaf(a.z, b.z, dot);
+            dot = fmaf(a.w, b.w, dot);
+          }
+          s = __fmul_rn(dot, p.softmax_scale);
+        }
+        sc[i] = s;
+      }
+      __syncthreads();
+      // Online softmax: one warp per head, one lane per key of the tile.
+      for (int h = warp; h < HG; h += kSmThreads / 32) {
+        const float s = sc[h * kTk + lane];
+        const float m_old = m_s[h];
+        const float m_new = fmaxf(m_old, warp_max(s));
+        const float pr = s == -INFINITY ? 0.0f : exp_f(__fsub_rn(s, m_new));
+        const float alpha = m_old == -INFINITY ? 0.0f : exp_f(__fsub_rn(m_old, m_new));
+        const float psum = warp_sum(pr);
+        sc[h * kTk + lane] = pr;
+        __syncwarp();
+        if (lane == 0) {
+          m_s[h] = m_new;
+          l_s[h] = __fadd_rn(__fmul_rn(l_s[h], alpha), psum);
+          a_s[h] = alpha;
+        }
+      }
+      __syncthreads();
+      // out += p V: this thread's 4 columns of its HG/2 heads.
+#pragma unroll
+      for (int a = 0; a < HG / 2; ++a) {
+        const float al = a_s[hs * (HG / 2) + a];
+        acc[a][0] *= al;
+        acc[a][1] *= al;
+        acc[a][2] *= al;
+        acc[a][3] *= al;
+      }
+      for (int k = 0; k < kTk; ++k) {
+        const float4 v = *reinterpret_cast<const float4*>(ks + k * kKStride + c0);
+#pragma unroll
+        for (int a = 0; a < HG / 2; ++a) {
+          const float pr = sc[(hs * (HG / 2) + a) * kTk + k];
+          acc[a][0] = fmaf(pr, v.x, acc[a][0]);
+          acc[a][1] = fmaf(pr, v.y, acc[a][1]);
+          acc[a][2] = fmaf(pr, v.z, acc[a][2]);
+          acc[a][3] = fmaf(pr, v.w, acc[a][3]);
+        }
+      }
+      __syncthreads();  // ks, sc, a_s and valid are rewritten by the next tile
+    }
+#pragma unroll
+    for (int a = 0; a < HG / 2; ++a) {
+      const int h = hs * (HG / 2) + a;
+      if (h0 + h >= p.heads) continue;
+      const float l = l_s[h];
+      float* o = p.out + ((r * p.heads + h0 + h) * kLora + c0);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) o[u] = l > 0.0f ? __fdiv_rn(acc[a][u], l) : 0.0f;
+    }
+    for (int h = tid; h < HG; h += kSmThreads) {
+      if (h0 + h >= p.heads) continue;
+      const float l = l_s[h];
+      p.lse[r * p.heads + h0 + h] = l > 0.0f ? __fadd_rn(m_s[h], log_f(l)) : -INFINITY;
+    }
+    __syncthreads();  // qs, m_s and l_s are rewritten by the next item
+  }
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  DSI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+// Opts a kernel into `smem` bytes of dynamic shared memory (checked against the device's limit).
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t smem, const char* op) {
+  int dev = 0, max_smem = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  DSI_CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  DSI_CHECK(smem <= size_t(max_smem), "{}: needs {} bytes of shared memory per block, the device has {}",
+            op, smem, max_smem);
+  DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+}
+
+template <int HG>
+void launch_sparse_mla_fp8_hg(const SparseMlaFp8Params& p, cudaStream_t s) {
+  const int64_t items = p.rows * ((p.heads + HG - 1) / HG);
+  if (items == 0) return;
+  constexpr size_t smem = sparse_mla_fp8_smem<HG>();
+  allow_smem(sparse_mla_fp8_kernel<HG>, smem, "sparse_mla_fp8");
+  sparse_mla_fp8_kernel<HG><<<grid_items(items), kSmThreads, smem, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_logits_d(const IndexerLogitsFp8Params& p, unsigned gx, size_t smem, cudaStream_t s) {
+  allow_smem(indexer_logits_fp8_kernel<D>, smem, "indexer_logits_fp8");
+  indexer_logits_fp8_kernel<D><<<dim3(gx, unsigned(p.rows)), kLgThreads, smem, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+void check_aligned(const void* ptr, size_t align, const char* op, const char* what) {
+  DSI_CHECK(reinterpret_cast<uintptr_t>(ptr) % align == 0,
+            "{}: {} must be {}-byte aligned (a view at a multiple of its row size)", op, what, align);
+}
+
+}  // namespace
+
+void launch_rotate_quant(const RotateQuantParams& p, cudaStream_t s) {
+  if (p.n == 0) return;
+  rotate_quant_kernel<<<grid_items(p.n), kRqThreads, 0, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+size_t indexer_logits_fp8_smem_bytes(int heads, int d) {
+  return sizeof(float) * (size_t(heads) * d + size_t(heads));
+}
+
+void launch_indexer_logits_fp8(const IndexerLogitsFp8Params& p, cudaStream_t s) {
+  if (p.rows == 0) return;
+  DSI_CHECK(p.rows <= 65535, "indexer_logits_fp8: {} rows, at most 65535 per call", p.rows);
+  const int64_t n_tiles = (p.n_cols + kLgThreads - 1) / kLgThreads;
+  // Enough blocks for a few waves over the device; each block stages its row's query once.
+  const int64_t want = std::max<int64_t>(1, (8 * int64_t(sm_count()) + p.rows - 1) / p.rows);
+  const unsigned gx = unsigned(std::max<int64_t>(1, std::min<int64_t>(n_tiles, want)));
+  const size_t smem = indexer_logits_fp8_smem_bytes(p.heads, p.d);
+  switch (p.d) {
+    case 16: launch_logits_d<16>(p, gx, smem, s); break;
+    case 32: launch_logits_d<32>(p, gx, smem, s); break;
+    case 64: launch_logits_d<64>(p, gx, smem, s); break;
+    case 128: launch_logits_d<128>(p, gx, smem, s); break;
+    default: fail("indexer_logits_fp8: head dim {} has no CUDA kernel (16, 32, 64, 128)", p.d);
+  }
+}
+
+void launch_mla_store_fp8(const MlaStoreFp8Params& p, cudaStream_t s) {
+  if (p.m == 0) return;
+  mla_store_fp8_kernel<<<grid_items(p.m), kMsThreads, 0, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+void launch_mla_load_fp8(const MlaLoadFp8Params& p, cudaStream_t s) {
+  if (p.m == 0) return;
+  mla_load_fp8_kernel<<<grid_for(p.m * kDk, 256), 256, 0, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+void launch_sparse_mla_fp8(const SparseMlaFp8Params& p, cudaStream_t s) {
+  // Head groups: 16 for the real models, smaller groups waste less work for few heads.
+  if (p.heads > 8)
+    launch_sparse_mla_fp8_hg<16>(p, s);
+  else if (p.heads > 2)
+    launch_sparse_mla_fp8_hg<8>(p, s);
+  else
+    launch_sparse_mla_fp8_hg<2>(p, s);
+}
+
+// ---- ops (shapes, dtypes and devices were checked by ops/kv_fp8.cpp) ----
+
+void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool) {
+  const int64_t m = keys.dim(0), d = keys.dim(1);
+  if (m == 0) return;
+  DeviceGuard guard(keys.device());
+  check_aligned(pool.raw(), 4, "indexer_keys_store_fp8", "pool");
+  ErrorFlag bad;
+  RotateQuantParams p{};
+  p.x = keys.f32();
+  p.x_stride = keys.stride(0);
+  p.n = m;
+  p.d = int(d);
+  p.hadamard_scale = float(1.0 / std::sqrt(double(d)));
+  p.slots = slots.i32();
+  p.pool = static_cast<uint8_t*>(pool.raw());
+  p.n_pages = pool.dim(0);
+  p.bad = bad.ptr();
+  launch_rotate_quant(p, stream());
+  const unsigned long long first = bad.read();
+  if (first != ErrorFlag::kNone)
+    fail("indexer_keys_store_fp8: slot {} of key {} outside the pool's {} slots ({} pages)",
+         read_device(p.slots + first), first, p.n_pages * kPage, p.n_pages);
+}
+
+void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
+                        const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
+                        float softmax_scale, Tensor& logits) {
+  const int64_t rows = q.dim(0), heads = q.dim(1), d = q.dim(2);
+  if (rows == 0) return;
+  DSI_CHECK(heads <= (1 << 20), "indexer_logits_fp8: {} heads", heads);
+  DeviceGuard guard(q.device());
+  check_aligned(pool.raw(), 16, "indexer_logits_fp8", "pool");
+  Scratch q8(sizeof(float) * size_t(rows * heads * d)), wq(sizeof(float) * size_t(rows * heads));
+  RotateQuantParams rq{};
+  rq.x = q.f32();
+  rq.x_stride = d;
+  rq.n = rows * heads;
+  rq.d = int(d);
+  rq.hadamard_scale = float(1.0 / std::sqrt(double(d)));
+  rq.weights = weights.f32();
+  rq.softmax_scale = softmax_scale;
+  rq.q8 = q8.as<float>();
+  rq.wq = wq.as<float>();
+  launch_rotate_quant(rq, stream());
+  ErrorFlag bad_row, bad_page;
+  IndexerLogitsFp8Params p{};
+  p.q8 = q8.as<float>();
+  p.wq = wq.as<float>();
+  p.pool = static_cast<const uint8_t*>(pool.raw());
+  p.block_tables = block_tables.i32();
+  p.row_seq = row_seq.i32();
+  p.bounds = bounds.i32();
+  p.logits = logits.f32();
+  p.rows = rows;
+  p.n_cols = logits.dim(1);
+  p.n_pages = pool.dim(0);
+  p.n_seqs = block_tables.dim(0);
+  p.max_pages = block_tables.dim(1);
+  p.heads = int(heads);
+  p.d = int(d);
+  p.bad_row = bad_row.ptr();
+  p.bad_page = bad_page.ptr();
+  launch_indexer_logits_fp8(p, stream());
+  const unsigned long long row = bad_row.read();
+  if (row != ErrorFlag::kNone) {
+    const int64_t seq = read_device(p.row_seq + row), bound = read_device(p.bounds + row);
+    DSI_CHECK(seq >= 0 && seq < p.n_seqs, "indexer_logits_fp8: row {} has sequence {} outside [0, {})",
+              row, seq, p.n_seqs);
+    fail("indexer_logits_fp8: row {} bound {} outside [0, {}]", row, bound,
+         std::min<int64_t>(p.n_cols, p.max_pages * kPage));
+  }
+  const unsigned long long pi = bad_page.read();
+  if (pi != ErrorFlag::kNone)
+    fail("indexer_logits_fp8: sequence {} page {} is physical page {}, outside [0, {})",
+         int64_t(pi) / p.max_pages, int64_t(pi) % p.max_pages, read_device(p.block_tables + pi),
+         p.n_pages);
+}
+
+void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool) {
+  const int64_t m = rows.dim(0);
+  if (m == 0) return;
+  DeviceGuard guard(rows.device());
+  check_aligned(pool.raw(), 4, "mla_cache_store_fp8", "pool");
+  ErrorFlag bad;
+  MlaStoreFp8Params p{};
+  p.rows = rows.f32();
+  p.slots = slots.i32();
+  p.pool = static_cast<uint8_t*>(pool.raw());
+  p.row_stride = rows.stride(0);
+  p.m = m;
+  p.n_slots = pool.dim(0);
+  p.bad = bad.ptr();
+  launch_mla_store_fp8(p, stream());
+  const unsigned long long first = bad.read();
+  if (first != ErrorFlag::kNone)
+    fail("mla_cache_store_fp8: slot {} of row {} outside the pool's {} slots",
+         read_device(p.slots + first), first, p.n_slots);
+}
+
+void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows) {
+  const int64_t m = rows.dim(0);
+  if (m == 0) return;
+  DeviceGuard guard(pool.device());
+  check_aligned(pool.raw(), 4, "mla_cache_load_fp8", "pool");
+  ErrorFlag bad;
+  MlaLoadFp8Params p{};
+  p.pool = static_cast<const uint8_t*>(pool.raw());
+  p.slots = slots.i32();
+  p.rows = rows.f32();
+  p.m = m;
+  p.n_slots = pool.dim(0);
+  p.bad = bad.ptr();
+  launch_mla_load_fp8(p, stream());
+  const unsigned long long first = bad.read();
+  if (first != ErrorFlag::kNone)
+    fail("mla_cache_load_fp8: slot {} of row {} outside the pool's {} slots",
+         read_device(p.slots + first), first, p.n_slots);
+}
+
+void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, float softmax_scale,
+                    int dv, Tensor& out, Tensor& lse) {
+  const int64_t rows = q.dim(0), heads = q.dim(1);
+  if (rows == 0 || heads == 0) return;
+  DeviceGuard guard(q.device());
+  check_aligned(pool.raw(), 16, "sparse_mla_fp8", "pool");
+  ErrorFlag bad;
+  SparseMlaFp8Params p{};
+  p.q = q.f32();
+  p.pool = static_cast<const uint8_t*>(pool.raw());
+  p.indices = indices.i32();
+  p.out = out.f32();
+  p.lse = lse.f32();
+  p.q_s0 = q.stride(0);
+  p.q_s1 = q.stride(1);
+  p.rows = rows;
+  p.heads = heads;
+  p.n_slots = pool.dim(0);
+  p.topk = indices.dim(1);
+  p.softmax_scale = softmax_scale;
+  p.bad = bad.ptr();
+  launch_sparse_mla_fp8(p, stream());
+  const unsigned long long first = bad.read();
+  if (first != ErrorFlag::kNone)
+    fail("sparse_mla_fp8: index {} outside the {} cache slots", read_device(p.indices + first),
+         p.n_slots);
+}
+
+}  // namespace dsi::cuda

@@ -1,0 +1,80 @@
+// Kernels of the fp8 KV caches (ops/kv_fp8.h): Hadamard rotation + power-of-two e4m3 quantisation
+// into the paged indexer-key cache and the 656-byte MLA cache, indexer decode logits over paged keys
+// (one thread per key, the CPU's operation order: bitwise equal to the reference), and sparse MLA
+// over the fp8 cache (one block per (row, head group), keys streamed in tiles, online softmax).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsi::cuda {
+
+// Rotate + quantise d-vectors, one block per vector. Store mode (pool != null): into the paged
+// indexer-key cache. Query mode (q8 != null): the e4m3 values as f32 and the folded head weights.
+struct RotateQuantParams {
+  const float* x;          // [n, d], row stride x_stride (keys [m, d] or q [rows * heads, d])
+  int64_t x_stride, n;
+  int d;                   // power of two, 16..128
+  float hadamard_scale;    // fp32(1 / sqrt(d))
+  // store mode
+  const int32_t* slots;    // [n] physical slots, -1 = skip
+  uint8_t* pool;           // [n_pages, 64 * (d + 4)]: 64 x d e4m3, then 64 x f32 scales
+  int64_t n_pages;
+  unsigned long long* bad;  // lowered to the first vector whose slot is outside the pool
+  // query mode
+  const float* weights;    // [n] head weights (already carrying H^-1/2)
+  float softmax_scale;
+  float* q8;               // [n, d] e4m3 values as f32 (exact)
+  float* wq;               // [n] (weights * q_scale) * softmax_scale
+};
+void launch_rotate_quant(const RotateQuantParams& p, cudaStream_t stream);
+
+struct IndexerLogitsFp8Params {
+  const float* q8;             // [rows, heads, d] e4m3 values as f32 (rotate_quant query mode)
+  const float* wq;             // [rows, heads] folded weights
+  const uint8_t* pool;         // [n_pages, 64 * (d + 4)], 16-byte aligned
+  const int32_t* block_tables; // [n_seqs, max_pages] physical page ids, -1 = unused
+  const int32_t* row_seq;      // [rows] sequence of each row
+  const int32_t* bounds;       // [rows] row r sees keys [0, bounds[r])
+  float* logits;               // [rows, n_cols] contiguous, -inf at or past the bound
+  int64_t rows, n_cols, n_pages, n_seqs, max_pages;
+  int heads, d;
+  unsigned long long* bad_row;   // lowered to the first row with a bad sequence or bound
+  unsigned long long* bad_page;  // lowered to the first seq * max_pages + p with a bad page id
+};
+// Shared memory of the logits kernel (bytes): the row's quantised query and weights.
+size_t indexer_logits_fp8_smem_bytes(int heads, int d);
+void launch_indexer_logits_fp8(const IndexerLogitsFp8Params& p, cudaStream_t stream);
+
+struct MlaStoreFp8Params {
+  const float* rows;        // [m, 576], row stride row_stride
+  const int32_t* slots;     // [m], -1 = skip
+  uint8_t* pool;            // [n_slots, 656], 4-byte aligned
+  int64_t row_stride, m, n_slots;
+  unsigned long long* bad;  // lowered to the first row whose slot is outside the pool
+};
+void launch_mla_store_fp8(const MlaStoreFp8Params& p, cudaStream_t stream);
+
+struct MlaLoadFp8Params {
+  const uint8_t* pool;      // [n_slots, 656]
+  const int32_t* slots;     // [m], -1 = a row of zeros
+  float* rows;              // [m, 576] contiguous
+  int64_t m, n_slots;
+  unsigned long long* bad;  // lowered to the first row whose slot is outside the pool
+};
+void launch_mla_load_fp8(const MlaLoadFp8Params& p, cudaStream_t stream);
+
+struct SparseMlaFp8Params {
+  const float* q;           // [rows, heads, 576], strides q_s0, q_s1 (last dim contiguous)
+  const uint8_t* pool;      // [n_slots, 656], 16-byte aligned
+  const int32_t* indices;   // [rows, topk] contiguous physical slots, any negative = empty
+  float* out;               // [rows, heads, 512] contiguous
+  float* lse;               // [rows, heads] contiguous, natural log; -inf for a row with no key
+  int64_t q_s0, q_s1, rows, heads, n_slots, topk;
+  float softmax_scale;
+  unsigned long long* bad;  // lowered to the first flat index r * topk + j with indices >= n_slots
+};
+void launch_sparse_mla_fp8(const SparseMlaFp8Params& p, cudaStream_t stream);
+
+}  // namespace dsi::cuda

@@ -1,0 +1,80 @@
+// The fp8 KV caches of the deployment numerics (dsa-reference.md section 2, "Deployment numerics"):
+// the lightning indexer's key cache (Hadamard-rotated keys, e4m3 + one power-of-two scale per token,
+// 132 B/token for d = 128, paged by 64 tokens) with its decode logits, and the 656-byte MLA latent
+// cache (FlashMLA / vLLM "fp8_ds_mla" layout) with sparse attention over it.
+//
+// Paging conventions (shared with the model's paged caches):
+//   pages hold kKvPageTokens = 64 tokens; a physical slot is page * 64 + offset;
+//   block_tables: [n_seqs, max_pages] i32 physical page ids (-1 = unused);
+//   row_seq: [rows] i32, the sequence of each query row;
+//   a sequence's local key s lives in page block_tables[seq, s / 64] at offset s % 64;
+//   bounds: [rows] i32, row r sees its sequence's keys [0, bounds[r]) (MTP verification rows of one
+//   sequence carry their own causal bounds).
+//
+// Quantisation rule (both caches): per group of values, amax = max(max |x|, 1e-4) and
+// scale = 2^ceil(log2(amax / 448)) (a "ue8m0" power of two, so x / scale is exact before the e4m3
+// rounding); e4m3 values are rounded to nearest even (|x / scale| <= 448, no saturation happens), and
+// a quantised zero is stored as +0 (0x00) whatever the sign of the input. Inputs must be finite.
+// For the MLA cache FlashMLA's current quantiser also uses power-of-two tile scales; vLLM's
+// concat_and_cache_ds_mla writes amax / 448 instead. Readers only multiply by the stored fp32 scale,
+// so both variants decode alike; dsinfer writes the power of two (exact scaling, bitwise-equal CPU
+// and GPU caches).
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace dsi::ops {
+
+inline constexpr int kKvPageTokens = 64;
+inline constexpr float kFp8AmaxFloor = 1e-4f;
+// MLA fp8 cache entry: [512 e4m3 | 4 x f32 tile scales | 64 x bf16 RoPE] = 656 bytes.
+inline constexpr int kMlaFp8Lora = 512;
+inline constexpr int kMlaFp8Rope = 64;
+inline constexpr int kMlaFp8Tile = 128;
+inline constexpr int kMlaFp8Tiles = kMlaFp8Lora / kMlaFp8Tile;
+inline constexpr int kMlaFp8ScaleOffset = kMlaFp8Lora;                       // bytes
+inline constexpr int kMlaFp8RopeOffset = kMlaFp8Lora + 4 * kMlaFp8Tiles;     // bytes
+inline constexpr int kMlaFp8Bytes = kMlaFp8RopeOffset + 2 * kMlaFp8Rope;     // 656
+// Indexer key cache page: [64 x d e4m3 | 64 x f32 scales].
+inline constexpr int64_t indexer_page_bytes(int64_t d) { return kKvPageTokens * (d + 4); }
+
+// Quantises and stores indexer keys. keys: [m, d] f32 (row-strided ok), d a power of two in
+// [16, 128]; slots: [m] i32 physical slots, -1 = skip (distinct otherwise); pool: [n_pages,
+// 64 * (d + 4)] U8 contiguous. Each key is rotated by the Sylvester Hadamard matrix H_d / sqrt(d)
+// (butterflies in stage order 1, 2, 4, ..., then one multiply by fp32(1/sqrt(d))), quantised with
+// one scale, and written to page slot / 64 at offset slot % 64.
+void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool);
+
+// Indexer logits over the paged fp8 key cache. q: [rows, H, d] f32 contiguous (rotated and quantised
+// per head inside, same rule as the keys); weights: [rows, H] f32, already carrying H^-1/2;
+// pool as above; block_tables, row_seq, bounds as in the header comment; logits: [rows, n_keys] f32
+// contiguous, n_keys >= every bound; entries at or past a row's bound are -inf. For s < bound:
+//   logit[r, s] = k_scale_s * sum_j w'[r, j] * relu(q8[r, j] . k8[s]),
+//   w'[r, j] = (w[r, j] * q_scale[r, j]) * softmax_scale,
+// the dot product over the e4m3 values in fp32 (c ascending), heads summed in j order, every product
+// and sum rounded (no fused multiply-add). Equal in exact math to ops::indexer_logits on the
+// unquantised keys when nothing is lost to fp8.
+void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
+                        const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
+                        float softmax_scale, Tensor& logits);
+
+// Quantises and stores MLA cache rows. rows: [m, 576] f32 (row-strided ok, [c_kv (512) | k_pe (64)]);
+// slots: [m] i32, -1 = skip (distinct otherwise); pool: [n_slots, 656] U8 contiguous. The latent is
+// quantised in 4 tiles of 128 (one scale each), k_pe is stored as bf16 (round to nearest even).
+void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool);
+
+// Dequantises cache rows: rows[i] = decode(pool[slots[i]]) (a -1 slot gives a row of zeros).
+// pool: [n_slots, 656] U8; slots: [m] i32; rows: [m, 576] f32 contiguous.
+void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows);
+
+// ops::sparse_mla (ops/mla.h) with keys and values decoded from the fp8 MLA cache: q stays f32 in this
+// first version (the fp8 x fp8 tensor-core form quantises q too; not done yet).
+// q: [rows, H, 576] f32 (last dim contiguous); pool: [n_slots, 656] U8; indices: [rows, topk] i32
+// physical slots, -1 = empty; dv must be 512 (the value is the decoded latent); out: [rows, H, 512]
+// f32 contiguous; lse: [rows, H] f32, natural log. A row with no key gets out = 0 and lse = -inf.
+void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, float softmax_scale,
+                    int dv, Tensor& out, Tensor& lse);
+
+}  // namespace dsi::ops
