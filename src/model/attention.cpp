@@ -9,6 +9,7 @@
 #include "ops/linear.h"
 #include "ops/mla.h"
 #include "ops/norm.h"
+#include "ops/paging.h"
 #include "ops/rope.h"
 
 namespace dsi {
@@ -39,7 +40,7 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   Tensor kv3 = kv_a.view({n, 1, dk});
   ops::rope(kv3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
             RopeStyle::kInterleaved, /*offset=*/int(lora));
-  store_owned_rows(ctx, kv_a, kv.latent);
+  ops::scatter_rows(kv_a, ctx.store_slots, kv.latent);
 
   if (w.indexer && !ctx.reuse_topk) {
     topk = indexer_topk(ctx, *w.indexer, u, c_q, kv.index_keys);
@@ -55,8 +56,12 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   Tensor q_abs_pe = q_abs.narrow(2, lora, rope);
   ops::copy(q.narrow(2, nope, rope), q_abs_pe);
 
-  Tensor o_lat = dcp_sparse_attention(*ctx.rank, q_abs, kv.latent.slice(0, ctx.local_keys),
-                                      topk.local, float(c.attn_softmax_scale()), int(lora));
+  // The winners' pool slots: this rank attends to the ones it owns, wherever their pages are.
+  Tensor slots = Tensor::empty(topk.local.shape(), DType::I32, dev);
+  ops::slots_from_local(topk.local, ctx.pages.block_tables, ctx.pages.row_seq,
+                        ctx.pages.page_size, slots);
+  Tensor o_lat = dcp_sparse_attention(*ctx.rank, q_abs, kv.latent, slots,
+                                      float(c.attn_softmax_scale()), int(lora));
 
   Tensor o = Tensor::empty({n, heads, c.v_head_dim}, DType::F32, dev);
   ops::mla_up_v(o_lat, w.w_uv, o);

@@ -40,27 +40,53 @@ SequenceKvCache DsaModel::make_cache(int64_t capacity, bool with_mtp) const {
   return SequenceKvCache(cfg_, capacity, with_mtp, rank_.dcp, device_);
 }
 
-LayerContext DsaModel::make_context(int64_t start, int64_t n) const {
+LayerContext DsaModel::make_context(const std::vector<BatchSeq>& seqs, bool mtp) const {
   const DcpLayout& dcp = rank_.dcp;
+  DSI_CHECK(!seqs.empty(), "forward: no sequences");
+  const KvPool* pool = &seqs[0].cache->pool();
+  int64_t n = 0;
+  size_t max_pages = 1;
+  for (const BatchSeq& s : seqs) {
+    DSI_CHECK(s.cache != nullptr && s.n > 0, "forward: a sequence with {} rows", s.n);
+    DSI_CHECK(&s.cache->pool() == pool, "forward: the sequences of one call must share a pool");
+    const int64_t start = mtp ? s.cache->mtp_length() : s.cache->length();
+    DSI_CHECK(start + s.n <= s.cache->capacity(),
+              "forward: {} + {} tokens exceed the sequence's cache capacity {}", start, s.n,
+              s.cache->capacity());
+    n += s.n;
+    max_pages = std::max(max_pages, s.cache->pages().size());
+  }
   LayerContext ctx;
   ctx.cfg = &cfg_;
   ctx.rope = &rope_;
   ctx.rank = &rank_;
-  ctx.start = start;
   ctx.n = n;
   ctx.positions = Tensor::empty({n}, DType::I32);
-  // Causal bounds are global per row (row at p sees keys [0, p]), then localised per row.
+  ctx.store_slots = Tensor::empty({n}, DType::I32);
   ctx.local_bounds = Tensor::empty({n}, DType::I32);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = start + i;
-    ctx.positions.i32()[i] = int32_t(p);
-    ctx.local_bounds.i32()[i] = int32_t(dcp.local_len(p + 1));
-    if (dcp.owns(p)) ctx.owned_rows.push_back(int32_t(i));
+  ctx.pages.row_seq = Tensor::empty({n}, DType::I32);
+  ctx.pages.block_tables = Tensor::empty({int64_t(seqs.size()), int64_t(max_pages)}, DType::I32);
+  ctx.pages.page_size = int(kPageTokens);
+  int64_t row = 0;
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const SequenceKvCache& c = *seqs[b].cache;
+    const int64_t start = mtp ? c.mtp_length() : c.length();
+    for (int64_t i = 0; i < seqs[b].n; ++i, ++row) {
+      // Causal bounds are global per row (row at p sees keys [0, p]), then localised per row.
+      const int64_t p = start + i;
+      ctx.positions.i32()[row] = int32_t(p);
+      ctx.local_bounds.i32()[row] = int32_t(dcp.local_len(p + 1));
+      ctx.store_slots.i32()[row] = dcp.owns(p) ? int32_t(c.slot_of(p)) : -1;
+      ctx.pages.row_seq.i32()[row] = int32_t(b);
+    }
+    ctx.local_keys = std::max(ctx.local_keys, dcp.local_len(start + seqs[b].n));
+    int32_t* table = ctx.pages.block_tables.i32() + b * max_pages;
+    std::fill(table, table + max_pages, -1);
+    std::copy(c.pages().begin(), c.pages().end(), table);
   }
-  ctx.local_start = dcp.local_len(start);
-  ctx.local_keys = dcp.local_len(start + n);
-  ctx.positions = to_device(ctx.positions, device_);
-  ctx.local_bounds = to_device(ctx.local_bounds, device_);
+  for (Tensor* t : {&ctx.positions, &ctx.store_slots, &ctx.local_bounds, &ctx.pages.row_seq,
+                    &ctx.pages.block_tables})
+    *t = to_device(*t, device_);
   return ctx;
 }
 
@@ -101,21 +127,26 @@ void DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, Ten
 }
 
 Tensor DsaModel::forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTrace* trace) const {
-  const int64_t n = tokens.dim(0), start = cache.length();
-  DSI_CHECK(n > 0, "forward: no tokens");
-  DSI_CHECK(start + n <= cache.capacity(), "forward: {} + {} tokens exceed the cache capacity {}",
-            start, n, cache.capacity());
-  const LayerContext ctx = make_context(start, n);
+  DSI_CHECK(tokens.ndim() == 1 && tokens.dim(0) > 0, "forward: no tokens");
+  return forward(tokens, {BatchSeq{&cache, tokens.dim(0)}}, trace);
+}
+
+Tensor DsaModel::forward(const Tensor& tokens, const std::vector<BatchSeq>& seqs,
+                         ForwardTrace* trace) const {
+  const LayerContext ctx = make_context(seqs, /*mtp=*/false);
+  const int64_t n = ctx.n;
+  DSI_CHECK(tokens.ndim() == 1 && tokens.dim(0) == n, "forward: {} tokens for {} rows",
+            tokens.desc(), n);
   Tensor h = Tensor::empty({n, cfg_.hidden_size}, DType::F32, device_);
   ops::embedding(weights_.embed_tokens, to_device(tokens, device_), h);
   DcpTopk topk;
   for (int i = 0; i < cfg_.n_layers; ++i) {
-    decoder_layer(ctx, weights_.layers[size_t(i)], h, cache.layer(i), topk);
+    decoder_layer(ctx, weights_.layers[size_t(i)], h, seqs[0].cache->layer(i), topk);
     if (trace) trace->topk.push_back(topk.global);
   }
   Tensor out = Tensor::empty({n, cfg_.hidden_size}, DType::F32, device_);
   ops::rms_norm(h, weights_.norm, float(cfg_.rms_norm_eps), out);
-  cache.set_length(start + n);
+  for (const BatchSeq& s : seqs) s.cache->set_length(s.cache->length() + s.n);
   return out;
 }
 
@@ -156,13 +187,25 @@ Tensor DsaModel::logits(const Tensor& hidden) const {
 
 Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
                              SequenceKvCache& cache, ForwardTrace* trace, DcpTopk* share) const {
+  DSI_CHECK(hidden.ndim() == 2 && hidden.dim(0) > 0, "mtp_forward: no rows");
+  std::vector<DcpTopk*> shares;
+  if (share) shares.push_back(share);
+  return mtp_forward(hidden, next_tokens, {BatchSeq{&cache, hidden.dim(0)}}, trace, shares);
+}
+
+Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
+                             const std::vector<BatchSeq>& seqs, ForwardTrace* trace,
+                             const std::vector<DcpTopk*>& shares) const {
   DSI_CHECK(weights_.mtp.has_value(), "this checkpoint has no MTP layer");
   const MtpWeights& m = *weights_.mtp;
-  const int64_t n = hidden.dim(0), d = cfg_.hidden_size, start = cache.mtp_length();
-  DSI_CHECK(next_tokens.dim(0) == n, "mtp_forward: {} hidden rows but {} tokens", n,
-            next_tokens.dim(0));
-  DSI_CHECK(start + n <= cache.capacity(), "mtp_forward: {} + {} rows exceed the cache capacity {}",
-            start, n, cache.capacity());
+  LayerContext ctx = make_context(seqs, /*mtp=*/true);
+  const int64_t n = ctx.n, d = cfg_.hidden_size;
+  DSI_CHECK(hidden.ndim() == 2 && hidden.dim(0) == n && next_tokens.ndim() == 1 &&
+                next_tokens.dim(0) == n,
+            "mtp_forward: {} hidden rows and {} tokens for {} rows", hidden.desc(),
+            next_tokens.desc(), n);
+  DSI_CHECK(shares.empty() || shares.size() == seqs.size(), "mtp_forward: {} shares for {} sequences",
+            shares.size(), seqs.size());
   const float eps = float(cfg_.rms_norm_eps);
   // x = eh_proj([enorm(embed(t_{i+1})) ; hnorm(h_i)]): the embedding comes first.
   Tensor cat = Tensor::empty({n, 2 * d}, DType::F32, device_);
@@ -175,20 +218,35 @@ Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
   Tensor h = Tensor::empty({n, d}, DType::F32, device_);
   ops::linear(cat, m.eh_proj, h);
 
-  LayerContext ctx = make_context(start, n);
   DcpTopk topk;
-  if (share && share->local.defined()) {
-    DSI_CHECK(n == 1, "mtp_forward: a shared MTP selection is reused for one row at a time");
+  const bool reuse = !shares.empty() && shares[0]->local.defined();
+  if (reuse) {
+    // Every sequence reuses its first step's selection for its one row.
+    const int64_t k = shares[0]->local.dim(1);
+    topk.local = Tensor::empty({n, k}, DType::I32, device_);
+    topk.global = Tensor::empty({n, k}, DType::I32, device_);
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      DSI_CHECK(seqs[b].n == 1 && shares[b]->local.defined() && shares[b]->local.dim(1) == k,
+                "mtp_forward: a shared MTP selection is reused for one row per sequence");
+      Tensor l = topk.local.slice(int64_t(b), int64_t(b) + 1);
+      l.copy_from(shares[b]->local);
+      Tensor g = topk.global.slice(int64_t(b), int64_t(b) + 1);
+      g.copy_from(shares[b]->global);
+    }
     ctx.reuse_topk = true;
-    topk = *share;
   }
-  decoder_layer(ctx, m.layer, h, cache.mtp(), topk);
-  if (share && !share->local.defined())
-    *share = DcpTopk{topk.local.slice(n - 1, n), topk.global.slice(n - 1, n)};
+  decoder_layer(ctx, m.layer, h, seqs[0].cache->mtp(), topk);
+  if (!shares.empty() && !reuse) {
+    int64_t row = 0;
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      row += seqs[b].n;
+      *shares[b] = DcpTopk{topk.local.slice(row - 1, row), topk.global.slice(row - 1, row)};
+    }
+  }
   if (trace) trace->topk.push_back(topk.global);
   Tensor out = Tensor::empty({n, d}, DType::F32, device_);
   ops::rms_norm(h, m.shared_head_norm, eps, out);
-  cache.set_mtp_length(start + n);
+  for (const BatchSeq& s : seqs) s.cache->set_mtp_length(s.cache->mtp_length() + s.n);
   return out;
 }
 

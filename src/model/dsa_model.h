@@ -21,6 +21,13 @@ struct ForwardTrace {
   std::vector<Tensor> topk;  // per layer run: [n, index_topk] i32 selected global positions
 };
 
+// The rows of one sequence in a batched forward call: `n` new tokens at positions
+// [cache->length(), + n) (main model) or [cache->mtp_length(), + n) (MTP layer).
+struct BatchSeq {
+  SequenceKvCache* cache = nullptr;
+  int64_t n = 0;
+};
+
 class DsaModel {
  public:
   // Reads config.json and the safetensors weights of a checkpoint directory (one rank).
@@ -42,6 +49,10 @@ class DsaModel {
   // Runs the main model over `tokens` ([n] i32) at positions [cache.length(), + n) and appends them
   // to the caches. Returns the hidden states after the final norm, [n, hidden] f32.
   Tensor forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTrace* trace = nullptr) const;
+  // The same for several sequences at once (continuous batching): tokens [sum n] i32 holds each
+  // sequence's rows in turn; all caches share one pool. Returns [sum n, hidden] f32.
+  Tensor forward(const Tensor& tokens, const std::vector<BatchSeq>& seqs,
+                 ForwardTrace* trace = nullptr) const;
   // lm_head: [n, hidden] -> [n, vocab] f32 (vocabulary-parallel, gathered on every rank).
   Tensor logits(const Tensor& hidden) const;
 
@@ -54,6 +65,11 @@ class DsaModel {
   // filled with this call's selection for the last row.
   Tensor mtp_forward(const Tensor& hidden, const Tensor& next_tokens, SequenceKvCache& cache,
                      ForwardTrace* trace = nullptr, DcpTopk* share = nullptr) const;
+  // Batched: rows of every sequence in turn; `shares` (empty, or one per sequence) as above, per
+  // sequence; either every share holds a selection (one row per sequence) or none does.
+  Tensor mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
+                     const std::vector<BatchSeq>& seqs, ForwardTrace* trace = nullptr,
+                     const std::vector<DcpTopk*>& shares = {}) const;
   // The MTP head: [n, hidden] -> draft logits [n, vocab] f32.
   Tensor mtp_logits(const Tensor& mtp_hidden) const;
 
@@ -61,7 +77,8 @@ class DsaModel {
   // One pre-norm decoder layer over h ([n, hidden], updated in place).
   void decoder_layer(const LayerContext& ctx, const LayerWeights& w, Tensor& h, LayerKvCache& kv,
                      DcpTopk& topk) const;
-  LayerContext make_context(int64_t start, int64_t n) const;
+  // The context of a call over `seqs`, whose rows start at each cache's length (or MTP length).
+  LayerContext make_context(const std::vector<BatchSeq>& seqs, bool mtp) const;
   Tensor vocab_parallel_logits(const Tensor& hidden, const LinearWeight& head) const;
 
   ModelConfig cfg_;

@@ -8,20 +8,13 @@
 #include "ops/indexer.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
+#include "ops/paging.h"
 #include "ops/rope.h"
 
 namespace dsi {
 
-void store_owned_rows(const LayerContext& ctx, const Tensor& rows, Tensor& cache) {
-  for (size_t j = 0; j < ctx.owned_rows.size(); ++j) {
-    const int64_t slot = ctx.local_start + int64_t(j);
-    Tensor dst = cache.slice(slot, slot + 1);
-    ops::copy(rows.slice(ctx.owned_rows[j], ctx.owned_rows[j] + 1), dst);
-  }
-}
-
 DcpTopk indexer_topk(const LayerContext& ctx, const IndexerWeights& w, const Tensor& u,
-                     const Tensor& c_q, Tensor& key_cache) {
+                     const Tensor& c_q, Tensor& key_pool) {
   const ModelConfig& c = *ctx.cfg;
   const int64_t n = ctx.n, heads = c.n_index_heads, hd = c.index_head_dim;
   const Device dev = u.device();
@@ -39,15 +32,15 @@ DcpTopk indexer_topk(const LayerContext& ctx, const IndexerWeights& w, const Ten
   Tensor k3 = k.view({n, 1, hd});
   ops::rope(k3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
             c.indexer_rope_style, /*offset=*/0);
-  store_owned_rows(ctx, k, key_cache);
+  ops::scatter_rows(k, ctx.store_slots, key_pool);
 
   Tensor weights = Tensor::empty({n, heads}, DType::F32, dev);
   ops::linear(u, w.weights_proj, weights);
   ops::scale_inplace(weights, 1.0f / std::sqrt(float(heads)));
 
   Tensor logits = Tensor::empty({n, ctx.local_keys}, DType::F32, dev);
-  ops::indexer_logits(q3, weights, key_cache.slice(0, ctx.local_keys), ctx.local_bounds,
-                      1.0f / std::sqrt(float(hd)), logits);
+  ops::indexer_logits(q3, weights, key_pool, ctx.local_bounds, 1.0f / std::sqrt(float(hd)), logits,
+                      &ctx.pages);
   return dcp_topk(*ctx.rank, logits, ctx.local_bounds, c.index_topk);
 }
 

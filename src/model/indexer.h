@@ -11,12 +11,10 @@
 namespace dsi {
 
 // u: [n, hidden] layer input after input_layernorm; c_q: [n, q_lora] after q_a_layernorm;
-// key_cache: [local capacity, index_head_dim]: the owned new rows are written to their slots.
-// Returns the selection: local slots for this rank's attention and global positions.
+// key_pool: [n_slots, index_head_dim]: the owned new rows are written to their slots.
+// Returns the selection: each row's winners as its sequence's local token indices on this rank
+// (DcpTopk::local) and as global positions.
 DcpTopk indexer_topk(const LayerContext& ctx, const IndexerWeights& w, const Tensor& u,
-                     const Tensor& c_q, Tensor& key_cache);
-
-// Copies rows ctx.owned_rows of `rows` ([n, d]) into cache slots [ctx.local_start, ...).
-void store_owned_rows(const LayerContext& ctx, const Tensor& rows, Tensor& cache);
+                     const Tensor& c_q, Tensor& key_pool);
 
 }  // namespace dsi

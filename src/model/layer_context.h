@@ -1,12 +1,13 @@
 // What every layer of one forward call shares: the config, the RoPE table, this rank's place in
-// the parallel layout, and the rows being run (their global positions, and which of them this rank
-// keeps in its slice of the caches).
+// the parallel layout, and the rows being run (their positions, where this rank stores their keys,
+// and where each row finds its sequence's cached keys in the paged pools).
 #pragma once
 
 #include <vector>
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "ops/indexer.h"
 #include "runtime/parallel.h"
 
 namespace dsi {
@@ -20,15 +21,14 @@ struct LayerContext {
   const ModelConfig* cfg = nullptr;
   const RopeTable* rope = nullptr;
   const RankContext* rank = nullptr;
-  Tensor positions;   // [n] i32: global position of each new row
-  int64_t start = 0;  // global position of the first new row; rows are [start, start + n)
-  int64_t n = 0;      // new rows in this call
-
-  // Under DCP this rank caches only the tokens it owns (identity with one rank):
-  std::vector<int32_t> owned_rows;  // rows of this call whose token this rank owns, in order
-  int64_t local_start = 0;          // cache slot of the first owned row
-  int64_t local_keys = 0;           // cached keys visible to this call: slots [0, local_keys)
-  Tensor local_bounds;  // [n] i32: each row's causal bound (position + 1) localised to this rank
+  // The rows of one call: the new tokens of one or more sequences, each sequence's rows together
+  // and in position order.
+  int64_t n = 0;      // rows
+  Tensor positions;   // [n] i32: global position of each row in its sequence
+  Tensor store_slots;  // [n] i32: pool slot this rank writes the row's keys to, -1 = not its token
+  Tensor local_bounds;  // [n] i32: each row's causal bound (position + 1) in this rank's keys
+  int64_t local_keys = 0;  // the most keys a row can see on this rank (the logits' width)
+  ops::KeyPages pages;     // the sequences' block tables and each row's sequence
 
   // The layer's own indexer is skipped and the given selection reused (GLM-5.2's
   // index_share_for_mtp_iteration for chained MTP draft steps).

@@ -6,8 +6,9 @@
 namespace dsi::ops {
 
 void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
-                    const Tensor& bounds, float softmax_scale, Tensor& logits) {
-  DSI_DISPATCH(q.device(), indexer_logits, q, weights, keys, bounds, softmax_scale, logits);
+                    const Tensor& bounds, float softmax_scale, Tensor& logits,
+                    const KeyPages* pages) {
+  DSI_DISPATCH(q.device(), indexer_logits, q, weights, keys, bounds, softmax_scale, logits, pages);
 }
 
 }  // namespace dsi::ops

@@ -11,7 +11,7 @@
 namespace dsi {
 
 struct DcpTopk {
-  Tensor local;   // [n, k] i32: this rank's winners as local cache slots, -1 elsewhere
+  Tensor local;   // [n, k] i32: this rank's winners as its local token indices, -1 elsewhere
   Tensor global;  // [n, k] i32: every winner as a global position, best first, -1 padded
 };
 
@@ -20,8 +20,8 @@ struct DcpTopk {
 // this with the same n and k, also when it owns no key (then it contributes only empty candidates).
 DcpTopk dcp_topk(const RankContext& rc, const Tensor& scores, const Tensor& bounds, int k);
 
-// q: [n, Hl, dk] absorbed queries of this rank's heads; kv: [n_local_keys, dk] this rank's latent
-// cache; selected: [n, k] i32 local slots (-1 = none). Returns o_lat [n, Hl, dv] for this rank's
+// q: [n, Hl, dk] absorbed queries of this rank's heads; kv: [n_slots, dk] this rank's latent
+// pool; selected: [n, k] i32 pool slots of the row's winners this rank owns (-1 = none). Returns o_lat [n, Hl, dv] for this rank's
 // heads: softmax attention over the union of the group's selected keys.
 Tensor dcp_sparse_attention(const RankContext& rc, const Tensor& q, const Tensor& kv,
                             const Tensor& selected, float softmax_scale, int dv);

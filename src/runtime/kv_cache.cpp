@@ -1,25 +1,77 @@
-// Per-sequence caches; see kv_cache.h.
+// Paged KV caches; see kv_cache.h.
 #include "runtime/kv_cache.h"
+
+#include <numeric>
 
 namespace dsi {
 
 namespace {
-LayerKvCache make_layer(const ModelConfig& cfg, int64_t capacity, bool indexer, Device device) {
+LayerKvCache make_layer(const ModelConfig& cfg, int64_t slots, bool indexer, Device device) {
   LayerKvCache c;
-  c.latent = Tensor::zeros({capacity, cfg.kv_lora_rank + cfg.head_dim_rope}, DType::F32, device);
-  if (indexer) c.index_keys = Tensor::zeros({capacity, cfg.index_head_dim}, DType::F32, device);
+  c.latent = Tensor::zeros({slots, cfg.kv_lora_rank + cfg.head_dim_rope}, DType::F32, device);
+  if (indexer) c.index_keys = Tensor::zeros({slots, cfg.index_head_dim}, DType::F32, device);
   return c;
 }
+
+// Rank 0 of a DCP group owns the most tokens of any prefix, so its counts bound every rank's.
+DcpLayout first_rank(const DcpLayout& dcp) { return DcpLayout{dcp.size, 0, dcp.interleave}; }
 }  // namespace
+
+KvPool::KvPool(const ModelConfig& cfg, int64_t n_pages_, bool with_mtp, Device device_)
+    : n_pages(n_pages_), device(device_) {
+  DSI_CHECK(n_pages >= 0, "kv pool: {} pages", n_pages);
+  const int64_t slots = n_pages * kPageTokens;
+  for (int i = 0; i < cfg.n_layers; ++i)
+    layers.push_back(make_layer(cfg, slots, cfg.indexer_full[size_t(i)], device));
+  if (with_mtp) mtp = make_layer(cfg, slots, /*indexer=*/true, device);
+}
+
+int64_t KvPool::bytes_per_page(const ModelConfig& cfg, bool with_mtp) {
+  const int64_t latent = cfg.kv_lora_rank + cfg.head_dim_rope, keys = cfg.index_head_dim;
+  int64_t per_token = 0;
+  for (int i = 0; i < cfg.n_layers; ++i)
+    per_token += latent + (cfg.indexer_full[size_t(i)] ? keys : 0);
+  if (with_mtp) per_token += latent + keys;
+  return per_token * int64_t(sizeof(float)) * kPageTokens;
+}
 
 SequenceKvCache::SequenceKvCache(const ModelConfig& cfg, int64_t capacity, bool with_mtp,
                                  const DcpLayout& dcp, Device device)
-    : capacity_(capacity) {
+    : dcp_(dcp) {
   DSI_CHECK(capacity > 0, "kv cache: capacity {} must be positive", capacity);
-  const int64_t slots = dcp.local_len(capacity);
-  for (int i = 0; i < cfg.n_layers; ++i)
-    layers_.push_back(make_layer(cfg, slots, cfg.indexer_full[size_t(i)], device));
-  if (with_mtp) mtp_ = make_layer(cfg, slots, /*indexer=*/true, device);
+  const int64_t n_pages = pages_for(dcp, capacity);
+  pool_ = std::make_shared<KvPool>(cfg, n_pages, with_mtp, device);
+  std::vector<int32_t> pages(static_cast<size_t>(n_pages));
+  std::iota(pages.begin(), pages.end(), 0);
+  set_pages(std::move(pages));
+}
+
+SequenceKvCache::SequenceKvCache(std::shared_ptr<KvPool> pool, const DcpLayout& dcp)
+    : pool_(std::move(pool)), dcp_(dcp) {
+  DSI_CHECK(pool_ != nullptr, "kv cache: no pool");
+}
+
+int64_t SequenceKvCache::pages_for(const DcpLayout& dcp, int64_t tokens) {
+  return (first_rank(dcp).local_len(tokens) + kPageTokens - 1) / kPageTokens;
+}
+
+void SequenceKvCache::set_pages(std::vector<int32_t> pages) {
+  for (int32_t p : pages)
+    DSI_CHECK(p >= 0 && p < pool_->n_pages, "kv cache: page {} outside the pool's {} pages", p,
+              pool_->n_pages);
+  pages_ = std::move(pages);
+  // The first position rank 0 could not store: every rank holds its share of [0, capacity).
+  capacity_ = first_rank(dcp_).global(int64_t(pages_.size()) * kPageTokens);
+  DSI_CHECK(length_ <= capacity_ && mtp_length_ <= capacity_,
+            "kv cache: {} pages hold {} tokens, fewer than the {} cached", pages_.size(), capacity_,
+            std::max(length_, mtp_length_));
+}
+
+int64_t SequenceKvCache::slot_of(int64_t p) const {
+  DSI_CHECK(p >= 0 && p < capacity_ && dcp_.owns(p),
+            "kv cache: position {} is not a slot of this rank (capacity {})", p, capacity_);
+  const int64_t l = dcp_.local(p);
+  return int64_t(pages_[size_t(l / kPageTokens)]) * kPageTokens + l % kPageTokens;
 }
 
 void SequenceKvCache::set_length(int64_t n) {

@@ -1,10 +1,14 @@
-// Per-sequence caches for incremental decode: for every layer the MLA latent cache (c_kv after
-// kv_a_layernorm, then k_pe after RoPE: kv_lora + rope values per token) and, on layers with their
-// own indexer, the indexer-key cache (LayerNorm + RoPE'd keys); the MTP layer has its own pair.
-// Under DCP a rank holds only the tokens it owns, in local slot order (runtime/parallel.h).
-// Contiguous fp32 rows on the CPU; the paged, fp8 form comes with the serving and CUDA work.
+// Paged KV caches for incremental decode. A rank's KvPool holds, for every layer, the MLA latent
+// pool (c_kv after kv_a_layernorm, then k_pe after RoPE: kv_lora + rope values per token) and, on
+// layers with their own indexer, the indexer-key pool (LayerNorm + RoPE'd keys); the MTP layer has
+// its own pair. Pools are cut into pages of kPageTokens slots: slot page * 64 + i holds the i-th
+// token of that page. A sequence owns a list of pages (its block table); its local token l (in
+// this rank's DCP order, runtime/parallel.h) lives in slot pages[l / 64] * 64 + l % 64. Under DCP
+// one logical page spans W x 64 tokens of the sequence: each rank keeps its 64 in its own pool,
+// under the same page id (all ranks allocate alike). fp32 rows; fp8 pools come with the GPU work.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -13,36 +17,64 @@
 
 namespace dsi {
 
+constexpr int64_t kPageTokens = 64;
+
 struct LayerKvCache {
-  Tensor latent;      // [local capacity, kv_lora + rope] f32
-  Tensor index_keys;  // [local capacity, index_head_dim] f32; undefined on "shared" layers
+  Tensor latent;      // [n_pages * 64, kv_lora + rope] f32
+  Tensor index_keys;  // [n_pages * 64, index_head_dim] f32; undefined on "shared" layers
+};
+
+// One rank's pages for every layer (and the MTP layer when asked).
+struct KvPool {
+  KvPool(const ModelConfig& cfg, int64_t n_pages, bool with_mtp, Device device = Device::cpu());
+  // Bytes one page takes in every layer's pools on one rank.
+  static int64_t bytes_per_page(const ModelConfig& cfg, bool with_mtp);
+
+  int64_t n_pages = 0;
+  std::vector<LayerKvCache> layers;
+  LayerKvCache mtp;  // undefined without the MTP layer
+  Device device;
 };
 
 class SequenceKvCache {
  public:
-  // `capacity` tokens of the sequence; this rank allocates slots for the ones `dcp` gives it.
-  // `with_mtp` adds the MTP layer's caches (same capacity).
+  // A sequence with a private pool just large enough for `capacity` tokens (pages 0, 1, ... in
+  // order, so local token l sits in slot l); for single-sequence generation.
   SequenceKvCache(const ModelConfig& cfg, int64_t capacity, bool with_mtp,
                   const DcpLayout& dcp = {}, Device device = Device::cpu());
+  // A sequence in a shared pool; it starts without pages (set_pages gives them).
+  SequenceKvCache(std::shared_ptr<KvPool> pool, const DcpLayout& dcp);
 
-  int64_t capacity() const { return capacity_; }  // in tokens of the sequence (global)
+  // Tokens of the sequence its pages can hold (the same on every rank of the DCP group).
+  int64_t capacity() const { return capacity_; }
   int64_t length() const { return length_; }          // main-model tokens cached
   int64_t mtp_length() const { return mtp_length_; }  // MTP-layer positions cached
   void set_length(int64_t n);
   void set_mtp_length(int64_t n);
 
-  LayerKvCache& layer(int i) { return layers_.at(size_t(i)); }
-  const LayerKvCache& layer(int i) const { return layers_.at(size_t(i)); }
-  LayerKvCache& mtp() { return mtp_; }
-  const LayerKvCache& mtp() const { return mtp_; }
-  bool has_mtp() const { return mtp_.latent.defined(); }
+  const std::vector<int32_t>& pages() const { return pages_; }
+  void set_pages(std::vector<int32_t> pages);
+  // The pool slot of the sequence's token at global position p (which this rank must own).
+  int64_t slot_of(int64_t p) const;
+  // Pages needed on every rank to hold `tokens` tokens of a sequence under `dcp`.
+  static int64_t pages_for(const DcpLayout& dcp, int64_t tokens);
+
+  const KvPool& pool() const { return *pool_; }
+  const std::shared_ptr<KvPool>& shared_pool() const { return pool_; }
+  const DcpLayout& dcp() const { return dcp_; }
+  LayerKvCache& layer(int i) { return pool_->layers.at(size_t(i)); }
+  const LayerKvCache& layer(int i) const { return pool_->layers.at(size_t(i)); }
+  LayerKvCache& mtp() { return pool_->mtp; }
+  const LayerKvCache& mtp() const { return pool_->mtp; }
+  bool has_mtp() const { return pool_->mtp.latent.defined(); }
 
  private:
+  std::shared_ptr<KvPool> pool_;
+  DcpLayout dcp_;
+  std::vector<int32_t> pages_;
   int64_t capacity_ = 0;
   int64_t length_ = 0;
   int64_t mtp_length_ = 0;
-  std::vector<LayerKvCache> layers_;
-  LayerKvCache mtp_;
 };
 
 }  // namespace dsi

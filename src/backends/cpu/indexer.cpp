@@ -4,22 +4,28 @@
 #include <limits>
 
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/paging.h"
+#include "ops/indexer.h"
 
 namespace dsi::cpu {
 
 void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
-                    const Tensor& bounds, float softmax_scale, Tensor& logits) {
+                    const Tensor& bounds, float softmax_scale, Tensor& logits,
+                    const ops::KeyPages* pages) {
   DSI_CHECK(q.ndim() == 3 && q.is_contiguous(), "indexer_logits: q must be [rows, heads, d], got {}",
             q.desc());
   const int64_t rows = q.dim(0), heads = q.dim(1), d = q.dim(2);
   check_shape(weights, {rows, heads}, "indexer_logits weights");
   DSI_CHECK(keys.ndim() == 2 && keys.dim(1) == d && keys.stride(1) == 1,
             "indexer_logits: keys {} for q {}", keys.desc(), q.desc());
-  const int64_t n_keys = keys.dim(0);
+  DSI_CHECK(logits.ndim() == 2 && logits.dim(0) == rows,
+            "indexer_logits: logits {} for {} rows", logits.desc(), rows);
+  const int64_t n_keys = logits.dim(1);
   check_shape(bounds, {rows}, "indexer_logits bounds");
-  check_shape(logits, {rows, n_keys}, "indexer_logits logits");
   DSI_CHECK(weights.is_contiguous() && bounds.is_contiguous() && logits.is_contiguous(),
             "indexer_logits: weights, bounds and logits must be contiguous");
+  const PageLookup lookup(pages, rows, "indexer_logits");
+  if (!pages) check_shape(logits, {rows, keys.dim(0)}, "indexer_logits logits");
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t bound = bounds.i32()[r];
@@ -31,7 +37,10 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
         out[s] = ninf;
         continue;
       }
-      const float* k = keys.f32() + s * keys.stride(0);
+      const int64_t slot = lookup.slot(r, s);
+      DSI_CHECK(slot >= 0 && slot < keys.dim(0), "indexer_logits: key {} of row {} maps to slot {} "
+                "outside the {} keys", s, r, slot, keys.dim(0));
+      const float* k = keys.f32() + slot * keys.stride(0);
       float acc = 0.0f;
       for (int64_t j = 0; j < heads; ++j) {
         const float* qj = q.f32() + (r * heads + j) * d;

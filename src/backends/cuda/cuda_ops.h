@@ -14,6 +14,9 @@ namespace dsi {
 struct LinearWeight;
 struct MlpWeights;
 struct RouterParams;
+namespace ops {
+struct KeyPages;
+}  // namespace ops
 }  // namespace dsi
 
 namespace dsi::cuda {
@@ -42,7 +45,12 @@ void silu_mul(const Tensor& gate, const Tensor& up, Tensor& out);
 void embedding(const Tensor& table, const Tensor& ids, Tensor& out);
 
 void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
-                    const Tensor& bounds, float softmax_scale, Tensor& logits);
+                    const Tensor& bounds, float softmax_scale, Tensor& logits,
+                    const ops::KeyPages* pages);
+
+void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst);
+void slots_from_local(const Tensor& local, const Tensor& block_tables, const Tensor& row_seq,
+                      int page_size, Tensor& out);
 
 void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Tensor* values);
 void topk_merge(const Tensor& scores, const Tensor& positions, int k, Tensor& winners);

@@ -5,6 +5,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/indexer/indexer.h"
+#include "ops/indexer.h"
 
 namespace dsi::cuda {
 
@@ -24,7 +25,13 @@ __global__ void indexer_logits_kernel(IndexerParams p) {
       p.logits[t] = -INFINITY;
       continue;
     }
-    const float* k = p.keys + s * p.key_stride;
+    const int64_t slot = p.pages.slot(r, s);
+    if (slot < 0 || slot >= p.n_slots) {
+      atomicMin(p.bad_key, static_cast<unsigned long long>(t));
+      p.logits[t] = NAN;
+      continue;
+    }
+    const float* k = p.keys + slot * p.key_stride;
     const float* w = p.weights + r * p.heads;
     float acc = 0.0f;
     for (int64_t j = 0; j < p.heads; ++j) {
@@ -49,24 +56,30 @@ void launch_indexer_logits(const IndexerParams& p, cudaStream_t s) {
 }
 
 void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
-                    const Tensor& bounds, float softmax_scale, Tensor& logits) {
+                    const Tensor& bounds, float softmax_scale, Tensor& logits,
+                    const ops::KeyPages* pages) {
   DSI_CHECK(q.ndim() == 3 && q.is_contiguous(), "indexer_logits: q must be [rows, heads, d], got {}",
             q.desc());
   const int64_t rows = q.dim(0), heads = q.dim(1), d = q.dim(2);
   check_shape(weights, {rows, heads}, "indexer_logits weights");
   DSI_CHECK(keys.ndim() == 2 && keys.dim(1) == d && keys.stride(1) == 1,
             "indexer_logits: keys {} for q {}", keys.desc(), q.desc());
-  const int64_t n_keys = keys.dim(0);
+  DSI_CHECK(logits.ndim() == 2 && logits.dim(0) == rows,
+            "indexer_logits: logits {} for {} rows", logits.desc(), rows);
+  const int64_t n_keys = logits.dim(1);
   check_shape(bounds, {rows}, "indexer_logits bounds");
-  check_shape(logits, {rows, n_keys}, "indexer_logits logits");
+  if (!pages) check_shape(logits, {rows, keys.dim(0)}, "indexer_logits logits");
   DSI_CHECK(weights.is_contiguous() && bounds.is_contiguous() && logits.is_contiguous(),
             "indexer_logits: weights, bounds and logits must be contiguous");
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&weights, "weights"},
                                 {&keys, "keys"}, {&bounds, "bounds"}, {&logits, "logits"}})
     check_on(*t, q.device(), "indexer_logits", what);
   DeviceGuard guard(q.device());
-  ErrorFlag bad;
+  ErrorFlag bad, bad_key;
   IndexerParams p{};
+  p.pages = page_table(pages, rows, q.device(), "indexer_logits");
+  p.n_slots = keys.dim(0);
+  p.bad_key = bad_key.ptr();
   p.q = q.f32();
   p.weights = weights.f32();
   p.keys = keys.f32();
@@ -91,6 +104,10 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
   }
   if (first != ErrorFlag::kNone)
     fail("indexer_logits: bound {} outside [0, {}]", read_device(p.bounds + first), n_keys);
+  const unsigned long long key = bad_key.read();
+  if (key != ErrorFlag::kNone)
+    fail("indexer_logits: key {} of row {} has no slot among the {} keys", key % n_keys,
+         key / n_keys, p.n_slots);
 }
 
 }  // namespace dsi::cuda

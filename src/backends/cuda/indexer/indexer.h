@@ -8,18 +8,22 @@
 
 #include <cstdint>
 
+#include "backends/cuda/paging/paging.h"
+
 namespace dsi::cuda {
 
 struct IndexerParams {
   const float* q;          // [rows, heads, d] contiguous
   const float* weights;    // [rows, heads] contiguous
-  const float* keys;       // [n_keys, d], row stride key_stride
+  const float* keys;       // [n_slots, d], row stride key_stride; row r's key s in slot pages.slot(r, s)
+  PageTable pages;
   const int32_t* bounds;   // [rows], keys [0, bounds[r]) visible to row r
   float* logits;           // [rows, n_keys] contiguous; -inf at and past the bound
   int64_t key_stride;
-  int64_t rows, heads, d, n_keys;
+  int64_t rows, heads, d, n_keys, n_slots;  // n_keys: the logits' width
   float softmax_scale;
   unsigned long long* bad;  // lowered to the first row whose bound is outside [0, n_keys]
+  unsigned long long* bad_key;  // lowered to the first (row * n_keys + key) with no slot
 };
 void launch_indexer_logits(const IndexerParams& p, cudaStream_t stream);
 
