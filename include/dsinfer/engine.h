@@ -27,7 +27,6 @@ struct EngineOptions {
   int64_t max_model_len = 0;            // prompt + output tokens per request; 0 = the model's limit
   int64_t kv_cache_memory = 0;          // bytes for the KV pages (per rank); 0 = from the fraction
   double kv_cache_fraction = 0.5;       // of free device memory (CPU: of available RAM)
-  bool prefix_caching = true;           // reuse full cached pages of an identical prompt prefix
 };
 
 // One request: a prompt of token ids and how to continue it.
@@ -59,7 +58,6 @@ struct RequestEvent {
   std::string error;          // when finish_reason == "error": what went wrong
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // so far
-  int64_t cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
 };
 
 // Called on the engine thread for every event of a request; must be quick and must not throw.
@@ -74,9 +72,8 @@ struct EngineMetrics {
   int64_t kv_capacity_tokens = 0;  // tokens of one sequence the pool can hold in all
   int64_t requests_finished = 0;
   int64_t preemptions = 0;
-  int64_t prompt_tokens = 0;       // processed in prefill (prefix-cache hits excluded)
+  int64_t prompt_tokens = 0;       // processed in prefill (recomputation after preemption included)
   int64_t generation_tokens = 0;
-  int64_t prefix_cache_hit_tokens = 0;
   int64_t steps = 0;
   // Speculative decoding, named as vLLM names them.
   int64_t num_drafts = 0;
