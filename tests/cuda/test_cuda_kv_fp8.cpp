@@ -1,0 +1,302 @@
+// CUDA tests of the fp8 KV caches (ops/kv_fp8.h) against the CPU reference in one process: the store
+// ops write bitwise-identical pools (untouched bytes included), mla_cache_load_fp8 and the indexer
+// logits are bitwise equal (same rounding at every step), sparse_mla_fp8 agrees up to summation order
+// (normalised MSE); odd key counts (0..2049), several sequences and MTP rows per call, heads 1..128,
+// NaN guard regions around outputs, repeated runs bitwise equal, and the CPU's error messages.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda/cuda_test_util.h"
+#include "ops/kv_fp8.h"
+
+namespace dsi {
+namespace {
+
+using test::dev;
+using test::host;
+
+class CudaKvFp8 : public test::CudaTest {};
+
+constexpr int64_t kPage = ops::kKvPageTokens;
+const std::vector<int64_t> kKeyCounts = {0, 1, 3, 127, 128, 129, 2047, 2048, 2049};
+
+std::string sz(const char* name, int64_t v) { return std::string(" ") + name + "=" + std::to_string(v); }
+
+Tensor filled_u8(const Shape& shape, uint8_t v) {
+  Tensor t = Tensor::empty(shape, DType::U8);
+  if (t.nbytes() > 0) std::memset(t.raw(), v, t.nbytes());
+  return t;
+}
+
+Tensor i32(const std::vector<int32_t>& v, const Shape& shape) {
+  if (v.empty()) return Tensor::empty(shape, DType::I32);
+  return Tensor::from_i32(v, shape);
+}
+
+// Bytes of two host U8 tensors; reports the first differing offsets.
+void expect_same_bytes(const Tensor& got, const Tensor& want, int64_t row_bytes, const std::string& what) {
+  ASSERT_EQ(got.nbytes(), want.nbytes()) << what;
+  const auto* g = static_cast<const uint8_t*>(got.raw());
+  const auto* w = static_cast<const uint8_t*>(want.raw());
+  int bad = 0;
+  for (size_t i = 0; i < got.nbytes(); ++i)
+    if (g[i] != w[i] && bad++ < 5)
+      ADD_FAILURE() << what << ": byte " << i << " (row " << int64_t(i) / row_bytes << ", offset "
+                    << int64_t(i) % row_bytes << ") GPU " << int(g[i]) << " CPU " << int(w[i]);
+  EXPECT_EQ(bad, 0) << what << ": pools differ";
+}
+
+// A paged layout: physical pages shuffled, block tables padded with -1.
+struct Paged {
+  int64_t n_pages = 0, max_pages = 1;
+  std::vector<int32_t> table;
+  int32_t slot(int64_t seq, int64_t s) const {
+    return table[size_t(seq * max_pages + s / kPage)] * int32_t(kPage) + int32_t(s % kPage);
+  }
+};
+
+Paged make_paged(const std::vector<int64_t>& lens, uint64_t seed) {
+  Paged p;
+  int64_t total = 0;
+  for (int64_t l : lens) {
+    p.max_pages = std::max(p.max_pages, (l + kPage - 1) / kPage);
+    total += (l + kPage - 1) / kPage;
+  }
+  p.n_pages = total + 2;
+  std::vector<int32_t> phys(static_cast<size_t>(p.n_pages));
+  std::iota(phys.begin(), phys.end(), 0);
+  std::mt19937_64 rng(seed);
+  std::shuffle(phys.begin(), phys.end(), rng);
+  p.table.assign(lens.size() * size_t(p.max_pages), -1);
+  size_t next = 0;
+  for (size_t q = 0; q < lens.size(); ++q)
+    for (int64_t pg = 0; pg * kPage < lens[q]; ++pg) p.table[q * size_t(p.max_pages) + size_t(pg)] = phys[next++];
+  return p;
+}
+
+// ---------------------------------------------------------------- indexer key store
+
+TEST_F(CudaKvFp8, IndexerStoreBitwiseEqualPools) {
+  for (int64_t d : {128, 64, 32, 16}) {
+    for (int64_t m : {0, 1, 3, 127, 128, 129, 2049}) {
+      const std::string what = "indexer store" + sz("d", d) + sz("m", m);
+      const int64_t n_pages = (m + kPage - 1) / kPage + 1;
+      Tensor keys = test::rand_tensor({m, d}, uint64_t(m * 7 + d), 3.0f);
+      if (m > 2) {
+        keys.f32()[d + 1] = 3000.0f;                               // an outlier
+        for (int64_t c = 0; c < d; ++c) keys.f32()[2 * d + c] = 0;  // the amax floor
+      }
+      std::vector<int32_t> sl(static_cast<size_t>(n_pages * kPage));
+      std::iota(sl.begin(), sl.end(), 0);
+      std::mt19937_64 rng{uint64_t(m)};
+      std::shuffle(sl.begin(), sl.end(), rng);
+      sl.resize(static_cast<size_t>(m));
+      for (size_t i = 5; i < sl.size(); i += 11) sl[i] = -1;
+      const Tensor slots = i32(sl, {m});
+      Tensor cpu_pool = filled_u8({n_pages, ops::indexer_page_bytes(d)}, 0xa5);
+      Tensor gpu_pool = dev(cpu_pool);
+      ops::indexer_keys_store_fp8(keys, slots, cpu_pool);
+      ops::indexer_keys_store_fp8(test::dev_strided(keys), dev(slots), gpu_pool);
+      expect_same_bytes(host(gpu_pool), cpu_pool, ops::indexer_page_bytes(d), what);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- indexer logits
+
+struct LogitsCase {
+  int64_t d, heads;
+  std::vector<int64_t> lens;
+  std::vector<int32_t> row_seq, bounds;
+};
+
+void run_logits_case(const LogitsCase& c, uint64_t seed, const std::string& what) {
+  const int64_t rows = int64_t(c.row_seq.size()), d = c.d, heads = c.heads;
+  const Paged pg = make_paged(c.lens, seed);
+  int64_t total = 0, n_cols = 0;
+  for (int64_t l : c.lens) {
+    total += l;
+    n_cols = std::max(n_cols, l);
+  }
+  n_cols += 3;  // columns past every bound: -inf
+  const Tensor keys = test::rand_tensor({total, d}, seed + 1);
+  std::vector<int32_t> sl;
+  for (size_t q = 0; q < c.lens.size(); ++q)
+    for (int64_t s = 0; s < c.lens[q]; ++s) sl.push_back(pg.slot(int64_t(q), s));
+  Tensor pool = filled_u8({pg.n_pages, ops::indexer_page_bytes(d)}, 0);
+  ops::indexer_keys_store_fp8(keys, i32(sl, {total}), pool);
+  const Tensor q = test::rand_tensor({rows, heads, d}, seed + 2);
+  const Tensor w = test::rand_tensor({rows, heads}, seed + 3, 1.0f / std::sqrt(float(heads)));
+  const Tensor table = i32(pg.table, {int64_t(c.lens.size()), pg.max_pages});
+  const Tensor rs = i32(c.row_seq, {rows}), bd = i32(c.bounds, {rows});
+  const float scale = 1.0f / std::sqrt(float(d));
+  Tensor cpu = Tensor::empty({rows, n_cols}, DType::F32);
+  ops::indexer_logits_fp8(q, w, pool, table, rs, bd, scale, cpu);
+  test::Guarded g = test::guarded({rows, n_cols}, DType::F32);
+  const Tensor dq = dev(q), dw = dev(w), dp = dev(pool), dt = dev(table), drs = dev(rs), dbd = dev(bd);
+  ops::indexer_logits_fp8(dq, dw, dp, dt, drs, dbd, scale, g.view);
+  const Tensor got = g.check(what);
+  test::expect_same_specials(got, cpu, what);
+  test::expect_nmse_close(got, cpu, tol::kCudaReductionNmse, what);
+  // Same rounding at every step (exact e4m3 products, the heads summed in order): bitwise.
+  test::expect_bitwise(got, cpu, what + " (bitwise)");
+  ops::indexer_logits_fp8(dq, dw, dp, dt, drs, dbd, scale, g.view);
+  test::expect_bitwise(g.check(what), got, what + " repeat");
+}
+
+TEST_F(CudaKvFp8, IndexerLogitsOddKeyCounts) {
+  for (int64_t n : kKeyCounts) {
+    // One sequence, three rows: the full bound, half of it and an MTP-like bound one short.
+    const int32_t b = int32_t(n);
+    run_logits_case({128, 8, {n}, {0, 0, 0}, {b, b / 2, std::max(b - 1, 0)}}, uint64_t(n) + 1,
+                    "indexer logits" + sz("n_keys", n));
+  }
+}
+
+TEST_F(CudaKvFp8, IndexerLogitsSeveralSequencesMtpRowsAndHeads) {
+  // Sequences of different lengths in one call; sequence 1 has 4 verification rows with consecutive
+  // causal bounds; sequence 3 is empty.
+  for (int64_t heads : {1, 64, 128}) {
+    run_logits_case({128, heads, {2049, 129, 1, 0}, {0, 1, 1, 1, 1, 2, 3}, {2049, 126, 127, 128, 129, 1, 0}},
+                    uint64_t(heads), "indexer logits batch" + sz("heads", heads));
+  }
+  for (int64_t d : {16, 32, 64}) {
+    run_logits_case({d, 5, {300, 64}, {1, 0, 0}, {64, 300, 65}}, uint64_t(d), "indexer logits" + sz("d", d));
+  }
+}
+
+TEST_F(CudaKvFp8, IndexerLogitsBadInputsGiveTheCpuErrors) {
+  const int64_t d = 128;
+  const Tensor q = Tensor::zeros({1, 2, d}, DType::F32), w = Tensor::zeros({1, 2}, DType::F32);
+  const Tensor pool = filled_u8({2, ops::indexer_page_bytes(d)}, 0);
+  const Tensor table = Tensor::from_i32({0, -1}, {1, 2});
+  auto both = [&](const Tensor& rs, const Tensor& bd) {
+    Tensor c = Tensor::empty({1, 100}, DType::F32);
+    const std::string ce = test::error_of([&] { ops::indexer_logits_fp8(q, w, pool, table, rs, bd, 1.0f, c); });
+    Tensor g = Tensor::empty({1, 100}, DType::F32, test::gpu());
+    const std::string ge = test::error_of(
+        [&] { ops::indexer_logits_fp8(dev(q), dev(w), dev(pool), dev(table), dev(rs), dev(bd), 1.0f, g); });
+    EXPECT_FALSE(ce.empty());
+    EXPECT_EQ(ge, ce);
+  };
+  both(Tensor::from_i32({0}, {1}), Tensor::from_i32({70}, {1}));   // page 1 is -1
+  both(Tensor::from_i32({0}, {1}), Tensor::from_i32({101}, {1}));  // past the logits
+  both(Tensor::from_i32({3}, {1}), Tensor::from_i32({1}, {1}));    // no such sequence
+  Tensor gp = dev(pool);
+  const std::string ge = test::error_of([&] {
+    ops::indexer_keys_store_fp8(dev(Tensor::zeros({2, d}, DType::F32)), dev(Tensor::from_i32({0, 128}, {2})), gp);
+  });
+  EXPECT_NE(ge.find("slot 128 of key 1 outside the pool's 128 slots"), std::string::npos) << ge;
+}
+
+// ---------------------------------------------------------------- MLA cache
+
+TEST_F(CudaKvFp8, MlaStoreAndLoadBitwise) {
+  for (int64_t m : {0, 1, 3, 127, 128, 129, 2049}) {
+    const std::string what = "mla store/load" + sz("m", m);
+    const int64_t n_slots = m + 5, dk = 576;
+    Tensor rows = test::rand_tensor({m, dk}, uint64_t(m) + 3, 4.0f);
+    if (m > 3) {
+      rows.f32()[dk + 200] = 7000.0f;
+      for (int64_t c = 384; c < 512; ++c) rows.f32()[2 * dk + c] = 0;
+      rows.f32()[3 * dk + 530] = 1.00390625f;  // a bf16 tie: rounds to even (1.0)
+    }
+    std::vector<int32_t> sl(static_cast<size_t>(n_slots));
+    std::iota(sl.begin(), sl.end(), 0);
+    std::mt19937_64 rng(uint64_t(m) + 9);
+    std::shuffle(sl.begin(), sl.end(), rng);
+    sl.resize(static_cast<size_t>(m));
+    for (size_t i = 2; i < sl.size(); i += 13) sl[i] = -1;
+    const Tensor slots = i32(sl, {m});
+    Tensor cpu_pool = filled_u8({n_slots, ops::kMlaFp8Bytes}, 0x5a);
+    Tensor gpu_pool = dev(cpu_pool);
+    ops::mla_cache_store_fp8(rows, slots, cpu_pool);
+    ops::mla_cache_store_fp8(test::dev_strided(rows), dev(slots), gpu_pool);
+    expect_same_bytes(host(gpu_pool), cpu_pool, ops::kMlaFp8Bytes, what);
+    // Load every slot (the -1 entries give zero rows), from the GPU's own pool.
+    std::vector<int32_t> all(static_cast<size_t>(n_slots));
+    std::iota(all.begin(), all.end(), 0);
+    all.push_back(-1);
+    const Tensor all_t = i32(all, {n_slots + 1});
+    Tensor cpu_rows = Tensor::empty({n_slots + 1, dk}, DType::F32);
+    Tensor filled = filled_u8({n_slots, ops::kMlaFp8Bytes}, 0);  // deterministic bytes everywhere
+    ops::mla_cache_store_fp8(rows, slots, filled);
+    ops::mla_cache_load_fp8(filled, all_t, cpu_rows);
+    test::Guarded g = test::guarded({n_slots + 1, dk}, DType::F32);
+    ops::mla_cache_load_fp8(dev(filled), dev(all_t), g.view);
+    test::expect_bitwise(g.check(what), cpu_rows, what + " load");
+  }
+}
+
+std::vector<int32_t> random_indices(int64_t rows, int64_t topk, int64_t n_slots, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> idx(static_cast<size_t>(rows * topk));
+  for (auto& v : idx) v = (rng() % 9 == 0) ? -1 : int32_t(rng() % uint64_t(n_slots));  // duplicates too
+  if (rows > 1)
+    for (int64_t j = 0; j < topk; ++j) idx[size_t(topk + j)] = -1;  // row 1: no key at all
+  return idx;
+}
+
+void run_sparse_case(int64_t rows, int64_t heads, int64_t topk, uint64_t seed, const std::string& what) {
+  const int64_t n_slots = std::max<int64_t>(topk + 7, 40), dk = 576;
+  const Tensor kv = test::rand_tensor({n_slots, dk}, seed, 2.0f);
+  std::vector<int32_t> all(static_cast<size_t>(n_slots));
+  std::iota(all.begin(), all.end(), 0);
+  Tensor pool = filled_u8({n_slots, ops::kMlaFp8Bytes}, 0);
+  ops::mla_cache_store_fp8(kv, i32(all, {n_slots}), pool);
+  const Tensor q = test::rand_tensor({rows, heads, dk}, seed + 1, 0.5f);
+  const Tensor idx = i32(random_indices(rows, topk, n_slots, seed + 2), {rows, topk});
+  const float scale = 1.0f / std::sqrt(float(dk));
+  Tensor co = Tensor::empty({rows, heads, 512}, DType::F32), cl = Tensor::empty({rows, heads}, DType::F32);
+  ops::sparse_mla_fp8(q, pool, idx, scale, 512, co, cl);
+  test::Guarded go = test::guarded({rows, heads, 512}, DType::F32);
+  test::Guarded gl = test::guarded({rows, heads}, DType::F32);
+  const Tensor dq = test::dev_strided(q), dp = dev(pool), di = dev(idx);
+  ops::sparse_mla_fp8(dq, dp, di, scale, 512, go.view, gl.view);
+  const Tensor out = go.check(what + " out"), lse = gl.check(what + " lse");
+  test::expect_nmse_close(out, co, tol::kCudaReductionNmse, what + " out");
+  test::expect_nmse_close(lse, cl, tol::kCudaReductionNmse, what + " lse");
+  ops::sparse_mla_fp8(dq, dp, di, scale, 512, go.view, gl.view);
+  test::expect_bitwise(go.check(what + " out"), out, what + " out repeat");
+  test::expect_bitwise(gl.check(what + " lse"), lse, what + " lse repeat");
+}
+
+TEST_F(CudaKvFp8, SparseMlaOddTopk) {
+  for (int64_t topk : kKeyCounts)
+    run_sparse_case(3, 16, topk, uint64_t(topk) + 1, "sparse mla fp8" + sz("topk", topk));
+}
+
+TEST_F(CudaKvFp8, SparseMlaHeads) {
+  for (int64_t heads : {1, 2, 3, 8, 9, 17, 64, 128})
+    run_sparse_case(3, heads, 129, uint64_t(heads) + 50, "sparse mla fp8" + sz("heads", heads));
+  run_sparse_case(2, 128, 2049, 77, "sparse mla fp8 heads=128 topk=2049");
+  run_sparse_case(2, 64, 4100, 78, "sparse mla fp8 heads=64 topk=4100");
+}
+
+TEST_F(CudaKvFp8, SparseMlaBadIndexGivesTheCpuError) {
+  const Tensor q = Tensor::zeros({1, 2, 576}, DType::F32);
+  const Tensor pool = filled_u8({4, ops::kMlaFp8Bytes}, 0);
+  const Tensor idx = Tensor::from_i32({1, 9, -1}, {1, 3});
+  Tensor co = Tensor::empty({1, 2, 512}, DType::F32), cl = Tensor::empty({1, 2}, DType::F32);
+  const std::string ce = test::error_of([&] { ops::sparse_mla_fp8(q, pool, idx, 1.0f, 512, co, cl); });
+  Tensor go = Tensor::empty({1, 2, 512}, DType::F32, test::gpu()), gl = Tensor::empty({1, 2}, DType::F32, test::gpu());
+  const std::string ge =
+      test::error_of([&] { ops::sparse_mla_fp8(dev(q), dev(pool), dev(idx), 1.0f, 512, go, gl); });
+  EXPECT_FALSE(ce.empty());
+  EXPECT_EQ(ge, ce);
+  Tensor gp = dev(pool);
+  const std::string se = test::error_of([&] {
+    ops::mla_cache_store_fp8(dev(Tensor::zeros({1, 576}, DType::F32)), dev(Tensor::from_i32({4}, {1})), gp);
+  });
+  EXPECT_NE(se.find("slot 4 of row 0 outside the pool's 4 slots"), std::string::npos) << se;
+}
+
+}  // namespace
+}  // namespace dsi
