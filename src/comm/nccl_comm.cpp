@@ -211,7 +211,8 @@ struct NcclComm::State {
   }
 
   // Polls a non-blocking communicator until its pending NCCL call is enqueued (ncclSuccess).
-  void wait_ready(ncclComm_t comm, Clock::time_point deadline, const std::string& ctx, const char* what) {
+  void wait_ready(ncclComm_t comm, Clock::time_point deadline, double seconds, const std::string& ctx,
+                  const char* what) {
     for (int round = 0;; ++round) {
       ncclResult_t st = ncclSuccess;
       const ncclResult_t r = ncclCommGetAsyncError(comm, &st);
@@ -222,7 +223,7 @@ struct NcclComm::State {
         die(fmt::format("{} failed {}: {}", ctx, what, setup.process->failure()));
       if (Clock::now() >= deadline)
         die(fmt::format("{} timed out after {} s {} (the NCCL communicators were aborted: this rank "
-                        "cannot communicate any more)", ctx, seconds_str(timeout()), what));
+                        "cannot communicate any more)", ctx, seconds_str(seconds), what));
       back_off(round);
     }
   }
@@ -230,7 +231,7 @@ struct NcclComm::State {
   // The result of an NCCL call on `comm`: in progress (non-blocking mode) waits until enqueued.
   void nccl_step(ncclResult_t r, ncclComm_t comm, const Call& c, const char* what) {
     if (r == ncclSuccess) return;
-    if (r == ncclInProgress) return wait_ready(comm, c.deadline, c.ctx, what);
+    if (r == ncclInProgress) return wait_ready(comm, c.deadline, timeout(), c.ctx, what);
     die(fmt::format("{} failed: {}: {}", c.ctx, what, nccl_error(r)));
   }
 
@@ -266,7 +267,11 @@ struct NcclComm::State {
 
   // Creates the NCCL communicator of group g (collective over its members): member 0's id goes to
   // the others through the host group's broadcast; creation is polled against the deadline.
-  ncclComm_t create_comm(const Group& g, const std::string& ctx, Clock::time_point deadline) {
+  // Creating a communicator legitimately takes seconds (CUDA context, topology detection, proxy
+  // threads), so creation gets at least a minute even when collectives have a short timeout.
+  double create_seconds() const { return std::max(timeout(), 60.0); }
+
+  ncclComm_t create_comm(const Group& g, const std::string& ctx) {
     const int me = g.member(rank);
     ncclUniqueId id{};
     Tensor idt = Tensor::zeros({int64_t(sizeof(ncclUniqueId))}, DType::U8);
@@ -291,16 +296,17 @@ struct NcclComm::State {
     if (comm != nullptr) owned.push_back(comm);
     if (r != ncclSuccess && r != ncclInProgress)
       die(fmt::format("{} failed: ncclCommInitRankConfig: {}", ctx, nccl_error(r)));
-    if (r == ncclInProgress) wait_ready(comm, deadline, ctx, "creating the NCCL communicator");
+    if (r == ncclInProgress)
+      wait_ready(comm, deadline_after(create_seconds()), create_seconds(), ctx, "creating the NCCL communicator");
     comms[{g.first, g.size}] = comm;
     return comm;
   }
 
-  ncclComm_t group_comm(const Group& g, const std::string& ctx, Clock::time_point deadline) {
+  ncclComm_t group_comm(const Group& g, const std::string& ctx) {
     if (g.size == 1) return nullptr;
     auto it = comms.find({g.first, g.size});
     if (it != comms.end()) return it->second;
-    return create_comm(g, ctx, deadline);
+    return create_comm(g, ctx);
   }
 
   // Device checks, then the shared host-tensor argument checks on shape aliases.
@@ -350,7 +356,12 @@ struct NcclComm::State {
     } else if (!invalid.empty()) {
       fail("{}: {}", c.ctx, invalid);
     }
-    if (op != CollectiveOp::kBarrier) c.comm = group_comm(g, c.ctx, c.deadline);
+    if (op != CollectiveOp::kBarrier && c.g->size > 1 && !comms.count({g.first, g.size})) {
+      c.comm = group_comm(g, c.ctx);
+      c.deadline = deadline_after(timeout());  // the collective's own time starts after the creation
+    } else if (op != CollectiveOp::kBarrier) {
+      c.comm = group_comm(g, c.ctx);
+    }
     return c;
   }
 
@@ -465,7 +476,6 @@ std::unique_ptr<NcclComm> NcclComm::create(Communicator& host, NcclSetup setup) 
   s->size = size;
   s->device = setup.device;
   s->setup = std::move(setup);
-  const auto deadline = deadline_after(host.options().timeout_seconds);
   std::vector<Group> groups{Group{"world", 0, size}};
   groups.insert(groups.end(), s->setup.groups.begin(), s->setup.groups.end());
   for (const Group& g : groups) {
@@ -475,7 +485,7 @@ std::unique_ptr<NcclComm> NcclComm::create(Communicator& host, NcclSetup setup) 
     const std::string ctx = fmt::format("rank {}: creating the NCCL communicator of group {} ({}) on {}",
                                         rank, g.name, s->range(g), Device::cuda(s->device).str());
     s->throw_if_failed(ctx);
-    s->group_comm(g, ctx, deadline);
+    s->group_comm(g, ctx);
   }
   return std::unique_ptr<NcclComm>(new NcclComm(std::move(s)));
 }
