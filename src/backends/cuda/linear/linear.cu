@@ -1,10 +1,12 @@
 // Linear ops of the CUDA backend; see linear.h and ops/linear.h.
 #include <algorithm>
 #include <climits>
+#include <optional>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/cublas.h"
+#include "backends/cuda/linear/gemv.h"
 #include "backends/cuda/linear/linear.h"
 #include "backends/cuda/memory/memory.h"
 #include "ops/linear.h"
@@ -90,6 +92,49 @@ void sgemm_xwt(const float* x, int64_t ldx, const float* w, float* c, int64_t ld
                                &alpha, w, int(k), x, int(ldx), &beta, c, int(ldc)));
 }
 
+// y = x W^T for 1..kGemvMaxRows rows of x by the weight-streaming GEMV (gemv.h) on a validated
+// weight. x rows that are not 16-byte aligned are first packed into an aligned scratch copy (a few
+// KB), so the weight is still read with 16-byte loads.
+void linear_gemv(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  GemvParams p{};
+  p.x = x.f32();
+  p.ldx = x.stride(0);
+  p.w = w.weight.raw();
+  p.kind = float_kind(w.weight.dtype(), "linear weight");
+  p.y = out.f32();
+  p.ldy = out.stride(0);
+  p.in = w.in_features();
+  p.out = w.out_features();
+  p.n = int(x.dim(0));
+  p.block_out = p.block_in = 1;
+  if (p.kind == FloatKind::kE4M3) {
+    p.scale_inv = w.scale_inv.f32();
+    p.scale_cols = w.scale_inv.dim(1);
+    p.row0 = w.row0;
+    p.col0 = w.col0;
+    p.block_out = w.block_out;
+    p.block_in = w.block_in;
+  }
+  std::optional<Scratch> packed;
+  if (!gemv_vector_ok(p)) {
+    GemvParams q = p;  // would the weight qualify with an aligned, contiguous x?
+    q.x = nullptr;
+    q.ldx = p.in;
+    if (gemv_vector_ok(q)) {
+      packed.emplace(size_t(p.n * p.in) * sizeof(float));
+      DSI_CUDA_CHECK(cudaMemcpy2DAsync(packed->as<float>(), size_t(p.in) * sizeof(float), p.x,
+                                       size_t(p.ldx) * sizeof(float), size_t(p.in) * sizeof(float),
+                                       size_t(p.n), cudaMemcpyDeviceToDevice, stream()));
+      p.x = packed->as<float>();
+      p.ldx = p.in;
+    }
+  }
+  int dev = 0, sms = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  DSI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  launch_gemv(p, gemv_plan(p, sms), stream());
+}
+
 }  // namespace
 
 void launch_dequantize(const DequantParams& p, cudaStream_t s) {
@@ -136,6 +181,11 @@ void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   DeviceGuard guard(x.device());
   if (in_f == 0) {
     fill_f32(out, 0.0f);
+    return;
+  }
+  if (n <= kGemvMaxRows) {  // decode: stream the weight once at memory bandwidth
+    validate_weight(w, 0, out_f);
+    linear_gemv(x, w, out);
     return;
   }
   if (w.weight.dtype() == DType::F32 && w.weight.is_contiguous()) {

@@ -1,6 +1,8 @@
-// Linear layers on the GPU: fp32 weights go straight to cuBLAS sgemm; bf16 / f16 / fp8-block-scaled
-// weights are dequantised to fp32 in chunks of rows (exactly as the CPU reference) and multiplied
-// with sgemm, so the only difference to the CPU is cuBLAS's summation order.
+// Linear layers on the GPU. Up to 8 rows of x (decode): the weight-streaming GEMV (gemv.h), which
+// reads the weight once in its own dtype. More rows: fp32 weights go straight to cuBLAS sgemm;
+// bf16 / f16 / fp8-block-scaled weights are dequantised to fp32 in chunks of rows (exactly as the
+// CPU reference) and multiplied with sgemm. Either way the only difference to the CPU is the
+// summation order.
 #pragma once
 
 #include <cuda_runtime.h>

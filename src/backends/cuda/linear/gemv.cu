@@ -1,0 +1,286 @@
+// Weight-streaming GEMV / skinny GEMM (1..8 rows of x); see gemv.h.
+//
+// Tiling: a block is 8 warps. A warp owns R output rows (rows_per_warp) and k_split warps share one
+// row group, each streaming every k_split-th 512-byte stretch of those rows (32 lanes x 16 B). A
+// lane loads 16 B of each of its R rows, two stretches ahead (both issued before any math, so each
+// warp keeps 2 x R x 512 B in flight), and reuses every 16 B of x it loads across the R rows: x is
+// read from L1 (R x fewer x bytes per weight byte), W bypasses L1 (read once, it would only evict
+// x). Partial sums: a fixed xor-butterfly per warp, then the k_split warps in order through shared
+// memory, so results are bitwise reproducible.
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "backends/cuda/linear/gemv.h"
+
+namespace dsi::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+
+template <FloatKind K>
+constexpr int elems_per_16b() {
+  return K == FloatKind::kF32 ? 4 : K == FloatKind::kE4M3 ? 16 : 8;
+}
+
+// 16 bytes of W, read once: not allocated in L1, which keeps the x rows.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {
+  __half2_raw r;
+  r.x = static_cast<unsigned short>(bits & 0xffffu);
+  r.y = static_cast<unsigned short>(bits >> 16);
+  return __half22float2(__half2(r));  // exact
+}
+
+// Elements 4 * sub .. 4 * sub + 3 of a 16-byte chunk of W as fp32, exactly (byte order: element 0
+// in the lowest bytes, little-endian).
+template <FloatKind K>
+__device__ __forceinline__ void decode4(const uint4& v, int sub, float (&f)[4]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  if constexpr (K == FloatKind::kF32) {
+    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(w[i]);
+  } else if constexpr (K == FloatKind::kBF16) {
+    const uint32_t a = w[2 * sub], b = w[2 * sub + 1];
+    f[0] = __uint_as_float(a << 16);
+    f[1] = __uint_as_float(a & 0xffff0000u);
+    f[2] = __uint_as_float(b << 16);
+    f[3] = __uint_as_float(b & 0xffff0000u);
+  } else if constexpr (K == FloatKind::kF16) {
+    const float2 lo = half2_bits_to_float2(w[2 * sub]), hi = half2_bits_to_float2(w[2 * sub + 1]);
+    f[0] = lo.x;
+    f[1] = lo.y;
+    f[2] = hi.x;
+    f[3] = hi.y;
+  } else {
+    // e4m3 pairs -> f16 pairs (exact: e4m3 is a subset of f16, NaN stays NaN) -> fp32.
+    const uint32_t a = w[sub];
+    const __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(a & 0xffffu), __NV_E4M3);
+    const __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(a >> 16), __NV_E4M3);
+    const float2 l = __half22float2(__half2(lo)), h = __half22float2(__half2(hi));
+    f[0] = l.x;
+    f[1] = l.y;
+    f[2] = h.x;
+    f[3] = h.y;
+  }
+}
+
+// acc[i][r] += x[i, c*E .. c*E+E) . W[row r, same columns] for one 16-byte chunk c of each row.
+// srow[r]: the row's scale_inv row (fp8); the chunk lies inside one column block (gemv_vector_ok).
+template <FloatKind K, int N, int R>
+__device__ __forceinline__ void accumulate_chunk(const GemvParams& p, const uint4 (&wv)[R],
+                                                 const float* const (&srow)[R], int64_t c,
+                                                 int block_in_log2, float (&acc)[N][R]) {
+  constexpr int E = elems_per_16b<K>();
+  float s[R];
+  if constexpr (K == FloatKind::kE4M3) {
+    const int64_t sc = (p.col0 + c * E) >> block_in_log2;
+    for (int r = 0; r < R; ++r) s[r] = __ldg(srow[r] + sc);
+  }
+  const float* xc = p.x + c * E;
+#pragma unroll
+  for (int sub = 0; sub < E / 4; ++sub) {
+    float4 xv[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) xv[i] = __ldg(reinterpret_cast<const float4*>(xc + i * p.ldx) + sub);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float f[4];
+      decode4<K>(wv[r], sub, f);
+      if constexpr (K == FloatKind::kE4M3) {
+        // The reference's dequantised weight, bitwise: w8 * scale_inv rounded once.
+        for (int e = 0; e < 4; ++e) f[e] = __fmul_rn(f[e], s[r]);
+      }
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        acc[i][r] = fmaf(xv[i].x, f[0], acc[i][r]);
+        acc[i][r] = fmaf(xv[i].y, f[1], acc[i][r]);
+        acc[i][r] = fmaf(xv[i].z, f[2], acc[i][r]);
+        acc[i][r] = fmaf(xv[i].w, f[3], acc[i][r]);
+      }
+    }
+  }
+}
+
+// Reduces acc over the warp (xor butterfly), then over the k_split warps of the row group in warp
+// order, and stores rows < out. Every thread of the block calls it.
+template <int N, int R>
+__device__ __forceinline__ void reduce_store(const GemvParams& p, float (&acc)[N][R],
+                                             int64_t row_base, int k_split) {
+  __shared__ float red[kWarps][N * R];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float v = warp_sum(acc[i][r]);
+      if (lane == 0) red[warp][i * R + r] = v;
+    }
+  __syncthreads();
+  if (warp % k_split == 0 && lane < N * R) {
+    float v = red[warp][lane];
+    for (int k = 1; k < k_split; ++k) v += red[warp + k][lane];
+    const int i = lane / R, r = lane % R;
+    const int64_t row = row_base + r;
+    if (row < p.out) p.y[i * p.ldy + row] = v;
+  }
+}
+
+// The 16-byte vector kernel (gemv_vector_ok holds). Grid: ceil(out / (R * kWarps / k_split)).
+template <FloatKind K, int N, int R>
+__global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p, const int k_split) {
+  constexpr int E = elems_per_16b<K>();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
+  const int64_t row_base = (int64_t(blockIdx.x) * groups + group) * R;
+  const int64_t chunks = p.in / E;  // 16-byte chunks per row
+  const uint4* wrow[R];
+  const float* srow[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    // Rows past the end (last block) re-read the last row; their results are not stored.
+    const int64_t row = row_base + r < p.out ? row_base + r : p.out - 1;
+    wrow[r] = static_cast<const uint4*>(p.w) + row * chunks;
+    srow[r] = K == FloatKind::kE4M3 ? p.scale_inv + ((p.row0 + row) / p.block_out) * p.scale_cols
+                                    : nullptr;
+  }
+  const int block_in_log2 = K == FloatKind::kE4M3 ? __ffs(p.block_in) - 1 : 0;
+  float acc[N][R];
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
+
+  const int64_t stride = int64_t(k_split) * 32;
+  for (int64_t c = int64_t(kw) * 32 + lane; c < chunks; c += 2 * stride) {
+    const int64_t c2 = c + stride;
+    const bool second = c2 < chunks;
+    uint4 a[R], b[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) a[r] = load_stream(wrow[r] + c);
+    if (second) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) b[r] = load_stream(wrow[r] + c2);
+    }
+    accumulate_chunk<K, N, R>(p, a, srow, c, block_in_log2, acc);
+    if (second) accumulate_chunk<K, N, R>(p, b, srow, c2, block_in_log2, acc);
+  }
+  reduce_store<N, R>(p, acc, row_base, k_split);
+}
+
+// The element-wise kernel for any shape and alignment: a warp per output row, lanes stride the
+// columns. Grid: ceil(out / kWarps).
+template <int N>
+__global__ void __launch_bounds__(kThreads) gemv_any_kernel(const GemvParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row_base = int64_t(blockIdx.x) * kWarps + warp;
+  const int64_t row = row_base < p.out ? row_base : p.out - 1;
+  const bool fp8 = p.kind == FloatKind::kE4M3;
+  const float* srow = fp8 ? p.scale_inv + ((p.row0 + row) / p.block_out) * p.scale_cols : nullptr;
+  float acc[N][1];
+#pragma unroll
+  for (int i = 0; i < N; ++i) acc[i][0] = 0.0f;
+  for (int64_t j = lane; j < p.in; j += 32) {
+    float w = load_float(p.w, p.kind, row * p.in + j);
+    if (fp8) w = __fmul_rn(w, srow[(p.col0 + j) / p.block_in]);
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i][0] = fmaf(p.x[i * p.ldx + j], w, acc[i][0]);
+  }
+  reduce_store<N, 1>(p, acc, row_base, 1);
+}
+
+template <FloatKind K, int N>
+void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
+  const int64_t rows_per_block = int64_t(plan.rows_per_warp) * (kWarps / plan.k_split);
+  const unsigned grid = unsigned((p.out + rows_per_block - 1) / rows_per_block);
+  switch (plan.rows_per_warp) {
+    case 1: gemv_vec_kernel<K, N, 1><<<grid, kThreads, 0, s>>>(p, plan.k_split); break;
+    case 2: gemv_vec_kernel<K, N, 2><<<grid, kThreads, 0, s>>>(p, plan.k_split); break;
+    default: gemv_vec_kernel<K, N, 4><<<grid, kThreads, 0, s>>>(p, plan.k_split); break;
+  }
+}
+
+template <int N>
+void launch_n(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
+  if (!plan.vec) {
+    const unsigned grid = unsigned((p.out + kWarps - 1) / kWarps);
+    gemv_any_kernel<N><<<grid, kThreads, 0, s>>>(p);
+    return;
+  }
+  switch (p.kind) {
+    case FloatKind::kF32: launch_vec_r<FloatKind::kF32, N>(p, plan, s); break;
+    case FloatKind::kBF16: launch_vec_r<FloatKind::kBF16, N>(p, plan, s); break;
+    case FloatKind::kF16: launch_vec_r<FloatKind::kF16, N>(p, plan, s); break;
+    default: launch_vec_r<FloatKind::kE4M3, N>(p, plan, s); break;
+  }
+}
+
+int64_t elem_bytes(FloatKind k) {
+  return k == FloatKind::kF32 ? 4 : k == FloatKind::kE4M3 ? 1 : 2;
+}
+
+}  // namespace
+
+bool gemv_vector_ok(const GemvParams& p) {
+  const int64_t eb = elem_bytes(p.kind);
+  if (reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || (p.in * eb) % 16 != 0) return false;
+  if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || (p.n > 1 && p.ldx % 4 != 0)) return false;
+  if (p.kind == FloatKind::kE4M3) {
+    // A 16-element chunk must sit in one column block: power-of-two blocks of >= 16 columns and a
+    // slice offset that is a multiple of 16.
+    const int b = p.block_in;
+    if (b < 16 || (b & (b - 1)) != 0 || p.col0 % 16 != 0) return false;
+  }
+  return true;
+}
+
+GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
+  GemvPlan plan;
+  plan.vec = gemv_vector_ok(p);
+  if (!plan.vec) return plan;
+  // Split a row between warps while each still streams >= 2 KB of it (4 loads per lane): long rows
+  // with few of them (o_proj) would otherwise leave most of the GPU idle.
+  const int64_t row_bytes = p.in * elem_bytes(p.kind);
+  while (plan.k_split < kWarps && row_bytes / (2 * plan.k_split) >= 2048) plan.k_split *= 2;
+  // Four rows per warp reuse each x load 4 times; fewer when that leaves under 32 warps per SM
+  // (too few bytes in flight to cover HBM latency).
+  plan.rows_per_warp = 4;
+  while (plan.rows_per_warp > 1 &&
+         (p.out + plan.rows_per_warp - 1) / plan.rows_per_warp * plan.k_split < int64_t(num_sms) * 32)
+    plan.rows_per_warp /= 2;
+  return plan;
+}
+
+void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream) {
+  DSI_CHECK(p.n >= 1 && p.n <= kGemvMaxRows && p.out > 0 && p.in > 0,
+            "gemv: {} rows x [{}, {}] outside the GEMV path", p.n, p.out, p.in);
+  DSI_CHECK(!plan.vec || gemv_vector_ok(p), "gemv: the vector kernel needs 16-byte aligned operands");
+  DSI_CHECK(plan.k_split == 1 || plan.k_split == 2 || plan.k_split == 4 || plan.k_split == 8,
+            "gemv: k_split {}", plan.k_split);
+  DSI_CHECK(plan.rows_per_warp == 1 || plan.rows_per_warp == 2 || plan.rows_per_warp == 4,
+            "gemv: rows_per_warp {}", plan.rows_per_warp);
+  switch (p.n) {
+    case 1: launch_n<1>(p, plan, stream); break;
+    case 2: launch_n<2>(p, plan, stream); break;
+    case 3: launch_n<3>(p, plan, stream); break;
+    case 4: launch_n<4>(p, plan, stream); break;
+    case 5: launch_n<5>(p, plan, stream); break;
+    case 6: launch_n<6>(p, plan, stream); break;
+    case 7: launch_n<7>(p, plan, stream); break;
+    default: launch_n<8>(p, plan, stream); break;
+  }
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsi::cuda

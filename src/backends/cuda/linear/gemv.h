@@ -1,0 +1,50 @@
+// Weight-streaming GEMV / skinny GEMM for 1..8 input rows: y = x W^T with W in its checkpoint dtype
+// (f32, bf16, f16, fp8 e4m3 with block scales). Decode is bound by reading W once, so every weight
+// byte is loaded once, 16 B per lane, with the x rows reused from registers across several output
+// rows (see gemv.cu for the tiling and its reasons).
+// Numerics: each weight is decoded exactly (fp8: w8 * scale_inv rounded once, bitwise the CPU
+// reference's dequantised value), products and sums in fp32 (FMA), a fixed reduction tree: the
+// result is the fp32 reference up to summation order, and bitwise reproducible run to run.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backends/cuda/common.cuh"
+
+namespace dsi::cuda {
+
+inline constexpr int kGemvMaxRows = 8;  // x rows handled by the GEMV path (ops::linear, n <= 8)
+
+struct GemvParams {
+  const float* x;          // [n, in], row stride ldx; the vector path needs 16-byte aligned rows
+  const void* w;           // [out, in] of `kind`, contiguous
+  const float* scale_inv;  // fp8 only: [ceil((row0 + out) / block_out), scale_cols]; else null
+  float* y;                // [n, out], row stride ldy
+  int64_t ldx, ldy;
+  int64_t in, out;
+  int64_t scale_cols;
+  int64_t row0, col0;      // fp8 slice offsets in the first scale block (LinearWeight)
+  int block_out, block_in;
+  int n;                   // 1..kGemvMaxRows
+  FloatKind kind;
+};
+
+// A launch plan: rows of W per warp, warps sharing one row group (split-K inside a block), and
+// whether the 16-byte vector kernel applies (else the element-wise one).
+struct GemvPlan {
+  bool vec = false;
+  int rows_per_warp = 1;  // 1, 2 or 4
+  int k_split = 1;        // 1, 2, 4 or 8 warps per row group
+};
+
+// True when the vector kernel can read W and x with 16-byte loads: W 16-byte aligned with rows a
+// multiple of 16 bytes, x 16-byte aligned with ldx a multiple of 4 floats, and (fp8) column blocks
+// that never split a 16-element chunk.
+bool gemv_vector_ok(const GemvParams& p);
+GemvPlan gemv_plan(const GemvParams& p, int num_sms);
+// Runs y = x W^T (p.n in 1..kGemvMaxRows, p.out > 0, p.in > 0) with the given plan.
+void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream);
+
+}  // namespace dsi::cuda
