@@ -1,0 +1,291 @@
+// Linear-layer benchmark on one GPU: the weight-streaming GEMV (ops::linear for 1..8 rows) and the
+// fp8-activation GEMM (ops::linear_fp8_act) on GLM-5 and DeepSeek-V3.2 shapes, fp8 (128x128 block
+// scales) and bf16 weights. Kernels are timed HBM-honest: each timed launch reads a weight copy not
+// touched in the last (copies - 1) launches, the copies together at least 3x the L2; K launches are
+// captured in one CUDA graph (no host launch gaps), and the figure is the median over replays of
+// (graph time / K). Prints microseconds, GB/s (weight + scale + x + y bytes), % of 4.3 TB/s and
+// TFLOP/s. --sweep also times every GEMV plan and prints the best, to tune gemv_plan().
+//
+//   bench_linear [--sweep] [--reps N] [--gemm-only | --gemv-only]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/device.h"
+#include "backends/cuda/linear/fp8_gemm.h"
+#include "backends/cuda/linear/gemv.h"
+
+namespace {
+
+using dsi::cuda::FloatKind;
+
+constexpr double kPeakGBs = 4300.0;  // H200 HBM3e, measured copy bandwidth
+
+// Fills bytes with a hash of their index: fp8 bytes other than NaN, bf16 values in [-1, 1),
+// fp32 values in [lo, hi).
+__device__ uint32_t mix(uint64_t i, uint32_t seed) {
+  uint64_t z = i * 0x9e3779b97f4a7c15ull + seed;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return uint32_t(z >> 32);
+}
+__global__ void fill_fp8(uint8_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint8_t b = uint8_t(mix(uint64_t(i), seed));
+    if ((b & 0x7f) == 0x7f) b = 0x30;
+    p[i] = b;
+  }
+}
+__global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = float(mix(uint64_t(i), seed) >> 8) * 0x1.0p-23f - 1.0f;
+    p[i] = uint16_t(__float_as_uint(v) >> 16);
+  }
+}
+__global__ void fill_f32(float* p, int64_t n, uint32_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = lo + (hi - lo) * float(mix(uint64_t(i), seed) >> 8) * 0x1.0p-24f;
+}
+
+struct Shape {
+  const char* model;
+  const char* name;
+  int64_t out, in;
+};
+
+struct Weights {  // `copies` device copies of one weight (and its scales), rotated through
+  std::vector<void*> w;
+  std::vector<float*> s;
+  int64_t bytes = 0, scale_bytes = 0;
+};
+
+Weights make_weights(const Shape& sh, bool fp8, int64_t l2_bytes) {
+  Weights ws;
+  const int64_t numel = sh.out * sh.in;
+  ws.bytes = numel * (fp8 ? 1 : 2);
+  const int64_t so = (sh.out + 127) / 128, si = (sh.in + 127) / 128;
+  ws.scale_bytes = fp8 ? so * si * 4 : 0;
+  const int64_t copies = std::max<int64_t>(3, (3 * l2_bytes + ws.bytes - 1) / ws.bytes);
+  for (int64_t c = 0; c < copies; ++c) {
+    void* w = nullptr;
+    DSI_CUDA_CHECK(cudaMalloc(&w, size_t(ws.bytes)));
+    if (fp8)
+      fill_fp8<<<1024, 256>>>(static_cast<uint8_t*>(w), numel, uint32_t(c + 1));
+    else
+      fill_bf16<<<1024, 256>>>(static_cast<uint16_t*>(w), numel, uint32_t(c + 1));
+    ws.w.push_back(w);
+    if (fp8) {
+      float* s = nullptr;
+      DSI_CUDA_CHECK(cudaMalloc(&s, size_t(ws.scale_bytes)));
+      fill_f32<<<64, 256>>>(s, so * si, uint32_t(c + 100), 0.5f / 448, 2.0f / 448);
+      ws.s.push_back(s);
+    }
+  }
+  DSI_CUDA_CHECK(cudaDeviceSynchronize());
+  return ws;
+}
+
+void free_weights(Weights& ws) {
+  for (void* p : ws.w) cudaFree(p);
+  for (float* p : ws.s) cudaFree(p);
+  ws = Weights{};
+}
+
+// Median over `reps` replays of (graph of K calls of launch(copy, stream)) / K, in microseconds.
+template <typename Launch>
+double time_rotating(int copies, int reps, Launch launch) {
+  cudaStream_t st;
+  DSI_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const int k = copies * std::max(1, (24 + copies - 1) / copies);
+  for (int i = 0; i < copies; ++i) launch(i, st);  // warm-up (and first-launch costs) outside
+  DSI_CUDA_CHECK(cudaStreamSynchronize(st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DSI_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < k; ++i) launch(i % copies, st);
+  DSI_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  DSI_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  DSI_CUDA_CHECK(cudaEventCreate(&a));
+  DSI_CUDA_CHECK(cudaEventCreate(&b));
+  DSI_CUDA_CHECK(cudaGraphLaunch(exec, st));  // warm replay
+  std::vector<double> us;
+  for (int r = 0; r < reps; ++r) {
+    DSI_CUDA_CHECK(cudaEventRecord(a, st));
+    DSI_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    DSI_CUDA_CHECK(cudaEventRecord(b, st));
+    DSI_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    DSI_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(double(ms) * 1000.0 / k);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+dsi::cuda::GemvParams gemv_params(const Shape& sh, bool fp8, int n, const float* x, float* y) {
+  dsi::cuda::GemvParams p{};
+  p.x = x;
+  p.ldx = sh.in;
+  p.y = y;
+  p.ldy = sh.out;
+  p.in = sh.in;
+  p.out = sh.out;
+  p.n = n;
+  p.kind = fp8 ? FloatKind::kE4M3 : FloatKind::kBF16;
+  p.block_out = p.block_in = fp8 ? 128 : 1;
+  p.scale_cols = (sh.in + 127) / 128;
+  return p;
+}
+
+void print_row(const Shape& sh, const char* dt, int n, const char* kernel, double us, double bytes,
+               const std::string& extra) {
+  const double gbs = bytes / (us * 1e-6) / 1e9;
+  const double tflops = 2.0 * n * double(sh.out) * double(sh.in) / (us * 1e-6) / 1e12;
+  std::printf("%-8s %-14s %5lld %6lld %-5s %4d %-10s %9.2f %8.0f %6.1f%% %8.2f  %s\n", sh.model,
+              sh.name, static_cast<long long>(sh.out), static_cast<long long>(sh.in), dt, n, kernel,
+              us, gbs, 100.0 * gbs / kPeakGBs, tflops, extra.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool sweep = false, gemv = true, gemm = true;
+  int reps = 30;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--sweep")) sweep = true;
+    else if (!std::strcmp(argv[i], "--gemm-only")) gemv = false;
+    else if (!std::strcmp(argv[i], "--gemv-only")) gemm = false;
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(3, std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--gemm-only | --gemv-only]\n", argv[0]);
+      return 2;
+    }
+  }
+  try {
+    if (dsi::cuda::device_count() == 0) {
+      std::fprintf(stderr, "error: no CUDA device visible\n");
+      return 1;
+    }
+    DSI_CUDA_CHECK(cudaSetDevice(0));
+    int sms = 0, l2 = 0;
+    DSI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    DSI_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+    std::printf("device: %s, %d SMs, L2 %d MiB; peak taken as %.0f GB/s\n",
+                dsi::cuda::device_description(0).c_str(), sms, l2 >> 20, kPeakGBs);
+    const std::vector<Shape> shapes = {
+        {"GLM-5", "o_proj", 6144, 16384},     {"GLM-5", "q_b_proj", 16384, 2048},
+        {"GLM-5", "expert_gate", 2048, 6144}, {"GLM-5", "expert_down", 6144, 2048},
+        {"DSV3.2", "o_proj", 7168, 16384},    {"DSV3.2", "expert_gate", 2048, 7168},
+        {"DSV3.2", "expert_down", 7168, 2048}};
+    // (Shared experts have the routed experts' shapes; q_b_proj of DSV3.2 is GLM-5's [16384, 1536].)
+    std::printf("%-8s %-14s %5s %6s %-5s %4s %-10s %9s %8s %7s %8s  %s\n", "model", "layer", "out", "in",
+                "dtype", "n", "kernel", "us", "GB/s", "%peak", "TFLOP/s", "plan");
+    float *x = nullptr, *y = nullptr;
+    uint8_t* xq = nullptr;
+    float* sx = nullptr;
+    const int64_t max_n = 512, max_in = 16384, max_out = 16384;
+    DSI_CUDA_CHECK(cudaMalloc(&x, size_t(max_n * max_in) * 4));
+    DSI_CUDA_CHECK(cudaMalloc(&y, size_t(max_n * max_out) * 4));
+    DSI_CUDA_CHECK(cudaMalloc(&xq, size_t(max_n * max_in)));
+    DSI_CUDA_CHECK(cudaMalloc(&sx, size_t(max_n * (max_in / 128 + 1)) * 4));
+    fill_f32<<<1024, 256>>>(x, max_n * max_in, 7, -1.0f, 1.0f);
+    DSI_CUDA_CHECK(cudaDeviceSynchronize());
+
+    for (const Shape& sh : shapes)
+      for (bool fp8 : {true, false}) {
+        Weights ws = make_weights(sh, fp8, l2);
+        const int copies = int(ws.w.size());
+        const char* dt = fp8 ? "fp8" : "bf16";
+        if (gemv)
+          for (int n : {1, 2, 4, 8}) {
+            dsi::cuda::GemvParams p = gemv_params(sh, fp8, n, x, y);
+            const double bytes = double(ws.bytes + ws.scale_bytes) + 4.0 * n * (sh.in + sh.out);
+            auto run_plan = [&](const dsi::cuda::GemvPlan& plan) {
+              return time_rotating(copies, reps, [&](int c, cudaStream_t st) {
+                dsi::cuda::GemvParams q = p;
+                q.w = ws.w[size_t(c)];
+                q.scale_inv = fp8 ? ws.s[size_t(c)] : nullptr;
+                dsi::cuda::launch_gemv(q, plan, st);
+              });
+            };
+            p.w = ws.w[0];
+            p.scale_inv = fp8 ? ws.s[0] : nullptr;
+            const dsi::cuda::GemvPlan plan = dsi::cuda::gemv_plan(p, sms);
+            const double us = run_plan(plan);
+            std::string extra = "R" + std::to_string(plan.rows_per_warp) + " ks" + std::to_string(plan.k_split);
+            if (sweep) {
+              double best = us;
+              std::string best_name = "heuristic";
+              for (int r : {1, 2, 4})
+                for (int ks : {1, 2, 4, 8}) {
+                  dsi::cuda::GemvPlan alt = plan;
+                  alt.rows_per_warp = r;
+                  alt.k_split = ks;
+                  const double t = run_plan(alt);
+                  if (t < best) {
+                    best = t;
+                    best_name = "R" + std::to_string(r) + " ks" + std::to_string(ks);
+                  }
+                }
+              char buf[96];
+              std::snprintf(buf, sizeof buf, "; best %s %.2f us (%.1f%%)", best_name.c_str(), best,
+                            100.0 * bytes / (best * 1e-6) / 1e9 / kPeakGBs);
+              extra += buf;
+            }
+            print_row(sh, dt, n, "gemv", us, bytes, extra);
+          }
+        if (gemm && fp8)
+          for (int n : {1, 8, 64, 512}) {
+            const int64_t groups = (sh.in + 127) / 128;
+            const double bytes = double(ws.bytes + ws.scale_bytes) + 4.0 * n * (sh.in + sh.out);
+            const double us = time_rotating(copies, std::max(3, reps / 3), [&](int c, cudaStream_t st) {
+              dsi::cuda::ActQuantParams qp{};
+              qp.x = x;
+              qp.q = xq;
+              qp.scales = sx;
+              qp.ldx = sh.in;
+              qp.n = n;
+              qp.in = sh.in;
+              qp.groups = groups;
+              qp.block = 128;
+              dsi::cuda::launch_act_quant_fp8(qp, st);
+              dsi::cuda::Fp8GemmParams gp{};
+              gp.xq = xq;
+              gp.sx = sx;
+              gp.w = static_cast<const uint8_t*>(ws.w[size_t(c)]);
+              gp.scale_inv = ws.s[size_t(c)];
+              gp.y = y;
+              gp.ldy = sh.out;
+              gp.n = n;
+              gp.in = sh.in;
+              gp.out = sh.out;
+              gp.groups = groups;
+              gp.block_out = gp.block_in = 128;
+              dsi::cuda::launch_fp8_gemm(gp, st);
+            });
+            print_row(sh, dt, n, "fp8_act", us, bytes, "quantise + tiled GEMM");
+          }
+        free_weights(ws);
+      }
+    cudaFree(x);
+    cudaFree(y);
+    cudaFree(xq);
+    cudaFree(sx);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,266 @@
+// CUDA op tests of the linear layers' fast paths: the weight-streaming GEMV that ops::linear uses
+// for 1..8 rows (every weight dtype, odd shapes, fp8 slice offsets and block sizes, aligned and
+// unaligned operands, GLM-5 decode shapes) and the fp8-activation GEMM (ops::linear_fp8_act and its
+// quantiser). Each case runs the CPU reference and the GPU on the same inputs; outputs sit inside
+// NaN-guarded buffers; repeated runs must be bitwise equal. Without a visible GPU every test skips.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_linear_fp8.h"
+#include "core/dtype.h"
+#include "cuda/cuda_test_util.h"
+#include "ops/linear.h"
+
+namespace dsi {
+namespace {
+
+using test::dev;
+using test::dev_strided;
+using test::gpu;
+using test::host;
+
+// The fp8-activation GEMM against the CPU reference of the same formula: both quantise x
+// identically (bitwise, checked separately) and sum each block's exact e4m3 products in the same
+// order, so they agree to the last bit; the bound only admits fp32 reassociation noise in case a
+// later tensor-core kernel sums in another order (measured 0 for the tiled kernel).
+constexpr double kFp8ActGpuVsCpuNmse = 1e-12;
+// ... and against the exact fp32 linear: the e4m3 quantisation of x (see tests/test_ops_linear_fp8.cpp).
+constexpr double kFp8ActVsExactNmse = 2e-3;
+
+class CudaLinearGemv : public test::CudaTest {};
+class CudaLinearFp8Act : public test::CudaTest {};
+
+std::string case_name(const char* kind, DType dt, int64_t n, int64_t out, int64_t in) {
+  return std::string(kind) + " " + std::string(dtype_name(dt)) + " x[" + std::to_string(n) + ", " +
+         std::to_string(in) + "] W[" + std::to_string(out) + ", " + std::to_string(in) + "]";
+}
+
+// A weight of dtype dt [out, in] with values of unit order after dequantisation; fp8 gets block
+// scales of bo x bi for the slice offsets (row0, col0).
+LinearWeight make_weight(DType dt, int64_t out, int64_t in, uint64_t seed, int64_t row0 = 0,
+                         int64_t col0 = 0, int bo = 128, int bi = 128) {
+  const std::vector<float> v = test::random_floats(size_t(out * in), seed);
+  LinearWeight w;
+  if (dt == DType::F32) {
+    w.weight = Tensor::from_f32(v, {out, in});
+    return w;
+  }
+  w.weight = Tensor::empty({out, in}, dt);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (dt == DType::BF16) w.weight.data<uint16_t>()[i] = f32_to_bf16(v[i]);
+    if (dt == DType::F16) w.weight.data<uint16_t>()[i] = f32_to_f16(v[i]);
+    if (dt == DType::F8_E4M3) w.weight.data<uint8_t>()[i] = f32_to_e4m3(v[i] * 448.0f);
+  }
+  if (dt == DType::F8_E4M3) {
+    w.row0 = row0;
+    w.col0 = col0;
+    w.block_out = bo;
+    w.block_in = bi;
+    const int64_t so = (row0 + out + bo - 1) / bo, si = (col0 + in + bi - 1) / bi;
+    std::vector<float> s = test::random_floats(size_t(so * si), seed + 1);
+    for (float& x : s) x = (1.5f + x) / 448.0f;
+    w.scale_inv = Tensor::from_f32(s, {so, si});
+  }
+  return w;
+}
+
+LinearWeight to_gpu(const LinearWeight& w) {
+  LinearWeight d = w;
+  d.weight = dev(w.weight);
+  if (w.scale_inv.defined()) d.scale_inv = dev(w.scale_inv);
+  return d;
+}
+
+// ops::linear on the CPU and the GPU; x contiguous (the aligned vector path when the weight allows)
+// and row-strided (unaligned rows: packed first), outputs guarded, a repeat bitwise equal.
+void check_linear(const LinearWeight& w, int64_t n, uint64_t seed, const std::string& what,
+                  int nan_row = -1) {
+  const int64_t out_f = w.out_features(), in_f = w.in_features();
+  Tensor x = test::rand_tensor({n, in_f}, seed);
+  if (nan_row >= 0 && nan_row < n && in_f > 0) x.f32()[nan_row * in_f + in_f / 2] = NAN;
+  Tensor cpu = Tensor::empty({n, out_f}, DType::F32);
+  ops::linear(x, w, cpu);
+  const LinearWeight dw = to_gpu(w);
+  for (bool strided : {false, true}) {
+    const std::string w2 = what + (strided ? " (strided x, strided out)" : " (contiguous x and out)");
+    test::Guarded g = strided ? test::guarded_strided({n, out_f}, DType::F32)
+                              : test::guarded({n, out_f}, DType::F32);
+    const Tensor dx = strided ? dev_strided(x) : dev(x);
+    // With a NaN row the guard check would take its NaN outputs for unwritten ones: read the view
+    // directly then (the special-value maps are still compared).
+    auto result = [&](const std::string& label) {
+      return nan_row >= 0 ? g.make_view(host(g.dbuf)).contiguous() : g.check(label);
+    };
+    ops::linear(dx, dw, g.view);
+    const Tensor got = result(w2);
+    test::expect_nmse_close(got, cpu, tol::kCudaGemmNmse, w2);
+    ops::linear(dx, dw, g.view);
+    test::expect_bitwise(result(w2 + " repeat"), got, w2 + " repeat");
+  }
+}
+
+TEST_F(CudaLinearGemv, EveryDtypeOddShapes) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 1}, {127, 128}, {128, 129}, {129, 127}, {1, 2048}, {2049, 128}, {131, 2056}, {67, 2053}};
+  for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::F8_E4M3})
+    for (auto [out_f, in_f] : shapes)
+      for (int64_t n : {1, 2, 3, 5, 8, 9}) {
+        const LinearWeight w = make_weight(dt, out_f, in_f, uint64_t(out_f * 3 + in_f + n));
+        check_linear(w, n, uint64_t(n * 1000 + in_f), case_name("linear", dt, n, out_f, in_f));
+      }
+}
+
+TEST_F(CudaLinearGemv, Fp8SliceOffsetsAndBlockSizes) {
+  struct Case {
+    int64_t out, in, row0, col0;
+    int bo, bi;
+    const char* note;
+  };
+  for (const Case& c : std::vector<Case>{
+           {129, 256, 5, 16, 128, 128, "col0 % 16 == 0: vector kernel"},
+           {300, 512, 127, 112, 128, 128, "offsets at the block ends"},
+           {257, 384, 3, 17, 128, 128, "col0 % 16 != 0: element-wise kernel"},
+           {200, 320, 0, 0, 64, 64, "64 x 64 blocks"},
+           {200, 320, 10, 0, 100, 100, "100 x 100 blocks: element-wise kernel"},
+           {64, 160, 0, 8, 16, 16, "16-column blocks, col0 8"},
+           {70, 96, 0, 0, 1, 1, "1 x 1 blocks"}}) {
+    const LinearWeight w = make_weight(DType::F8_E4M3, c.out, c.in, uint64_t(c.out + c.in), c.row0,
+                                       c.col0, c.bo, c.bi);
+    for (int64_t n : {1, 3, 8}) {
+      const std::string what = case_name("fp8 linear", DType::F8_E4M3, n, c.out, c.in) + " offsets " +
+                               std::to_string(c.row0) + "," + std::to_string(c.col0) + " blocks " +
+                               std::to_string(c.bo) + "x" + std::to_string(c.bi) + " (" + c.note + ")";
+      check_linear(w, n, uint64_t(n + c.in), what);
+    }
+  }
+}
+
+// GLM-5 decode shapes (and cut-down ones) that exercise every plan: rows split between 8 warps
+// (o_proj, 16 KiB fp8 rows), 1, 2 and 4 rows per warp; NaN in one x row (its outputs NaN).
+TEST_F(CudaLinearGemv, DecodeShapes) {
+  struct Case {
+    DType dt;
+    int64_t out, in;
+  };
+  for (const Case& c : std::vector<Case>{{DType::F8_E4M3, 6144, 16384},
+                                         {DType::F8_E4M3, 2048, 6144},
+                                         {DType::F8_E4M3, 6144, 2048},
+                                         {DType::F8_E4M3, 16384, 2048},
+                                         {DType::BF16, 6144, 4096},
+                                         {DType::BF16, 2048, 6144},
+                                         {DType::F16, 1000, 8192},
+                                         {DType::F32, 3000, 2048}})
+    for (int64_t n : {1, 4, 8}) {
+      const LinearWeight w = make_weight(c.dt, c.out, c.in, uint64_t(c.out ^ c.in));
+      check_linear(w, n, uint64_t(n + 17), case_name("decode linear", c.dt, n, c.out, c.in),
+                   n > 1 ? 1 : -1);
+    }
+}
+
+TEST_F(CudaLinearGemv, SixtyFourRowsStillMatch) {  // the sgemm path next to the GEMV's boundary
+  for (DType dt : {DType::BF16, DType::F8_E4M3}) {
+    const LinearWeight w = make_weight(dt, 129, 257, 9, 3, 5);
+    check_linear(w, 64, 10, case_name("linear", dt, 64, 129, 257));
+  }
+}
+
+// ---------------------------------------------------------------- fp8 activations
+
+TEST_F(CudaLinearFp8Act, QuantiserIsBitwiseTheCpus) {
+  for (auto [n, in, col0] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+           {1, 1, 0}, {3, 127, 0}, {5, 128, 0}, {2, 129, 1}, {9, 2053, 100}, {64, 700, 64}}) {
+    const int block = 128;
+    const int64_t groups = (col0 + in + block - 1) / block;
+    Tensor x = test::rand_tensor({n, in}, uint64_t(n + in));
+    for (int64_t i = 0; i < n; ++i)  // magnitudes from 2^-20 to 2^10, some subnormal in e4m3
+      for (int64_t j = 0; j < in; ++j) x.f32()[i * in + j] *= std::ldexp(1.0f, int((i * 7 + j / 128) % 31) - 20);
+    if (n > 2) {
+      for (int64_t j = 0; j < in; ++j) x.f32()[in + j] = 0.0f;  // an all-zero row
+      x.f32()[2 * in] = INFINITY;
+    }
+    const std::string what = "quantize_act_fp8 x[" + std::to_string(n) + ", " + std::to_string(in) +
+                             "] col0 " + std::to_string(col0);
+    Tensor q = Tensor::empty({n, in}, DType::F8_E4M3), s = Tensor::empty({n, groups}, DType::F32);
+    ops::quantize_act_fp8(x, col0, block, q, s);
+    Tensor dq = Tensor::empty({n, in}, DType::F8_E4M3, gpu());
+    test::Guarded gs = test::guarded({n, groups}, DType::F32);
+    ops::quantize_act_fp8(dev_strided(x), col0, block, dq, gs.view);
+    const Tensor hq = host(dq);
+    int bad = 0;
+    for (int64_t i = 0; i < n * in; ++i) {
+      const uint8_t a = static_cast<const uint8_t*>(hq.raw())[i], b = static_cast<const uint8_t*>(q.raw())[i];
+      const bool both_nan = (a & 0x7f) == 0x7f && (b & 0x7f) == 0x7f;  // the NaN's sign is free
+      if (a != b && !both_nan && bad++ < 5)
+        ADD_FAILURE() << what << ": q[" << i / in << ", " << i % in << "] GPU 0x" << std::hex << int(a)
+                      << " CPU 0x" << int(b) << std::dec << " (x " << x.f32()[i] << ")";
+    }
+    EXPECT_EQ(bad, 0) << what << ": quantised bytes differ";
+    test::expect_bitwise(gs.check(what + " scales"), s, what + " scales");
+  }
+}
+
+void check_fp8_act(int64_t n, int64_t out_f, int64_t in_f, int64_t row0, int64_t col0, uint64_t seed) {
+  const std::string what = case_name("linear_fp8_act", DType::F8_E4M3, n, out_f, in_f) + " offsets " +
+                           std::to_string(row0) + "," + std::to_string(col0);
+  const LinearWeight w = make_weight(DType::F8_E4M3, out_f, in_f, seed, row0, col0);
+  const Tensor x = test::rand_tensor({n, in_f}, seed + 5);
+  Tensor cpu = Tensor::empty({n, out_f}, DType::F32), exact = Tensor::empty({n, out_f}, DType::F32);
+  ops::linear_fp8_act(x, w, cpu);
+  ops::linear(x, w, exact);
+  const LinearWeight dw = to_gpu(w);
+  test::Guarded g = test::guarded_strided({n, out_f}, DType::F32);
+  const Tensor dx = dev_strided(x);
+  ops::linear_fp8_act(dx, dw, g.view);
+  const Tensor got = g.check(what);
+  test::expect_nmse_close(got, cpu, kFp8ActGpuVsCpuNmse, what + " vs CPU fp8 reference");
+  if (in_f >= 128) test::expect_nmse_close(got, exact, kFp8ActVsExactNmse, what + " vs exact linear");
+  int64_t differ = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) differ += std::memcmp(&got.f32()[i], &cpu.f32()[i], 4) != 0;
+  if (differ) std::printf("[ info ] %s: %lld of %lld outputs not bitwise the CPU's\n", what.c_str(),
+                          static_cast<long long>(differ), static_cast<long long>(got.numel()));
+  ops::linear_fp8_act(dx, dw, g.view);
+  test::expect_bitwise(g.check(what + " repeat"), got, what + " repeat");
+}
+
+TEST_F(CudaLinearFp8Act, OddShapesMatchTheCpuReference) {
+  for (int64_t n : {1, 2, 3, 5, 8, 9, 64, 130})
+    for (auto [out_f, in_f, row0, col0] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{
+             {1, 1, 0, 0}, {127, 128, 0, 0}, {129, 129, 5, 17}, {65, 2053, 127, 1}, {200, 384, 64, 64}})
+      check_fp8_act(n, out_f, in_f, row0, col0, uint64_t(n * 31 + out_f + in_f));
+}
+
+TEST_F(CudaLinearFp8Act, GlmShapes) {
+  check_fp8_act(64, 2048, 6144, 0, 0, 1);
+  check_fp8_act(33, 6144, 2048, 0, 0, 2);
+}
+
+TEST_F(CudaLinearFp8Act, NanRowAndErrors) {
+  const LinearWeight w = make_weight(DType::F8_E4M3, 40, 300, 4);
+  Tensor x = test::rand_tensor({3, 300}, 5);
+  x.f32()[300 + 200] = NAN;
+  Tensor cpu = Tensor::empty({3, 40}, DType::F32);
+  ops::linear_fp8_act(x, w, cpu);
+  test::Guarded g = test::guarded({3, 40}, DType::F32);
+  const LinearWeight dw = to_gpu(w);
+  ops::linear_fp8_act(dev(x), dw, g.view);
+  // The guard check also flags NaN outputs as unwritten, so compare the special maps directly.
+  const Tensor got = host(g.dbuf);
+  const Tensor view = test::contiguous_view_in(got, {3, 40}, 37).contiguous();
+  test::expect_same_specials(view, cpu, "linear_fp8_act NaN row");
+  LinearWeight bf = make_weight(DType::BF16, 40, 300, 6);
+  Tensor o2 = Tensor::empty({3, 40}, DType::F32);
+  const std::string cpu_msg = test::error_of([&] { ops::linear_fp8_act(x, bf, o2); });
+  Tensor go = Tensor::empty({3, 40}, DType::F32, gpu());
+  const std::string gpu_msg = test::error_of([&] { ops::linear_fp8_act(dev(x), to_gpu(bf), go); });
+  EXPECT_FALSE(cpu_msg.empty());
+  EXPECT_EQ(gpu_msg, cpu_msg);
+}
+
+}  // namespace
+}  // namespace dsi
