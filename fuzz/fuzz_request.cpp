@@ -20,7 +20,8 @@ void check_error(const ApiError& e) {
   DSI_FUZZ_ASSERT(e.status >= 400 && e.status < 600);
   DSI_FUZZ_ASSERT(!e.message.empty());
   DSI_FUZZ_ASSERT(e.message.find('\n') == std::string::npos);
-  (void)dsi::server::error_json(e).dump();  // the 4xx body must serialise (invalid UTF-8 included)
+  // The 4xx body must serialise as the routes do it (invalid UTF-8 from the body replaced).
+  (void)dsi::server::error_json(e).dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 }  // namespace
