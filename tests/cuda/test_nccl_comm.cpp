@@ -113,13 +113,15 @@ void run_ranks(int n, CommOptions options, NcclSumOrder sums, const std::vector<
     EXPECT_EQ(errors[size_t(r)], "") << "rank " << r << " failed (NCCL " << nccl_version() << ")";
 }
 
-class NcclCommTest : public ::testing::Test {
- protected:
-  void need_gpus(int n) {
-    const int have = cuda::device_count();
-    if (have < n) GTEST_SKIP() << "needs " << n << " CUDA device(s), this process sees " << have;
-  }
-};
+class NcclCommTest : public ::testing::Test {};
+
+// Skips the test (a macro: GTEST_SKIP returns from the test body itself) without n visible GPUs.
+#define DSI_NEED_GPUS(n)                                                                     \
+  do {                                                                                       \
+    const int dsi_have_ = cuda::device_count();                                              \
+    if (dsi_have_ < (n))                                                                     \
+      GTEST_SKIP() << "needs " << (n) << " CUDA device(s), this process sees " << dsi_have_; \
+  } while (0)
 
 // Deterministic inputs: finite floats in [-1, 1) times 2^e for e in [-8, 8] (so sums round), or
 // random bit patterns for BF16/I32 (gathers move bits; NaN payloads included).
@@ -210,19 +212,19 @@ void check_all_collectives(RankEnv& e, int n) {
 }
 
 TEST_F(NcclCommTest, OneRankEveryCollectiveMatchesLocalComm) {
-  need_gpus(1);
+  DSI_NEED_GPUS(1);
   run_ranks(1, {}, NcclSumOrder::kMemberOrder, {}, [](RankEnv& e) { check_all_collectives(e, 1); });
 }
 
 TEST_F(NcclCommTest, TwoRanksEveryCollectiveMatchesLocalComm) {
-  need_gpus(2);
+  DSI_NEED_GPUS(2);
   run_ranks(2, {}, NcclSumOrder::kMemberOrder, {Group{"tp", 0, 2}},
             [](RankEnv& e) { check_all_collectives(e, 2); });
 }
 
 // The exchange + member-order kernel path (what groups of more than two use), forced on two ranks.
 TEST_F(NcclCommTest, TwoRanksOrderedSumPathMatchesLocalComm) {
-  need_gpus(2);
+  DSI_NEED_GPUS(2);
   run_ranks(2, {}, NcclSumOrder::kOrderedAlways, {}, [](RankEnv& e) {
     const Group g{"tp", 0, 2};
     uint64_t seed = 77 + uint64_t(e.rank);
@@ -246,7 +248,7 @@ TEST_F(NcclCommTest, TwoRanksOrderedSumPathMatchesLocalComm) {
 
 // NCCL's own reductions: with two members a + b is the only order, so they too are bitwise equal.
 TEST_F(NcclCommTest, TwoRanksNativeSumsMatchLocalCommBitwise) {
-  need_gpus(2);
+  DSI_NEED_GPUS(2);
   run_ranks(2, {}, NcclSumOrder::kNative, {}, [](RankEnv& e) {
     const Group g{"world", 0, 2};
     Tensor h = make_input({1 << 20}, DType::F32, 5 + uint64_t(e.rank));
@@ -259,7 +261,7 @@ TEST_F(NcclCommTest, TwoRanksNativeSumsMatchLocalCommBitwise) {
 
 // Strided inputs and outputs, multi-dimensional shapes, in-place forms and aliasing outputs.
 TEST_F(NcclCommTest, TwoRanksLayoutsAndAliasing) {
-  need_gpus(2);
+  DSI_NEED_GPUS(2);
   CommOptions opts;
   opts.check_lockstep = true;
   run_ranks(2, opts, NcclSumOrder::kMemberOrder, {}, [](RankEnv& e) {
@@ -322,7 +324,7 @@ TEST_F(NcclCommTest, TwoRanksLayoutsAndAliasing) {
 // Check mode: a mismatched shape fails both ranks before any data moves, with the same message,
 // and the group stays usable.
 TEST_F(NcclCommTest, LockstepCatchesMismatchedShapeOnBothRanks) {
-  need_gpus(2);
+  DSI_NEED_GPUS(2);
   CommOptions opts;
   opts.check_lockstep = true;
   opts.timeout_seconds = 20;
@@ -349,7 +351,7 @@ TEST_F(NcclCommTest, LockstepCatchesMismatchedShapeOnBothRanks) {
 // A rank that never joins: the other fails within the timeout, naming itself, the operation and
 // the group; the process does not hang and later calls fail at once.
 TEST_F(NcclCommTest, RankThatNeverJoinsTimesOutNamingTheOperation) {
-  need_gpus(2);
+  DSI_NEED_GPUS(2);
   CommOptions opts;
   opts.timeout_seconds = 2;
   std::string msg, later;
@@ -396,7 +398,7 @@ TEST_F(NcclCommTest, RankThatNeverJoinsTimesOutNamingTheOperation) {
 // A rank that fails and aborts: the rank waiting in a collective with it fails at once (long before
 // its timeout) with the aborting rank's reason.
 TEST_F(NcclCommTest, AbortWakesTheOtherRank) {
-  need_gpus(2);
+  DSI_NEED_GPUS(2);
   CommOptions opts;
   opts.timeout_seconds = 60;
   std::string msg;
@@ -436,7 +438,7 @@ TEST_F(NcclCommTest, AbortWakesTheOtherRank) {
 
 // Tensors on the host or on another rank's GPU are refused with a message naming the device.
 TEST_F(NcclCommTest, RejectsTensorsNotOnTheRanksDevice) {
-  need_gpus(1);
+  DSI_NEED_GPUS(1);
   run_ranks(1, {}, NcclSumOrder::kMemberOrder, {}, [](RankEnv& e) {
     const Group g{"world", 0, 1};
     Tensor h = Tensor::zeros({4}, DType::F32);
