@@ -20,4 +20,15 @@ std::string device_description(int i) {
                      p.totalGlobalMem >> 30);
 }
 
+size_t free_memory(int i) {
+  int prev = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&prev));
+  DSI_CUDA_CHECK(cudaSetDevice(i));
+  size_t free = 0, total = 0;
+  const cudaError_t e = cudaMemGetInfo(&free, &total);
+  cudaSetDevice(prev);
+  DSI_CUDA_CHECK(e);
+  return free;
+}
+
 }  // namespace dsi::cuda

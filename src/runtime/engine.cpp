@@ -1,0 +1,228 @@
+// The serving engine; see include/dsinfer/engine.h. One engine thread owns the model (all ranks,
+// through RankWorkers), the page pools and every sequence; the command queue between submitters
+// and that thread is the only shared state. Each step: the scheduler plans rows (decode rounds,
+// prefill chunks); the MTP layer drafts for the decoding sequences (batched, chained K steps); the
+// model runs every planned row in one batched forward; the engine samples or verifies per
+// sequence, exactly as the single-sequence generator does (same random draws for a seed), and
+// reports the new tokens to each request's sink.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include "dsinfer/error.h"
+#include "runtime/engine_impl.h"
+#include "runtime/generator.h"
+#include "runtime/kv_cache.h"
+#include "runtime/ranks.h"
+
+#ifdef DSI_WITH_CUDA
+#include "backends/cuda/device.h"
+#endif
+
+namespace dsi {
+
+namespace {
+
+Device rank_device(const std::string& name, int rank) {
+  if (name == "cpu") return Device::cpu();
+  DSI_CHECK(name == "cuda", "device '{}': expected cpu or cuda", name);
+#ifdef DSI_WITH_CUDA
+  const int n = cuda::device_count();
+  DSI_CHECK(n > 0, "--device cuda: no CUDA device is visible");
+  return Device::cuda(rank % n);
+#else
+  fail("--device cuda: this build has no CUDA backend (configure with the cuda preset)");
+#endif
+}
+
+// Bytes the page pool of one rank may take.
+int64_t pool_budget(const EngineOptions& o, Device device) {
+  if (o.kv_cache_memory > 0) return o.kv_cache_memory;
+  DSI_CHECK(o.kv_cache_fraction > 0.0 && o.kv_cache_fraction <= 1.0,
+            "kv_cache_fraction = {} must be in (0, 1]", o.kv_cache_fraction);
+  double avail = 0.0;
+  if (device.is_cpu()) {
+    avail = double(sysconf(_SC_AVPHYS_PAGES)) * double(sysconf(_SC_PAGESIZE));
+  } else {
+#ifdef DSI_WITH_CUDA
+    avail = double(cuda::free_memory(device.index));
+#endif
+  }
+  return int64_t(avail * o.kv_cache_fraction);
+}
+
+}  // namespace
+
+EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
+  DSI_CHECK(!o.model_dir.empty(), "no model directory given");
+  cfg_ = load_config(o.model_dir + "/config.json");
+  K_ = o.speculative_tokens;
+  DSI_CHECK(K_ >= 0, "speculative_tokens = {} must be >= 0", K_);
+  ParallelConfig pc;
+  pc.tp = o.tp;
+  pc.dcp = o.dcp;
+  pc.dcp_interleave = o.dcp_interleave;
+  pc.combine = parse_dcp_combine(o.dcp_comm);
+  pc.validate(cfg_);
+  const int64_t limit = o.max_model_len > 0 ? o.max_model_len : cfg_.max_position_embeddings;
+  DSI_CHECK(limit <= cfg_.max_position_embeddings,
+            "max_model_len = {} exceeds the model's context length {}", limit,
+            cfg_.max_position_embeddings);
+
+  ranks_ = std::make_unique<RankWorkers>(pc, CommOptions{});
+  models_.resize(size_t(pc.tp));
+  ranks_->run([&](int r) {
+    models_[size_t(r)] = load_rank_model(o.model_dir, ranks_->context(r), {}, rank_device(o.device, r));
+  });
+  DSI_CHECK(K_ == 0 || models_[0]->has_mtp(),
+            "speculative decoding needs an MTP layer, and this checkpoint has none");
+
+  // The pool: what the budget buys, but no more than max_num_seqs full-length sequences need.
+  const DcpLayout& dcp = ranks_->context(0).dcp;
+  const int64_t page_bytes = KvPool::bytes_per_page(cfg_, K_ > 0);
+  const int64_t budget = pool_budget(o, models_[0]->device());
+  const int64_t most = int64_t(o.max_num_seqs) * SequenceKvCache::pages_for(dcp, limit + 1 + K_);
+  const int64_t n_pages = std::min(budget / page_bytes, most);
+  DSI_CHECK(n_pages >= SequenceKvCache::pages_for(dcp, std::min<int64_t>(limit, 2 + K_)),
+            "the KV cache budget of {} bytes holds {} pages of {} bytes: too few for one request",
+            budget, n_pages, page_bytes);
+  pools_.resize(size_t(pc.tp));
+  ranks_->run([&](int r) {
+    pools_[size_t(r)] = std::make_shared<KvPool>(cfg_, n_pages, K_ > 0, models_[size_t(r)]->device());
+  });
+  SchedulerConfig sc;
+  sc.max_num_seqs = o.max_num_seqs;
+  sc.max_num_batched_tokens = o.max_num_batched_tokens;
+  sc.speculative_tokens = K_;
+  sc.n_pages = n_pages;
+  sc.dcp = dcp;
+  sched_ = std::make_unique<Scheduler>(sc);
+  const int64_t capacity = n_pages * kPageTokens * pc.dcp;
+  spdlog::info("KV cache: {} pages of {} tokens per rank ({:.1f} MiB per rank), {} tokens in all; "
+               "max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}",
+               n_pages, kPageTokens, double(n_pages * page_bytes) / 1048576.0, capacity, limit,
+               o.max_num_seqs, o.max_num_batched_tokens);
+
+  info_.model_dir = o.model_dir;
+  info_.id = std::filesystem::path(o.model_dir).lexically_normal().filename().string();
+  if (info_.id.empty() || info_.id == ".")
+    info_.id = std::filesystem::path(o.model_dir).lexically_normal().parent_path().filename().string();
+  info_.max_model_len = limit;
+  info_.vocab_size = cfg_.vocab_size;
+  info_.eos_token_ids.assign(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end());
+  info_.speculative_tokens = K_;
+  stats_.kv_pages_total = n_pages;
+  stats_.kv_capacity_tokens = capacity;
+  stats_.accepted_per_pos.assign(size_t(K_), 0);
+  metrics_ = stats_;
+  thread_ = std::thread([this] { loop(); });
+}
+
+EngineImpl::~EngineImpl() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
+  validate_prompt(cfg_, r.prompt);
+  const int64_t P = int64_t(r.prompt.size());
+  DSI_CHECK(r.max_new_tokens >= 1, "max_new_tokens = {} must be >= 1", r.max_new_tokens);
+  DSI_CHECK(P + r.max_new_tokens <= info_.max_model_len,
+            "this model's maximum context length is {} tokens, but {} were requested ({} in the "
+            "prompt, {} to generate)", info_.max_model_len, P + r.max_new_tokens, P, r.max_new_tokens);
+  const int64_t need = sched_->pages_for(P + r.max_new_tokens + 1 + K_);
+  DSI_CHECK(need <= sched_->config().n_pages,
+            "the request needs {} KV pages but the whole cache has {}", need, sched_->config().n_pages);
+  const SamplingParams& sp = r.sampling;
+  DSI_CHECK(std::isfinite(sp.temperature) && sp.temperature >= 0.0f,
+            "temperature = {} must be >= 0", sp.temperature);
+  DSI_CHECK(sp.top_p > 0.0f && sp.top_p <= 1.0f, "top_p = {} must be in (0, 1]", sp.top_p);
+  DSI_CHECK(r.logprobs <= 20, "logprobs = {} must be at most 20", r.logprobs);
+  for (int32_t t : r.stop_token_ids)
+    DSI_CHECK(t >= 0 && t < cfg_.vocab_size, "stop token id {} is outside the vocabulary [0, {})", t,
+              cfg_.vocab_size);
+  DSI_CHECK(bool(sink), "submit: no event sink");
+
+  auto s = std::make_unique<EngineSequence>();
+  s->tokens = r.prompt;
+  s->prompt_len = P;
+  s->rng.seed(r.sampling.seed);
+  s->request = std::move(r);
+  s->sink = std::move(sink);
+  s->sched.n_tokens = P;
+  s->sched.max_drafts = K_;
+  std::lock_guard<std::mutex> lock(mu_);
+  DSI_CHECK(failed_.empty(), "the engine has failed: {}", failed_);
+  DSI_CHECK(!stop_, "the engine is shutting down");
+  const uint64_t id = next_id_++;
+  s->sched.id = id;
+  incoming_.push_back(std::move(s));
+  ++metrics_.waiting;  // until the engine thread publishes its own count
+  cv_.notify_all();
+  return id;
+}
+
+void EngineImpl::cancel(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancels_.push_back(id);
+  cv_.notify_all();
+}
+
+EngineMetrics EngineImpl::metrics() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return metrics_;
+}
+
+void EngineImpl::loop() {
+  for (;;) {
+    std::deque<std::unique_ptr<EngineSequence>> incoming;
+    std::vector<uint64_t> cancels;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] {
+        return stop_ || !incoming_.empty() || !cancels_.empty() || !seqs_.empty();
+      });
+      if (stop_) break;
+      incoming.swap(incoming_);
+      cancels.swap(cancels_);
+    }
+    for (auto& s : incoming) {
+      EngineSequence* p = s.get();
+      seqs_[p->sched.id] = std::move(s);
+      sched_->add(&p->sched);
+    }
+    for (uint64_t id : cancels) {
+      auto it = seqs_.find(id);
+      if (it != seqs_.end()) finish(*it->second, "abort");
+    }
+    sweep();
+    if (!seqs_.empty()) {
+      try {
+        step();
+      } catch (const std::exception& e) {
+        spdlog::error("engine step failed: {}", e.what());
+        fail_all(e.what());
+      }
+      sweep();
+    }
+    publish_metrics();
+  }
+  std::vector<EngineSequence*> left;
+  for (auto& [id, s] : seqs_) left.push_back(s.get());
+  for (EngineSequence* s : left) finish(*s, "abort");
+  seqs_.clear();
+  publish_metrics();
+}
+
+std::unique_ptr<Engine> Engine::start(const EngineOptions& options) {
+  return std::make_unique<EngineImpl>(options);
+}
+
+}  // namespace dsi

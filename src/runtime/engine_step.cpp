@@ -1,0 +1,356 @@
+// One step of the serving engine (engine_impl.h): plan, draft, run the batched forward, then
+// sample or verify each sequence the way the single-sequence generator (generator.cpp) and the MTP
+// drafter (speculative.cpp) do, with the same random draws, so a request's tokens do not depend on
+// what else is in the batch.
+#include <algorithm>
+#include <cmath>
+
+#include <spdlog/spdlog.h>
+
+#include "ops/sampling.h"
+#include "runtime/engine_impl.h"
+
+namespace dsi {
+
+namespace {
+
+// rows: [n, d] appended below dst (allocated on first use).
+void append_rows(Tensor& dst, const Tensor& rows) {
+  if (rows.dim(0) == 0) return;
+  if (!dst.defined() || dst.dim(0) == 0) {
+    dst = Tensor::empty(rows.shape(), DType::F32, rows.device());
+    dst.copy_from(rows);
+    return;
+  }
+  Tensor joined = Tensor::empty({dst.dim(0) + rows.dim(0), dst.dim(1)}, DType::F32, rows.device());
+  Tensor a = joined.slice(0, dst.dim(0)), b = joined.slice(dst.dim(0), joined.dim(0));
+  a.copy_from(dst);
+  b.copy_from(rows);
+  dst = joined;
+}
+
+// The rows `rows` of x ([n, d]), stacked: [rows.size(), d].
+Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& rows) {
+  Tensor out = Tensor::empty({int64_t(rows.size()), x.dim(1)}, DType::F32, x.device());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Tensor dst = out.slice(int64_t(i), int64_t(i) + 1);
+    dst.copy_from(x.slice(rows[i], rows[i] + 1));
+  }
+  return out;
+}
+
+// Log-probabilities of one logits row (natural log softmax, before temperature / top-p).
+std::vector<float> log_softmax(const float* row, int64_t n) {
+  float m = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, row[i]);
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += std::exp(double(row[i]) - double(m));
+  const float lse = m + float(std::log(s));
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[size_t(i)] = row[i] - lse;
+  return out;
+}
+
+}  // namespace
+
+int64_t EngineImpl::drafts_for(const EngineSequence& s) const {
+  if (K_ == 0) return 0;
+  // Drafts past what this round can still emit, or past the context, are not worth verifying.
+  const int64_t room = std::min<int64_t>(s.request.max_new_tokens - s.generated() - 1,
+                                         info_.max_model_len - s.sched.computed - 1);
+  return std::min<int64_t>(K_, std::max<int64_t>(room, 0));
+}
+
+void EngineImpl::reset(EngineSequence& s) {
+  s.ranks.clear();
+  s.pending_next.clear();
+  s.pending_start = 0;
+  s.draft = Draft{};
+}
+
+// Gives the sequence its per-rank caches (first run) and its current pages.
+void EngineImpl::prepare(EngineSequence& s) {
+  if (s.ranks.empty())
+    for (int r = 0; r < ranks_->size(); ++r)
+      s.ranks.emplace_back(SequenceKvCache(pools_[size_t(r)], ranks_->context(r).dcp));
+  for (EngineRankState& st : s.ranks) st.cache.set_pages(s.sched.pages);
+}
+
+void EngineImpl::append_pending(EngineSequence& s, int64_t first_row, int64_t n) {
+  const int64_t p0 = s.sched.computed - n;  // position of the first appended row
+  for (int64_t i = 0; i < n; ++i) s.pending_next.push_back(s.tokens[size_t(p0 + i + 1)]);
+  for (EngineRankState& st : s.ranks) append_rows(st.pending_hidden, st.step_hidden.slice(first_row, first_row + n));
+}
+
+// The MTP drafter of speculative.cpp, batched: step 1 consumes every sequence's pending rows (its
+// last row drafts the first token), then chained steps of one row per sequence.
+void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
+  const int64_t V = cfg_.vocab_size;
+  int64_t most = 0;
+  for (EngineSequence* s : seqs) {
+    s->draft = Draft{};
+    most = std::max(most, s->drafts);
+  }
+  const bool share = cfg_.index_share_for_mtp_iteration;
+  Tensor logits;  // rank 0's draft logits of this step, host
+  for (int64_t j = 0; j < most; ++j) {
+    std::vector<EngineSequence*> active;
+    for (EngineSequence* s : seqs)
+      if (s->drafts > j) active.push_back(s);
+    ranks_->run([&](int r) {
+      const DsaModel& m = *models_[size_t(r)];
+      std::vector<BatchSeq> batch;
+      std::vector<DcpTopk*> shares;
+      std::vector<int32_t> next;
+      std::vector<Tensor> inputs;
+      for (EngineSequence* s : active) {
+        EngineRankState& st = s->ranks[size_t(r)];
+        if (j == 0) {
+          DSI_CHECK(st.cache.mtp_length() == s->pending_start,
+                    "MTP drafter: its cache holds {} positions but the pending rows start at {}",
+                    st.cache.mtp_length(), s->pending_start);
+          st.share = DcpTopk{};
+          inputs.push_back(st.pending_hidden);
+          next.insert(next.end(), s->pending_next.begin(), s->pending_next.end());
+          batch.push_back({&st.cache, st.pending_hidden.dim(0)});
+        } else {
+          inputs.push_back(st.last);
+          next.push_back(s->draft.tokens.back());
+          batch.push_back({&st.cache, 1});
+        }
+        if (share) shares.push_back(&st.share);
+      }
+      Tensor hidden;
+      for (const Tensor& t : inputs) append_rows(hidden, t);
+      Tensor y = m.mtp_forward(hidden, Tensor::from_i32(next, {int64_t(next.size())}), batch, nullptr,
+                               shares);
+      std::vector<int64_t> lasts;
+      int64_t row = 0;
+      for (const BatchSeq& b : batch) lasts.push_back((row += b.n) - 1);
+      Tensor last = gather_rows(y, lasts);
+      for (size_t i = 0; i < active.size(); ++i)
+        active[i]->ranks[size_t(r)].last = last.slice(int64_t(i), int64_t(i) + 1);
+      Tensor l = m.mtp_logits(last);
+      if (r == 0) logits = to_host(l);
+    });
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    for (size_t i = 0; i < active.size(); ++i) {
+      EngineSequence& s = *active[i];
+      const Tensor row = logits.slice(int64_t(i), int64_t(i) + 1).view({V});
+      const SamplingParams& sp = s.request.sampling;
+      if (sp.temperature > 0.0f) {
+        std::vector<double> q = ops::token_distribution(row, sp.temperature, sp.top_p);
+        s.draft.tokens.push_back(ops::draw_token(q, uniform(s.rng)));
+        s.draft.dists.push_back(std::move(q));
+      } else {
+        s.draft.tokens.push_back(ops::sample(row, 0.0f, 1.0f, 0.0));
+      }
+    }
+  }
+  for (EngineSequence* s : seqs) {  // the drafter consumed the pending rows
+    for (EngineRankState& st : s->ranks) st.pending_hidden = Tensor();
+    s->pending_next.clear();
+  }
+}
+
+// Runs every planned row through the model on every rank; returns rank 0's logits of the rows
+// `keep` (host, [keep.size(), vocab]) and leaves each sequence's output rows in step_hidden.
+Tensor EngineImpl::run_forward(const std::vector<StepPlan::Rows>& rows,
+                               const std::vector<int64_t>& keep) {
+  std::vector<int32_t> tokens;
+  for (const StepPlan::Rows& p : rows) {
+    const EngineSequence& s = seq_of(p.seq);
+    if (p.seq->decoding()) {
+      tokens.push_back(s.tokens.back());
+      tokens.insert(tokens.end(), s.draft.tokens.begin(), s.draft.tokens.end());
+    } else {
+      tokens.insert(tokens.end(), s.tokens.begin() + p.seq->computed,
+                    s.tokens.begin() + p.seq->computed + p.n);
+    }
+  }
+  Tensor logits;
+  ranks_->run([&](int r) {
+    const DsaModel& m = *models_[size_t(r)];
+    std::vector<BatchSeq> batch;
+    for (const StepPlan::Rows& p : rows) batch.push_back({&seq_of(p.seq).ranks[size_t(r)].cache, p.n});
+    Tensor h = m.forward(Tensor::from_i32(tokens, {int64_t(tokens.size())}), batch);
+    int64_t row = 0;
+    for (const StepPlan::Rows& p : rows) {
+      seq_of(p.seq).ranks[size_t(r)].step_hidden = h.slice(row, row + p.n);
+      row += p.n;
+    }
+    Tensor l = m.logits(gather_rows(h, keep));
+    if (r == 0) logits = to_host(l);
+  });
+  return logits;
+}
+
+void EngineImpl::step() {
+  StepPlan plan = sched_->schedule([&](const SchedSeq& s) { return drafts_for(seq_of(&s)); });
+  for (SchedSeq* p : plan.preempted) {
+    EngineSequence& s = seq_of(p);
+    spdlog::info("request {} preempted (KV pages ran out); its {} tokens will be recomputed", p->id,
+                 s.tokens.size());
+    reset(s);
+    ++stats_.preemptions;
+  }
+  if (plan.empty()) return;
+  std::vector<StepPlan::Rows> rows = plan.decode;
+  rows.insert(rows.end(), plan.prefill.begin(), plan.prefill.end());
+  for (const StepPlan::Rows& p : rows) prepare(seq_of(p.seq));
+
+  // Drafts for the decoding sequences that verify any this round.
+  std::vector<EngineSequence*> drafting;
+  for (const StepPlan::Rows& p : plan.decode) {
+    EngineSequence& s = seq_of(p.seq);
+    s.drafts = p.n - 1;
+    if (s.drafts > 0) drafting.push_back(&s);
+  }
+  if (!drafting.empty()) draft(drafting);
+
+  // Logits wanted: every row of a decode round; the last row of a prefill that completes.
+  std::vector<int64_t> keep, first_kept(rows.size(), -1);
+  int64_t row = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const StepPlan::Rows& p = rows[i];
+    const bool decode = i < plan.decode.size();
+    if (decode || p.seq->computed + p.n == p.seq->n_tokens) {
+      first_kept[i] = int64_t(keep.size());
+      for (int64_t j = decode ? 0 : p.n - 1; j < p.n; ++j) keep.push_back(row + j);
+    }
+    row += p.n;
+  }
+  const Tensor logits = run_forward(rows, keep);
+  const int64_t V = cfg_.vocab_size;
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SchedSeq& sch = *rows[i].seq;
+    EngineSequence& s = seq_of(&sch);
+    const int64_t n = rows[i].n;
+    const SamplingParams& sp = s.request.sampling;
+    if (i < plan.decode.size()) {
+      // Verify [last token, drafts]; cut every cache back to the accepted tokens.
+      const int64_t L = sch.computed, k = n - 1;
+      const Tensor round = logits.slice(first_kept[i], first_kept[i] + n);
+      const Verdict v = verify_drafts(round, s.draft, sp, s.rng);
+      std::vector<int32_t> emitted(s.draft.tokens.begin(), s.draft.tokens.begin() + v.accepted);
+      emitted.push_back(v.next);
+      if (k > 0) {
+        ++stats_.num_drafts;
+        stats_.num_draft_tokens += k;
+        stats_.num_accepted_tokens += v.accepted;
+        for (int j = 0; j < v.accepted; ++j) ++stats_.accepted_per_pos[size_t(j)];
+      }
+      for (EngineRankState& st : s.ranks) {
+        st.cache.set_length(L + v.accepted + 1);
+        if (k > 0) st.cache.set_mtp_length(L);  // the chained draft steps are dropped
+      }
+      if (k > 0) s.pending_start = L;
+      sch.computed = L + v.accepted + 1;
+      if (emit(s, emitted, logits, first_kept[i]) && K_ > 0) append_pending(s, 0, v.accepted + 1);
+    } else {
+      sch.computed += n;
+      stats_.prompt_tokens += n;
+      if (sch.computed < sch.n_tokens) {  // more chunks to come
+        if (K_ > 0) append_pending(s, 0, n);
+        continue;
+      }
+      const Tensor last = logits.slice(first_kept[i], first_kept[i] + 1).view({V});
+      const int32_t tok = ops::sample(last, sp.temperature, sp.top_p, uniform(s.rng));
+      if (emit(s, {tok}, logits, first_kept[i]) && K_ > 0) append_pending(s, 0, n);
+    }
+  }
+  ++stats_.steps;
+}
+
+void EngineImpl::sweep() {
+  for (auto it = seqs_.begin(); it != seqs_.end();) it = it->second->finished ? seqs_.erase(it) : ++it;
+}
+
+bool EngineImpl::emit(EngineSequence& s, const std::vector<int32_t>& tokens, const Tensor& logits,
+                      int64_t row0) {
+  const EngineRequest& r = s.request;
+  RequestEvent ev;
+  std::string reason;
+  for (size_t j = 0; j < tokens.size() && reason.empty(); ++j) {
+    const int32_t tok = tokens[j];
+    if (s.generated() >= r.max_new_tokens) {
+      reason = "length";
+      break;
+    }
+    s.tokens.push_back(tok);
+    ++stats_.generation_tokens;
+    GeneratedToken g;
+    g.id = tok;
+    if (r.logprobs >= 0) {
+      const int64_t V = logits.dim(1);
+      const std::vector<float> lp = log_softmax(logits.f32() + (row0 + int64_t(j)) * V, V);
+      g.logprob = lp[size_t(tok)];
+      std::vector<int32_t> ids(static_cast<size_t>(V));
+      for (int64_t t = 0; t < V; ++t) ids[size_t(t)] = int32_t(t);
+      const size_t top = std::min<size_t>(size_t(r.logprobs), ids.size());
+      std::partial_sort(ids.begin(), ids.begin() + long(top), ids.end(), [&](int32_t a, int32_t b) {
+        return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b);
+      });
+      for (size_t t = 0; t < top; ++t) g.top.push_back({ids[t], lp[size_t(ids[t])]});
+    }
+    ev.tokens.push_back(std::move(g));
+    const bool eos = std::find(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end(), tok) !=
+                     cfg_.eos_token_ids.end();
+    const bool stop_id = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), tok) !=
+                         r.stop_token_ids.end();
+    if ((eos && !r.ignore_eos) || stop_id) reason = "stop";
+  }
+  if (reason.empty() && s.generated() >= r.max_new_tokens) reason = "length";
+  s.sched.n_tokens = int64_t(s.tokens.size());
+  s.sched.n_generated = s.generated();
+  ev.prompt_tokens = s.prompt_len;
+  ev.completion_tokens = s.generated();
+  if (!reason.empty()) {
+    ev.finished = true;
+    ev.finish_reason = reason;
+  }
+  s.sink(std::move(ev));
+  if (!reason.empty()) {
+    s.finished = true;
+    sched_->remove(&s.sched);
+    ++stats_.requests_finished;
+    return false;
+  }
+  return true;
+}
+
+void EngineImpl::finish(EngineSequence& s, const std::string& reason, const std::string& error) {
+  if (s.finished) return;
+  RequestEvent ev;
+  ev.finished = true;
+  ev.finish_reason = reason;
+  ev.error = error;
+  ev.prompt_tokens = s.prompt_len;
+  ev.completion_tokens = s.generated();
+  s.sink(std::move(ev));
+  s.finished = true;
+  sched_->remove(&s.sched);
+  ++stats_.requests_finished;
+}
+
+void EngineImpl::fail_all(const std::string& error) {
+  for (auto& [id, s] : seqs_) finish(*s, "error", error);
+  seqs_.clear();
+  if (ranks_->failed()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_ = error;
+  }
+}
+
+void EngineImpl::publish_metrics() {
+  stats_.running = int64_t(sched_->running().size());
+  stats_.waiting = int64_t(sched_->waiting().size());
+  stats_.kv_pages_used = sched_->used_pages();
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics_ = stats_;
+  metrics_.waiting += int64_t(incoming_.size());
+}
+
+}  // namespace dsi
