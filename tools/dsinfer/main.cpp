@@ -25,6 +25,7 @@
 #include "runtime/perplexity.h"
 #include "runtime/ranks.h"
 #include "text/tokenizer.h"
+#include "bench.h"
 #ifdef DSI_WITH_MPI
 #include "comm/mpi_comm.h"
 #endif
@@ -348,6 +349,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(2, 1 << 24));
   pp->add_flag("--json", ppl_json, "print one JSON object as the last stdout line");
 
+  dsi::bench::BenchCommand bench(app);  // dsinfer bench: load a running server
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -355,6 +358,7 @@ int main(int argc, char** argv) {
   }
   dsi::MpiSessionPtr mpi;
   try {
+    if (bench.parsed()) return bench.run();
 #ifdef DSI_WITH_MPI
     if (launched_by_mpi()) mpi = std::make_unique<dsi::MpiSession>(&argc, &argv);
 #else
