@@ -6,8 +6,9 @@
 #   scripts/fuzz.sh                 # every target, FUZZ_SECONDS (default 30) each
 #   scripts/fuzz.sh fuzz_config     # some targets
 #   FUZZ_SECONDS=600 scripts/fuzz.sh fuzz_tokenizer
-#   scripts/fuzz.sh --replay DIR... # run the fuzzers once over saved inputs (no fuzzing), e.g.
-#                                   # fuzz/crashes/<target>/ after a fix
+#   scripts/fuzz.sh --replay DIR... # run the fuzzers once over saved inputs (no fuzzing)
+# The reproducers saved under fuzz/crashes/<target>/ are replayed first on every run: a defect
+# found once stays a failing test until it is fixed.
 # Environment: FUZZ_SECONDS, FUZZ_BUILD_DIR (default build/fuzz), FUZZ_JOBS (build jobs, default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --replay) shift; replay=("$@"); break ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -68,6 +69,18 @@ for t in "${targets[@]}"; do
     [ ${#inputs[@]} -gt 0 ] || continue
     "$exe" "${common[@]}" "${inputs[@]}" || failed+=("$t")
     continue
+  fi
+  # Saved reproducers (fuzz/crashes/<target>/) are regression inputs: each must now run clean.
+  if [ -d "fuzz/crashes/$name" ] && [ -n "$(ls -A "fuzz/crashes/$name")" ]; then
+    echo "== $t: replaying fuzz/crashes/$name"
+    for f in "fuzz/crashes/$name"/*; do
+      if ! "$exe" "${common[@]}" "$f" >"$build/artifacts/$t.replay.log" 2>&1; then
+        failed+=("$t")
+        grep -E "runtime error|ERROR: AddressSanitizer|invariant violated|escaped|unexpected exception|SUMMARY" \
+          "$build/artifacts/$t.replay.log" | head -3 >&2
+        echo "fuzz: $t: reproducer $f still crashes" >&2
+      fi
+    done
   fi
   echo "== $t: ${seconds}s on fuzz/corpus/$name"
   log="$build/artifacts/$t.log"
