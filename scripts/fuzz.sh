@@ -97,7 +97,7 @@ for t in "${targets[@]}"; do
 done
 
 if [ ${#failed[@]} -gt 0 ]; then
-  echo "fuzz: FAILED: ${failed[*]}" >&2
+  echo "fuzz: FAILED: $(printf "%s\n" "${failed[@]}" | sort -u | tr "\n" " ")" >&2
   exit 1
 fi
 echo "fuzz: ok (${targets[*]})"
