@@ -341,7 +341,7 @@ struct NcclComm::State {
     c.ctx = call_context(g, c.desc);
     throw_if_failed(c.ctx);
     if (host->options().check_lockstep) {
-      Tensor mine = Tensor::empty({int64_t(sizeof(CollectiveDesc))}, DType::U8);
+      Tensor mine = Tensor::empty({1, int64_t(sizeof(CollectiveDesc))}, DType::U8);
       std::memcpy(mine.raw(), &c.desc, sizeof(CollectiveDesc));
       Tensor all = Tensor::empty({int64_t(g.size), int64_t(sizeof(CollectiveDesc))}, DType::U8);
       host_step(c.ctx, "exchanging the lockstep descriptors", [&] { host->all_gather(g, mine, all); });
