@@ -281,6 +281,7 @@ Json summary_json(const Summary& s, double scale) {
 }
 
 std::string cell(double v) { return std::isnan(v) ? "-" : fmt::format("{:.2f}", v); }
+std::string percent(double v) { return std::isnan(v) ? "-" : fmt::format("{:.2f}%", v * 100); }
 
 std::string row(const std::string& name, const Summary& s, double scale) {
   return fmt::format("{:<28}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>8}\n", name, cell(s.mean * scale),
@@ -370,18 +371,22 @@ int BenchCommand::run() const {
   out += row("inter-token latency (ms)", s_itl, 1e3);
   out += row("end-to-end latency (ms)", s_e2e, 1e3);
   Json spec_json = nullptr;
-  if (spec && spec->present) {
+  if (spec && spec->present && spec->drafts <= 0) {
+    out += "\nspeculative decoding: no drafts during the run\n";
+    spec_json = {{"num_drafts", spec->drafts}, {"num_draft_tokens", spec->draft_tokens},
+                 {"num_accepted_tokens", spec->accepted_tokens}};
+  } else if (spec && spec->present) {
     const SpecCounters& c = *spec;
     const double rate = c.draft_tokens > 0 ? c.accepted_tokens / c.draft_tokens : std::nan("");
     const double mean_len = c.drafts > 0 ? 1.0 + c.accepted_tokens / c.drafts : std::nan("");
     out += fmt::format("\nspeculative decoding: {:.0f} drafts, {:.0f} draft tokens, {:.0f} accepted: "
-                       "acceptance {}%, mean acceptance length {}\n",
-                       c.drafts, c.draft_tokens, c.accepted_tokens, cell(rate * 100), cell(mean_len));
+                       "acceptance {}, mean acceptance length {}\n",
+                       c.drafts, c.draft_tokens, c.accepted_tokens, percent(rate), cell(mean_len));
     Json per_pos = Json::array();
     std::string line = "acceptance per position:";
     for (size_t i = 0; i < c.accepted_per_pos.size(); ++i) {
       const double r = c.drafts > 0 ? c.accepted_per_pos[i] / c.drafts : std::nan("");
-      line += fmt::format(" [{}] {}%", i, cell(r * 100));
+      line += fmt::format(" [{}] {}", i, percent(r));
       per_pos.push_back(r);
     }
     if (!c.accepted_per_pos.empty()) out += line + "\n";
