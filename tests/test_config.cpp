@@ -164,6 +164,11 @@ TEST(Config, BrokenFieldsNameTheField) {
       {[](json& j) { j["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128}}}; },
        {"weight_block_size"}},
       {[](json& j) { j["norm_topk_prob"] = 1; }, {"'norm_topk_prob' must be true or false"}},
+      // Sizes past int32 are refused before any conversion (no wrap to 0 or to a small value).
+      {[](json& j) { j["vocab_size"] = 1e300; }, {"'vocab_size'", "too large"}},
+      {[](json& j) { j["n_group"] = 4294967296LL; }, {"'n_group' = 4294967296 is too large"}},
+      {[](json& j) { j["num_hidden_layers"] = 4294967298LL; }, {"'num_hidden_layers'", "too large"}},
+      {[](json& j) { j["hidden_size"] = 18446744073709551615ULL; }, {"'hidden_size'", "too large"}},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("case " + std::to_string(i));

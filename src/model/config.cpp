@@ -3,6 +3,7 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <limits>
 #include <fstream>
 #include <sstream>
 
@@ -51,11 +52,18 @@ class Reader {
   const std::string& src() const { return src_; }
 
  private:
+  // Every integer field is a size or a count: it must fit an int32 (the model's fields are int).
   int64_t checked_int(const json& v, const char* key, int64_t min_value) const {
-    DSI_CHECK(v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) ==
-                                                                    v.get<double>()),
-              "{}: field '{}' must be an integer, got {}", src_, key, v.dump());
-    int64_t x = v.is_number_integer() ? v.get<int64_t>() : int64_t(v.get<double>());
+    constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+    const bool whole_float = v.is_number_float() && std::floor(v.get<double>()) == v.get<double>();
+    DSI_CHECK(v.is_number_integer() || whole_float, "{}: field '{}' must be an integer, got {}",
+              src_, key, v.dump());
+    // Range-check before converting: a float past int64 (1e300) has no integer value.
+    const bool in_range = v.is_number_unsigned()  ? v.get<uint64_t>() <= uint64_t(kMax)
+                          : v.is_number_integer() ? v.get<int64_t>() <= kMax
+                                                  : std::fabs(v.get<double>()) <= double(kMax);
+    DSI_CHECK(in_range, "{}: field '{}' = {} is too large (at most {})", src_, key, v.dump(), kMax);
+    const int64_t x = v.is_number_integer() ? v.get<int64_t>() : int64_t(v.get<double>());
     DSI_CHECK(x >= min_value, "{}: field '{}' = {} must be >= {}", src_, key, x, min_value);
     return x;
   }

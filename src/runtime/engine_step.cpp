@@ -204,6 +204,7 @@ void EngineImpl::step() {
   for (const StepPlan::Rows& p : plan.decode) {
     EngineSequence& s = seq_of(p.seq);
     s.drafts = p.n - 1;
+    s.draft = Draft{};
     if (s.drafts > 0) drafting.push_back(&s);
   }
   if (!drafting.empty()) draft(drafting);
@@ -310,15 +311,13 @@ bool EngineImpl::emit(EngineSequence& s, const std::vector<int32_t>& tokens, con
   if (!reason.empty()) {
     ev.finished = true;
     ev.finish_reason = reason;
-  }
-  s.sink(std::move(ev));
-  if (!reason.empty()) {
     s.finished = true;
     sched_->remove(&s.sched);
     ++stats_.requests_finished;
-    return false;
+    publish_metrics();  // a client that saw its last event sees its pages freed
   }
-  return true;
+  s.sink(std::move(ev));
+  return reason.empty();
 }
 
 void EngineImpl::finish(EngineSequence& s, const std::string& reason, const std::string& error) {
@@ -329,10 +328,11 @@ void EngineImpl::finish(EngineSequence& s, const std::string& reason, const std:
   ev.error = error;
   ev.prompt_tokens = s.prompt_len;
   ev.completion_tokens = s.generated();
-  s.sink(std::move(ev));
   s.finished = true;
   sched_->remove(&s.sched);
   ++stats_.requests_finished;
+  publish_metrics();
+  s.sink(std::move(ev));
 }
 
 void EngineImpl::fail_all(const std::string& error) {

@@ -39,6 +39,11 @@ void RankWorkers::run(const std::function<void(int)>& fn) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return pending_ == 0; });
   job_ = nullptr;
+  if (failure_ && !world_) {  // one rank: no communicator was poisoned, the next run may go on
+    std::exception_ptr e = failure_;
+    failure_ = nullptr;
+    std::rethrow_exception(e);
+  }
   if (failure_) std::rethrow_exception(failure_);
 }
 

@@ -2,7 +2,8 @@
 // with its communicator, running the same function for every step of the engine. Unlike
 // run_on_thread_ranks (ranks.h), the threads live as long as the engine, so a step costs a wake-up,
 // not T thread starts. A rank that throws aborts the others (their collectives fail instead of
-// waiting) and the first error is rethrown by run(); after that the workers are unusable.
+// waiting) and the first error is rethrown by run(); after that several ranks are unusable (their
+// communicators are aborted), while a single rank simply goes on with the next run.
 #pragma once
 
 #include <condition_variable>

@@ -3,6 +3,7 @@
 #include "text/tokenizer.h"
 
 #include <algorithm>
+#include <limits>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -171,6 +172,10 @@ void Tokenizer::Impl::parse(const json& j, BpeTables tables) {
   }
   if (const json* a = field(j, "added_tokens")) parse_added_tokens(*a, where + ": added_tokens");
   build_decode_table();
+  for (const auto* list : {&prefix, &suffix})
+    for (int32_t id : *list)
+      DSI_CHECK(id >= 0 && size_t(id) < id_bytes.size(), "{}: post_processor: token id {} is "
+                "outside the vocabulary [0, {})", where, id, id_bytes.size());
 }
 
 void Tokenizer::Impl::parse_normalizer(const json& j, const std::string& w) {
@@ -264,8 +269,14 @@ void Tokenizer::Impl::parse_post_processor(const json& j, const std::string& w,
       const std::string name = sp->value("id", "");
       DSI_CHECK(specials && specials->contains(name), "{}: special token '{}' is not in "
                 "special_tokens", wi, name);
-      const json& ids = specials->at(name).at("ids");
-      for (const json& id : ids) (seen_sequence ? after : before).push_back(id.get<int32_t>());
+      const json* ids = field(specials->at(name), "ids");
+      DSI_CHECK(ids && ids->is_array(), "{}: special token '{}' has no \"ids\" array", wi, name);
+      for (const json& id : *ids) {
+        DSI_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 &&
+                      id.get<int64_t>() <= std::numeric_limits<int32_t>::max(),
+                  "{}: special token '{}' has id {}, not a token id", wi, name, id.dump());
+        (seen_sequence ? after : before).push_back(id.get<int32_t>());
+      }
     } else {
       fail("{}: expected Sequence or SpecialToken, got {}", wi, item.dump());
     }
