@@ -99,6 +99,8 @@ class Interp {
 
 // ---- helpers shared by the evaluator and the builtins ------------------------------------------------
 
+void check_overflow(bool overflow);  // raises for int64 overflow (Python ints are unbounded)
+bool plain_list(const Value& v);     // a list or tuple (not a generator or dict view)
 // Python iteration (iter(x)) materialised: list items, string characters, dict keys; Undefined is empty.
 std::vector<Value> iterate(const Value& v);
 int64_t length(const Value& v);              // Python len(x); Undefined has length 0
