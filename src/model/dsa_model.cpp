@@ -157,21 +157,23 @@ Tensor DsaModel::vocab_parallel_logits(const Tensor& hidden, const LinearWeight&
     ops::linear(hidden, head, out);
     return out;
   }
-  DSI_CHECK(device_.is_cpu(), "vocabulary-parallel logits on {}: not supported yet", device_.str());
   // Each rank computes its vocabulary slice (padded to the common slice width with -inf), then
   // the slices are gathered and laid side by side.
   const int64_t shard = weights_.vocab_shard, mine = head.out_features();
-  Tensor part = Tensor::empty({n, shard}, DType::F32);
-  Tensor part_mine = part.narrow(1, 0, mine);
-  Tensor local = Tensor::empty({n, mine}, DType::F32);
+  Tensor part = Tensor::empty({n, shard}, DType::F32, device_);
+  Tensor local = Tensor::empty({n, mine}, DType::F32, device_);
   ops::linear(hidden, head, local);
+  Tensor part_mine = part.narrow(1, 0, mine);
   ops::copy(local, part_mine);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = mine; j < shard; ++j) part.f32()[i * shard + j] = -INFINITY;
+  if (mine < shard) {
+    Tensor pad = part.narrow(1, mine, shard - mine);
+    pad.copy_from(Tensor::from_f32(std::vector<float>(size_t(n * (shard - mine)), -INFINITY),
+                                   {n, shard - mine}));
+  }
   const int T = rank_.cfg.tp;
-  Tensor all = Tensor::empty({T * n, shard}, DType::F32);
+  Tensor all = Tensor::empty({T * n, shard}, DType::F32, device_);
   rank_.comm->all_gather(rank_.tp_group, part, all);
-  Tensor out = Tensor::empty({n, vocab}, DType::F32);
+  Tensor out = Tensor::empty({n, vocab}, DType::F32, device_);
   for (int r = 0; r < T; ++r) {
     const int64_t begin = r * shard, len = std::min(shard, vocab - begin);
     if (len <= 0) continue;

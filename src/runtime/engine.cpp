@@ -72,7 +72,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
             "max_model_len = {} exceeds the model's context length {}", limit,
             cfg_.max_position_embeddings);
 
-  ranks_ = std::make_unique<RankWorkers>(pc, CommOptions{});
+  ranks_ = std::make_unique<RankWorkers>(pc, CommOptions{}, /*cuda=*/o.device == "cuda");
   models_.resize(size_t(pc.tp));
   ranks_->run([&](int r) {
     models_[size_t(r)] = load_rank_model(o.model_dir, ranks_->context(r), {}, rank_device(o.device, r));

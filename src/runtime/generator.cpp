@@ -44,12 +44,15 @@ Tensor prefill(const DsaModel& model, const std::vector<int32_t>& prompt, int ch
 
 // Every rank computes the same logits and draws the same uniforms, so the ranks agree already; the
 // broadcast from TP rank 0 makes that a guarantee (their next steps must stay in lockstep).
-void agree_on_tokens(const RankContext& rank, std::vector<int32_t>& tokens, int max_tokens) {
+void agree_on_tokens(const RankContext& rank, Device device, std::vector<int32_t>& tokens,
+                     int max_tokens) {
   if (rank.cfg.tp == 1) return;
   Tensor t = Tensor::zeros({max_tokens + 1}, DType::I32);  // [count, tokens...], fixed shape
   t.i32()[0] = int32_t(tokens.size());
   std::copy(tokens.begin(), tokens.end(), t.i32() + 1);
-  rank.comm->broadcast(rank.tp_group, t, 0);
+  Tensor d = to_device(t, device);  // the communicator moves the model's device tensors
+  rank.comm->broadcast(rank.tp_group, d, 0);
+  t = to_host(d);
   tokens.assign(t.i32() + 1, t.i32() + 1 + t.i32()[0]);
 }
 
@@ -150,7 +153,7 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
   const auto t1 = Clock::now();
   std::vector<int32_t> first = {ops::sample(logits.view({cfg.vocab_size}), sp.temperature, sp.top_p,
                                             uniform(rng))};
-  agree_on_tokens(model.rank(), first, K + 1);
+  agree_on_tokens(model.rank(), model.device(), first, K + 1);
   Pending pending;
   if (drafter) pending.append(hidden, std::vector<int32_t>(prompt.begin() + 1, prompt.end()));
   if (drafter) pending.next.push_back(first[0]);
@@ -181,7 +184,7 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
     const Verdict v = verify_drafts(model.logits(h), draft, sp, rng);
     std::vector<int32_t> emitted(draft.tokens.begin(), draft.tokens.begin() + v.accepted);
     emitted.push_back(v.next);
-    agree_on_tokens(model.rank(), emitted, K + 1);
+    agree_on_tokens(model.rank(), model.device(), emitted, K + 1);
     const int accepted = int(emitted.size()) - 1;
     if (k > 0) {
       SpeculativeStats& st = res.speculative;

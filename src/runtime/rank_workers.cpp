@@ -3,23 +3,63 @@
 
 #include <fmt/format.h>
 
+#ifdef DSI_WITH_NCCL
+#include "backends/cuda/device.h"
+#include "comm/nccl_comm.h"
+#endif
+
 namespace dsi {
 
-RankWorkers::RankWorkers(const ParallelConfig& cfg, const CommOptions& options) {
+RankWorkers::RankWorkers(const ParallelConfig& cfg, const CommOptions& options, bool cuda) {
   DSI_CHECK(cfg.tp >= 1, "tp = {} must be >= 1", cfg.tp);
   if (cfg.tp > 1) world_ = std::make_unique<LocalWorld>(cfg.tp, options);
   for (int r = 0; r < cfg.tp; ++r)
     contexts_.push_back(RankContext::make(cfg, r, world_ ? &world_->comm(r) : nullptr));
   for (int r = 1; r < cfg.tp; ++r) threads_.emplace_back([this, r] { loop(r); });
+  if (!cuda || cfg.tp == 1) return;
+#ifdef DSI_WITH_NCCL
+  device_comms_.resize(size_t(cfg.tp));
+  auto process = std::make_shared<NcclProcessState>();
+  try {
+    run([&](int r) {  // creation is collective: every rank at once, from its own thread
+    const int n_gpus = cuda::device_count();
+    DSI_CHECK(n_gpus >= cfg.tp, "{} ranks on CUDA devices need {} GPUs, {} visible", cfg.tp, cfg.tp,
+              n_gpus);
+    const RankContext& layout = contexts_[size_t(r)];
+    device_comms_[size_t(r)] = NcclComm::create(
+        world_->comm(r), NcclSetup{r, {layout.tp_group, layout.dcp_group},
+                                   NcclSumOrder::kMemberOrder, process});
+    });
+  } catch (...) {
+    stop_threads();  // no destructor runs for a constructor that throws
+    throw;
+  }
+  for (int r = 0; r < cfg.tp; ++r)
+    contexts_[size_t(r)] = RankContext::make(cfg, r, device_comms_[size_t(r)].get());
+#else
+  ::dsi::fail("{} ranks on CUDA devices need NCCL, and this build has none", cfg.tp);
+#endif
 }
 
 RankWorkers::~RankWorkers() {
+  if (!device_comms_.empty() && !failure_) {
+    try {  // NCCL communicators are finalised together, each on its rank's thread
+      run([&](int r) { device_comms_[size_t(r)].reset(); });
+    } catch (...) {
+    }
+  }
+  device_comms_.clear();
+  stop_threads();
+}
+
+void RankWorkers::stop_threads() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_.notify_all();
-  for (auto& t : threads_) t.join();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
 }
 
 void RankWorkers::run(const std::function<void(int)>& fn) {
@@ -53,7 +93,10 @@ void RankWorkers::fail(int rank, std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_) failure_ = error;
   }
-  if (world_) world_->comm(rank).abort(fmt::format("rank {} failed", rank));
+  Communicator* comm = !device_comms_.empty() && device_comms_[size_t(rank)]
+                           ? device_comms_[size_t(rank)].get()
+                           : (world_ ? &world_->comm(rank) : nullptr);
+  if (comm) comm->abort(fmt::format("rank {} failed", rank));
 }
 
 void RankWorkers::loop(int rank) {

@@ -21,7 +21,9 @@ namespace dsi {
 
 class RankWorkers {
  public:
-  RankWorkers(const ParallelConfig& cfg, const CommOptions& options);
+  // With `cuda` and several ranks, rank r computes on GPU r and moves device tensors through NCCL
+  // (the thread world stays the host-side group).
+  RankWorkers(const ParallelConfig& cfg, const CommOptions& options, bool cuda = false);
   ~RankWorkers();
   RankWorkers(const RankWorkers&) = delete;
   RankWorkers& operator=(const RankWorkers&) = delete;
@@ -39,8 +41,10 @@ class RankWorkers {
  private:
   void loop(int rank);
   void fail(int rank, std::exception_ptr error);
+  void stop_threads();
 
   std::unique_ptr<LocalWorld> world_;
+  std::vector<std::unique_ptr<Communicator>> device_comms_;  // [rank] NCCL, when used
   std::vector<RankContext> contexts_;
   std::vector<std::thread> threads_;
   mutable std::mutex mu_;

@@ -8,27 +8,55 @@
 
 #include "comm/local_comm.h"
 
+#ifdef DSI_WITH_NCCL
+#include "backends/cuda/device.h"
+#include "comm/nccl_comm.h"
+#endif
+
 namespace dsi {
 
 void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
-                         const std::function<void(const RankContext&)>& fn) {
+                         const std::function<void(const RankContext&)>& fn, bool cuda) {
   DSI_CHECK(cfg.tp >= 1, "tp = {} must be >= 1", cfg.tp);
   LocalWorld world(cfg.tp, options);
   std::mutex mu;
   std::exception_ptr first;  // the first error thrown is the root cause; later ones follow it
   std::vector<std::thread> threads;
+#ifdef DSI_WITH_NCCL
+  // GPU ranks exchange device tensors through NCCL; the thread world stays the host-side group
+  // (bootstrap, lockstep checks, barriers, failures).
+  auto nccl_process = std::make_shared<NcclProcessState>();
+#else
+  DSI_CHECK(!cuda || cfg.tp == 1, "{} ranks on CUDA devices need NCCL, and this build has none",
+            cfg.tp);
+#endif
   for (int r = 0; r < cfg.tp; ++r) {
     threads.emplace_back([&, r] {
-      LocalComm& comm = world.comm(r);
+      LocalComm& host = world.comm(r);
+      Communicator* comm = &host;
+#ifdef DSI_WITH_NCCL
+      std::unique_ptr<NcclComm> nccl;  // destroyed in this thread, before the world
+#endif
       try {
-        const RankContext rank = RankContext::make(cfg, r, &comm);
+#ifdef DSI_WITH_NCCL
+        if (cuda && cfg.tp > 1) {
+          const RankContext layout = RankContext::make(cfg, r, &host);
+          const int n_gpus = cuda::device_count();
+          DSI_CHECK(n_gpus >= cfg.tp, "{} ranks on CUDA devices need {} GPUs, {} visible", cfg.tp,
+                    cfg.tp, n_gpus);
+          nccl = NcclComm::create(host, NcclSetup{r % n_gpus, {layout.tp_group, layout.dcp_group},
+                                                  NcclSumOrder::kMemberOrder, nccl_process});
+          comm = nccl.get();
+        }
+#endif
+        const RankContext rank = RankContext::make(cfg, r, comm);
         fn(rank);
       } catch (const std::exception& e) {
         {
           std::lock_guard<std::mutex> lock(mu);
           if (!first) first = std::current_exception();
         }
-        comm.abort(fmt::format("rank {}: {}", r, e.what()));
+        comm->abort(fmt::format("rank {}: {}", r, e.what()));
       }
     });
   }

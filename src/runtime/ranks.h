@@ -17,8 +17,9 @@ namespace dsi {
 
 // Runs fn(rank) on each of cfg.tp thread ranks and waits for all of them. A rank that throws
 // aborts the others (they fail instead of waiting), and its error, the root cause, is rethrown.
+// With `cuda`, rank r computes on GPU r and the ranks communicate through NCCL (device tensors).
 void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
-                         const std::function<void(const RankContext&)>& fn);
+                         const std::function<void(const RankContext&)>& fn, bool cuda = false);
 
 // Changes to a checkpoint's config made at load time.
 struct ModelOverrides {

@@ -1,0 +1,142 @@
+// The engine on GPUs: the serving engine (continuous batching over paged caches, MTP) on one GPU,
+// and tensor-parallel ranks on two GPUs through NCCL (the generator and the engine), give the
+// greedy tokens of the CPU reference on one rank.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <mutex>
+
+#include "cuda/cuda_test_util.h"
+#include "dsinfer/engine.h"
+#include "runtime/generator.h"
+#include "runtime/ranks.h"
+#include "test_util.h"
+
+namespace dsi {
+namespace {
+
+const std::vector<std::vector<int32_t>> kPrompts = {
+    {5, 9, 2, 7}, {1}, {3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28, 84},
+    {100, 200, 300, 310, 315, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27,
+     28, 29, 30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50,
+     51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71}};
+
+GenerationParams greedy(int n, int K) {
+  GenerationParams gp;
+  gp.max_new_tokens = n;
+  gp.ignore_eos = true;
+  gp.speculative_tokens = K;
+  return gp;
+}
+
+std::vector<int32_t> cpu_greedy(const std::string& fixture, const std::vector<int32_t>& prompt, int n) {
+  return generate(test::fixture_model(fixture), prompt, greedy(n, 0)).output_ids;
+}
+
+// Runs every prompt through an engine at once; returns each request's tokens.
+std::vector<std::vector<int32_t>> engine_outputs(const EngineOptions& o, int n) {
+  auto engine = Engine::start(o);
+  struct Out {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int32_t> ids;
+    std::string reason, error;
+  };
+  std::vector<std::unique_ptr<Out>> outs;
+  for (const auto& p : kPrompts) {
+    outs.push_back(std::make_unique<Out>());
+    Out* out = outs.back().get();
+    EngineRequest r;
+    r.prompt = p;
+    r.max_new_tokens = n;
+    r.ignore_eos = true;
+    engine->submit(r, [out](RequestEvent&& ev) {
+      std::lock_guard<std::mutex> lock(out->mu);
+      for (const auto& t : ev.tokens) out->ids.push_back(t.id);
+      if (ev.finished) {
+        out->reason = ev.finish_reason;
+        out->error = ev.error;
+        out->cv.notify_all();
+      }
+    });
+  }
+  std::vector<std::vector<int32_t>> ids;
+  for (auto& out : outs) {
+    std::unique_lock<std::mutex> lock(out->mu);
+    EXPECT_TRUE(out->cv.wait_for(lock, std::chrono::seconds(300), [&] { return !out->reason.empty(); }));
+    EXPECT_EQ(out->reason, "length") << out->error;
+    ids.push_back(out->ids);
+  }
+  EXPECT_EQ(engine->metrics().kv_pages_used, 0);
+  return ids;
+}
+
+class CudaEngine : public test::CudaTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(CudaEngine, BatchedRequestsMatchTheCpu) {
+  for (int K : {0, 2}) {
+    SCOPED_TRACE("speculative tokens " + std::to_string(K));
+    EngineOptions o;
+    o.model_dir = test::fixture_dir(GetParam());
+    o.device = "cuda";
+    o.speculative_tokens = K;
+    o.max_num_batched_tokens = 24;  // the long prompt is chunked and mixed with decode rounds
+    o.kv_cache_memory = 64 << 20;
+    const auto got = engine_outputs(o, 12);
+    for (size_t i = 0; i < kPrompts.size(); ++i)
+      EXPECT_EQ(got[i], cpu_greedy(GetParam(), kPrompts[i], 12)) << "prompt " << i;
+  }
+}
+
+class CudaTwoGpus : public test::CudaTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    test::CudaTest::SetUp();
+    if (IsSkipped()) return;
+#ifndef DSI_WITH_NCCL
+    GTEST_SKIP() << "this build has no NCCL";
+#endif
+    if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  }
+};
+
+TEST_P(CudaTwoGpus, TensorParallelGenerateMatchesTheCpu) {
+  ParallelConfig cfg;
+  cfg.tp = 2;
+  for (int K : {0, 3}) {
+    SCOPED_TRACE("speculative tokens " + std::to_string(K));
+    std::vector<std::vector<int32_t>> got(kPrompts.size());
+    run_on_thread_ranks(
+        cfg, CommOptions{},
+        [&](const RankContext& rank) {
+          auto model = load_rank_model(test::fixture_dir(GetParam()), rank, {},
+                                       Device::cuda(rank.tp_rank));
+          for (size_t i = 0; i < kPrompts.size(); ++i) {
+            GenerationResult r = generate(*model, kPrompts[i], greedy(10, K));
+            if (rank.is_root()) got[i] = r.output_ids;
+          }
+        },
+        /*cuda=*/true);
+    for (size_t i = 0; i < kPrompts.size(); ++i)
+      EXPECT_EQ(got[i], cpu_greedy(GetParam(), kPrompts[i], 10)) << "prompt " << i;
+  }
+}
+
+TEST_P(CudaTwoGpus, TensorParallelEngineMatchesTheCpu) {
+  EngineOptions o;
+  o.model_dir = test::fixture_dir(GetParam());
+  o.device = "cuda";
+  o.tp = 2;
+  o.speculative_tokens = 2;
+  o.max_num_batched_tokens = 24;
+  o.kv_cache_memory = 64 << 20;
+  const auto got = engine_outputs(o, 10);
+  for (size_t i = 0; i < kPrompts.size(); ++i)
+    EXPECT_EQ(got[i], cpu_greedy(GetParam(), kPrompts[i], 10)) << "prompt " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngine, ::testing::Values("glm_tiny", "dsv32_tiny", "glm_tiny_fp8"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTwoGpus, ::testing::Values("glm_tiny", "dsv32_tiny", "glm_tiny_fp8"));
+
+}  // namespace
+}  // namespace dsi
