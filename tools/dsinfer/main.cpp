@@ -32,6 +32,9 @@
 #ifdef DSI_WITH_CUDA
 #include "backends/cuda/device.h"
 #endif
+#ifdef DSI_WITH_NCCL
+#include "comm/nccl_comm.h"
+#endif
 
 namespace dsi {
 // The MPI session of a process started by mpirun (none otherwise).
@@ -153,7 +156,10 @@ dsi::Device device_for(const CommonOptions& o, int rank) {
 
 std::unique_ptr<dsi::DsaModel> load_model(const CommonOptions& o, const dsi::RankContext& rank) {
   const auto t0 = std::chrono::steady_clock::now();
-  const dsi::Device device = device_for(o, rank.tp_rank);
+  dsi::Device device = device_for(o, rank.tp_rank);
+#ifdef DSI_WITH_NCCL
+  if (const auto* nccl = dynamic_cast<const dsi::NcclComm*>(rank.comm)) device = dsi::Device::cuda(nccl->device());
+#endif
   auto model = dsi::load_rank_model(o.model_dir, rank, dsi::ModelOverrides{o.dense_attention}, device);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& c = model->config();
@@ -178,14 +184,29 @@ void on_ranks(const CommonOptions& o, dsi::MpiSessionPtr& mpi,
     if (cfg.tp != mpi->size())
       fail("--tp {} does not match the {} processes mpirun started", cfg.tp, mpi->size());
     dsi::MpiComm comm(*mpi, o.comm);
-    const dsi::RankContext rank = dsi::RankContext::make(cfg, comm.rank(), &comm);
+    dsi::Communicator* data = &comm;
+#ifdef DSI_WITH_NCCL
+    // GPU ranks move device tensors through NCCL, bootstrapped over MPI; each process takes the
+    // GPU of its node-local rank.
+    std::unique_ptr<dsi::NcclComm> nccl;
+    if (o.device == "cuda") {
+      const dsi::RankContext layout = dsi::RankContext::make(cfg, comm.rank(), &comm);
+      int local = dsi::local_rank_from_env();
+      if (local < 0) local = comm.rank();
+      nccl = dsi::NcclComm::create(comm, dsi::NcclSetup{local % dsi::cuda::device_count(),
+                                                        {layout.tp_group, layout.dcp_group},
+                                                        dsi::NcclSumOrder::kMemberOrder, nullptr});
+      data = nccl.get();
+    }
+#endif
+    const dsi::RankContext rank = dsi::RankContext::make(cfg, comm.rank(), data);
     work(*load_model(o, rank));
     return;
   }
 #endif
-  dsi::run_on_thread_ranks(cfg, o.comm, [&](const dsi::RankContext& rank) {
-    work(*load_model(o, rank));
-  });
+  dsi::run_on_thread_ranks(
+      cfg, o.comm, [&](const dsi::RankContext& rank) { work(*load_model(o, rank)); },
+      /*cuda=*/o.device == "cuda");
 }
 
 int run_generate(const CommonOptions& o, const dsi::GenerationParams& params, bool json,
