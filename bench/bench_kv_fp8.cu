@@ -1,11 +1,15 @@
 // fp8 KV-cache benchmark on one GPU: the indexer decode logits over the paged fp8 key cache
-// (64 heads, d = 128; 8K and 128K keys; 1 row, and 4 sequences x 4 MTP rows) and sparse MLA over the
-// 656-byte cache (top-2048, 64 and 8 heads; 1 row and 4 x 4 rows). Calls the kernel launchers
-// directly (the ops add a synchronising error-flag read). Prints the median microseconds over the
-// timed launches and GB/s of the bytes the kernel must move (cache entries read + query + output),
-// against the H200's ~4.3 TB/s.
+// (64 heads, d = 128; 8K and 128K keys; 1 row, and 4 sequences x 4 MTP rows) and sparse MLA decode
+// over the 656-byte cache (top-2048: 64 heads x 1 row, 8 heads x 1 row, 64 heads x 4 requests x 4
+// MTP rows, 128 heads x 1 row). Calls the kernel launchers directly (the ops add a synchronising
+// error-flag read). Prints the median microseconds and GB/s of the bytes the kernel must move (cache
+// entries read + indices + query + output), against the H200's ~4.3 TB/s.
+// Sparse MLA is timed HBM-honestly: K launches captured in one CUDA graph, each with its own random
+// index set over a 656 MB pool (the sets together exceed the 50 MB L2), median over replays of
+// graph time / K. It also prints the tensor-core rate against ~790 TFLOP/s (bf16 dense), the plan
+// (heads per CTA, splits, CTAs), and with --sweep every (m_tiles, splits) tiling.
 //
-//   bench_kv_fp8 [--reps N]
+//   bench_kv_fp8 [--reps N] [--sweep]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -18,6 +22,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kv_fp8/kv_fp8.h"
+#include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
 #include "ops/kv_fp8.h"
 
 namespace {
@@ -162,61 +167,187 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
     DSI_CUDA_CHECK(cudaFree(ptr));
 }
 
-void bench_sparse_mla(int64_t rows, int heads, int64_t topk, int reps) {
-  const int64_t n_slots = 1 << 17, dk = 576;
-  uint8_t* pool = dalloc<uint8_t>(size_t(n_slots * dsi::ops::kMlaFp8Bytes));
-  float* kv = random_f32(n_slots * dk, 4);
-  std::vector<int32_t> all(static_cast<size_t>(n_slots));
-  for (int64_t i = 0; i < n_slots; ++i) all[size_t(i)] = int32_t(i);
-  int32_t* dall = upload(all);
+// Median over `reps` replays of (graph of K calls of launch(copy, stream)) / K, in microseconds;
+// launch(i, st) uses input copy i (K is a multiple of `copies`, at least 24).
+template <typename Launch>
+double time_graph(int copies, int reps, Launch launch) {
+  cudaStream_t st;
+  DSI_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const int k = copies * std::max(1, (24 + copies - 1) / copies);
+  for (int i = 0; i < copies; ++i) launch(i, st);  // warm-up outside the graph
+  DSI_CUDA_CHECK(cudaStreamSynchronize(st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DSI_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < k; ++i) launch(i % copies, st);
+  DSI_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  DSI_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  DSI_CUDA_CHECK(cudaEventCreate(&a));
+  DSI_CUDA_CHECK(cudaEventCreate(&b));
+  DSI_CUDA_CHECK(cudaGraphLaunch(exec, st));  // warm replay
+  std::vector<double> us;
+  for (int r = 0; r < reps; ++r) {
+    DSI_CUDA_CHECK(cudaEventRecord(a, st));
+    DSI_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    DSI_CUDA_CHECK(cudaEventRecord(b, st));
+    DSI_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    DSI_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(double(ms) * 1000.0 / k);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+// The fp8 MLA pool shared by the sparse MLA cases: 2^20 entries (656 MB), random latents.
+struct MlaPool {
+  int64_t n_slots = int64_t(1) << 20;
+  uint8_t* pool = nullptr;
+};
+
+MlaPool make_mla_pool() {
+  MlaPool mp;
+  const int64_t chunk = 65536, dk = 576;
+  mp.pool = dalloc<uint8_t>(size_t(mp.n_slots * dsi::ops::kMlaFp8Bytes));
+  float* kv = dalloc<float>(size_t(chunk * dk));
+  int32_t* slots = dalloc<int32_t>(size_t(chunk));
   unsigned long long* bad = dalloc<unsigned long long>(1);
-  dsi::cuda::MlaStoreFp8Params st{};
-  st.rows = kv;
-  st.slots = dall;
-  st.pool = pool;
-  st.row_stride = dk;
-  st.m = n_slots;
-  st.n_slots = n_slots;
-  st.bad = bad;
-  dsi::cuda::launch_mla_store_fp8(st, nullptr);
+  std::vector<int32_t> sl(static_cast<size_t>(chunk));
+  for (int64_t c0 = 0; c0 < mp.n_slots; c0 += chunk) {
+    fill_f32<<<1024, 256>>>(kv, chunk * dk, uint32_t(100 + c0 / chunk));
+    DSI_CUDA_CHECK(cudaGetLastError());
+    for (int64_t i = 0; i < chunk; ++i) sl[size_t(i)] = int32_t(c0 + i);
+    DSI_CUDA_CHECK(cudaMemcpy(slots, sl.data(), sl.size() * 4, cudaMemcpyHostToDevice));
+    dsi::cuda::MlaStoreFp8Params st{};
+    st.rows = kv;
+    st.slots = slots;
+    st.pool = mp.pool;
+    st.row_stride = dk;
+    st.m = chunk;
+    st.n_slots = mp.n_slots;
+    st.bad = bad;
+    dsi::cuda::launch_mla_store_fp8(st, nullptr);
+  }
+  DSI_CUDA_CHECK(cudaDeviceSynchronize());
+  for (void* ptr : {(void*)kv, (void*)slots, (void*)bad}) DSI_CUDA_CHECK(cudaFree(ptr));
+  return mp;
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  DSI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+// Sparse MLA decode, `rows` rows of `heads` heads over top-`topk` keys. The figure of merit is the
+// byte floor (entries + indices + q + out + lse at 4.3 TB/s); the FLOPs are the scores (576 dims)
+// and the output (512) per head and key, at ~790 TFLOP/s bf16 dense.
+void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, int reps, bool sweep,
+                      bool baseline) {
+  const int64_t dk = 576;
+  // Enough index sets that the entries they touch (rows * topk * 656 B each) exceed 2 x L2.
+  const int copies = int(std::clamp<int64_t>(
+      (int64_t(120) << 20) / (rows * topk * dsi::ops::kMlaFp8Bytes) + 1, 2, 128));
   std::mt19937_64 rng(5);
-  std::vector<int32_t> idx(static_cast<size_t>(rows * topk));
-  for (auto& v : idx) v = int32_t(rng() % uint64_t(n_slots));
-  dsi::cuda::SparseMlaFp8Params p{};
+  std::vector<int32_t> idx(static_cast<size_t>(copies * rows * topk));
+  for (auto& v : idx) v = int32_t(rng() % uint64_t(mp.n_slots));
+  int32_t* didx = upload(idx);
+  unsigned long long* bad = dalloc<unsigned long long>(1);
+  DSI_CUDA_CHECK(cudaMemset(bad, 0xff, sizeof(unsigned long long)));
+  dsi::cuda::SparseMlaDecodeParams p{};
   p.q = random_f32(rows * heads * dk, 6);
-  p.pool = pool;
-  p.indices = upload(idx);
+  p.pool = mp.pool;
   p.out = dalloc<float>(size_t(rows * heads * 512));
   p.lse = dalloc<float>(size_t(rows * heads));
   p.q_s0 = heads * dk;
   p.q_s1 = dk;
   p.rows = rows;
   p.heads = heads;
-  p.n_slots = n_slots;
+  p.n_slots = mp.n_slots;
   p.topk = topk;
   p.softmax_scale = 1.0f / std::sqrt(float(dk));
   p.bad = bad;
-  const double us = time_us([&] { dsi::cuda::launch_sparse_mla_fp8(p, nullptr); }, reps);
   const double bytes = double(rows) * (double(topk) * (dsi::ops::kMlaFp8Bytes + 4) +
                                        heads * (dk + 512 + 1) * 4.0);
-  char name[128];
-  std::snprintf(name, sizeof(name), "sparse_mla_fp8 topk=%lld heads=%d rows=%lld", (long long)topk,
-                heads, (long long)rows);
-  report(name, us, bytes);
-  for (void* ptr : {(void*)pool, (void*)kv, (void*)dall, (void*)bad, (void*)p.q, (void*)p.indices,
-                    (void*)p.out, (void*)p.lse})
-    DSI_CUDA_CHECK(cudaFree(ptr));
+  const double flops = 2.0 * double(rows) * heads * topk * (dk + 512);
+  const int sms = sm_count();
+  auto run_plan = [&](const dsi::cuda::SparseMlaDecodePlan& plan, const char* tag) {
+    void* ws = nullptr;
+    if (plan.workspace_bytes > 0) DSI_CUDA_CHECK(cudaMalloc(&ws, plan.workspace_bytes));
+    const double us = time_graph(copies, reps, [&](int c, cudaStream_t st) {
+      dsi::cuda::SparseMlaDecodeParams pc = p;
+      pc.indices = didx + int64_t(c) * rows * topk;
+      pc.workspace = ws;
+      dsi::cuda::launch_sparse_mla_decode(pc, plan, st);
+    });
+    if (ws != nullptr) DSI_CUDA_CHECK(cudaFree(ws));
+    char name[160];
+    std::snprintf(name, sizeof(name), "%ssparse_mla_fp8 topk=%lld heads=%d rows=%lld", tag, (long long)topk,
+                  heads, (long long)rows);
+    report(name, us, bytes);
+    std::printf("%-52s %10.1f TFLOP/s (%.1f %% of 790), %d heads/CTA x %d splits x %d tiles = %lld CTAs\n",
+                "", flops / (us * 1e-6) / 1e12, 100.0 * flops / (us * 1e-6) / 790e12, 16 * plan.m_tiles,
+                plan.n_splits, plan.tiles_per_split,
+                (long long)(rows * plan.head_groups * plan.n_splits));
+  };
+  run_plan(dsi::cuda::plan_sparse_mla_decode(rows, heads, topk, sms), "");
+  if (sweep) {
+    for (int mt : {1, 2})
+      for (int splits : {1, 2, 4, 8, 16, 32}) {
+        const auto plan = dsi::cuda::plan_sparse_mla_decode(rows, heads, topk, sms, mt, splits);
+        if (plan.n_splits != splits) continue;  // rounded to another tiling: already listed
+        run_plan(plan, "  sweep ");
+      }
+  }
+  if (baseline) {  // the previous kernel (one block per row and 16 heads, no split), for reference
+    dsi::cuda::SparseMlaFp8Params o{};
+    o.q = p.q;
+    o.pool = p.pool;
+    o.out = p.out;
+    o.lse = p.lse;
+    o.q_s0 = p.q_s0;
+    o.q_s1 = p.q_s1;
+    o.rows = rows;
+    o.heads = heads;
+    o.n_slots = p.n_slots;
+    o.topk = topk;
+    o.softmax_scale = p.softmax_scale;
+    o.bad = bad;
+    const double us = time_graph(copies, 3, [&](int c, cudaStream_t st) {
+      dsi::cuda::SparseMlaFp8Params oc = o;
+      oc.indices = didx + int64_t(c) * rows * topk;
+      dsi::cuda::launch_sparse_mla_fp8(oc, st);
+    });
+    char name[160];
+    std::snprintf(name, sizeof(name), "  previous kernel topk=%lld heads=%d rows=%lld", (long long)topk,
+                  heads, (long long)rows);
+    report(name, us, bytes);
+  }
+  unsigned long long b = 0;
+  DSI_CUDA_CHECK(cudaMemcpy(&b, bad, sizeof(b), cudaMemcpyDeviceToHost));
+  if (b != ~0ull) std::printf("  (error flag set: %llu)\n", b);
+  for (void* ptr : {(void*)bad, (void*)p.q, (void*)didx, (void*)p.out, (void*)p.lse}) DSI_CUDA_CHECK(cudaFree(ptr));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int reps = 20;
+  bool sweep = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
+    } else if (std::strcmp(argv[i], "--sweep") == 0) {
+      sweep = true;
     } else {
-      std::fprintf(stderr, "usage: bench_kv_fp8 [--reps N]\n");
+      std::fprintf(stderr, "usage: bench_kv_fp8 [--reps N] [--sweep]\n");
       return 2;
     }
   }
@@ -232,10 +363,12 @@ int main(int argc, char** argv) {
       bench_indexer(keys, 1, 1, 64, reps);
       bench_indexer(keys, 4, 4, 64, reps);
     }
-    for (int heads : {64, 8}) {
-      bench_sparse_mla(1, heads, 2048, reps);
-      bench_sparse_mla(16, heads, 2048, reps);
-    }
+    const MlaPool mp = make_mla_pool();
+    bench_sparse_mla(mp, 1, 64, 2048, reps, sweep, true);
+    bench_sparse_mla(mp, 1, 8, 2048, reps, sweep, false);
+    bench_sparse_mla(mp, 16, 64, 2048, reps, sweep, false);
+    bench_sparse_mla(mp, 1, 128, 2048, reps, sweep, false);
+    DSI_CUDA_CHECK(cudaFree(mp.pool));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

@@ -9,6 +9,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_kv_fp8.h"
 #include "backends/cuda/kv_fp8/kv_fp8.h"
+#include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
 #include "ops/kv_fp8.h"
 
 namespace dsi::cuda {
@@ -622,7 +623,9 @@ void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, 
   DeviceGuard guard(q.device());
   check_aligned(pool.raw(), 16, "sparse_mla_fp8", "pool");
   ErrorFlag bad;
-  SparseMlaFp8Params p{};
+  // Split-KV tensor-core decode (sm90_sparse_mla_decode.cu); the older one-block-per-head-group
+  // kernel (launch_sparse_mla_fp8) stays as the benchmark's baseline.
+  SparseMlaDecodeParams p{};
   p.q = q.f32();
   p.pool = static_cast<const uint8_t*>(pool.raw());
   p.indices = indices.i32();
@@ -636,7 +639,12 @@ void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, 
   p.topk = indices.dim(1);
   p.softmax_scale = softmax_scale;
   p.bad = bad.ptr();
-  launch_sparse_mla_fp8(p, stream());
+  // The workspace (split partials) is allocated per call for now; a step planner can call
+  // plan_sparse_mla_decode once and pass a workspace of plan.workspace_bytes instead.
+  const SparseMlaDecodePlan plan = plan_sparse_mla_decode(rows, heads, p.topk, sm_count());
+  Scratch workspace(plan.workspace_bytes);
+  p.workspace = workspace.as<void>();
+  launch_sparse_mla_decode(p, plan, stream());
   const unsigned long long first = bad.read();
   if (first != ErrorFlag::kNone)
     fail("sparse_mla_fp8: index {} outside the {} cache slots", read_device(p.indices + first),

@@ -1,0 +1,485 @@
+// Sparse MLA decode over the fp8 MLA cache (ops::sparse_mla_fp8) for sm_90a: split-KV with bf16
+// mma.sync tensor cores, then an LSE-weighted combine (FlashMLA's decode structure; written here).
+//
+// Why this shape. A decode row attends 64..128 heads to the same top-2048 cache rows (MLA has one
+// latent "KV head"), so every key is loaded and dequantised once per CTA and reused by all the heads
+// of the CTA's head group; the scores q.K^T and the output P.V are then GEMMs of M = heads, which is
+// what tensor cores are for (64 heads x 2048 keys x (576 + 512) x 2 = 285 MFLOP per row: far too much
+// for FFMA within a few microseconds). One row has too few heads to fill 132 SMs, so the 2048 keys are
+// split over many CTAs (split-KV); each split keeps its own online softmax and writes a partial
+// (o / l, lse), and a second small kernel combines the splits with LSE weights.
+//
+// One CTA = (row, group of 16 * MT heads, split of up to 32 tiles of 64 keys), 8 warps. Per tile:
+//   1. the raw 656-byte entries were fetched with cp.async during the previous tile (zero-filled
+//      for -1 slots); dequantise them once into shared memory as bf16 [64 keys][576];
+//   2. start fetching the next tile's entries (overlaps the rest of this tile);
+//   3. scores [HG, 64] = q_bf16 . K^T: warp w takes key half (w & 1) and a quarter of the 576 dims
+//      (w >> 1), so each q fragment feeds 4 n-tiles and each K fragment MT m-tiles; the 4 partial
+//      sums meet in shared memory and are added in a fixed order (deterministic);
+//   4. online softmax per head (one warp per head, base-2 exponentials), P rounded to bf16;
+//   5. out[HG, 512] += P . V: warp w owns 64 value columns (V = the first 512 dims of the same
+//      dequantised K tile; ldmatrix.trans gives the B fragments).
+// Shared memory (~165 KB for MT = 1, ~205 KB for MT = 2) allows one CTA per SM; the plan sizes the
+// grid to one wave.
+//
+// Numerics (compared with the fp32 CPU reference, which decodes the cache exactly):
+//   - q is rounded to bf16 (round to nearest even) once; the CPU op test feeds bf16-representable q,
+//     so this step is exact there;
+//   - K and V = bf16(e4m3 * tile scale): exact for the power-of-two scales dsinfer writes (an e4m3
+//     value has 4 significant bits); a cache written with amax/448 scales (vLLM) gets one bf16
+//     rounding (2^-9 relative), far below the fp8 quantisation itself;
+//   - products bf16 x bf16 are exact in fp32, sums in fp32 (tensor-core order);
+//   - P = exp2(s * scale * log2 e - m) is rounded to bf16 for the P.V product (2^-9 relative, the
+//     dominant difference to the reference: normalised MSE ~1e-6 on the output); the softmax sum l
+//     adds the unrounded fp32 values, so the LSE is fp32-accurate;
+//   - the combine weights splits by exp(lse_i - max) in fp32.
+// Bitwise deterministic run to run (fixed reduction orders, no atomics on data).
+#include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "backends/cuda/common.cuh"
+#include "ops/kv_fp8.h"
+
+namespace dsi::cuda {
+
+namespace {
+
+constexpr int kLora = ops::kMlaFp8Lora;        // 512: value / latent dims
+constexpr int kDk = kLora + ops::kMlaFp8Rope;  // 576: score dims
+constexpr int kEntry = ops::kMlaFp8Bytes;      // 656
+constexpr int kBK = kSparseMlaKeyTile;         // 64 keys per tile
+constexpr int kThreads = 256;                  // 8 warps
+constexpr int kPieces = kEntry / 16;           // 41 16-byte pieces per cache entry
+constexpr int kKStride = kDk + 8;              // bf16 elements per K / q row: 1168 B = 73 x 16 B,
+                                               // so the 8 rows of an ldmatrix hit distinct banks
+constexpr int kPStride = kBK + 8;              // bf16 per P row (144 B = 9 x 16 B)
+constexpr int kRedStride = kBK + 4;            // f32 per partial-score row
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int MT>
+struct Smem {
+  static constexpr int kHG = 16 * MT;
+  static constexpr size_t kQ = 0;                                            // bf16 [HG][kKStride]
+  static constexpr size_t kK = kQ + size_t(kHG) * kKStride * 2;              // bf16 [64][kKStride]
+  static constexpr size_t kRaw = kK + size_t(kBK) * kKStride * 2;            // u8 [64][656]
+  static constexpr size_t kRed = kRaw + size_t(kBK) * kEntry;                // f32 [4][HG][kRedStride]
+  static constexpr size_t kP = kRed + size_t(4) * kHG * kRedStride * 4;      // bf16 [HG][kPStride]
+  static constexpr size_t kIdx = kP + size_t(kHG) * kPStride * 2;            // i32 [32 * 64]
+  static constexpr size_t kValid = kIdx + size_t(kSparseMlaMaxSplitTiles) * kBK * 4;  // i32 [2][64]
+  static constexpr size_t kStats = kValid + 2 * kBK * 4;                     // f32 m, l, alpha [HG]
+  static constexpr size_t kBytes = kStats + 3 * size_t(kHG) * 4;
+};
+
+// ---- PTX wrappers ----
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// c += a . b for one m16n8k16 tile (bf16 in, fp32 accumulate).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+// Two e4m3 bytes (the low 16 bits of w) times `scale`, as bf16x2. e4m3 -> f16 is exact.
+__device__ __forceinline__ unsigned e4m3x2_scaled_bf16x2(unsigned w, float scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  return pack_bf16x2(f.x * scale, f.y * scale);
+}
+
+struct SplitArgs {
+  int n_splits, tiles_per_split, head_groups;
+  float* part_o;    // [rows, heads, n_splits, 512] o / l of each split (n_splits > 1)
+  float* part_lse;  // [rows, heads, n_splits] natural-log LSE of each split, -inf if it saw no key
+};
+
+template <int MT>
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMlaDecodeParams p, SplitArgs a) {
+  using S = Smem<MT>;
+  constexpr int HG = S::kHG;
+  extern __shared__ __align__(16) uint8_t smem[];
+  __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kQ);
+  __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kK);
+  uint8_t* raw = smem + S::kRaw;
+  float* red = reinterpret_cast<float*>(smem + S::kRed);
+  __nv_bfloat16* p_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kP);
+  int32_t* idx_s = reinterpret_cast<int32_t*>(smem + S::kIdx);
+  int32_t* valid_s = reinterpret_cast<int32_t*>(smem + S::kValid);
+  float* m_s = reinterpret_cast<float*>(smem + S::kStats);
+  float* l_s = m_s + HG;
+  float* alpha_s = l_s + HG;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  // CTA order: head groups of one (row, split) are neighbours, so they read the same keys from L2.
+  const int64_t b = blockIdx.x;
+  const int hg = int(b % a.head_groups);
+  const int split = int((b / a.head_groups) % a.n_splits);
+  const int64_t row = b / (int64_t(a.head_groups) * a.n_splits);
+  const int64_t h0 = int64_t(hg) * HG;
+
+  const int64_t key0 = int64_t(split) * a.tiles_per_split * kBK;
+  const int64_t left = p.topk - key0, span = int64_t(a.tiles_per_split) * kBK;
+  const int n_keys = int(left < 0 ? 0 : (left < span ? left : span));
+  const int n_tiles = (n_keys + kBK - 1) / kBK;
+
+  // The split's indices, padded with -1 to whole tiles.
+  const int32_t* idx_row = p.indices + row * p.topk + key0;
+  for (int i = tid; i < n_tiles * kBK; i += kThreads) idx_s[i] = i < n_keys ? idx_row[i] : -1;
+  if (tid < HG) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+  }
+  __syncthreads();
+
+  // Issues the cp.async gather of tile t's entries into raw (and its validity flags).
+  auto issue_tile = [&](int t) {
+    for (int i = tid; i < kBK * kPieces; i += kThreads) {
+      const int k = i / kPieces, piece = i - k * kPieces;
+      const int32_t slot = idx_s[t * kBK + k];
+      const bool ok = slot >= 0 && slot < p.n_slots;
+      if (piece == 0) {
+        valid_s[(t & 1) * kBK + k] = ok;
+        if (slot >= p.n_slots && hg == 0)
+          atomicMin(p.bad, static_cast<unsigned long long>(row * p.topk + key0 + t * kBK + k));
+      }
+      const uint8_t* src = p.pool + (ok ? int64_t(slot) * kEntry : 0) + piece * 16;
+      cp_async16(raw + k * kEntry + piece * 16, src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  if (n_tiles > 0) issue_tile(0);
+
+  // q -> bf16 (heads past the end are zero rows), while the first tile is in flight.
+  for (int i = tid; i < HG * (kDk / 2); i += kThreads) {
+    const int h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
+    float x0 = 0.0f, x1 = 0.0f;
+    if (h0 + h < p.heads) {
+      const float* qr = p.q + row * p.q_s0 + (h0 + h) * p.q_s1 + c;
+      x0 = qr[0];
+      x1 = qr[1];
+    }
+    *reinterpret_cast<unsigned*>(q_s + h * kKStride + c) = pack_bf16x2(x0, x1);
+  }
+
+  const float scale2 = p.softmax_scale * kLog2e;  // scores in base-2 units
+  float acc[MT][8][4];                           // out[16 m + (g, g + 8)][64 warp + 8 n + 2 t4 + (0, 1)]
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    cp_async_wait_all();
+    __syncthreads();  // raw holds tile t; the previous tile's P.V is done with k_s and p_s
+
+    // 1. Dequantise: 32 latent pieces (16 e4m3 -> 16 bf16) and 8 RoPE pieces (8 bf16) per key.
+    for (int i = tid; i < kBK * 40; i += kThreads) {
+      const int k = i / 40, piece = i - k * 40;
+      const uint8_t* e = raw + k * kEntry;
+      __nv_bfloat16* dst = k_s + k * kKStride;
+      if (piece < 32) {
+        const uint4 v = *reinterpret_cast<const uint4*>(e + piece * 16);
+        const float sc = *reinterpret_cast<const float*>(e + ops::kMlaFp8ScaleOffset + 4 * (piece / 8));
+        uint4 lo, hi;
+        lo.x = e4m3x2_scaled_bf16x2(v.x, sc);
+        lo.y = e4m3x2_scaled_bf16x2(v.x >> 16, sc);
+        lo.z = e4m3x2_scaled_bf16x2(v.y, sc);
+        lo.w = e4m3x2_scaled_bf16x2(v.y >> 16, sc);
+        hi.x = e4m3x2_scaled_bf16x2(v.z, sc);
+        hi.y = e4m3x2_scaled_bf16x2(v.z >> 16, sc);
+        hi.z = e4m3x2_scaled_bf16x2(v.w, sc);
+        hi.w = e4m3x2_scaled_bf16x2(v.w >> 16, sc);
+        reinterpret_cast<uint4*>(dst + piece * 16)[0] = lo;
+        reinterpret_cast<uint4*>(dst + piece * 16)[1] = hi;
+      } else {
+        const int c = (piece - 32) * 8;
+        *reinterpret_cast<uint4*>(dst + kLora + c) =
+            *reinterpret_cast<const uint4*>(e + ops::kMlaFp8RopeOffset + 2 * c);
+      }
+    }
+    __syncthreads();  // k_s ready; raw is free
+
+    // 2. Prefetch the next tile while this one is computed.
+    if (t + 1 < n_tiles) issue_tile(t + 1);
+
+    // 3. Partial scores: warp (key half kh, dim quarter kq): 32 keys x 144 dims x HG heads.
+    {
+      const int kh = warp & 1, kq = warp >> 1;
+      float sacc[MT][4][4];
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n) sacc[m][n][0] = sacc[m][n][1] = sacc[m][n][2] = sacc[m][n][3] = 0.0f;
+#pragma unroll 3
+      for (int ks = 0; ks < 9; ++ks) {
+        const int kk = kq * 144 + ks * 16;
+        unsigned af[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+          ldmatrix_x4(af[m], q_s + (m * 16 + (lane & 15)) * kKStride + kk + (lane >> 4) * 8);
+        unsigned bf[2][4];  // bf[nb] = {b0, b1 of n-tile 2 nb; b0, b1 of n-tile 2 nb + 1}
+#pragma unroll
+        for (int nb = 0; nb < 2; ++nb)
+          ldmatrix_x4(bf[nb], k_s + (kh * 32 + nb * 16 + (lane >> 4) * 8 + (lane & 7)) * kKStride + kk +
+                                  ((lane >> 3) & 1) * 8);
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+#pragma unroll
+          for (int n = 0; n < 4; ++n) mma_bf16(sacc[m][n], af[m], bf[n >> 1][(n & 1) * 2], bf[n >> 1][(n & 1) * 2 + 1]);
+      }
+#pragma unroll
+      for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+          float* r0 = red + (kq * HG + m * 16 + g) * kRedStride + kh * 32 + n * 8 + 2 * t4;
+          *reinterpret_cast<float2*>(r0) = make_float2(sacc[m][n][0], sacc[m][n][1]);
+          *reinterpret_cast<float2*>(r0 + 8 * kRedStride) = make_float2(sacc[m][n][2], sacc[m][n][3]);
+        }
+    }
+    __syncthreads();
+
+    // 4. Online softmax: warp w owns heads w, w + 8, ...; lane owns keys lane and lane + 32.
+    {
+      const int32_t* valid = valid_s + (t & 1) * kBK;
+      const bool v0 = valid[lane] != 0, v1 = valid[lane + 32] != 0;
+#pragma unroll
+      for (int hh = 0; hh < HG / 8; ++hh) {
+        const int h = warp + 8 * hh;
+        float s[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float* r = red + h * kRedStride + lane + 32 * j;
+          const float dot = ((r[0] + r[HG * kRedStride]) + r[2 * HG * kRedStride]) + r[3 * HG * kRedStride];
+          s[j] = dot * scale2;
+        }
+        if (!v0) s[0] = -INFINITY;
+        if (!v1) s[1] = -INFINITY;
+        const float m_old = m_s[h];
+        const float m_new = fmaxf(m_old, warp_max(fmaxf(s[0], s[1])));
+        float psum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const float pr = m_new == -INFINITY ? 0.0f : exp2f(s[j] - m_new);
+          psum += pr;
+          p_s[h * kPStride + lane + 32 * j] = __float2bfloat16_rn(pr);
+        }
+        psum = warp_sum(psum);
+        if (lane == 0) {
+          const float alpha = m_old == -INFINITY ? 0.0f : exp2f(m_old - m_new);
+          m_s[h] = m_new;
+          l_s[h] = l_s[h] * alpha + psum;
+          alpha_s[h] = alpha;
+        }
+      }
+    }
+    __syncthreads();
+
+    // 5. out += P . V over this tile: warp w owns value columns [64 w, 64 w + 64).
+    {
+#pragma unroll
+      for (int m = 0; m < MT; ++m) {
+        const float al0 = alpha_s[m * 16 + g], al1 = alpha_s[m * 16 + g + 8];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          acc[m][n][0] *= al0;
+          acc[m][n][1] *= al0;
+          acc[m][n][2] *= al1;
+          acc[m][n][3] *= al1;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < kBK / 16; ++ks) {
+        unsigned af[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; ++m)
+          ldmatrix_x4(af[m], p_s + (m * 16 + (lane & 15)) * kPStride + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          unsigned bf[4];  // {b0, b1 of n-tile 2 np; b0, b1 of n-tile 2 np + 1}
+          ldmatrix_x4_trans(bf, k_s + (ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * kKStride +
+                                    warp * 64 + np * 16 + (lane >> 4) * 8);
+#pragma unroll
+          for (int m = 0; m < MT; ++m) {
+            mma_bf16(acc[m][2 * np], af[m], bf[0], bf[1]);
+            mma_bf16(acc[m][2 * np + 1], af[m], bf[2], bf[3]);
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // m_s / l_s final
+
+  // Epilogue: o / l (0 without a key) and the LSE, to the output (one split) or the split's partial.
+  const bool direct = a.n_splits == 1;
+#pragma unroll
+  for (int m = 0; m < MT; ++m)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int hl = m * 16 + g + 8 * half;
+      const int64_t h = h0 + hl;
+      if (h >= p.heads) continue;
+      const float l = l_s[hl];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      if (direct) {  // out may be any f32 view (4-byte aligned): scalar stores
+        float* dst = p.out + (row * p.heads + h) * kLora + warp * 64 + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          dst[n * 8] = acc[m][n][2 * half] * inv;
+          dst[n * 8 + 1] = acc[m][n][2 * half + 1] * inv;
+        }
+      } else {
+        float* dst = a.part_o + ((row * p.heads + h) * a.n_splits + split) * kLora + warp * 64 + 2 * t4;
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          *reinterpret_cast<float2*>(dst + n * 8) = make_float2(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
+      }
+    }
+  if (tid < HG && h0 + tid < p.heads) {
+    const float l = l_s[tid];
+    const float lse = l > 0.0f ? (m_s[tid] + log2f(l)) * kLn2 : -INFINITY;
+    const int64_t h = h0 + tid;
+    if (direct)
+      p.lse[row * p.heads + h] = lse;
+    else
+      a.part_lse[(row * p.heads + h) * a.n_splits + split] = lse;
+  }
+}
+
+// One block per (row, head): out = sum_i exp(lse_i - L) o_i, lse = L = log sum_i exp(lse_i).
+// Splits that saw no key have lse_i = -inf and weigh 0; all -inf gives out = 0, lse = -inf.
+__global__ void __launch_bounds__(128) sparse_mla_combine_kernel(SparseMlaDecodeParams p, SplitArgs a) {
+  const int64_t rh = blockIdx.x;  // row * heads + head
+  const float* ls = a.part_lse + rh * a.n_splits;
+  float mx = -INFINITY;
+  for (int i = 0; i < a.n_splits; ++i) mx = fmaxf(mx, ls[i]);
+  float* o = p.out + rh * kLora;  // any f32 view: scalar, coalesced stores (column c + 128 u)
+  if (mx == -INFINITY) {
+#pragma unroll
+    for (int u = 0; u < 4; ++u) o[threadIdx.x + 128 * u] = 0.0f;
+    if (threadIdx.x == 0) p.lse[rh] = -INFINITY;
+    return;
+  }
+  float sum = 0.0f;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  const float* po = a.part_o + rh * a.n_splits * kLora + threadIdx.x;
+  for (int i = 0; i < a.n_splits; ++i) {
+    const float w = expf(ls[i] - mx);  // 0 for a split without keys (its o_i is 0 too)
+    sum += w;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc[u] += w * po[i * kLora + 128 * u];
+  }
+  const float inv = 1.0f / sum;  // sum >= 1: the maximum's own weight
+#pragma unroll
+  for (int u = 0; u < 4; ++u) o[threadIdx.x + 128 * u] = acc[u] * inv;
+  if (threadIdx.x == 0) p.lse[rh] = mx + logf(sum);
+}
+
+size_t align16(size_t n) { return (n + 15) / 16 * 16; }
+
+template <int MT>
+void launch_split(const SparseMlaDecodeParams& p, const SplitArgs& a, unsigned blocks, cudaStream_t s) {
+  constexpr size_t smem = Smem<MT>::kBytes;
+  static_assert(smem <= 227 * 1024, "sparse_mla_split_kernel: shared memory over the sm_90 limit");
+  // Per call (cheap, per device, allowed during stream capture).
+  DSI_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_split_kernel<MT>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  sparse_mla_split_kernel<MT><<<blocks, kThreads, smem, s>>>(p, a);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+SparseMlaDecodePlan plan_sparse_mla_decode(int64_t rows, int64_t heads, int64_t topk, int sm_count,
+                                           int force_m_tiles, int force_splits) {
+  SparseMlaDecodePlan pl;
+  pl.rows = rows;
+  pl.heads = heads;
+  pl.topk = topk;
+  const int64_t n_tiles = (topk + kBK - 1) / kBK;
+  const int64_t sms = std::max(1, sm_count);
+  // Two m-tiles per CTA halve the K fragment loads per mma (better tensor-core use) but halve the
+  // CTAs: worth it once one-tile CTAs of 16 heads would need more than one wave.
+  if (force_m_tiles == 1 || force_m_tiles == 2)
+    pl.m_tiles = force_m_tiles;
+  else
+    pl.m_tiles = (heads <= 16 || rows * ((heads + 15) / 16) * n_tiles <= sms) ? 1 : 2;
+  pl.head_groups = int((heads + 16 * pl.m_tiles - 1) / (16 * pl.m_tiles));
+  const int64_t base = rows * pl.head_groups;
+  int64_t splits = force_splits > 0 ? force_splits : std::max<int64_t>(1, sms / std::max<int64_t>(1, base));
+  splits = std::clamp<int64_t>(splits, 1, std::max<int64_t>(1, n_tiles));
+  int64_t tps = (n_tiles + splits - 1) / splits;
+  tps = std::min<int64_t>(tps, kSparseMlaMaxSplitTiles);
+  pl.tiles_per_split = int(tps);
+  pl.n_splits = tps > 0 ? int((n_tiles + tps - 1) / tps) : 1;
+  if (pl.n_splits > 1) {
+    const size_t parts = size_t(rows * heads) * size_t(pl.n_splits);
+    pl.workspace_bytes = align16(parts * kLora * sizeof(float)) + align16(parts * sizeof(float));
+  }
+  return pl;
+}
+
+void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDecodePlan& plan,
+                              cudaStream_t s) {
+  if (p.rows == 0 || p.heads == 0) return;
+  DSI_CHECK(plan.rows == p.rows && plan.heads == p.heads && plan.topk == p.topk,
+            "sparse_mla_decode: plan for [{}, {}, topk {}] used for [{}, {}, topk {}]", plan.rows,
+            plan.heads, plan.topk, p.rows, p.heads, p.topk);
+  DSI_CHECK(plan.n_splits == 1 || p.workspace != nullptr, "sparse_mla_decode: {} splits need a workspace",
+            plan.n_splits);
+  SplitArgs a{};
+  a.n_splits = plan.n_splits;
+  a.tiles_per_split = plan.tiles_per_split;
+  a.head_groups = plan.head_groups;
+  if (plan.n_splits > 1) {
+    const size_t parts = size_t(p.rows * p.heads) * size_t(plan.n_splits);
+    a.part_o = static_cast<float*>(p.workspace);
+    a.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) +
+                                          align16(parts * kLora * sizeof(float)));
+  }
+  const int64_t blocks = p.rows * plan.head_groups * plan.n_splits;
+  DSI_CHECK(blocks < (int64_t(1) << 31), "sparse_mla_decode: {} blocks", blocks);
+  if (plan.m_tiles == 1)
+    launch_split<1>(p, a, unsigned(blocks), s);
+  else
+    launch_split<2>(p, a, unsigned(blocks), s);
+  if (plan.n_splits > 1) {
+    DSI_CHECK(p.rows * p.heads < (int64_t(1) << 31), "sparse_mla_decode: {} rows x heads", p.rows * p.heads);
+    sparse_mla_combine_kernel<<<unsigned(p.rows * p.heads), 128, 0, s>>>(p, a);
+    DSI_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace dsi::cuda

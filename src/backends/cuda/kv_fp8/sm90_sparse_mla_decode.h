@@ -1,0 +1,52 @@
+// Sparse MLA decode over the 656-byte fp8 MLA cache on Hopper (sm_90a): split-KV over the selected
+// keys, bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation), one LSE-weighted combine. Plays the
+// role of FlashMLA's sparse fp8 decode (split-KV + combine); the design and numerics are described
+// in sm90_sparse_mla_decode.cu. Plan/run split: plan_sparse_mla_decode() fixes the tiling and the
+// workspace size for a shape, so a caller can allocate the workspace once and capture the launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dsi::cuda {
+
+// Tiling of one call. A CTA handles one (row, head group, key split): 16 * m_tiles heads and
+// tiles_per_split tiles of 64 selected keys; grid = rows * head_groups * n_splits CTAs.
+struct SparseMlaDecodePlan {
+  int64_t rows = 0, heads = 0, topk = 0;
+  int m_tiles = 1;          // 16-head mma tiles per CTA: 1 or 2
+  int head_groups = 1;      // ceil(heads / (16 * m_tiles))
+  int n_splits = 1;         // key splits per (row, head group); 1 = no combine pass
+  int tiles_per_split = 0;  // 64-key tiles per split (<= kSparseMlaMaxSplitTiles)
+  size_t workspace_bytes = 0;  // partial outputs + LSEs; 0 when n_splits == 1
+};
+inline constexpr int kSparseMlaKeyTile = 64;
+inline constexpr int kSparseMlaMaxSplitTiles = 32;  // a split's indices are staged in shared memory
+
+// Chooses the tiling for a shape on a device with sm_count SMs: one wave of CTAs (one CTA per SM,
+// the kernel's shared memory allows no more), as many key splits as fill it. force_m_tiles /
+// force_splits (0 = choose) override the choice for benchmark sweeps; force_splits is rounded to a
+// whole number of tiles per split.
+SparseMlaDecodePlan plan_sparse_mla_decode(int64_t rows, int64_t heads, int64_t topk, int sm_count,
+                                           int force_m_tiles = 0, int force_splits = 0);
+
+struct SparseMlaDecodeParams {
+  const float* q;           // [rows, heads, 576], strides q_s0, q_s1 (last dim contiguous)
+  const uint8_t* pool;      // [n_slots, 656], 16-byte aligned
+  const int32_t* indices;   // [rows, topk] contiguous physical slots, any negative = empty
+  float* out;               // [rows, heads, 512] contiguous
+  float* lse;               // [rows, heads] contiguous, natural log; -inf for a row with no key
+  int64_t q_s0, q_s1, rows, heads, n_slots, topk;
+  float softmax_scale;
+  unsigned long long* bad;  // lowered to the first flat index r * topk + j with indices >= n_slots
+  void* workspace;          // plan.workspace_bytes, 16-byte aligned (unused when n_splits == 1)
+};
+
+// Launches the split kernel and, when plan.n_splits > 1, the combine kernel on `stream` (no host
+// synchronisation: capturable). The plan must come from plan_sparse_mla_decode for p's shape.
+void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDecodePlan& plan,
+                              cudaStream_t stream);
+
+}  // namespace dsi::cuda
