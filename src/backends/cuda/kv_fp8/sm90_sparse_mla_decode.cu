@@ -141,6 +141,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   float* l_s = m_s + HG;
   float* alpha_s = l_s + HG;
 
+  // Let the combine kernel (a programmatic dependent launch) get scheduled now: its blocks wait in
+  // griddepcontrol.wait for this grid's completion, so its launch latency hides behind this kernel.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   // CTA order: head groups of one (row, split) are neighbours, so they read the same keys from L2.
@@ -380,30 +383,49 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
 
 // One block per (row, head): out = sum_i exp(lse_i - L) o_i, lse = L = log sum_i exp(lse_i).
 // Splits that saw no key have lse_i = -inf and weigh 0; all -inf gives out = 0, lse = -inf.
+// The split LSEs and weights are staged in shared memory (one parallel load), then each thread
+// streams 4 columns of every split's partial with the loop unrolled, so many loads are in flight
+// (the partials are L2-resident: a latency-bound loop would cost one L2 round trip per split).
 __global__ void __launch_bounds__(128) sparse_mla_combine_kernel(SparseMlaDecodeParams p, SplitArgs a) {
+  extern __shared__ float w_s[];  // [n_splits] weights exp(lse_i - max)
+  __shared__ float red[33];
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split kernel's writes are visible
   const int64_t rh = blockIdx.x;  // row * heads + head
-  const float* ls = a.part_lse + rh * a.n_splits;
+  const int n = a.n_splits;
+  const float* ls = a.part_lse + rh * n;
   float mx = -INFINITY;
-  for (int i = 0; i < a.n_splits; ++i) mx = fmaxf(mx, ls[i]);
-  float* o = p.out + rh * kLora;  // any f32 view: scalar, coalesced stores (column c + 128 u)
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    w_s[i] = ls[i];
+    mx = fmaxf(mx, w_s[i]);
+  }
+  mx = block_max(mx, red);  // its barriers publish w_s
+  float* o = p.out + rh * kLora;  // any f32 view: scalar stores
   if (mx == -INFINITY) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) o[threadIdx.x + 128 * u] = 0.0f;
+    for (int u = 0; u < 4; ++u) o[4 * threadIdx.x + u] = 0.0f;
     if (threadIdx.x == 0) p.lse[rh] = -INFINITY;
     return;
   }
+  for (int i = threadIdx.x; i < n; i += blockDim.x) w_s[i] = expf(w_s[i] - mx);  // 0 without keys
+  __syncthreads();
   float sum = 0.0f;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  const float* po = a.part_o + rh * a.n_splits * kLora + threadIdx.x;
-  for (int i = 0; i < a.n_splits; ++i) {
-    const float w = expf(ls[i] - mx);  // 0 for a split without keys (its o_i is 0 too)
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + threadIdx.x;
+#pragma unroll 8
+  for (int i = 0; i < n; ++i) {
+    const float w = w_s[i];
+    const float4 v = po[int64_t(i) * (kLora / 4)];
     sum += w;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) acc[u] += w * po[i * kLora + 128 * u];
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
   }
   const float inv = 1.0f / sum;  // sum >= 1: the maximum's own weight
-#pragma unroll
-  for (int u = 0; u < 4; ++u) o[threadIdx.x + 128 * u] = acc[u] * inv;
+  o[4 * threadIdx.x + 0] = acc.x * inv;
+  o[4 * threadIdx.x + 1] = acc.y * inv;
+  o[4 * threadIdx.x + 2] = acc.z * inv;
+  o[4 * threadIdx.x + 3] = acc.w * inv;
   if (threadIdx.x == 0) p.lse[rh] = mx + logf(sum);
 }
 
@@ -477,8 +499,19 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
     launch_split<2>(p, a, unsigned(blocks), s);
   if (plan.n_splits > 1) {
     DSI_CHECK(p.rows * p.heads < (int64_t(1) << 31), "sparse_mla_decode: {} rows x heads", p.rows * p.heads);
-    sparse_mla_combine_kernel<<<unsigned(p.rows * p.heads), 128, 0, s>>>(p, a);
-    DSI_CUDA_CHECK_LAUNCH();
+    const size_t smem = sizeof(float) * size_t(plan.n_splits);
+    DSI_CHECK(smem <= 48 * 1024, "sparse_mla_decode: {} splits", plan.n_splits);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(p.rows * p.heads));
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    DSI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sparse_mla_combine_kernel, p, a));
   }
 }
 
