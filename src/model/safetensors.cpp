@@ -292,22 +292,43 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   return ck;
 }
 
-bool Checkpoint::has(const std::string& name) const { return where_.count(name) != 0; }
+Checkpoint Checkpoint::synthetic(const std::string& name, std::map<std::string, TensorInfo> infos,
+                                 Maker make) {
+  Checkpoint ck;
+  ck.dir_ = name;
+  ck.synthetic_ = std::move(infos);
+  ck.make_ = std::move(make);
+  return ck;
+}
+
+bool Checkpoint::has(const std::string& name) const {
+  return make_ ? synthetic_.count(name) != 0 : where_.count(name) != 0;
+}
 
 std::vector<std::string> Checkpoint::names() const {
   std::vector<std::string> out;
+  if (make_) {
+    for (const auto& [name, info] : synthetic_) out.push_back(name);
+    return out;
+  }
   out.reserve(where_.size());
   for (const auto& [name, i] : where_) out.push_back(name);
   return out;
 }
 
 const TensorInfo& Checkpoint::info(const std::string& name) const {
+  if (make_) {
+    auto it = synthetic_.find(name);
+    DSI_CHECK(it != synthetic_.end(), "{}: missing tensor '{}'", dir_, name);
+    return it->second;
+  }
   auto it = where_.find(name);
   DSI_CHECK(it != where_.end(), "{}: missing tensor '{}'", dir_, name);
   return files_[it->second]->tensors().at(name);
 }
 
 Tensor Checkpoint::get(const std::string& name) const {
+  if (make_) return make_(info(name));
   auto it = where_.find(name);
   DSI_CHECK(it != where_.end(), "{}: missing tensor '{}'", dir_, name);
   return files_[it->second]->get(name);
@@ -317,7 +338,7 @@ Tensor Checkpoint::get(const std::string& name, const Shape& expected) const {
   const TensorInfo& ti = info(name);
   DSI_CHECK(ti.shape == expected, "{}: tensor '{}' has shape {}, expected {}", dir_, name,
             shape_str(ti.shape), shape_str(expected));
-  return files_[where_.at(name)]->get(name);
+  return get(name);
 }
 
 void write_safetensors(const std::string& path,

@@ -3,6 +3,7 @@
 // offsets or sizes, unknown dtypes, overlaps) ends in a dsi::Error naming the file and tensor.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,6 +48,11 @@ class SafetensorsFile {
 class Checkpoint {
  public:
   static Checkpoint open(const std::string& dir);
+  // Tensors made on demand instead of read from files (synthetic weights for benchmarks): `infos`
+  // lists every tensor; make(info) returns a host tensor of that dtype and shape.
+  using Maker = std::function<Tensor(const TensorInfo&)>;
+  static Checkpoint synthetic(const std::string& name, std::map<std::string, TensorInfo> infos,
+                              Maker make);
 
   const std::string& dir() const { return dir_; }
   bool has(const std::string& name) const;
@@ -61,6 +67,8 @@ class Checkpoint {
   std::string dir_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> where_;  // tensor name -> index into files_
+  std::map<std::string, TensorInfo> synthetic_;  // synthetic checkpoints: every tensor
+  Maker make_;
 };
 
 // Writes a safetensors file (used by tests to build good and broken files; `header_override`,

@@ -1,0 +1,160 @@
+// End-to-end decode benchmark at a real geometry with synthetic weights: a few consecutive layers
+// of a config (configs/glm-5.2.json, configs/deepseek-v3.2.json) on one GPU, the caches filled to a
+// context length, then batch-1 decode steps timed. Prints the time per layer per step, the layer's
+// HBM byte floor (this run's dtypes, and the deployment's: fp8 weights, 132-byte indexer keys,
+// 656-byte MLA entries) at 4.3 TB/s, and the tokens/s those times imply for the full model.
+//   bench_decode --config configs/glm-5.2.json [--layers 4] [--first-layer 6] [--context 131072]
+//                [--iters 20] [--weights fp8|bf16]
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "backends/cuda/device.h"
+#include "model/dsa_model.h"
+#include "model/synthetic.h"
+
+namespace {
+
+constexpr double kPeakBytesPerSecond = 4.3e12;
+
+struct Args {
+  std::string config;
+  int layers = 4;
+  int first_layer = -1;  // default: the first MoE layer with its own indexer
+  int64_t context = 131072;
+  int iters = 20;
+  std::string weights;  // "" = as the config says
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) dsi::fail("{} needs a value", k);
+      return argv[++i];
+    };
+    if (k == "--config") a.config = next();
+    else if (k == "--layers") a.layers = std::stoi(next());
+    else if (k == "--first-layer") a.first_layer = std::stoi(next());
+    else if (k == "--context") a.context = std::stoll(next());
+    else if (k == "--iters") a.iters = std::stoi(next());
+    else if (k == "--weights") a.weights = next();
+    else dsi::fail("unknown option {}", k);
+  }
+  if (a.config.empty()) dsi::fail("--config FILE is required");
+  return a;
+}
+
+// The config of layers [first, first + n) of `full`, without the MTP layer.
+dsi::ModelConfig slice(const dsi::ModelConfig& full, int first, int n) {
+  DSI_CHECK(first >= 0 && n >= 1 && first + n <= full.n_layers, "layers [{}, {}) outside the {} layers",
+            first, first + n, full.n_layers);
+  DSI_CHECK(full.indexer_full[size_t(first)], "layer {} has no indexer of its own: start elsewhere", first);
+  dsi::ModelConfig c = full;
+  c.n_layers = n;
+  c.indexer_full.assign(full.indexer_full.begin() + first, full.indexer_full.begin() + first + n);
+  c.layer_is_moe.assign(full.layer_is_moe.begin() + first, full.layer_is_moe.begin() + first + n);
+  c.n_mtp_layers = 0;
+  return c;
+}
+
+// Fills a pool tensor (device) with small pseudo-random values.
+void fill(dsi::Tensor& t, uint32_t seed) {
+  dsi::Tensor h = dsi::Tensor::empty(t.shape(), dsi::DType::F32);
+  uint32_t x = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < h.numel(); ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    h.f32()[i] = float(int32_t(x & 0xffff) - 32768) / 32768.0f;
+  }
+  t.copy_from(h);
+}
+
+int run(const Args& a) {
+  DSI_CHECK(dsi::cuda::device_count() > 0, "no CUDA device is visible");
+  dsi::ModelConfig full = dsi::load_config(a.config);
+  if (a.weights == "bf16") full.quant.fp8 = false;
+  else if (a.weights == "fp8") full.quant.fp8 = true;
+  else if (!a.weights.empty()) dsi::fail("--weights {}: expected fp8 or bf16", a.weights);
+  int first = a.first_layer;
+  for (int i = 0; first < 0 && i < full.n_layers; ++i)
+    if (full.layer_is_moe[size_t(i)] && full.indexer_full[size_t(i)]) first = i;
+  const dsi::ModelConfig cfg = slice(full, first, a.layers);
+  const int64_t C = std::min<int64_t>(a.context, full.max_position_embeddings - 2);
+
+  fmt::print("device: {}\n", dsi::cuda::device_description(0));
+  fmt::print("{}: layers [{}, {}) of {} ({} weights), context {} tokens, batch 1, {} steps\n",
+             a.config, first, first + a.layers, full.n_layers, cfg.quant.fp8 ? "fp8" : "bf16", C,
+             a.iters);
+  auto t0 = std::chrono::steady_clock::now();
+  const dsi::Checkpoint ck = dsi::synthetic_checkpoint(cfg);
+  auto model = dsi::DsaModel::load(ck, cfg, dsi::RankContext{}, dsi::Device::cuda(0));
+  fmt::print("synthetic weights made and loaded in {:.1f} s\n",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+
+  dsi::SequenceKvCache cache = model->make_cache(C + 1, /*with_mtp=*/false);
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    fill(cache.layer(l).latent, uint32_t(2 * l + 1));
+    if (cache.layer(l).index_keys.defined()) fill(cache.layer(l).index_keys, uint32_t(2 * l + 2));
+  }
+  const dsi::Tensor token = dsi::Tensor::from_i32({42}, {1});
+  std::vector<double> times;
+  for (int it = 0; it < a.iters + 2; ++it) {
+    cache.set_length(C);
+    const auto s = std::chrono::steady_clock::now();
+    const dsi::Tensor h = dsi::to_host(model->forward(token, cache));  // waits for the step
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+    if (it >= 2) times.push_back(dt);  // two warm-up steps
+  }
+  std::sort(times.begin(), times.end());
+  const double step = times[times.size() / 2];
+
+  fmt::print("\n{:>6} {:>8} {:>6} {:>12} {:>16} {:>16}\n", "layer", "indexer", "mlp", "weights MB",
+             "floor us (run)", "floor us (fp8)");
+  double floor_run = 0, floor_fp8 = 0;
+  const int64_t latent = cfg.kv_lora_rank + cfg.head_dim_rope;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const bool idx = cfg.indexer_full[size_t(l)];
+    const int64_t w = dsi::decode_weight_bytes(cfg, l);
+    dsi::ModelConfig fp8cfg = cfg;
+    fp8cfg.quant.fp8 = true;
+    const int64_t w8 = dsi::decode_weight_bytes(fp8cfg, l);
+    const int64_t k = std::min<int64_t>(cfg.index_topk, C + 1);
+    const double run_b = double(w) + (idx ? double(C) * cfg.index_head_dim * 4 : 0) + double(k) * latent * 4;
+    const double fp8_b = double(w8) + (idx ? double(C) * (cfg.index_head_dim + 4) : 0) + double(k) * 656;
+    floor_run += run_b / kPeakBytesPerSecond;
+    floor_fp8 += fp8_b / kPeakBytesPerSecond;
+    fmt::print("{:>6} {:>8} {:>6} {:>12.1f} {:>16.1f} {:>16.1f}\n", first + l, idx ? "full" : "shared",
+               cfg.layer_is_moe[size_t(l)] ? "moe" : "dense", double(w) / 1e6,
+               run_b / kPeakBytesPerSecond * 1e6, fp8_b / kPeakBytesPerSecond * 1e6);
+  }
+  const double per_layer = step / cfg.n_layers;
+  fmt::print("\ndecode step: {:.1f} us median over {} steps ({:.1f} us per layer; min {:.1f}, max {:.1f} "
+             "us per step)\n",
+             step * 1e6, times.size(), per_layer * 1e6, times.front() * 1e6, times.back() * 1e6);
+  fmt::print("byte floor per layer: {:.1f} us with this run's dtypes (f32 caches), {:.1f} us deployed "
+             "(fp8); measured / floor = {:.1f}x (run), {:.1f}x (fp8)\n",
+             floor_run / cfg.n_layers * 1e6, floor_fp8 / cfg.n_layers * 1e6, step / floor_run,
+             step / floor_fp8);
+  fmt::print("implied for all {} layers: {:.2f} tok/s now; {:.1f} tok/s at the fp8 byte floor\n",
+             full.n_layers, 1.0 / (per_layer * full.n_layers),
+             1.0 / (floor_fp8 / cfg.n_layers * full.n_layers));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,64 @@
+// Synthetic checkpoints (benchmarks at real geometries): every tensor the loader asks for exists
+// with the right shape and dtype, bf16 and fp8 models load and give finite logits, the decode byte
+// count follows the config, and the shipped GLM-5.2 / DeepSeek-V3.2 configs parse.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model/dsa_model.h"
+#include "model/synthetic.h"
+#include "test_util.h"
+
+namespace dsi {
+namespace {
+
+TEST(Synthetic, ModelsLoadAndRunInBothWeightTypes) {
+  for (const std::string fixture : {"glm_tiny", "dsv32_tiny"}) {
+    for (bool fp8 : {false, true}) {
+      SCOPED_TRACE(fixture + (fp8 ? " fp8" : " bf16"));
+      ModelConfig cfg = load_config(test::fixture_dir(fixture) + "/config.json");
+      cfg.quant.fp8 = fp8;
+      if (cfg.n_mtp_layers < 0) cfg.n_mtp_layers = 1;
+      const Checkpoint ck = synthetic_checkpoint(cfg, 3);
+      EXPECT_EQ(ck.info("model.layers.0.self_attn.q_b_proj.weight").dtype,
+                fp8 ? DType::F8_E4M3 : DType::BF16);
+      EXPECT_EQ(ck.has("model.layers.0.self_attn.q_b_proj.weight_scale_inv"), fp8);
+      auto model = DsaModel::load(ck, cfg, RankContext{});
+      ASSERT_TRUE(model->has_mtp());
+      const std::vector<int32_t> ids = {1, 2, 3, 4, 5};
+      SequenceKvCache cache = model->make_cache(8, false);
+      const Tensor logits = model->logits(model->forward(Tensor::from_i32(ids, {5}), cache));
+      for (int64_t i = 0; i < logits.numel(); ++i) ASSERT_TRUE(std::isfinite(logits.f32()[i])) << i;
+      // Same seed, same weights.
+      const Checkpoint again = synthetic_checkpoint(cfg, 3);
+      const Tensor a = ck.get("model.layers.1.mlp.experts.0.down_proj.weight");
+      const Tensor b = again.get("model.layers.1.mlp.experts.0.down_proj.weight");
+      ASSERT_EQ(a.nbytes(), b.nbytes());
+      EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+    }
+  }
+}
+
+TEST(Synthetic, ShippedConfigsAndDecodeBytes) {
+  const ModelConfig glm = load_config(test::source_dir() + "/configs/glm-5.2.json");
+  EXPECT_EQ(glm.n_layers, 78);
+  EXPECT_EQ(std::count(glm.indexer_full.begin(), glm.indexer_full.end(), true), 21);
+  EXPECT_TRUE(glm.index_share_for_mtp_iteration);
+  EXPECT_TRUE(glm.quant.fp8);
+  const ModelConfig ds = load_config(test::source_dir() + "/configs/deepseek-v3.2.json");
+  EXPECT_EQ(ds.n_layers, 61);
+  EXPECT_EQ(ds.n_group, 8);
+  // A GLM-5 MoE layer at batch 1 with fp8 weights reads attention (~170 MB) plus 9 experts of
+  // 3 x 2048 x 6144 bytes (~340 MB): well above the attention alone, well below all 256 experts.
+  const int64_t moe = decode_weight_bytes(glm, 6), dense = decode_weight_bytes(glm, 0);
+  const int64_t expert = 3LL * 2048 * 6144;
+  EXPECT_GT(moe, 9 * expert);
+  EXPECT_LT(moe, 9 * expert + 250'000'000);
+  ModelConfig bf16 = glm;
+  bf16.quant.fp8 = false;
+  EXPECT_NEAR(double(decode_weight_bytes(bf16, 6)) / double(moe), 2.0, 0.01);
+  EXPECT_GT(dense, 3LL * 12288 * 6144);
+}
+
+}  // namespace
+}  // namespace dsi
