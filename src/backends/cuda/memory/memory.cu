@@ -2,6 +2,8 @@
 // CudaDeviceBackend is what core/tensor.cpp calls for CUDA tensors.
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_ops.h"
@@ -56,10 +58,30 @@ __global__ void strided_fill_kernel(StridedFillParams p) {
   }
 }
 
+// The kernels are built for Hopper (sm_90a) only: any other GPU fails at its first allocation with
+// a one-line message instead of "no kernel image" at the first launch.
+void check_supported(int device) {
+  static std::mutex mu;
+  static std::vector<int> checked;
+  std::lock_guard<std::mutex> lock(mu);
+  if (std::find(checked.begin(), checked.end(), device) != checked.end()) return;
+  cudaDeviceProp p{};
+  const cudaError_t e = cudaGetDeviceProperties(&p, device);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail("cuda:{}: not a usable CUDA device ({})", device, cudaGetErrorString(e));
+  }
+  DSI_CHECK(p.major == 9 && p.minor == 0,
+            "cuda:{} is an {} (sm_{}{}); this build's kernels are for Hopper GPUs (sm_90a) only",
+            device, p.name, p.major, p.minor);
+  checked.push_back(device);
+}
+
 // One cudaMalloc allocation on one device (at least 256 bytes, so data() is never null).
 class CudaStorage final : public Storage {
  public:
   CudaStorage(size_t bytes, Device device) : size_(bytes), device_(device) {
+    check_supported(device.index);
     DeviceGuard guard(device);
     const cudaError_t e = cudaMalloc(&ptr_, std::max<size_t>(bytes, 256));
     if (e != cudaSuccess) {
