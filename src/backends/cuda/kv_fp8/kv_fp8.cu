@@ -9,6 +9,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_kv_fp8.h"
 #include "backends/cuda/kv_fp8/kv_fp8.h"
+#include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
 #include "ops/kv_fp8.h"
 
@@ -559,7 +560,11 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   p.d = int(d);
   p.bad_row = bad_row.ptr();
   p.bad_page = bad_page.ptr();
-  launch_indexer_logits_fp8(p, stream());
+  // d = 128 (the models): the tensor-core kernel; other head dims: the CUDA-core kernel (bitwise).
+  if (indexer_logits_fp8_mma_supported(p.heads, p.d))
+    launch_indexer_logits_fp8_mma(p, stream());
+  else
+    launch_indexer_logits_fp8(p, stream());
   const unsigned long long row = bad_row.read();
   if (row != ErrorFlag::kNone) {
     const int64_t seq = read_device(p.row_seq + row), bound = read_device(p.bounds + row);

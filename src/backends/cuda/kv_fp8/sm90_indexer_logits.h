@@ -1,0 +1,19 @@
+// Indexer decode logits on the tensor cores (sm_89+/sm_90: mma.sync m16n8k32 e4m3 x e4m3 -> f32),
+// the fast path of ops::indexer_logits_fp8 for d = 128 and up to 128 heads. Same Params as the
+// CUDA-core kernel (kv_fp8.h). Design and numerics: docs in sm90_indexer_logits.cu's header.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "backends/cuda/kv_fp8/kv_fp8.h"
+
+namespace dsi::cuda {
+
+// True when the tensor-core kernel handles this shape (d = 128, 1..128 heads) on the current device.
+bool indexer_logits_fp8_mma_supported(int heads, int d);
+
+// Same contract as launch_indexer_logits_fp8, except that the head sums are not in the CPU's order:
+// logits agree with the reference to a stated tolerance (see the .cu), not bitwise.
+void launch_indexer_logits_fp8_mma(const IndexerLogitsFp8Params& p, cudaStream_t stream);
+
+}  // namespace dsi::cuda
