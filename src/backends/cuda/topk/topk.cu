@@ -158,6 +158,19 @@ void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Te
       fail("topk: bound {} outside [0, {}]", read_device(bounds.i32() + first), n);
   }
   if (rows == 0 || k == 0) return;
+  if (topk_select_supported(n, k)) {
+    TopkSelectParams sp{};
+    sp.scores = scores.f32();
+    sp.bounds = bounds.i32();
+    sp.indices = indices.i32();
+    sp.values = want_values ? values->f32() : nullptr;
+    sp.score_stride = scores.stride(0);
+    sp.rows = rows;
+    sp.n = n;
+    sp.k = k;
+    launch_topk_select(sp, stream());
+    return;
+  }
   TopkKeysParams kp{};
   kp.scores = scores.f32();
   kp.bounds = bounds.i32();

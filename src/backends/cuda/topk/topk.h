@@ -2,7 +2,7 @@
 // every candidate becomes one 64-bit key (topk_key in common.cuh; 0 = not selectable), each row's
 // keys are sorted descending with cub's segmented radix sort, and the first k keys are decoded.
 // Keys are unique within a row, so the result is fully determined: bitwise the CPU's selection.
-// Simple and exact; the performance work replaces the full sort by a radix select.
+// The sort stays for k > 2048 and for topk_merge; topk with k <= 2048 runs the radix select below.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -36,6 +36,23 @@ void launch_topk_decode(const TopkDecodeParams& p, cudaStream_t stream);
 // Checks bounds[r] in [0, n]; lowers *bad to the first bad row.
 void launch_topk_check_bounds(const int32_t* bounds, int64_t rows, int64_t n,
                               unsigned long long* bad, cudaStream_t stream);
+
+// Exact top-k by radix select (sm90_topk_select.cu): one thread-block cluster per row, the k-th order
+// key found in three digit passes over the row's keys (cached in shared memory), the winners gathered
+// in position order and sorted stably by key. Same selection as the sort, bitwise; k <= 2048.
+inline constexpr int kTopkSelectMaxK = 2048;
+struct TopkSelectParams {
+  const float* scores;    // [rows, n], row stride score_stride
+  const int32_t* bounds;  // [rows] positions [0, bound) selectable (bound <= n, checked by the op)
+  int32_t* indices;       // [rows, k] contiguous, best first, -1 padded
+  float* values;          // [rows, k] contiguous, -inf padded; null when not wanted
+  int64_t score_stride;
+  int64_t rows, n;        // n < 2^31
+  int k;                  // 1..kTopkSelectMaxK
+};
+// True when the select kernel handles (n, k) on the current device (sm_90+: clusters).
+bool topk_select_supported(int64_t n, int k);
+void launch_topk_select(const TopkSelectParams& p, cudaStream_t stream);
 
 // Sorts each row of keys_in ([rows, n] contiguous) descending into keys_out (cub segmented radix
 // sort; scratch from the stream-ordered pool). rows * n < 2^31.
