@@ -1,5 +1,6 @@
 // fp8 KV-cache benchmark on one GPU: the indexer decode logits over the paged fp8 key cache
-// (64 heads, d = 128; 8K and 128K keys; 1 row, and 4 sequences x 4 MTP rows) and sparse MLA decode
+// (64 heads, d = 128; 8K and 128K keys; 1 row, and 4 sequences x 4 MTP rows; CUDA cores before,
+// tensor cores now, the top-2048 select alone and both back to back) and sparse MLA decode
 // over the 656-byte cache (top-2048: 64 heads x 1 row, 8 heads x 1 row, 64 heads x 4 requests x 4
 // MTP rows, 128 heads x 1 row). Calls the kernel launchers directly (the ops add a synchronising
 // error-flag read). Prints the median microseconds and GB/s of the bytes the kernel must move (cache
@@ -22,7 +23,9 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/kv_fp8/kv_fp8.h"
+#include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
+#include "backends/cuda/topk/topk.h"
 #include "ops/kv_fp8.h"
 
 namespace {
@@ -88,85 +91,6 @@ void report(const std::string& name, double us, double bytes) {
   std::printf("%-52s %10.1f us %9.1f GB/s %6.1f %%\n", name.c_str(), us, gbs, 100.0 * gbs / kPeakGBs);
 }
 
-// n_seqs sequences of n_keys keys each, rows_per_seq rows per sequence (bounds n_keys - rows + 1 ..
-// n_keys, as MTP verification rows).
-void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int reps) {
-  const int d = 128;
-  const int64_t pages_per_seq = (n_keys + kPage - 1) / kPage, n_pages = pages_per_seq * n_seqs;
-  const int64_t rows = int64_t(n_seqs) * rows_per_seq, total = n_keys * n_seqs;
-  uint8_t* pool = dalloc<uint8_t>(size_t(n_pages * dsi::ops::indexer_page_bytes(d)));
-  float* keys = random_f32(total * d, 1);
-  std::vector<int32_t> slots(static_cast<size_t>(total)), table(size_t(n_seqs * pages_per_seq), -1);
-  for (int64_t i = 0; i < total; ++i) slots[size_t(i)] = int32_t(i % n_keys + (i / n_keys) * pages_per_seq * kPage);
-  for (int64_t i = 0; i < n_seqs * pages_per_seq; ++i) table[size_t(i)] = int32_t(i);
-  int32_t* dslots = upload(slots);
-  unsigned long long* bad = dalloc<unsigned long long>(2);
-  dsi::cuda::RotateQuantParams st{};
-  st.x = keys;
-  st.x_stride = d;
-  st.n = total;
-  st.d = d;
-  st.hadamard_scale = float(1.0 / std::sqrt(double(d)));
-  st.slots = dslots;
-  st.pool = pool;
-  st.n_pages = n_pages;
-  st.bad = bad;
-  dsi::cuda::launch_rotate_quant(st, nullptr);
-  std::vector<int32_t> row_seq, bounds;
-  for (int s = 0; s < n_seqs; ++s)
-    for (int j = 0; j < rows_per_seq; ++j) {
-      row_seq.push_back(s);
-      bounds.push_back(int32_t(n_keys - rows_per_seq + 1 + j));
-    }
-  float* q = random_f32(rows * heads * d, 2);
-  float* w = random_f32(rows * heads, 3);
-  float* q8 = dalloc<float>(size_t(rows * heads * d));
-  float* wq = dalloc<float>(size_t(rows * heads));
-  float* logits = dalloc<float>(size_t(rows * n_keys));
-  dsi::cuda::RotateQuantParams rq{};
-  rq.x = q;
-  rq.x_stride = d;
-  rq.n = rows * heads;
-  rq.d = d;
-  rq.hadamard_scale = st.hadamard_scale;
-  rq.weights = w;
-  rq.softmax_scale = 1.0f / std::sqrt(float(d));
-  rq.q8 = q8;
-  rq.wq = wq;
-  dsi::cuda::IndexerLogitsFp8Params p{};
-  p.q8 = q8;
-  p.wq = wq;
-  p.pool = pool;
-  p.block_tables = upload(table);
-  p.row_seq = upload(row_seq);
-  p.bounds = upload(bounds);
-  p.logits = logits;
-  p.rows = rows;
-  p.n_cols = n_keys;
-  p.n_pages = n_pages;
-  p.n_seqs = n_seqs;
-  p.max_pages = pages_per_seq;
-  p.heads = heads;
-  p.d = d;
-  p.bad_row = bad;
-  p.bad_page = bad + 1;
-  const double us = time_us([&] {
-    dsi::cuda::launch_rotate_quant(rq, nullptr);
-    dsi::cuda::launch_indexer_logits_fp8(p, nullptr);
-  }, reps);
-  // Bytes: every row reads its sequence's keys (d + 4 bytes each), its query and writes its logits.
-  const double bytes = double(rows) * (double(n_keys) * (d + 4) + heads * d * 4.0 + n_keys * 4.0);
-  const double flops = 2.0 * double(rows) * n_keys * heads * d;
-  char name[128];
-  std::snprintf(name, sizeof(name), "indexer_logits_fp8 keys=%lld heads=%d rows=%dx%d",
-                (long long)n_keys, heads, n_seqs, rows_per_seq);
-  report(name, us, bytes);
-  std::printf("%-52s %10.1f TFLOP/s (fp32 CUDA cores)\n", "", flops / (us * 1e-6) / 1e12);
-  for (void* ptr : {(void*)pool, (void*)keys, (void*)dslots, (void*)bad, (void*)q, (void*)w, (void*)q8,
-                    (void*)wq, (void*)logits, (void*)p.block_tables, (void*)p.row_seq, (void*)p.bounds})
-    DSI_CUDA_CHECK(cudaFree(ptr));
-}
-
 // Median over `reps` replays of (graph of K calls of launch(copy, stream)) / K, in microseconds;
 // launch(i, st) uses input copy i (K is a multiple of `copies`, at least 24).
 template <typename Launch>
@@ -203,6 +127,121 @@ double time_graph(int copies, int reps, Launch launch) {
   cudaStreamDestroy(st);
   std::sort(us.begin(), us.end());
   return us[us.size() / 2];
+}
+
+// Random indexer-key pages: e4m3 bytes without the NaN codes (bit 3 cleared), scales 2^-6.
+__global__ void fill_indexer_pool(uint8_t* pool, int64_t n_pages, int d, uint32_t seed) {
+  const int64_t page_bytes = kPage * (d + 4), total = n_pages * page_bytes;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t off = i % page_bytes;
+    if (off < kPage * d)
+      pool[i] = uint8_t(mix(uint64_t(i), seed) & 0xf7u);
+    else if ((off - kPage * d) % 4 == 0)
+      *reinterpret_cast<float*>(pool + i) = 0.015625f;
+  }
+}
+
+// n_seqs sequences of n_keys keys each, rows_per_seq rows per sequence (bounds n_keys - rows + 1 ..
+// n_keys, as MTP verification rows). In CUDA graphs over rotating copies of the key pool (together
+// more than 2 x L2): q rotation + logits on the CUDA cores (the previous kernel), q rotation + logits
+// on the tensor cores (sm90_indexer_logits.cu), the top-2048 radix select of the logits (L2-resident,
+// as right after the logits kernel), and rotation + tensor-core logits + top-2048 back to back.
+// Bytes: the keys once per sequence (132 B each: the byte floor), the f32 query, the logits written
+// (the top-k reads them; back to back they stay in L2 and only the keys, q and indices count).
+void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int reps) {
+  const int d = 128, k = dsi::cuda::kTopkSelectMaxK;
+  const int64_t page_bytes = dsi::ops::indexer_page_bytes(d);
+  const int64_t pages_per_seq = (n_keys + kPage - 1) / kPage, pages_per_copy = pages_per_seq * n_seqs;
+  const int64_t rows = int64_t(n_seqs) * rows_per_seq;
+  const int copies = int(std::clamp<int64_t>((int64_t(120) << 20) / (pages_per_copy * page_bytes) + 1, 2, 64));
+  uint8_t* pool = dalloc<uint8_t>(size_t(copies * pages_per_copy * page_bytes));
+  fill_indexer_pool<<<1024, 256>>>(pool, copies * pages_per_copy, d, 7);
+  DSI_CUDA_CHECK(cudaGetLastError());
+  std::vector<int32_t> table(size_t(copies * pages_per_copy));
+  for (int64_t i = 0; i < copies * pages_per_copy; ++i) table[size_t(i)] = int32_t(i);  // [copy][seq][page]
+  int32_t* dtable = upload(table);
+  std::vector<int32_t> row_seq, bounds;
+  for (int s = 0; s < n_seqs; ++s)
+    for (int j = 0; j < rows_per_seq; ++j) {
+      row_seq.push_back(s);
+      bounds.push_back(int32_t(n_keys - rows_per_seq + 1 + j));
+    }
+  float* q = random_f32(rows * heads * d, 2);
+  float* w = random_f32(rows * heads, 3);
+  float* q8 = dalloc<float>(size_t(rows * heads * d));
+  float* wq = dalloc<float>(size_t(rows * heads));
+  float* logits = dalloc<float>(size_t(rows * n_keys));
+  int32_t* idx = dalloc<int32_t>(size_t(rows * k));
+  unsigned long long* bad = dalloc<unsigned long long>(2);
+  dsi::cuda::RotateQuantParams rq{};
+  rq.x = q;
+  rq.x_stride = d;
+  rq.n = rows * heads;
+  rq.d = d;
+  rq.hadamard_scale = float(1.0 / std::sqrt(double(d)));
+  rq.weights = w;
+  rq.softmax_scale = 1.0f / std::sqrt(float(d));
+  rq.q8 = q8;
+  rq.wq = wq;
+  dsi::cuda::IndexerLogitsFp8Params base{};
+  base.q8 = q8;
+  base.wq = wq;
+  base.pool = pool;
+  base.row_seq = upload(row_seq);
+  base.bounds = upload(bounds);
+  base.logits = logits;
+  base.rows = rows;
+  base.n_cols = n_keys;
+  base.n_pages = copies * pages_per_copy;
+  base.n_seqs = n_seqs;
+  base.max_pages = pages_per_seq;
+  base.heads = heads;
+  base.d = d;
+  base.bad_row = bad;
+  base.bad_page = bad + 1;
+  auto params = [&](int c) {
+    dsi::cuda::IndexerLogitsFp8Params p = base;
+    p.block_tables = dtable + int64_t(c) * pages_per_copy;
+    return p;
+  };
+  dsi::cuda::TopkSelectParams tk{};
+  tk.scores = logits;
+  tk.bounds = base.bounds;
+  tk.indices = idx;
+  tk.score_stride = n_keys;
+  tk.rows = rows;
+  tk.n = n_keys;
+  tk.k = k;
+  const double t_rot = time_graph(1, reps, [&](int, cudaStream_t st) { dsi::cuda::launch_rotate_quant(rq, st); });
+  const double t_old = time_graph(copies, reps, [&](int c, cudaStream_t st) {
+    dsi::cuda::launch_rotate_quant(rq, st);
+    dsi::cuda::launch_indexer_logits_fp8(params(c), st);
+  });
+  const double t_mma = time_graph(copies, reps, [&](int c, cudaStream_t st) {
+    dsi::cuda::launch_rotate_quant(rq, st);
+    dsi::cuda::launch_indexer_logits_fp8_mma(params(c), st);
+  });
+  const double t_topk = time_graph(1, reps, [&](int, cudaStream_t st) { dsi::cuda::launch_topk_select(tk, st); });
+  const double t_both = time_graph(copies, reps, [&](int c, cudaStream_t st) {
+    dsi::cuda::launch_rotate_quant(rq, st);
+    dsi::cuda::launch_indexer_logits_fp8_mma(params(c), st);
+    dsi::cuda::launch_topk_select(tk, st);
+  });
+  const double key_bytes = double(n_seqs) * n_keys * (d + 4), q_bytes = double(rows) * heads * d * 4.0;
+  const double logit_bytes = double(rows) * n_keys * 4.0, idx_bytes = double(rows) * k * 4.0;
+  const double flops = 2.0 * double(rows) * n_keys * heads * d;
+  char tag[96];
+  std::snprintf(tag, sizeof(tag), "keys=%lld heads=%d rows=%dx%d", (long long)n_keys, heads, n_seqs, rows_per_seq);
+  report(std::string("q rotation + quantisation alone ") + tag, t_rot, q_bytes * 2);
+  report(std::string("indexer logits, CUDA cores (before) ") + tag, t_old, key_bytes + q_bytes + logit_bytes);
+  report(std::string("indexer logits, tensor cores ") + tag, t_mma, key_bytes + q_bytes + logit_bytes);
+  std::printf("%-52s %10.1f TFLOP/s (fp8 mma.sync), floor %.1f us\n", "", flops / (t_mma * 1e-6) / 1e12,
+              key_bytes / (kPeakGBs * 1e3));
+  report(std::string("top-2048 select of the logits ") + tag, t_topk, logit_bytes + idx_bytes);
+  report(std::string("logits + top-2048 back to back ") + tag, t_both, key_bytes + q_bytes + idx_bytes);
+  for (void* ptr : {(void*)pool, (void*)dtable, (void*)q, (void*)w, (void*)q8, (void*)wq, (void*)logits,
+                    (void*)idx, (void*)bad, (void*)base.row_seq, (void*)base.bounds})
+    DSI_CUDA_CHECK(cudaFree(ptr));
 }
 
 // The fp8 MLA pool shared by the sparse MLA cases: 2^20 entries (656 MB), random latents.

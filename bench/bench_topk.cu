@@ -1,0 +1,201 @@
+// Top-k benchmark on one GPU: k = 2048 over 8K, 128K and 1M scores per row, 1 and 16 rows, random
+// scores and relu-like scores (90% exact zeros: the tie-heavy case). The radix select
+// (sm90_topk_select.cu) is timed in CUDA graphs over rotating score copies (together more than 2 x
+// L2), median over replays; the previous path (64-bit keys + cub segmented sort + decode, as
+// ops::topk ran it) with plain stream launches. GB/s of the scores read + indices written, against
+// the H200's ~4.3 TB/s.
+//
+//   bench_topk [--reps N]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/topk/topk.h"
+
+namespace {
+
+constexpr double kPeakGBs = 4300.0;
+constexpr int kK = dsi::cuda::kTopkSelectMaxK;
+
+__device__ uint32_t mix(uint64_t i, uint32_t seed) {
+  uint64_t z = i * 0x9e3779b97f4a7c15ull + seed;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return uint32_t(z >> 32);
+}
+// Uniform in [-1, 1); relu: 90% exact zeros, the rest in [0, 1).
+__global__ void fill_scores(float* p, int64_t n, uint32_t seed, bool relu) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t h = mix(uint64_t(i), seed);
+    const float u = float(h >> 8) * 0x1.0p-23f - 1.0f;
+    p[i] = relu ? ((h % 10u) != 0u ? 0.0f : fabsf(u)) : u;
+  }
+}
+
+template <typename T>
+T* dalloc(size_t n) {
+  void* p = nullptr;
+  DSI_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+void report(const std::string& name, double us, double bytes) {
+  const double gbs = bytes / (us * 1e-6) / 1e9;
+  std::printf("%-56s %10.1f us %9.1f GB/s %6.1f %%\n", name.c_str(), us, gbs, 100.0 * gbs / kPeakGBs);
+}
+
+// Median over reps replays of (graph of K launches, K >= 24, copy i % copies) / K, microseconds.
+template <typename Launch>
+double time_graph(int copies, int reps, Launch launch) {
+  cudaStream_t st;
+  DSI_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const int k = copies * std::max(1, (24 + copies - 1) / copies);
+  for (int i = 0; i < copies; ++i) launch(i, st);
+  DSI_CUDA_CHECK(cudaStreamSynchronize(st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  DSI_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < k; ++i) launch(i % copies, st);
+  DSI_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+  DSI_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t a, b;
+  DSI_CUDA_CHECK(cudaEventCreate(&a));
+  DSI_CUDA_CHECK(cudaEventCreate(&b));
+  DSI_CUDA_CHECK(cudaGraphLaunch(exec, st));
+  std::vector<double> us;
+  for (int r = 0; r < reps; ++r) {
+    DSI_CUDA_CHECK(cudaEventRecord(a, st));
+    DSI_CUDA_CHECK(cudaGraphLaunch(exec, st));
+    DSI_CUDA_CHECK(cudaEventRecord(b, st));
+    DSI_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    DSI_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(double(ms) * 1000.0 / k);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+// The previous path on the legacy stream: median of reps event-timed calls.
+template <typename Fn>
+double time_stream(int reps, Fn fn) {
+  for (int i = 0; i < 2; ++i) fn();
+  DSI_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  DSI_CUDA_CHECK(cudaEventCreate(&a));
+  DSI_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<double> us;
+  for (int r = 0; r < reps; ++r) {
+    DSI_CUDA_CHECK(cudaEventRecord(a));
+    fn();
+    DSI_CUDA_CHECK(cudaEventRecord(b));
+    DSI_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    DSI_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    us.push_back(double(ms) * 1000.0);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+void bench(int64_t rows, int64_t n, bool relu, int reps) {
+  const int64_t per_copy = rows * n;
+  const int copies = int(std::clamp<int64_t>((int64_t(120) << 20) / (per_copy * 4) + 1, 1, 64));
+  float* scores = dalloc<float>(size_t(copies * per_copy));
+  fill_scores<<<1024, 256>>>(scores, copies * per_copy, 9, relu);
+  DSI_CUDA_CHECK(cudaGetLastError());
+  std::vector<int32_t> hb(static_cast<size_t>(rows), int32_t(n));
+  int32_t* bounds = dalloc<int32_t>(size_t(rows));
+  DSI_CUDA_CHECK(cudaMemcpy(bounds, hb.data(), hb.size() * 4, cudaMemcpyHostToDevice));
+  int32_t* idx = dalloc<int32_t>(size_t(rows * kK));
+  const double bytes = double(per_copy) * 4.0 + double(rows) * kK * 4.0;
+  char tag[96];
+  std::snprintf(tag, sizeof(tag), "n=%lld rows=%lld%s", (long long)n, (long long)rows, relu ? " relu" : "");
+
+  dsi::cuda::TopkSelectParams p{};
+  p.bounds = bounds;
+  p.indices = idx;
+  p.score_stride = n;
+  p.rows = rows;
+  p.n = n;
+  p.k = kK;
+  const double t_sel = time_graph(copies, reps, [&](int c, cudaStream_t st) {
+    dsi::cuda::TopkSelectParams q = p;
+    q.scores = scores + int64_t(c) * per_copy;
+    dsi::cuda::launch_topk_select(q, st);
+  });
+  report(std::string("top-2048 radix select ") + tag, t_sel, bytes);
+
+  if (rows * n <= (int64_t(1) << 25)) {
+    unsigned long long* keys = dalloc<unsigned long long>(size_t(per_copy));
+    unsigned long long* sorted = dalloc<unsigned long long>(size_t(per_copy));
+    const double t_sort = time_stream(reps, [&] {
+      dsi::cuda::TopkKeysParams kp{};
+      kp.scores = scores;
+      kp.bounds = bounds;
+      kp.keys = keys;
+      kp.score_stride = n;
+      kp.rows = rows;
+      kp.n = n;
+      dsi::cuda::launch_topk_keys(kp, nullptr);
+      dsi::cuda::sort_rows_descending(keys, sorted, rows, n, nullptr);
+      dsi::cuda::TopkDecodeParams dp{};
+      dp.sorted = sorted;
+      dp.scores = scores;
+      dp.indices = idx;
+      dp.score_stride = n;
+      dp.rows = rows;
+      dp.n = n;
+      dp.k = kK;
+      dsi::cuda::launch_topk_decode(dp, nullptr);
+    });
+    report(std::string("top-2048 full sort (before) ") + tag, t_sort, bytes);
+    DSI_CUDA_CHECK(cudaFree(keys));
+    DSI_CUDA_CHECK(cudaFree(sorted));
+  }
+  for (void* ptr : {(void*)scores, (void*)bounds, (void*)idx}) DSI_CUDA_CHECK(cudaFree(ptr));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+    } else {
+      std::fprintf(stderr, "usage: bench_topk [--reps N]\n");
+      return 2;
+    }
+  }
+  try {
+    int n = 0;
+    DSI_CUDA_CHECK(cudaGetDeviceCount(&n));
+    if (n == 0) {
+      std::fprintf(stderr, "bench_topk: no CUDA device\n");
+      return 1;
+    }
+    std::printf("%-56s %13s %14s %7s\n", "case", "time", "bandwidth", "of peak");
+    for (int64_t len : {int64_t(8192), int64_t(131072), int64_t(1) << 20})
+      for (int64_t rows : {int64_t(1), int64_t(16)}) bench(rows, len, false, reps);
+    bench(1, 131072, true, reps);
+    bench(16, 131072, true, reps);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
