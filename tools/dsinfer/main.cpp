@@ -25,6 +25,7 @@
 #include "runtime/perplexity.h"
 #include "runtime/ranks.h"
 #include "text/tokenizer.h"
+#include "serve.h"
 #include "bench.h"
 #ifdef DSI_WITH_MPI
 #include "comm/mpi_comm.h"
@@ -372,6 +373,9 @@ int main(int argc, char** argv) {
 
   dsi::bench::BenchCommand bench(app);  // dsinfer bench: load a running server
 
+  dsi::cli::ServeCommand serve(app);  // dsinfer serve: the OpenAI-compatible server
+  dsi::cli::ChatCommand chat(app);    // dsinfer chat: a conversation on stdin/stdout
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -379,6 +383,8 @@ int main(int argc, char** argv) {
   }
   dsi::MpiSessionPtr mpi;
   try {
+    if (serve.parsed()) return serve.run();
+    if (chat.parsed()) return chat.run();
     if (bench.parsed()) return bench.run();
 #ifdef DSI_WITH_MPI
     if (launched_by_mpi()) mpi = std::make_unique<dsi::MpiSession>(&argc, &argv);

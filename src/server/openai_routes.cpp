@@ -1,0 +1,427 @@
+// The OpenAI endpoints. A request's life: parse (task.h) -> prompt tokens -> EngineRequest ->
+// Engine::submit with a sink into its EventQueue -> the handler thread pops events, turns tokens
+// into text (output_text.h) and answers with one JSON body or an SSE stream. A stop string, a
+// client that goes away or a server shutdown cancels the request in the engine.
+#include "server/openai_routes.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <random>
+
+#include "dsinfer/error.h"
+#include "server/event_queue.h"
+#include "server/output_text.h"
+
+namespace dsi::server {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+std::string random_hex(size_t n) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  std::string s;
+  while (s.size() < n) s += fmt::format("{:016x}", rng());
+  return s.substr(0, n);
+}
+
+uint64_t random_seed() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return rng();
+}
+
+int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Text made safe for JSON (nlohmann refuses invalid UTF-8 when dumping).
+std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+Json bytes_of(const std::string& s) {
+  Json b = Json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+Json usage_json(int64_t prompt, int64_t completion) {
+  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+}
+
+// One request in the engine, seen from the handler thread.
+class Run {
+ public:
+  Run(Engine& engine, ServerMetrics& metrics, const Tokenizer& tokenizer, const ParsedRequest& r)
+      : engine_(engine),
+        metrics_(metrics),
+        queue_(std::make_shared<EventQueue>()),
+        out_(tokenizer, r.skip_special_tokens, r.stop, r.logprobs >= 0) {
+    metrics_.in_flight.fetch_add(1);
+  }
+  ~Run() {
+    if (submitted_ && !done_) cancel();
+    metrics_.in_flight.fetch_sub(1);
+  }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  // Throws what Engine::submit throws.
+  void submit(EngineRequest request) {
+    prompt_tokens_ = int64_t(request.prompt.size());
+    start_ = last_token_ = Clock::now();
+    id_ = engine_.submit(std::move(request), EventQueue::sink_for(queue_));
+    submitted_ = true;
+  }
+
+  // Waits up to `timeout` for engine events; returns the new text and tokens.
+  TextDelta poll(std::chrono::milliseconds timeout) {
+    TextDelta d;
+    if (done_) return d;
+    for (RequestEvent& ev : queue_->pop(timeout)) {
+      if (ev.prompt_tokens > 0) prompt_tokens_ = ev.prompt_tokens;
+      if (!ev.tokens.empty()) {
+        const auto now = Clock::now();
+        const double dt = std::chrono::duration<double>(now - last_token_).count();
+        if (!first_token_seen_) {
+          metrics_.ttft.observe(dt);
+          first_token_seen_ = true;
+        } else {
+          for (size_t i = 0; i < ev.tokens.size(); ++i) metrics_.inter_token.observe(dt / double(ev.tokens.size()));
+        }
+        last_token_ = now;
+        append(d, out_.push(ev.tokens));
+        if (out_.stopped()) {  // a stop string: the engine need not go on
+          engine_.cancel(id_);
+          finish(d, "stop", "");
+          return d;
+        }
+      }
+      if (ev.finished) {
+        finish(d, ev.finish_reason, ev.error);
+        return d;
+      }
+    }
+    return d;
+  }
+
+  // The client went away or the server is stopping.
+  void cancel() {
+    if (done_) return;
+    if (submitted_) engine_.cancel(id_);
+    done_ = true;
+    finish_reason_ = "abort";
+    record_finish();
+  }
+
+  bool done() const { return done_; }
+  const std::string& finish_reason() const { return finish_reason_; }
+  const std::string& error() const { return error_; }
+  int64_t prompt_tokens() const { return prompt_tokens_; }
+  int64_t completion_tokens() const { return out_.tokens_consumed(); }
+  const std::string& text() const { return out_.text(); }
+
+ private:
+  static void append(TextDelta& d, TextDelta&& more) {
+    d.text += more.text;
+    for (auto& t : more.tokens) d.tokens.push_back(std::move(t));
+  }
+  void finish(TextDelta& d, const std::string& reason, const std::string& error) {
+    append(d, out_.finish());
+    done_ = true;
+    finish_reason_ = reason;
+    error_ = error;
+    record_finish();
+  }
+  void record_finish() {
+    metrics_.finished(finish_reason_);
+    metrics_.e2e.observe(std::chrono::duration<double>(Clock::now() - start_).count());
+  }
+
+  Engine& engine_;
+  ServerMetrics& metrics_;
+  std::shared_ptr<EventQueue> queue_;
+  OutputText out_;
+  uint64_t id_ = 0;
+  bool submitted_ = false;
+  bool done_ = false;
+  bool first_token_seen_ = false;
+  std::string finish_reason_;
+  std::string error_;
+  int64_t prompt_tokens_ = 0;
+  Clock::time_point start_, last_token_;
+};
+
+// The logprobs of some tokens in the legacy completions format.
+Json completion_logprobs(const std::vector<TokenRecord>& tokens, size_t offset_base) {
+  Json j = {{"tokens", Json::array()}, {"token_logprobs", Json::array()},
+            {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
+  for (const TokenRecord& t : tokens) {
+    j["tokens"].push_back(t.text);
+    j["token_logprobs"].push_back(t.logprob);
+    Json top = Json::object();
+    for (const auto& [text, lp] : t.top) top[text] = lp;
+    if (!top.contains(t.text)) top[t.text] = t.logprob;  // the chosen token is always listed
+    j["top_logprobs"].push_back(std::move(top));
+    j["text_offset"].push_back(offset_base + t.text_offset);
+  }
+  return j;
+}
+
+// The logprobs of some tokens in the chat format.
+Json chat_logprobs(const std::vector<TokenRecord>& tokens) {
+  Json content = Json::array();
+  for (const TokenRecord& t : tokens) {
+    Json top = Json::array();
+    for (const auto& [text, lp] : t.top)
+      top.push_back({{"token", text}, {"logprob", lp}, {"bytes", bytes_of(text)}});
+    content.push_back({{"token", t.text}, {"logprob", t.logprob}, {"bytes", bytes_of(t.text)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return Json{{"content", std::move(content)}};
+}
+
+struct Reply {
+  Endpoint endpoint;
+  std::string id;
+  std::string model;
+  int64_t created;
+  bool logprobs;
+  bool include_usage;
+  size_t echo_len = 0;  // bytes of echoed prompt before the completion text
+
+  // A streamed chunk with new text (and the tokens' logprobs) or a finish reason.
+  Json chunk(const std::string& text, const std::vector<TokenRecord>* tokens,
+             const std::string* finish_reason, bool first_chat_chunk = false) const {
+    Json choice = {{"index", 0}};
+    if (endpoint == Endpoint::kChat) {
+      Json delta = Json::object();
+      if (first_chat_chunk) delta["role"] = "assistant";
+      if (!text.empty() || first_chat_chunk) delta["content"] = text;
+      choice["delta"] = std::move(delta);
+      choice["logprobs"] = logprobs && tokens ? chat_logprobs(*tokens) : Json(nullptr);
+    } else {
+      choice["text"] = text;
+      choice["logprobs"] = logprobs && tokens ? completion_logprobs(*tokens, echo_len) : Json(nullptr);
+    }
+    choice["finish_reason"] = finish_reason ? Json(*finish_reason) : Json(nullptr);
+    Json j = {{"id", id},
+              {"object", endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", Json::array({std::move(choice)})}};
+    if (include_usage) j["usage"] = nullptr;
+    return j;
+  }
+
+  Json usage_chunk(const Run& run) const {
+    return {{"id", id},
+            {"object", endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", Json::array()},
+            {"usage", usage_json(run.prompt_tokens(), run.completion_tokens())}};
+  }
+
+  // The whole answer of a non-streamed request.
+  Json full(const std::string& text, const std::vector<TokenRecord>& tokens, const Run& run) const {
+    Json choice = {{"index", 0}};
+    if (endpoint == Endpoint::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+      choice["logprobs"] = logprobs ? chat_logprobs(tokens) : Json(nullptr);
+    } else {
+      choice["text"] = text;
+      choice["logprobs"] = logprobs ? completion_logprobs(tokens, echo_len) : Json(nullptr);
+    }
+    choice["finish_reason"] = run.finish_reason();
+    return {{"id", id},
+            {"object", endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
+            {"created", created},
+            {"model", model},
+            {"choices", Json::array({std::move(choice)})},
+            {"usage", usage_json(run.prompt_tokens(), run.completion_tokens())}};
+  }
+};
+
+std::string sse(const Json& j) { return "data: " + dump(j) + "\n\n"; }
+
+HttpResponse json_response(int status, const Json& j) {
+  HttpResponse r;
+  r.status = status;
+  r.body = dump(j);
+  return r;
+}
+
+}  // namespace
+
+HttpResponse OpenAiService::error_response(const ApiError& e) {
+  return json_response(e.status, error_json(e));
+}
+
+OpenAiService::OpenAiService(Engine& engine, Tokenizer tokenizer,
+                             std::optional<ChatTemplate> chat_template, ServiceOptions options)
+    : engine_(engine),
+      tokenizer_(std::move(tokenizer)),
+      chat_template_(std::move(chat_template)),
+      options_(std::move(options)),
+      router_([](int status, const std::string& message) {
+        ApiError e{status, message, status >= 500 ? "internal_error" : "invalid_request_error"};
+        if (status == 404) e.code = "not_found";
+        if (status == 405) e.code = "method_not_allowed";
+        return error_response(e);
+      }),
+      created_(unix_now()) {
+  const ModelInfo& info = engine_.info();
+  limits_.id = options_.served_model_name.empty() ? info.id : options_.served_model_name;
+  limits_.max_model_len = info.max_model_len;
+  limits_.vocab_size = info.vocab_size;
+  router_.add("GET", "/health", [this](const HttpRequest& r) { return health(r); });
+  router_.add("GET", "/v1/models", [this](const HttpRequest& r) { return models(r); });
+  router_.add("GET", "/metrics", [this](const HttpRequest& r) { return metrics_page(r); });
+  router_.add("POST", "/v1/completions",
+              [this](const HttpRequest& r) { return completions(r, Endpoint::kCompletions); });
+  router_.add("POST", "/v1/chat/completions",
+              [this](const HttpRequest& r) { return completions(r, Endpoint::kChat); });
+}
+
+HttpResponse OpenAiService::health(const HttpRequest&) {
+  return json_response(200, Json{{"status", "ok"}});
+}
+
+HttpResponse OpenAiService::models(const HttpRequest&) {
+  Json m = {{"id", limits_.id},
+            {"object", "model"},
+            {"created", created_},
+            {"owned_by", "dsinfer"},
+            {"root", engine_.info().model_dir},
+            {"max_model_len", limits_.max_model_len}};
+  return json_response(200, Json{{"object", "list"}, {"data", Json::array({std::move(m)})}});
+}
+
+HttpResponse OpenAiService::metrics_page(const HttpRequest&) {
+  HttpResponse r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  r.body = render_prometheus(engine_.metrics(), metrics_, limits_.id);
+  return r;
+}
+
+HttpResponse OpenAiService::reject(const ApiError& e) {
+  metrics_.rejected.fetch_add(1);
+  return error_response(e);
+}
+
+HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoint) {
+  ParseResult parsed = endpoint == Endpoint::kChat ? parse_chat_request(http.body)
+                                                   : parse_completion_request(http.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return reject(*e);
+  const ParsedRequest& req = std::get<ParsedRequest>(parsed);
+  if (auto e = check_model(req.model, limits_)) return reject(*e);
+
+  // The prompt's tokens. Chat: the template's text already holds its special tokens, so it is
+  // encoded without the post-processor's (as HF apply_chat_template(tokenize=True) does).
+  std::vector<int32_t> prompt;
+  std::string echo_text;
+  if (endpoint == Endpoint::kChat) {
+    if (!chat_template_)
+      return reject(ApiError{400, "this model has no chat template; use /v1/completions", "invalid_request_error", "messages"});
+    std::string text;
+    try {
+      text = chat_template_->render(req.messages, req.tools, /*add_generation_prompt=*/true,
+                                    req.chat_template_kwargs);
+    } catch (const dsi::Error& e) {
+      return reject(ApiError{400, fmt::format("the chat template failed on these messages: {}", e.what()),
+                             "invalid_request_error", "messages"});
+    }
+    prompt = tokenizer_.encode(text, /*add_special_tokens=*/false);
+  } else if (req.prompt_is_ids) {
+    prompt = req.prompt_ids;
+    if (req.echo) echo_text = tokenizer_.decode(req.prompt_ids, req.skip_special_tokens);
+  } else {
+    prompt = tokenizer_.encode(req.prompt_text, /*add_special_tokens=*/true);
+    if (req.echo) echo_text = req.prompt_text;
+  }
+  auto made = make_engine_request(req, std::move(prompt), limits_, random_seed());
+  if (auto* e = std::get_if<ApiError>(&made)) return reject(*e);
+
+  auto run = std::make_shared<Run>(engine_, metrics_, tokenizer_, req);
+  try {
+    run->submit(std::move(std::get<EngineRequest>(made)));
+  } catch (const dsi::Error& e) {
+    return reject(ApiError{400, e.what()});
+  }
+  Reply reply{endpoint,
+              (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + random_hex(24),
+              limits_.id,
+              unix_now(),
+              req.logprobs >= 0,
+              req.include_usage,
+              echo_text.size()};
+
+  if (!req.stream) {
+    std::string text = echo_text;
+    std::vector<TokenRecord> tokens;
+    while (!run->done()) {
+      if (stopping_.load()) {
+        run->cancel();
+        break;
+      }
+      TextDelta d = run->poll(std::chrono::milliseconds(200));
+      text += d.text;
+      for (auto& t : d.tokens) tokens.push_back(std::move(t));
+    }
+    if (run->finish_reason() == "error")
+      return error_response(ApiError{500, "generation failed: " + run->error(), "internal_error"});
+    if (run->finish_reason() == "abort")
+      return error_response(ApiError{503, "the request was aborted (the server is stopping)", "internal_error"});
+    return json_response(200, reply.full(text, tokens, *run));
+  }
+
+  // Streaming: Server-Sent Events, one `data: {chunk}` per piece, `data: [DONE]` at the end.
+  struct StreamState {
+    std::shared_ptr<Run> run;
+    Reply reply;
+    std::string echo;
+    bool started = false;
+    Clock::time_point last_write = Clock::now();
+  };
+  auto st = std::make_shared<StreamState>(StreamState{run, reply, std::move(echo_text)});
+  HttpResponse r;
+  r.content_type = "text/event-stream";
+  r.headers.emplace_back("Cache-Control", "no-cache");
+  r.stream = [this, st](const ChunkWriter& write) -> bool {
+    Run& run = *st->run;
+    const Reply& rep = st->reply;
+    auto send = [&](const std::string& s) {
+      st->last_write = Clock::now();
+      return write(s);
+    };
+    if (!st->started) {
+      st->started = true;
+      if (rep.endpoint == Endpoint::kChat && !send(sse(rep.chunk("", nullptr, nullptr, true)))) return false;
+      if (!st->echo.empty() && !send(sse(rep.chunk(st->echo, nullptr, nullptr)))) return false;
+    }
+    if (stopping_.load()) run.cancel();
+    TextDelta d = run.poll(std::chrono::milliseconds(100));
+    if (!d.text.empty() || (rep.logprobs && !d.tokens.empty())) {
+      if (!send(sse(rep.chunk(d.text, &d.tokens, nullptr)))) return false;
+    } else if (!run.done() && Clock::now() - st->last_write > std::chrono::milliseconds(options_.heartbeat_ms)) {
+      if (!send(": keep-alive\n\n")) return false;  // an SSE comment: finds a client that is gone
+    }
+    if (!run.done()) return true;
+    if (run.finish_reason() == "error") {
+      send(sse(error_json(ApiError{500, "generation failed: " + run.error(), "internal_error"})));
+    } else {
+      const std::string reason = run.finish_reason();
+      if (!send(sse(rep.chunk("", nullptr, &reason)))) return false;
+      if (rep.include_usage && !send(sse(rep.usage_chunk(run)))) return false;
+    }
+    send("data: [DONE]\n\n");
+    return false;
+  };
+  r.on_close = [st] { st->run->cancel(); };  // no-op when it finished; else the client left
+  return r;
+}
+
+}  // namespace dsi::server

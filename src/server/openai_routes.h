@@ -1,0 +1,62 @@
+// The OpenAI-compatible endpoints over an Engine: /v1/completions, /v1/chat/completions (JSON or
+// SSE streams), /v1/models, /health and /metrics. Text lives here: prompts are tokenized (chat:
+// rendered by the model's chat template first), output is detokenized incrementally and cut at
+// stop strings. Each request talks to the engine only through submit / cancel and its EventQueue.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "dsinfer/engine.h"
+#include "server/http.h"
+#include "server/metrics.h"
+#include "server/task.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace dsi::server {
+
+struct ServiceOptions {
+  std::string served_model_name;  // "" = the engine's ModelInfo::id
+  int heartbeat_ms = 1000;        // SSE comment sent to an idle stream (detects disconnects)
+};
+
+class OpenAiService {
+ public:
+  // `chat_template` may be empty: /v1/chat/completions then answers 400.
+  OpenAiService(Engine& engine, Tokenizer tokenizer, std::optional<ChatTemplate> chat_template,
+                ServiceOptions options = {});
+  // Streams handed to the transport refer to the service: it must outlive the HttpServer's serve().
+  OpenAiService(const OpenAiService&) = delete;
+  OpenAiService& operator=(const OpenAiService&) = delete;
+
+  // The router with every endpoint (errors formatted as OpenAI error JSON).
+  const Router& router() const { return router_; }
+  // Makes in-flight handlers cancel their requests and return (call before stopping the transport).
+  void shutdown() { stopping_.store(true); }
+  ServerMetrics& metrics() { return metrics_; }
+  const ModelLimits& limits() const { return limits_; }
+
+  static HttpResponse error_response(const ApiError& error);
+
+ private:
+  HttpResponse health(const HttpRequest&);
+  HttpResponse models(const HttpRequest&);
+  HttpResponse metrics_page(const HttpRequest&);
+  HttpResponse completions(const HttpRequest&, Endpoint endpoint);
+  HttpResponse reject(const ApiError& error);
+
+  Engine& engine_;
+  Tokenizer tokenizer_;
+  std::optional<ChatTemplate> chat_template_;
+  ServiceOptions options_;
+  ModelLimits limits_;
+  ServerMetrics metrics_;
+  std::atomic<bool> stopping_{false};
+  Router router_;
+  int64_t created_ = 0;  // unix time the service started (/v1/models "created")
+};
+
+}  // namespace dsi::server

@@ -1,0 +1,359 @@
+// Request parsing and validation for /v1/completions and /v1/chat/completions.
+#include "server/task.h"
+
+#include <cmath>
+#include <fmt/format.h>
+#include <limits>
+
+namespace dsi::server {
+
+using Json = nlohmann::ordered_json;
+
+Json error_json(const ApiError& e) {
+  Json err = Json::object();
+  err["message"] = e.message;
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? Json(nullptr) : Json(e.param);
+  err["code"] = e.code.empty() ? Json(nullptr) : Json(e.code);
+  return Json{{"error", std::move(err)}};
+}
+
+namespace {
+
+// Thrown inside the parser only; parse_* turn it into the result.
+struct Bad {
+  ApiError error;
+};
+
+[[noreturn]] void bad(const std::string& param, const std::string& message,
+                      const std::string& code = "") {
+  throw Bad{ApiError{400, message, "invalid_request_error", param, code}};
+}
+
+[[noreturn]] void unsupported(const std::string& param, const std::string& message) {
+  bad(param, message + " is not supported by this server", "unsupported");
+}
+
+const char* type_name(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::number_float: return "a number";
+    default: return "an integer";
+  }
+}
+
+const Json* field(const Json& body, const char* name) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+bool get_bool(const Json& body, const char* name, bool def) {
+  const Json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_boolean()) bad(name, fmt::format("'{}' must be a boolean, got {}", name, type_name(*v)));
+  return v->get<bool>();
+}
+
+int64_t as_int(const Json& v, const std::string& name) {
+  if (v.is_number_integer() || v.is_number_unsigned()) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+      bad(name, fmt::format("'{}' is out of range", name));
+    return v.get<int64_t>();
+  }
+  // 16.0 is accepted as 16, as Python's JSON-loading servers do; 16.5 is not.
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e15) return int64_t(d);
+  }
+  bad(name, fmt::format("'{}' must be an integer, got {}", name, type_name(v)));
+}
+
+std::optional<int64_t> get_int(const Json& body, const char* name) {
+  const Json* v = field(body, name);
+  if (!v) return std::nullopt;
+  return as_int(*v, name);
+}
+
+std::optional<double> get_number(const Json& body, const char* name) {
+  const Json* v = field(body, name);
+  if (!v) return std::nullopt;
+  if (!v->is_number())
+    bad(name, fmt::format("'{}' must be a number, got {}", name, type_name(*v)));
+  return v->get<double>();
+}
+
+std::vector<int32_t> as_ids(const Json& v, const std::string& name) {
+  std::vector<int32_t> ids;
+  for (const Json& x : v) {
+    const int64_t id = as_int(x, name);
+    if (id < 0 || id > std::numeric_limits<int32_t>::max())
+      bad(name, fmt::format("'{}' holds {}, which is not a token id", name, id));
+    ids.push_back(int32_t(id));
+  }
+  return ids;
+}
+
+Json parse_body(std::string_view body) {
+  Json j;
+  try {
+    j = Json::parse(body);
+  } catch (const std::exception& e) {
+    bad("", fmt::format("the request body is not valid JSON: {}", e.what()));
+  }
+  if (!j.is_object()) bad("", fmt::format("the request body must be a JSON object, got {}", type_name(j)));
+  return j;
+}
+
+// The parameters /v1/completions and /v1/chat/completions share.
+void parse_common(const Json& j, ParsedRequest& r) {
+  if (const Json* m = field(j, "model")) {
+    if (!m->is_string()) bad("model", fmt::format("'model' must be a string, got {}", type_name(*m)));
+    r.model = m->get<std::string>();
+  }
+  if (auto n = get_int(j, "n"); n && *n != 1) {
+    if (*n < 1) bad("n", fmt::format("'n' must be at least 1, got {}", *n));
+    unsupported("n", fmt::format("n = {} (more than one choice per request)", *n));
+  }
+  if (auto b = get_int(j, "best_of"); b && *b != 1) unsupported("best_of", "best_of other than 1");
+  for (const char* p : {"presence_penalty", "frequency_penalty"}) {
+    const auto v = get_number(j, p);
+    if (v && (*v < -2.0 || *v > 2.0)) bad(p, fmt::format("'{}' must be in [-2, 2], got {}", p, *v));
+    if (v && *v != 0.0) unsupported(p, fmt::format("a non-zero {}", p));
+  }
+  if (const Json* lb = field(j, "logit_bias")) {
+    if (!lb->is_object()) bad("logit_bias", "'logit_bias' must be an object");
+    if (!lb->empty()) unsupported("logit_bias", "logit_bias");
+  }
+  if (const auto t = get_number(j, "temperature")) {
+    if (!(*t >= 0.0 && *t <= 2.0))
+      bad("temperature", fmt::format("'temperature' must be in [0, 2], got {}", *t));
+    r.temperature = float(*t);
+  }
+  if (const auto p = get_number(j, "top_p")) {
+    if (!(*p > 0.0 && *p <= 1.0)) bad("top_p", fmt::format("'top_p' must be in (0, 1], got {}", *p));
+    r.top_p = float(*p);
+  }
+  if (const Json* s = field(j, "seed")) r.seed = uint64_t(as_int(*s, "seed"));
+  r.ignore_eos = get_bool(j, "ignore_eos", false);
+  r.skip_special_tokens = get_bool(j, "skip_special_tokens", true);
+
+  if (const Json* s = field(j, "stop")) {
+    if (s->is_string()) {
+      r.stop.push_back(s->get<std::string>());
+    } else if (s->is_array()) {
+      for (const Json& x : *s) {
+        if (!x.is_string()) bad("stop", "'stop' must be a string or an array of strings");
+        r.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      bad("stop", fmt::format("'stop' must be a string or an array of strings, got {}", type_name(*s)));
+    }
+    if (r.stop.size() > 16) bad("stop", fmt::format("'stop' has {} strings; at most 16", r.stop.size()));
+    for (const auto& x : r.stop)
+      if (x.empty()) bad("stop", "'stop' strings must not be empty");
+  }
+  if (const Json* s = field(j, "stop_token_ids")) {
+    if (!s->is_array()) bad("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    r.stop_token_ids = as_ids(*s, "stop_token_ids");
+  }
+
+  r.stream = get_bool(j, "stream", false);
+  if (const Json* so = field(j, "stream_options")) {
+    if (!so->is_object())
+      bad("stream_options", fmt::format("'stream_options' must be an object, got {}", type_name(*so)));
+    if (!r.stream) bad("stream_options", "'stream_options' is only allowed when 'stream' is true");
+    r.include_usage = get_bool(*so, "include_usage", false);
+  }
+  if (const Json* rf = field(j, "response_format")) {
+    if (!rf->is_object() || rf->value("type", Json("text")) != Json("text"))
+      unsupported("response_format", "a response_format other than {\"type\": \"text\"}");
+  }
+}
+
+void parse_max_tokens(const Json& j, const char* name, ParsedRequest& r) {
+  const auto m = get_int(j, name);
+  if (!m) return;
+  if (*m < 1) bad(name, fmt::format("'{}' must be at least 1, got {}", name, *m));
+  if (*m > std::numeric_limits<int32_t>::max())
+    bad(name, fmt::format("'{}' is too large: {}", name, *m));
+  r.max_tokens = *m;
+}
+
+// Message content: a string, or an array of {"type": "text", "text": ...} parts (joined).
+void check_message(Json& m, size_t i) {
+  const std::string where = fmt::format("messages[{}]", i);
+  if (!m.is_object()) bad("messages", fmt::format("'{}' must be an object, got {}", where, type_name(m)));
+  const Json* role = field(m, "role");
+  if (!role || !role->is_string())
+    bad("messages", fmt::format("'{}' needs a string 'role'", where));
+  auto c = m.find("content");
+  if (c == m.end() || c->is_null()) {
+    const bool may_omit = role->get<std::string>() == "assistant" && m.contains("tool_calls");
+    if (!may_omit) bad("messages", fmt::format("'{}' needs a 'content'", where));
+    return;
+  }
+  if (c->is_string()) return;
+  if (!c->is_array())
+    bad("messages", fmt::format("'{}.content' must be a string or an array of parts, got {}", where,
+                                type_name(*c)));
+  std::string text;
+  for (const Json& part : *c) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string())
+      unsupported("messages", fmt::format("'{}.content': a part that is not {{\"type\": \"text\", "
+                                          "\"text\": string}}", where));
+    text += part["text"].get<std::string>();
+  }
+  *c = text;
+}
+
+template <typename F>
+ParseResult guarded(F&& f) {
+  try {
+    return f();
+  } catch (const Bad& b) {
+    return b.error;
+  } catch (const std::exception& e) {
+    return ApiError{400, std::string("bad request: ") + e.what()};
+  } catch (...) {
+    return ApiError{400, "bad request"};
+  }
+}
+
+}  // namespace
+
+ParseResult parse_completion_request(std::string_view body) {
+  return guarded([&]() -> ParseResult {
+    const Json j = parse_body(body);
+    ParsedRequest r;
+    r.endpoint = Endpoint::kCompletions;
+    parse_common(j, r);
+    const Json* p = field(j, "prompt");
+    if (!p) bad("prompt", "'prompt' is required");
+    // A string, an array of ids, or a batch of one of either.
+    const Json* one = p;
+    if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
+      if (p->size() != 1) unsupported("prompt", fmt::format("a batch of {} prompts", p->size()));
+      one = &p->front();
+    }
+    if (one->is_string()) {
+      r.prompt_text = one->get<std::string>();
+    } else if (one->is_array()) {
+      r.prompt_ids = as_ids(*one, "prompt");
+      r.prompt_is_ids = true;
+    } else {
+      bad("prompt", fmt::format("'prompt' must be a string or an array of token ids, got {}",
+                                type_name(*one)));
+    }
+    if (r.prompt_is_ids ? r.prompt_ids.empty() : r.prompt_text.empty())
+      bad("prompt", "'prompt' is empty");
+    parse_max_tokens(j, "max_tokens", r);
+    r.echo = get_bool(j, "echo", false);
+    if (const Json* s = field(j, "suffix"))
+      if (!s->is_string() || !s->get<std::string>().empty()) unsupported("suffix", "suffix");
+    if (const auto lp = get_int(j, "logprobs")) {
+      if (*lp < 0 || *lp > 20) bad("logprobs", fmt::format("'logprobs' must be in [0, 20], got {}", *lp));
+      r.logprobs = int(*lp);
+      if (r.echo) unsupported("logprobs", "logprobs together with echo (prompt logprobs)");
+    }
+    return r;
+  });
+}
+
+ParseResult parse_chat_request(std::string_view body) {
+  return guarded([&]() -> ParseResult {
+    const Json j = parse_body(body);
+    ParsedRequest r;
+    r.endpoint = Endpoint::kChat;
+    parse_common(j, r);
+    const Json* m = field(j, "messages");
+    if (!m) bad("messages", "'messages' is required");
+    if (!m->is_array()) bad("messages", fmt::format("'messages' must be an array, got {}", type_name(*m)));
+    if (m->empty()) bad("messages", "'messages' is empty");
+    r.messages = *m;
+    for (size_t i = 0; i < r.messages.size(); ++i) check_message(r.messages[i], i);
+    if (const Json* t = field(j, "tools")) {
+      if (!t->is_array()) bad("tools", fmt::format("'tools' must be an array, got {}", type_name(*t)));
+      if (!t->empty()) r.tools = *t;
+    }
+    if (const Json* k = field(j, "chat_template_kwargs")) {
+      if (!k->is_object())
+        bad("chat_template_kwargs",
+            fmt::format("'chat_template_kwargs' must be an object, got {}", type_name(*k)));
+      r.chat_template_kwargs = *k;
+    }
+    parse_max_tokens(j, "max_tokens", r);
+    parse_max_tokens(j, "max_completion_tokens", r);  // the newer name wins when both are given
+    const bool logprobs = get_bool(j, "logprobs", false);
+    const auto top = get_int(j, "top_logprobs");
+    if (top && (*top < 0 || *top > 20))
+      bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, 20], got {}", *top));
+    if (top && !logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (logprobs) r.logprobs = int(top.value_or(0));
+    return r;
+  });
+}
+
+// A client's string quoted in a one-line message: control characters escaped, at most 80 bytes.
+static std::string quoted(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 80)) {
+    if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+    else out += char(c);
+  }
+  return out + (s.size() > 80 ? "..." : "");
+}
+
+std::optional<ApiError> check_model(const std::string& model, const ModelLimits& limits) {
+  if (model.empty() || model == limits.id) return std::nullopt;
+  return ApiError{404, fmt::format("The model '{}' does not exist (this server serves '{}')", quoted(model), limits.id),
+                  "invalid_request_error", "model", "model_not_found"};
+}
+
+std::variant<EngineRequest, ApiError> make_engine_request(const ParsedRequest& r,
+                                                          std::vector<int32_t> prompt,
+                                                          const ModelLimits& limits,
+                                                          uint64_t default_seed) {
+  if (auto e = check_model(r.model, limits)) return *e;
+  const std::string param = r.endpoint == Endpoint::kChat ? "messages" : "prompt";
+  if (prompt.empty()) return ApiError{400, "the prompt is empty (it encodes to no tokens)", "invalid_request_error", param};
+  for (int32_t id : prompt)
+    if (id < 0 || id >= limits.vocab_size)
+      return ApiError{400, fmt::format("token id {} is outside the vocabulary (size {})", id, limits.vocab_size),
+                      "invalid_request_error", param};
+  for (int32_t id : r.stop_token_ids)
+    if (id >= limits.vocab_size)
+      return ApiError{400, fmt::format("stop token id {} is outside the vocabulary (size {})", id, limits.vocab_size),
+                      "invalid_request_error", "stop_token_ids"};
+  const int64_t n = int64_t(prompt.size());
+  const int64_t ctx = limits.max_model_len;
+  const std::string max_name = r.endpoint == Endpoint::kChat ? "max_completion_tokens" : "max_tokens";
+  if (n >= ctx)
+    return ApiError{400, fmt::format("This model's maximum context length is {} tokens, but the prompt "
+                                     "has {} tokens (no room for any output token)", ctx, n),
+                    "invalid_request_error", param, "context_length_exceeded"};
+  int64_t max_tokens = r.max_tokens.value_or(r.endpoint == Endpoint::kChat ? ctx - n : 16);
+  if (!r.max_tokens) max_tokens = std::min(max_tokens, ctx - n);
+  if (n + max_tokens > ctx)
+    return ApiError{400, fmt::format("This model's maximum context length is {} tokens, but {} tokens "
+                                     "were requested ({} in the prompt, {} for the completion); "
+                                     "reduce the prompt or '{}'", ctx, n + max_tokens, n, max_tokens, max_name),
+                    "invalid_request_error", max_name, "context_length_exceeded"};
+  EngineRequest e;
+  e.prompt = std::move(prompt);
+  e.max_new_tokens = int(max_tokens);
+  e.ignore_eos = r.ignore_eos;
+  e.sampling.temperature = r.temperature;
+  e.sampling.top_p = r.top_p;
+  e.sampling.seed = r.seed.value_or(default_seed);
+  e.stop_token_ids = r.stop_token_ids;
+  e.logprobs = r.logprobs;
+  return e;
+}
+
+}  // namespace dsi::server

@@ -1,0 +1,86 @@
+// The task layer: OpenAI request JSON -> a validated request, and the checks that need the model
+// (context length, vocabulary). Pure functions, no I/O, no engine: a fuzzer can call them with any
+// bytes. Validation mirrors the OpenAI API's documented ranges; anything unsupported (n > 1,
+// penalties, logit_bias, suffix, echo with logprobs, ...) is a 400 naming the parameter.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "dsinfer/engine.h"
+
+namespace dsi::server {
+
+// An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with an HTTP status.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" -> null
+  std::string code;   // "" -> null
+  ApiError() = default;
+  ApiError(int status_, std::string message_, std::string type_ = "invalid_request_error",
+           std::string param_ = "", std::string code_ = "")
+      : status(status_), message(std::move(message_)), type(std::move(type_)),
+        param(std::move(param_)), code(std::move(code_)) {}
+};
+nlohmann::ordered_json error_json(const ApiError& e);
+
+enum class Endpoint { kCompletions, kChat };
+
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;  // "" when not given (the served model)
+  // /v1/completions: text or token ids.
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  bool echo = false;
+  // /v1/chat/completions: rendered by the model's chat template.
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools = nullptr;
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+  // Generation.
+  std::optional<int64_t> max_tokens;  // max_tokens / max_completion_tokens; none: the default
+  float temperature = 1.0f;
+  float top_p = 1.0f;
+  std::optional<uint64_t> seed;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;        // stop strings (cut from the text)
+  std::vector<int32_t> stop_token_ids;  // stop ids (kept in the output)
+  bool skip_special_tokens = true;
+  // Output.
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  int logprobs = -1;  // -1: none; else the number of top alternatives (chat: top_logprobs)
+};
+
+using ParseResult = std::variant<ParsedRequest, ApiError>;
+ParseResult parse_completion_request(std::string_view body);
+ParseResult parse_chat_request(std::string_view body);
+
+// The limits of the served model that a request is checked against.
+struct ModelLimits {
+  std::string id;
+  int64_t max_model_len = 0;
+  int64_t vocab_size = 0;
+};
+
+// The engine request for a parsed request whose prompt is `prompt`: checks the model name (404),
+// the prompt (empty, ids outside the vocabulary) and the lengths against max_model_len (400 with
+// both lengths named), and fills in the default max_tokens (completions: 16, chat: the rest of the
+// context). `default_seed` is used when the request has none.
+std::variant<EngineRequest, ApiError> make_engine_request(const ParsedRequest& request,
+                                                          std::vector<int32_t> prompt,
+                                                          const ModelLimits& limits,
+                                                          uint64_t default_seed);
+
+// 404 unless `model` is empty or names the served model.
+std::optional<ApiError> check_model(const std::string& model, const ModelLimits& limits);
+
+}  // namespace dsi::server

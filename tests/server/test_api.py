@@ -1,0 +1,370 @@
+"""Live tests of the OpenAI-compatible server with the official `openai` client and a real SSE
+parser (httpx-sse): every endpoint and parameter, streaming format, 32 concurrent streams against
+the same requests one at a time, client disconnects, bad input, and no leaked requests or pages.
+
+Run by ctest (tests/server/server_tests.cmake) against `dsinfer serve` with the bundled model and
+against the engine's test double; see conftest.py for the server fixture.
+"""
+import concurrent.futures
+import json
+import time
+
+import pathlib
+
+import httpx
+import httpx_sse
+import openai
+import pytest
+
+MODEL = "kjv-dsa"
+MAX_MODEL_LEN = 512  # the servers run with --max-model-len 512
+MODEL_DIR = pathlib.Path(__file__).resolve().parents[2] / "models" / MODEL
+
+
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+
+def sse_events(server, path, body):
+    """POSTs a streaming request; returns the parsed `data:` payloads (the last must be [DONE])."""
+    with httpx.Client(timeout=600) as http:
+        with httpx_sse.connect_sse(http, "POST", server.url + path, json=body) as es:
+            assert es.response.status_code == 200, es.response.read()
+            assert es.response.headers["content-type"].startswith("text/event-stream")
+            datas = [sse.data for sse in es.iter_sse()]
+    assert datas and datas[-1] == "[DONE]", datas[-3:]
+    chunks = [json.loads(d) for d in datas[:-1]]
+    assert all("error" not in c for c in chunks), chunks
+    return chunks
+
+
+def completion_text(chunks):
+    return "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+
+def chat_text(chunks):
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+def test_health_and_models(server):
+    assert httpx.get(server.url + "/health").status_code == 200
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == [MODEL]
+    assert models.data[0].object == "model"
+    raw = httpx.get(server.url + "/v1/models").json()
+    assert raw["object"] == "list" and raw["data"][0]["max_model_len"] == MAX_MODEL_LEN
+
+
+def test_completion(server):
+    r = client(server).completions.create(model=MODEL, prompt="In the beginning God created",
+                                          max_tokens=12, temperature=0, extra_body={"ignore_eos": True})
+    assert r.object == "text_completion" and r.model == MODEL and r.id.startswith("cmpl-")
+    assert len(r.choices) == 1 and r.choices[0].index == 0
+    assert r.choices[0].finish_reason == "length"
+    assert isinstance(r.choices[0].text, str) and r.choices[0].text
+    assert r.usage.completion_tokens == 12
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 12
+    # Token-id prompts give the same continuation as the text they encode to, greedy.
+    tok = client(server).completions.create(model=MODEL, prompt="In the beginning God created",
+                                            max_tokens=1, temperature=0, logprobs=0)
+    assert tok.usage.prompt_tokens == r.usage.prompt_tokens
+
+
+def test_completion_stream_matches_non_stream(server):
+    body = {"model": MODEL, "prompt": "And the earth was without form", "max_tokens": 24,
+            "temperature": 0, "ignore_eos": True}
+    full = httpx.post(server.url + "/v1/completions", json=body, timeout=600).json()
+    chunks = sse_events(server, "/v1/completions",
+                        dict(body, stream=True, stream_options={"include_usage": True}))
+    assert completion_text(chunks) == full["choices"][0]["text"]
+    ids = {c["id"] for c in chunks}
+    assert len(ids) == 1 and ids.pop().startswith("cmpl-")
+    # finish_reason only on the last chunk with a choice; then one usage chunk without choices.
+    with_choices = [c for c in chunks if c["choices"]]
+    assert [c["choices"][0]["finish_reason"] for c in with_choices[:-1]] == [None] * (len(with_choices) - 1)
+    assert with_choices[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == full["usage"]
+    assert all(c["usage"] is None for c in chunks[:-1])
+    # Without include_usage there is no usage chunk; the openai client's stream agrees.
+    args = {k: v for k, v in body.items() if k != "ignore_eos"}
+    stream = client(server).completions.create(stream=True, extra_body={"ignore_eos": True}, **args)
+    parts = list(stream)
+    assert "".join(p.choices[0].text for p in parts) == full["choices"][0]["text"]
+    assert all(p.usage is None for p in parts)
+
+
+def test_chat(server):
+    messages = [{"role": "system", "content": "Answer in the words of the King James Bible."},
+                {"role": "user", "content": "Who made the light?"}]
+    c = client(server)
+    r = c.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=16,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 16
+    text = r.choices[0].message.content
+    stream = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0,
+                                       stream=True, stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    parts = list(stream)
+    assert parts[0].choices[0].delta.role == "assistant"
+    assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == text
+    assert parts[-1].usage.completion_tokens == 16 and parts[-1].choices == []
+    assert parts[-2].choices[0].finish_reason == "length"
+    # Raw SSE: chunk objects and the role chunk.
+    chunks = sse_events(server, "/v1/chat/completions",
+                        {"model": MODEL, "messages": messages, "max_tokens": 16, "temperature": 0,
+                         "stream": True, "ignore_eos": True})
+    assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+    assert chat_text(chunks) == text
+    # chat_template_kwargs reach the template (an unused variable is accepted).
+    k = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0,
+                                  extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert k.choices[0].message.content is not None
+    # Content given as text parts renders like the plain string.
+    parts_msg = [messages[0], {"role": "user", "content": [{"type": "text", "text": "Who made "},
+                                                           {"type": "text", "text": "the light?"}]}]
+    p = c.chat.completions.create(model=MODEL, messages=parts_msg, max_completion_tokens=16,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    assert p.choices[0].message.content == text and p.usage.prompt_tokens == r.usage.prompt_tokens
+
+
+def pick_stop(text):
+    """A stop string of 4 printable ASCII characters from the middle of `text`."""
+    for at in range(len(text) // 3, len(text) - 4):
+        s = text[at:at + 4]
+        if all(33 <= ord(ch) < 127 for ch in s):
+            return s
+    pytest.fail(f"no stop string to pick in {text!r}")
+
+
+def test_stop_strings(server):
+    c = client(server)
+    base = dict(model=MODEL, prompt="Let there be light", max_tokens=48, temperature=0,
+                extra_body={"ignore_eos": True})
+    full = c.completions.create(**base).choices[0].text
+    stop = pick_stop(full)
+    want = full[:full.index(stop)]
+    r = c.completions.create(stop=[stop, "\u0001never"], **base)
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    assert r.usage.completion_tokens < 48
+    chunks = sse_events(server, "/v1/completions",
+                        {"model": MODEL, "prompt": "Let there be light", "max_tokens": 48,
+                         "temperature": 0, "ignore_eos": True, "stop": stop, "stream": True})
+    assert completion_text(chunks) == want
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    # Chat too.
+    messages = [{"role": "user", "content": "Let there be light"}]
+    cfull = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=48, temperature=0,
+                                      extra_body={"ignore_eos": True}).choices[0].message.content
+    cstop = pick_stop(cfull)
+    cr = c.chat.completions.create(model=MODEL, messages=messages, max_tokens=48, temperature=0,
+                                   stop=cstop, extra_body={"ignore_eos": True})
+    assert cr.choices[0].message.content == cfull[:cfull.index(cstop)]
+    assert cr.choices[0].finish_reason == "stop"
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The bundled model's tokenizer (HF tokenizers), to name token ids in requests."""
+    import tokenizers
+    return tokenizers.Tokenizer.from_file(str(MODEL_DIR / "tokenizer.json"))
+
+
+def test_stop_token_ids(server, tokenizer):
+    c = client(server)
+    base = dict(model=MODEL, prompt="Blessed are the meek", max_tokens=20, temperature=0, logprobs=0)
+    full = c.completions.create(extra_body={"ignore_eos": True}, **base)
+    tokens = full.choices[0].logprobs.tokens
+    assert len(tokens) == 20 and "".join(tokens) == full.choices[0].text
+    # Stop on the ids whose text is that of the 6th token: generation ends at the first token
+    # with that text (its text included), finish reason "stop".
+    target = tokens[5]
+    ids = [i for i in range(tokenizer.get_vocab_size()) if tokenizer.decode([i], skip_special_tokens=False) == target]
+    assert ids, target
+    first = tokens.index(target)
+    r = c.completions.create(extra_body={"ignore_eos": True, "stop_token_ids": ids}, **base)
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].text == "".join(tokens[:first + 1])
+    assert r.usage.completion_tokens == first + 1
+    # Streamed, and in chat.
+    chunks = sse_events(server, "/v1/completions", {"model": MODEL, "prompt": "Blessed are the meek",
+                                                    "max_tokens": 20, "temperature": 0, "ignore_eos": True,
+                                                    "stop_token_ids": ids, "stream": True})
+    assert completion_text(chunks) == r.choices[0].text
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_sampling_seed_and_top_p(server):
+    c = client(server)
+    args = dict(model=MODEL, prompt="And God said", max_tokens=16, temperature=1.0, top_p=0.9,
+                extra_body={"ignore_eos": True})
+    a = c.completions.create(seed=1234, **args).choices[0].text
+    b = c.completions.create(seed=1234, **args).choices[0].text
+    assert a == b  # same seed, same tokens
+    others = {c.completions.create(seed=s, **args).choices[0].text for s in range(1, 6)}
+    assert len(others | {a}) > 1  # different seeds are not all the same
+
+
+def test_completion_logprobs(server):
+    r = httpx.post(server.url + "/v1/completions", timeout=600, json={
+        "model": MODEL, "prompt": "In the beginning", "max_tokens": 8, "temperature": 0,
+        "ignore_eos": True, "logprobs": 3}).json()
+    lp = r["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == 8
+    assert all(isinstance(x, float) and x <= 0 for x in lp["token_logprobs"])
+    assert all(1 <= len(t) <= 4 for t in lp["top_logprobs"])
+    # Greedy: the chosen token is the most likely of its alternatives.
+    for tok, lpv, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert tok in top and abs(top[tok] - lpv) < 1e-5
+        if not server.fake:
+            assert lpv >= max(top.values()) - 1e-5
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    assert "".join(lp["tokens"]) == r["choices"][0]["text"]
+    # The openai client reads the same structure.
+    o = client(server).completions.create(model=MODEL, prompt="In the beginning", max_tokens=8,
+                                          temperature=0, logprobs=3, extra_body={"ignore_eos": True})
+    assert o.choices[0].logprobs.tokens == lp["tokens"]
+
+
+def test_chat_logprobs(server):
+    r = client(server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hear, O Israel"}], max_tokens=6,
+        temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert len(content) == 6
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 2
+        assert bytes(t.bytes).decode("utf-8", "replace") == t.token or "\ufffd" in t.token
+        if not server.fake:
+            assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+            assert abs(t.top_logprobs[0].logprob - t.logprob) < 1e-5  # greedy picks the top one
+
+
+def test_concurrent_streams_match_sequential(server):
+    n = 32
+    bodies = [{"model": MODEL, "prompt": f"Verse {i}: and the LORD said", "max_tokens": 8 + i % 9,
+               "temperature": 0, "ignore_eos": True} for i in range(n)]
+    sequential = [httpx.post(server.url + "/v1/completions", json=b, timeout=600).json()["choices"][0]["text"]
+                  for b in bodies]
+
+    def run(b):
+        return completion_text(sse_events(server, "/v1/completions", dict(b, stream=True)))
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+        concurrent_out = list(pool.map(run, bodies))
+    assert concurrent_out == sequential
+
+
+def wait_idle(server, timeout=120):
+    deadline = time.time() + timeout
+    while True:
+        running = server.metric("dsinfer:num_requests_running")
+        waiting = server.metric("dsinfer:num_requests_waiting")
+        if running == 0 and waiting == 0:
+            return
+        assert time.time() < deadline, f"running {running}, waiting {waiting}"
+        time.sleep(0.1)
+
+
+def test_client_disconnect_cancels_request(server):
+    wait_idle(server)
+    aborted = server.metric("dsinfer:request_success_total", finished_reason="abort")
+    for path, body in [("/v1/completions", {"prompt": "Blessed are the meek"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Amen"}]})]:
+        body = dict(body, model=MODEL, max_tokens=400, temperature=0, ignore_eos=True, stream=True)
+        with httpx.Client(timeout=600) as http:
+            with httpx_sse.connect_sse(http, "POST", server.url + path, json=body) as es:
+                events = es.iter_sse()
+                for _ in range(3):
+                    next(events)
+            # leaving the block closes the connection mid-stream
+        wait_idle(server)
+    # Both requests were cancelled (not run to their 400 tokens).
+    assert server.metric("dsinfer:request_success_total", finished_reason="abort") == aborted + 2
+
+
+def error_of(response, status):
+    assert response.status_code == status, response.text
+    e = response.json()["error"]
+    assert set(e) == {"message", "type", "param", "code"}
+    assert isinstance(e["message"], str) and e["message"]
+    return e
+
+
+BAD = [
+    ("/v1/completions", "{not json", 400, None),
+    ("/v1/chat/completions", "", 400, None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "10"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": 12}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+    ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**6}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10**13}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, 400,
+     "max_completion_tokens"),
+    ("/v1/completions", {"prompt": "x", "model": "gpt-4o"}, 404, "model"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "model": "nope"}, 404, "model"),
+    ("/v1/completions", {"prompt": [1, 10**6]}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, 400, "messages"),
+]
+
+
+@pytest.mark.parametrize("path,body,status,param", BAD)
+def test_bad_input(server, path, body, status, param):
+    data = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(server.url + path, content=data, headers={"content-type": "application/json"}, timeout=60)
+    e = error_of(r, status)
+    assert e["param"] == param
+    if param == "n":
+        assert e["code"] == "unsupported"
+
+
+def test_prompt_past_max_model_len(server):
+    prompt = " light" * 600
+    e = error_of(httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": prompt}, timeout=60), 400)
+    assert str(MAX_MODEL_LEN) in e["message"] and "prompt has" in e["message"]
+    assert e["code"] == "context_length_exceeded"
+    long_chat = [{"role": "user", "content": prompt}]
+    e = error_of(httpx.post(server.url + "/v1/chat/completions", json={"messages": long_chat}, timeout=60), 400)
+    assert str(MAX_MODEL_LEN) in e["message"]
+    # The openai client surfaces it as BadRequestError.
+    with pytest.raises(openai.BadRequestError):
+        client(server).completions.create(model=MODEL, prompt=prompt, max_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        client(server).completions.create(model="other", prompt="x", max_tokens=4)
+
+
+def test_wrong_method_and_path(server):
+    error_of(httpx.get(server.url + "/v1/completions"), 405)
+    error_of(httpx.post(server.url + "/v1/models", json={}), 405)
+    error_of(httpx.delete(server.url + "/v1/chat/completions"), 405)
+    error_of(httpx.get(server.url + "/v1/embeddings"), 404)
+    error_of(httpx.post(server.url + "/nothing", json={}), 404)
+
+
+def test_zz_metrics_no_leaks(server):
+    """Last (by name): nothing running or waiting, no KV pages held, every counter present."""
+    wait_idle(server)
+    m = server.metrics()
+    names = {k.split("{", 1)[0] for k in m}
+    for name in ["dsinfer:num_requests_running", "dsinfer:num_requests_waiting", "dsinfer:kv_cache_pages_used",
+                 "dsinfer:kv_cache_pages_total", "dsinfer:kv_cache_usage_perc", "dsinfer:request_success_total",
+                 "dsinfer:prompt_tokens_total", "dsinfer:generation_tokens_total",
+                 "dsinfer:generation_tokens_per_second", "dsinfer:time_to_first_token_seconds_bucket",
+                 "dsinfer:inter_token_latency_seconds_bucket", "dsinfer:e2e_request_latency_seconds_count",
+                 "dsinfer:spec_decode_num_drafts_total", "dsinfer:spec_decode_num_draft_tokens_total",
+                 "dsinfer:spec_decode_num_accepted_tokens_total"]:
+        assert name in names, name
+    assert server.metric("dsinfer:kv_cache_pages_used") == 0
+    assert server.metric("dsinfer:num_requests_in_flight") == 0
+    assert server.metric("dsinfer:kv_cache_pages_total") > 0
+    assert server.metric("dsinfer:generation_tokens_total") > 0
+    assert server.metric("dsinfer:request_success_total", finished_reason="length") > 0
+    assert server.metric("dsinfer:time_to_first_token_seconds_count") > 0

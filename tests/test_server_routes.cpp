@@ -1,0 +1,444 @@
+// The OpenAI routes over the engine's test double (tests/server/fake_engine.h), called through the
+// Router as the transport calls them: every endpoint, JSON and SSE answers, stop strings and ids,
+// logprobs, a client that disconnects mid-stream (its request is cancelled), bad input, metrics.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "fake_engine.h"
+#include "server/openai_routes.h"
+#include "test_util.h"
+
+namespace dsi::server {
+namespace {
+
+using Json = nlohmann::json;
+using test::FakeEngine;
+using test::FakeEngineOptions;
+
+std::string kjv() { return test::source_dir() + "/models/kjv-dsa"; }
+
+const Tokenizer& kjv_tokenizer() {
+  static const Tokenizer t = Tokenizer::load(kjv() + "/tokenizer.json");
+  return t;
+}
+
+FakeEngineOptions kjv_like() {
+  FakeEngineOptions o;
+  o.model_id = "kjv-dsa";
+  o.max_model_len = 256;
+  return o;
+}
+
+struct Sse {
+  std::vector<Json> chunks;
+  bool done = false;  // "data: [DONE]" came last
+  int comments = 0;
+};
+
+// Parses an SSE body: events separated by a blank line, `data:` lines, `:` comments.
+Sse parse_sse(const std::string& body) {
+  Sse s;
+  size_t i = 0;
+  while (i < body.size()) {
+    size_t j = body.find("\n\n", i);
+    EXPECT_NE(j, std::string::npos) << "unterminated event: " << body.substr(i);
+    if (j == std::string::npos) break;
+    const std::string ev = body.substr(i, j - i);
+    i = j + 2;
+    EXPECT_FALSE(s.done) << "event after [DONE]: " << ev;
+    if (ev.rfind(":", 0) == 0) {
+      ++s.comments;
+      continue;
+    }
+    EXPECT_EQ(ev.rfind("data: ", 0), 0u) << ev;
+    const std::string data = ev.substr(6);
+    if (data == "[DONE]") s.done = true;
+    else s.chunks.push_back(Json::parse(data));
+  }
+  return s;
+}
+
+class ServerRoutes : public ::testing::Test {
+ protected:
+  void start(FakeEngineOptions o = kjv_like()) {
+    api_.reset();
+    engine_ = std::make_unique<FakeEngine>(o);
+    api_ = std::make_unique<OpenAiService>(*engine_, kjv_tokenizer(), ChatTemplate::load(kjv()));
+  }
+  void SetUp() override { start(); }
+  void TearDown() override {
+    if (engine_) expect_no_leaks();
+  }
+
+  HttpResponse call(const std::string& method, const std::string& path, const std::string& body = "") {
+    return api_->router().dispatch(HttpRequest{method, path, body});
+  }
+  Json post_json(const std::string& path, const Json& body, int status = 200) {
+    HttpResponse r = call("POST", path, body.dump());
+    EXPECT_EQ(r.status, status) << r.body;
+    EXPECT_FALSE(r.stream);
+    return Json::parse(r.body);
+  }
+  // Runs a streamed answer to its end (or until the writer has taken `max_writes` pieces and then
+  // reports a disconnect), as the transport does.
+  std::string drain(HttpResponse& r, int max_writes = -1) {
+    EXPECT_TRUE(bool(r.stream));
+    EXPECT_EQ(r.content_type, "text/event-stream");
+    std::string body;
+    int writes = 0;
+    const ChunkWriter w = [&](std::string_view s) {
+      if (max_writes >= 0 && writes >= max_writes) return false;
+      ++writes;
+      body.append(s);
+      return true;
+    };
+    for (int guard = 0; guard < 100000 && r.stream(w);) ++guard;
+    if (r.on_close) r.on_close();
+    return body;
+  }
+  Sse stream(const std::string& path, Json body) {
+    body["stream"] = true;
+    HttpResponse r = call("POST", path, body.dump());
+    EXPECT_EQ(r.status, 200) << r.body;
+    return parse_sse(drain(r));
+  }
+  void expect_error(const HttpResponse& r, int status, const std::string& needle, const std::string& param = "") {
+    EXPECT_EQ(r.status, status) << r.body;
+    const Json j = Json::parse(r.body);
+    ASSERT_TRUE(j.contains("error")) << r.body;
+    const Json& e = j["error"];
+    EXPECT_TRUE(e["message"].is_string());
+    EXPECT_TRUE(e["type"].is_string());
+    EXPECT_TRUE(e.contains("param") && e.contains("code"));
+    EXPECT_NE(e["message"].get<std::string>().find(needle), std::string::npos) << r.body;
+    if (!param.empty()) EXPECT_EQ(e["param"], param);
+  }
+  // The engine's running / waiting queues and pages drain once every request has ended.
+  void expect_no_leaks() {
+    EngineMetrics m;
+    for (int i = 0; i < 400; ++i) {
+      m = engine_->metrics();
+      if (m.running == 0 && m.waiting == 0 && m.kv_pages_used == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_EQ(m.running, 0);
+    EXPECT_EQ(m.waiting, 0);
+    EXPECT_EQ(m.kv_pages_used, 0);
+    EXPECT_EQ(api_->metrics().in_flight.load(), 0);
+  }
+  // The fake engine's greedy tokens for a prompt.
+  std::vector<int32_t> expected(const std::vector<int32_t>& prompt, int n) {
+    EngineRequest r;
+    r.prompt = prompt;
+    std::vector<int32_t> ids;
+    for (int i = 0; i < n; ++i) ids.push_back(FakeEngine::token_at(kjv_like(), r, size_t(i)));
+    return ids;
+  }
+
+  std::unique_ptr<FakeEngine> engine_;
+  std::unique_ptr<OpenAiService> api_;
+};
+
+TEST_F(ServerRoutes, HealthModelsAndRouting) {
+  HttpResponse h = call("GET", "/health");
+  EXPECT_EQ(h.status, 200);
+  const Json models = Json::parse(call("GET", "/v1/models").body);
+  EXPECT_EQ(models["object"], "list");
+  ASSERT_EQ(models["data"].size(), 1u);
+  EXPECT_EQ(models["data"][0]["id"], "kjv-dsa");
+  EXPECT_EQ(models["data"][0]["object"], "model");
+  EXPECT_EQ(models["data"][0]["max_model_len"], 256);
+  expect_error(call("GET", "/v1/nothing"), 404, "no route");
+  expect_error(call("POST", "/v1/models"), 405, "not allowed");
+  expect_error(call("GET", "/v1/completions"), 405, "not allowed");
+  expect_error(call("DELETE", "/v1/chat/completions"), 405, "not allowed");
+  EXPECT_EQ(call("HEAD", "/health").status, 200);
+}
+
+TEST_F(ServerRoutes, CompletionGreedyText) {
+  const std::string prompt = "In the beginning God created";
+  const std::vector<int32_t> ids = kjv_tokenizer().encode(prompt, true);
+  const Json r = post_json("/v1/completions", {{"model", "kjv-dsa"}, {"prompt", prompt}, {"max_tokens", 12},
+                                               {"temperature", 0}});
+  EXPECT_EQ(r["object"], "text_completion");
+  EXPECT_EQ(r["model"], "kjv-dsa");
+  EXPECT_EQ(r["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  ASSERT_EQ(r["choices"].size(), 1u);
+  EXPECT_EQ(r["choices"][0]["index"], 0);
+  EXPECT_EQ(r["choices"][0]["text"], kjv_tokenizer().decode(expected(ids, 12), true));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  EXPECT_TRUE(r["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size());
+  EXPECT_EQ(r["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(r["usage"]["total_tokens"], ids.size() + 12);
+  // Token-id prompts and echo.
+  const Json e = post_json("/v1/completions", {{"prompt", ids}, {"max_tokens", 4}, {"echo", true}, {"temperature", 0}});
+  EXPECT_EQ(e["choices"][0]["text"], kjv_tokenizer().decode(ids, true) + kjv_tokenizer().decode(expected(ids, 4), true));
+}
+
+TEST_F(ServerRoutes, StreamEqualsNonStream) {
+  for (int per_step : {1, 3}) {
+    FakeEngineOptions o = kjv_like();
+    o.tokens_per_step = per_step;
+    start(o);
+    const Json body = {{"prompt", "And the earth was without form"}, {"max_tokens", 20}, {"temperature", 0}};
+    const Json full = post_json("/v1/completions", body);
+    Json sbody = body;
+    sbody["stream_options"] = {{"include_usage", true}};
+    const Sse s = stream("/v1/completions", sbody);
+    ASSERT_TRUE(s.done);
+    ASSERT_GE(s.chunks.size(), 3u);
+    std::string text;
+    for (size_t i = 0; i + 1 < s.chunks.size(); ++i) {
+      const Json& c = s.chunks[i];
+      EXPECT_EQ(c["object"], "text_completion");
+      EXPECT_EQ(c["id"], s.chunks[0]["id"]);
+      EXPECT_TRUE(c.contains("usage") && c["usage"].is_null());
+      text += c["choices"][0]["text"].get<std::string>();
+      const bool last = i + 2 == s.chunks.size();
+      EXPECT_EQ(c["choices"][0]["finish_reason"].is_null(), !last);
+      if (last) EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+    }
+    EXPECT_EQ(text, full["choices"][0]["text"]);
+    const Json& u = s.chunks.back();  // the usage chunk: no choices
+    EXPECT_TRUE(u["choices"].empty());
+    EXPECT_EQ(u["usage"], full["usage"]);
+    // Without include_usage: no usage anywhere.
+    const Sse plain = stream("/v1/completions", body);
+    for (const Json& c : plain.chunks) EXPECT_FALSE(c.contains("usage"));
+  }
+}
+
+TEST_F(ServerRoutes, StopStrings) {
+  const Json base = {{"prompt", "Let there be light"}, {"max_tokens", 40}, {"temperature", 0}};
+  const std::string full = post_json("/v1/completions", base)["choices"][0]["text"];
+  ASSERT_GT(full.size(), 30u);
+  // Four printable ASCII bytes from the middle of the output (random ids can decode to U+FFFD).
+  size_t at = 15;
+  while (at + 4 < full.size() &&
+         !std::all_of(full.begin() + long(at), full.begin() + long(at) + 4, [](char c) { return c > 32 && c < 127; }))
+    ++at;
+  ASSERT_LT(at + 4, full.size());
+  const std::string stop = full.substr(at, 4);
+  const std::string want = full.substr(0, full.find(stop));
+  Json b = base;
+  b["stop"] = {stop, "\x01never"};
+  const Json r = post_json("/v1/completions", b);
+  EXPECT_EQ(r["choices"][0]["text"], want);
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_LT(r["usage"]["completion_tokens"].get<int>(), 40);
+  for (int per_step : {1, 4}) {
+    FakeEngineOptions o = kjv_like();
+    o.tokens_per_step = per_step;
+    start(o);
+    const Sse s = stream("/v1/completions", b);
+    std::string text;
+    for (const Json& c : s.chunks) text += c["choices"][0]["text"].get<std::string>();
+    EXPECT_EQ(text, want);
+    EXPECT_EQ(s.chunks.back()["choices"][0]["finish_reason"], "stop");
+    expect_no_leaks();  // the engine's request was cancelled
+  }
+}
+
+TEST_F(ServerRoutes, StopTokenIds) {
+  const std::vector<int32_t> ids = kjv_tokenizer().encode("Let there be light", true);
+  const std::vector<int32_t> want = expected(ids, 30);
+  const Json r = post_json("/v1/completions", {{"prompt", ids}, {"max_tokens", 30}, {"stop_token_ids", {want[5]}}, {"temperature", 0}});
+  // The first occurrence of the id ends generation, its text included.
+  const size_t at = size_t(std::find(want.begin(), want.end(), want[5]) - want.begin());
+  EXPECT_EQ(r["choices"][0]["text"],
+            kjv_tokenizer().decode(std::vector<int32_t>(want.begin(), want.begin() + long(at) + 1), true));
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(r["usage"]["completion_tokens"], at + 1);
+}
+
+TEST_F(ServerRoutes, CompletionLogprobs) {
+  const std::vector<int32_t> ids = {10, 20, 30};
+  const Json r = post_json("/v1/completions", {{"prompt", ids}, {"max_tokens", 6}, {"logprobs", 2}, {"temperature", 0}});
+  const Json& lp = r["choices"][0]["logprobs"];
+  const std::vector<int32_t> want = expected(ids, 6);
+  ASSERT_EQ(lp["tokens"].size(), 6u);
+  ASSERT_EQ(lp["token_logprobs"].size(), 6u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 6u);
+  ASSERT_EQ(lp["text_offset"].size(), 6u);
+  std::string joined;
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(lp["tokens"][i], kjv_tokenizer().decode({want[i]}));
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), -0.25 - 0.01 * (want[i] % 50), 1e-6);
+    EXPECT_EQ(lp["text_offset"][i], joined.size());
+    EXPECT_LE(lp["top_logprobs"][i].size(), 2u);
+    EXPECT_TRUE(lp["top_logprobs"][i].contains(lp["tokens"][i].get<std::string>()));
+    joined += lp["tokens"][i].get<std::string>();
+  }
+  EXPECT_EQ(joined, r["choices"][0]["text"]);
+  // Streamed: the same records spread over the chunks.
+  const Sse s = stream("/v1/completions", {{"prompt", ids}, {"max_tokens", 6}, {"logprobs", 2}, {"temperature", 0}});
+  std::vector<std::string> toks;
+  for (const Json& c : s.chunks)
+    if (!c["choices"][0]["logprobs"].is_null())
+      for (const Json& t : c["choices"][0]["logprobs"]["tokens"]) toks.push_back(t);
+  EXPECT_EQ(Json(toks), lp["tokens"]);
+}
+
+TEST_F(ServerRoutes, Chat) {
+  const Json messages = Json::array({{{"role", "system"}, {"content", "Answer in the words of the KJV."}},
+                                     {{"role", "user"}, {"content", "Who made the light?"}}});
+  const std::string rendered = ChatTemplate::load(kjv()).render(messages, nullptr, true);
+  EXPECT_EQ(rendered.rfind("[gMASK]<sop><|system|>\n", 0), 0u) << rendered;
+  const std::vector<int32_t> ids = kjv_tokenizer().encode(rendered, false);
+  const Json r = post_json("/v1/chat/completions", {{"messages", messages}, {"max_completion_tokens", 8},
+                                                    {"temperature", 0}});
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(r["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], kjv_tokenizer().decode(expected(ids, 8), true));
+  EXPECT_EQ(r["usage"]["prompt_tokens"], ids.size());  // the template's specials, not added twice
+  EXPECT_EQ(r["choices"][0]["finish_reason"], "length");
+  // Default max tokens for chat: the rest of the context.
+  const Json d = post_json("/v1/chat/completions", {{"messages", messages}});
+  EXPECT_EQ(d["usage"]["completion_tokens"], 256 - ids.size());
+
+  const Sse s = stream("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 8}, {"temperature", 0}});
+  ASSERT_TRUE(s.done);
+  EXPECT_EQ(s.chunks[0]["choices"][0]["delta"]["role"], "assistant");
+  std::string text;
+  for (const Json& c : s.chunks) {
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    if (c["choices"][0]["delta"].contains("content")) text += c["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  EXPECT_EQ(text, r["choices"][0]["message"]["content"]);
+  EXPECT_EQ(s.chunks.back()["choices"][0]["finish_reason"], "length");
+
+  const Json lp = post_json("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 3}, {"logprobs", true},
+                                                     {"top_logprobs", 2}});
+  const Json& content = lp["choices"][0]["logprobs"]["content"];
+  ASSERT_EQ(content.size(), 3u);
+  for (const Json& t : content) {
+    EXPECT_TRUE(t["token"].is_string());
+    EXPECT_TRUE(t["logprob"].is_number());
+    EXPECT_EQ(t["bytes"].size(), t["token"].get<std::string>().size());
+    EXPECT_EQ(t["top_logprobs"].size(), 2u);
+  }
+}
+
+TEST_F(ServerRoutes, ClientDisconnectCancelsTheRequest) {
+  FakeEngineOptions o = kjv_like();
+  o.step_time = std::chrono::microseconds(3000);
+  start(o);
+  for (const char* path : {"/v1/completions", "/v1/chat/completions"}) {
+    Json body = {{"max_tokens", 200}, {"stream", true}, {"ignore_eos", true}};
+    if (std::string(path) == "/v1/completions") body["prompt"] = "Blessed are the meek";
+    else body["messages"] = Json::array({{{"role", "user"}, {"content", "hi"}}});
+    {
+      HttpResponse r = call("POST", path, body.dump());
+      const std::string got = drain(r, 3);  // three pieces, then the client is gone
+      EXPECT_FALSE(got.empty());
+    }
+    expect_no_leaks();
+  }
+  EXPECT_EQ(api_->metrics().requests_by_reason[2].load(), 2);  // "abort"
+  const std::string page = call("GET", "/metrics").body;
+  EXPECT_NE(page.find("dsinfer:request_success_total{model_name=\"kjv-dsa\",finished_reason=\"abort\"} 2"),
+            std::string::npos) << page;
+}
+
+TEST_F(ServerRoutes, ShutdownEndsStreams) {
+  HttpResponse r = call("POST", "/v1/completions",
+                        Json({{"prompt", "x y z"}, {"max_tokens", 200}, {"stream", true}}).dump());
+  api_->shutdown();
+  const Sse s = parse_sse(drain(r));
+  EXPECT_TRUE(s.done);
+  EXPECT_EQ(s.chunks.back()["choices"][0]["finish_reason"], "abort");
+}
+
+TEST_F(ServerRoutes, BadInput) {
+  expect_error(call("POST", "/v1/completions", "{not json"), 400, "not valid JSON");
+  expect_error(call("POST", "/v1/chat/completions", ""), 400, "not valid JSON");
+  expect_error(call("POST", "/v1/completions", R"({"prompt": "x", "n": 2})"), 400, "not supported", "n");
+  expect_error(call("POST", "/v1/completions", R"({"prompt": "x", "max_tokens": -3})"), 400, "at least 1", "max_tokens");
+  expect_error(call("POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 100000})"), 400,
+               "maximum context length is 256", "max_tokens");
+  expect_error(call("POST", "/v1/completions", R"({"prompt": "x", "model": "gpt-5"})"), 404, "gpt-5", "model");
+  expect_error(call("POST", "/v1/chat/completions", R"({"messages": []})"), 400, "empty", "messages");
+  expect_error(call("POST", "/v1/chat/completions", R"({"messages": [{"role": "user", "content": 3}]})"), 400,
+               "content", "messages");
+  // The template refuses a role it does not know: 400 with the template's message.
+  expect_error(call("POST", "/v1/chat/completions", R"({"messages": [{"role": "tool", "content": "x"}]})"), 400,
+               "unsupported role: tool", "messages");
+  // A prompt past max_model_len names both lengths.
+  std::string long_prompt;
+  for (int i = 0; i < 300; ++i) long_prompt += " light";
+  const HttpResponse lr = call("POST", "/v1/completions", Json({{"prompt", long_prompt}}).dump());
+  expect_error(lr, 400, "maximum context length is 256 tokens", "prompt");
+  EXPECT_NE(lr.body.find("prompt has 30"), std::string::npos) << lr.body;
+  // Token ids outside the vocabulary.
+  expect_error(call("POST", "/v1/completions", R"({"prompt": [1, 99999]})"), 400, "outside the vocabulary", "prompt");
+  EXPECT_EQ(engine_->submitted(), 0u);  // none of them reached the engine
+  EXPECT_GE(api_->metrics().rejected.load(), 11);
+}
+
+TEST_F(ServerRoutes, ConcurrentStreamsMatchSequential) {
+  FakeEngineOptions o = kjv_like();
+  o.max_num_seqs = 4;  // most requests wait in the engine's queue at first
+  start(o);
+  const int n = 16;
+  std::vector<Json> bodies;
+  for (int i = 0; i < n; ++i)
+    bodies.push_back({{"prompt", "Verse " + std::to_string(i)}, {"max_tokens", 10 + i}, {"temperature", 0}});
+  std::vector<std::string> sequential;
+  for (const Json& b : bodies) sequential.push_back(post_json("/v1/completions", b)["choices"][0]["text"]);
+  std::vector<std::string> concurrent(n);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      Json b = bodies[size_t(i)];
+      b["stream"] = true;
+      HttpResponse r = call("POST", "/v1/completions", b.dump());
+      std::string body;
+      const ChunkWriter w = [&](std::string_view s) { body.append(s); return true; };
+      while (r.stream(w)) {
+      }
+      r.on_close();
+      for (const Json& c : parse_sse(body).chunks) concurrent[size_t(i)] += c["choices"][0]["text"].get<std::string>();
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(concurrent, sequential);
+}
+
+TEST_F(ServerRoutes, MetricsPage) {
+  FakeEngineOptions o = kjv_like();
+  o.tokens_per_step = 3;
+  start(o);
+  post_json("/v1/completions", {{"prompt", "x"}, {"max_tokens", 9}});
+  const HttpResponse r = call("GET", "/metrics");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.content_type.rfind("text/plain", 0), 0u);
+  for (const char* needle :
+       {"dsinfer:num_requests_running{model_name=\"kjv-dsa\"} 0", "dsinfer:num_requests_waiting{",
+        "dsinfer:kv_cache_pages_used{", "dsinfer:kv_cache_pages_total{model_name=\"kjv-dsa\"} 4096",
+        "dsinfer:kv_cache_usage_perc{", "dsinfer:request_success_total{model_name=\"kjv-dsa\",finished_reason=\"length\"} 1",
+        "dsinfer:prompt_tokens_total{", "dsinfer:generation_tokens_total{model_name=\"kjv-dsa\"} 9",
+        "dsinfer:generation_tokens_per_second{", "# TYPE dsinfer:time_to_first_token_seconds histogram",
+        "dsinfer:time_to_first_token_seconds_count{model_name=\"kjv-dsa\"} 1",
+        "dsinfer:inter_token_latency_seconds_bucket{model_name=\"kjv-dsa\",le=\"+Inf\"} 6",
+        "dsinfer:e2e_request_latency_seconds_count{", "dsinfer:spec_decode_num_drafts_total{model_name=\"kjv-dsa\"} 3",
+        "dsinfer:spec_decode_num_draft_tokens_total{model_name=\"kjv-dsa\"} 6",
+        "dsinfer:spec_decode_num_accepted_tokens_total{model_name=\"kjv-dsa\"} 6",
+        "dsinfer:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"kjv-dsa\",position=\"0\"} 3",
+        "dsinfer:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"kjv-dsa\",position=\"1\"} 3"})
+    EXPECT_NE(r.body.find(needle), std::string::npos) << needle << "\n" << r.body;
+  // Every sample line is `name{labels} value` or `name value`, after HELP / TYPE lines.
+  std::istringstream lines(r.body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("# ", 0) == 0) continue;
+    EXPECT_EQ(line.rfind("dsinfer:", 0), 0u) << line;
+    const size_t sp = line.rfind(' ');
+    ASSERT_NE(sp, std::string::npos) << line;
+    EXPECT_NO_THROW((void)std::stod(line.substr(sp + 1))) << line;
+  }
+}
+
+}  // namespace
+}  // namespace dsi::server

@@ -1,0 +1,26 @@
+// The serving engine's command-line flags, shared by `dsinfer serve` and `dsinfer chat`.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "dsinfer/engine.h"
+
+namespace CLI {
+class App;
+}
+
+namespace dsi::cli {
+
+struct EngineFlags {
+  EngineOptions engine;
+  std::string kv_cache_memory;  // "2G", ... (parsed after the command line)
+};
+
+void add_engine_flags(CLI::App* cmd, EngineFlags& flags);
+// Engine::start with the flags; throws dsi::Error on a bad model, option or device.
+std::unique_ptr<Engine> start_engine(const EngineFlags& flags);
+// "512M" -> bytes; throws dsi::Error naming the flag.
+int64_t parse_bytes(const std::string& text);
+
+}  // namespace dsi::cli
