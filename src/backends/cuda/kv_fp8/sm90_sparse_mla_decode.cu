@@ -11,27 +11,30 @@
 //
 // One CTA = (row, group of 16 * MT heads, split of up to 32 tiles of 64 keys), 8 warps. Per tile:
 //   1. the raw 656-byte entries were fetched with cp.async during the previous tile (zero-filled
-//      for -1 slots); dequantise them once into shared memory as bf16 [64 keys][576];
+//      for -1 slots); unpack them once into shared memory as bf16 [64 keys][576] (the e4m3 values
+//      exactly, without their tile scales: integer ops, no slow cvt) and keep the 4 scales per key;
 //   2. start fetching the next tile's entries (overlaps the rest of this tile);
-//   3. scores [HG, 64] = q_bf16 . K^T: warp w takes key half (w & 1) and a quarter of the 576 dims
-//      (w >> 1), so each q fragment feeds 4 n-tiles and each K fragment MT m-tiles; the 4 partial
+//   3. scores [HG, 64] = q_bf16 . K^T: warp w takes key half (w & 1) and latent tile (w >> 1)
+//      (128 dims, its partial multiplied by the keys' scale of that tile in fp32) plus 16 of the 64
+//      RoPE dims; each q fragment feeds 4 n-tiles and each K fragment MT m-tiles; the 4 partial
 //      sums meet in shared memory and are added in a fixed order (deterministic);
-//   4. online softmax per head (one warp per head, base-2 exponentials), P rounded to bf16;
-//   5. out[HG, 512] += P . V: warp w owns 64 value columns (V = the first 512 dims of the same
-//      dequantised K tile; ldmatrix.trans gives the B fragments).
-// Shared memory (~165 KB for MT = 1, ~205 KB for MT = 2) allows one CTA per SM; the plan sizes the
+//   4. online softmax per head (one warp per head, base-2 exponentials); P is stored in bf16 four
+//      times, once per latent tile, multiplied by the keys' scale of that tile (so V needs none);
+//   5. out[HG, 512] += P . V: warp w owns 64 value columns of latent tile w / 2 (V = the first 512
+//      dims of the same unpacked K tile; ldmatrix.trans gives the B fragments).
+// Shared memory (~169 KB for MT = 1, ~214 KB for MT = 2) allows one CTA per SM; the plan sizes the
 // grid to one wave.
 //
 // Numerics (compared with the fp32 CPU reference, which decodes the cache exactly):
 //   - q is rounded to bf16 (round to nearest even) once; the CPU op test feeds bf16-representable q,
 //     so this step is exact there;
-//   - K and V = bf16(e4m3 * tile scale): exact for the power-of-two scales dsinfer writes (an e4m3
-//     value has 4 significant bits); a cache written with amax/448 scales (vLLM) gets one bf16
-//     rounding (2^-9 relative), far below the fp8 quantisation itself;
+//   - K and V hold the e4m3 values exactly; the scores apply each 128-dim tile's scale to the
+//     tile's fp32 partial dot product (exact for the power-of-two scales dsinfer writes);
 //   - products bf16 x bf16 are exact in fp32, sums in fp32 (tensor-core order);
-//   - P = exp2(s * scale * log2 e - m) is rounded to bf16 for the P.V product (2^-9 relative, the
-//     dominant difference to the reference: normalised MSE ~1e-6 on the output); the softmax sum l
-//     adds the unrounded fp32 values, so the LSE is fp32-accurate;
+//   - P = exp2(s * scale * log2 e - m) times the key's tile scale is rounded to bf16 for the P.V
+//     product (2^-9 relative; for power-of-two scales exactly bf16(P) * scale; the dominant
+//     difference to the reference: normalised MSE ~1e-6 on the output); the softmax sum l adds the
+//     unrounded fp32 values, so the LSE is fp32-accurate;
 //   - the combine weights splits by exp(lse_i - max) in fp32.
 // Bitwise deterministic run to run (fixed reduction orders, no atomics on data).
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
@@ -69,8 +72,9 @@ struct Smem {
   static constexpr size_t kK = kQ + size_t(kHG) * kKStride * 2;              // bf16 [64][kKStride]
   static constexpr size_t kRaw = kK + size_t(kBK) * kKStride * 2;            // u8 [64][656]
   static constexpr size_t kRed = kRaw + size_t(kBK) * kEntry;                // f32 [4][HG][kRedStride]
-  static constexpr size_t kP = kRed + size_t(4) * kHG * kRedStride * 4;      // bf16 [HG][kPStride]
-  static constexpr size_t kIdx = kP + size_t(kHG) * kPStride * 2;            // i32 [32 * 64]
+  static constexpr size_t kP = kRed + size_t(4) * kHG * kRedStride * 4;      // bf16 [4][HG][kPStride]
+  static constexpr size_t kScale = kP + size_t(4) * kHG * kPStride * 2;      // f32 [64][4] tile scales
+  static constexpr size_t kIdx = kScale + size_t(kBK) * 4 * 4;               // i32 [32 * 64]
   static constexpr size_t kValid = kIdx + size_t(kSparseMlaMaxSplitTiles) * kBK * 4;  // i32 [2][64]
   static constexpr size_t kStats = kValid + 2 * kBK * 4;                     // f32 m, l, alpha [HG]
   static constexpr size_t kBytes = kStats + 3 * size_t(kHG) * 4;
@@ -112,11 +116,24 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const unsigned*>(&v);
 }
-// Two e4m3 bytes (the low 16 bits of w) times `scale`, as bf16x2. e4m3 -> f16 is exact.
-__device__ __forceinline__ unsigned e4m3x2_scaled_bf16x2(unsigned w, float scale) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
-  const float2 f = __half22float2(__half2(h));
-  return pack_bf16x2(f.x * scale, f.y * scale);
+// Two e4m3 bytes as bf16x2, exactly, with integer ops and one bf16 multiply (the cvt instructions
+// through f16 and f32 run at 16 per clock per SM and cost more than the tensor-core work). `x` holds
+// the two bytes in the high byte of each 16-bit lane (b << 8). Moving the 7 exponent/mantissa bits
+// down by 4 gives a bf16 whose value is the e4m3 value times 2^-120 (exponent bias 127 instead of 7;
+// e4m3 subnormals land on bf16 subnormals with the same factor), and the multiply by 2^120 restores
+// it exactly. Zero stays zero; the e4m3 NaN byte (never stored: the quantiser saturates finite
+// inputs) would decode as 480.
+__device__ __forceinline__ unsigned e4m3x2_hi_to_bf16x2(unsigned x) {
+  const unsigned bits = (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
+  __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&bits);
+  const __nv_bfloat162 k2p120 = __halves2bfloat162(__ushort_as_bfloat16(0x7b80), __ushort_as_bfloat16(0x7b80));
+  v = __hmul2(v, k2p120);
+  return *reinterpret_cast<const unsigned*>(&v);
+}
+// Four e4m3 bytes of w -> two bf16x2 words (bytes 0, 1 and bytes 2, 3).
+__device__ __forceinline__ void e4m3x4_to_bf16(unsigned w, unsigned& lo, unsigned& hi) {
+  lo = e4m3x2_hi_to_bf16x2(__byte_perm(w, 0u, 0x1404u));
+  hi = e4m3x2_hi_to_bf16x2(__byte_perm(w, 0u, 0x3424u));
 }
 
 struct SplitArgs {
@@ -135,6 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   uint8_t* raw = smem + S::kRaw;
   float* red = reinterpret_cast<float*>(smem + S::kRed);
   __nv_bfloat16* p_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kP);
+  float* scale_s = reinterpret_cast<float*>(smem + S::kScale);
   int32_t* idx_s = reinterpret_cast<int32_t*>(smem + S::kIdx);
   int32_t* valid_s = reinterpret_cast<int32_t*>(smem + S::kValid);
   float* m_s = reinterpret_cast<float*>(smem + S::kStats);
@@ -160,6 +178,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
 
   // The split's indices, padded with -1 to whole tiles.
   const int32_t* idx_row = p.indices + row * p.topk + key0;
+#pragma unroll 8  // independent loads in flight (a plain loop waits one memory round trip each)
   for (int i = tid; i < n_tiles * kBK; i += kThreads) idx_s[i] = i < n_keys ? idx_row[i] : -1;
   if (tid < HG) {
     m_s[tid] = -INFINITY;
@@ -185,16 +204,27 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   };
   if (n_tiles > 0) issue_tile(0);
 
-  // q -> bf16 (heads past the end are zero rows), while the first tile is in flight.
-  for (int i = tid; i < HG * (kDk / 2); i += kThreads) {
-    const int h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
-    float x0 = 0.0f, x1 = 0.0f;
-    if (h0 + h < p.heads) {
-      const float* qr = p.q + row * p.q_s0 + (h0 + h) * p.q_s1 + c;
-      x0 = qr[0];
-      x1 = qr[1];
+  // q -> bf16 (heads past the end are zero rows), while the first tile is in flight. All of a
+  // thread's loads are issued before the first use (HG * 288 pairs / 256 threads = 18 MT each).
+  {
+    constexpr int kPairs = HG * (kDk / 2) / kThreads;
+    static_assert(HG * (kDk / 2) % kThreads == 0, "q pairs split evenly over the threads");
+    float x[kPairs][2];
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+      const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
+      x[u][0] = x[u][1] = 0.0f;
+      if (h0 + h < p.heads) {
+        const float* qr = p.q + row * p.q_s0 + (h0 + h) * p.q_s1 + c;
+        x[u][0] = qr[0];
+        x[u][1] = qr[1];
+      }
     }
-    *reinterpret_cast<unsigned*>(q_s + h * kKStride + c) = pack_bf16x2(x0, x1);
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+      const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
+      *reinterpret_cast<unsigned*>(q_s + h * kKStride + c) = pack_bf16x2(x[u][0], x[u][1]);
+    }
   }
 
   const float scale2 = p.softmax_scale * kLog2e;  // scores in base-2 units
@@ -208,23 +238,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
     cp_async_wait_all();
     __syncthreads();  // raw holds tile t; the previous tile's P.V is done with k_s and p_s
 
-    // 1. Dequantise: 32 latent pieces (16 e4m3 -> 16 bf16) and 8 RoPE pieces (8 bf16) per key.
+    // 1. Unpack: 32 latent pieces (16 e4m3 -> 16 bf16, unscaled: the tile scales are applied in
+    //    fp32 to the scores and folded into P) and 8 RoPE pieces (8 bf16) per key; the scales.
     for (int i = tid; i < kBK * 40; i += kThreads) {
       const int k = i / 40, piece = i - k * 40;
       const uint8_t* e = raw + k * kEntry;
       __nv_bfloat16* dst = k_s + k * kKStride;
       if (piece < 32) {
         const uint4 v = *reinterpret_cast<const uint4*>(e + piece * 16);
-        const float sc = *reinterpret_cast<const float*>(e + ops::kMlaFp8ScaleOffset + 4 * (piece / 8));
         uint4 lo, hi;
-        lo.x = e4m3x2_scaled_bf16x2(v.x, sc);
-        lo.y = e4m3x2_scaled_bf16x2(v.x >> 16, sc);
-        lo.z = e4m3x2_scaled_bf16x2(v.y, sc);
-        lo.w = e4m3x2_scaled_bf16x2(v.y >> 16, sc);
-        hi.x = e4m3x2_scaled_bf16x2(v.z, sc);
-        hi.y = e4m3x2_scaled_bf16x2(v.z >> 16, sc);
-        hi.z = e4m3x2_scaled_bf16x2(v.w, sc);
-        hi.w = e4m3x2_scaled_bf16x2(v.w >> 16, sc);
+        e4m3x4_to_bf16(v.x, lo.x, lo.y);
+        e4m3x4_to_bf16(v.y, lo.z, lo.w);
+        e4m3x4_to_bf16(v.z, hi.x, hi.y);
+        e4m3x4_to_bf16(v.w, hi.z, hi.w);
         reinterpret_cast<uint4*>(dst + piece * 16)[0] = lo;
         reinterpret_cast<uint4*>(dst + piece * 16)[1] = hi;
       } else {
@@ -233,22 +259,27 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
             *reinterpret_cast<const uint4*>(e + ops::kMlaFp8RopeOffset + 2 * c);
       }
     }
+    for (int i = tid; i < kBK * 4; i += kThreads)
+      scale_s[i] = *reinterpret_cast<const float*>(raw + (i >> 2) * kEntry + ops::kMlaFp8ScaleOffset + 4 * (i & 3));
     __syncthreads();  // k_s ready; raw is free
 
     // 2. Prefetch the next tile while this one is computed.
     if (t + 1 < n_tiles) issue_tile(t + 1);
 
-    // 3. Partial scores: warp (key half kh, dim quarter kq): 32 keys x 144 dims x HG heads.
+    // 3. Partial scores: warp (key half kh, latent tile kq): 32 keys x (128 latent dims of tile kq,
+    //    scaled by the keys' tile-kq scale in fp32, + 16 RoPE dims) x HG heads.
     {
       const int kh = warp & 1, kq = warp >> 1;
-      float sacc[MT][4][4];
+      float sacc[MT][4][4], racc[MT][4][4];
 #pragma unroll
       for (int m = 0; m < MT; ++m)
 #pragma unroll
-        for (int n = 0; n < 4; ++n) sacc[m][n][0] = sacc[m][n][1] = sacc[m][n][2] = sacc[m][n][3] = 0.0f;
-#pragma unroll 3
+        for (int n = 0; n < 4; ++n)
+#pragma unroll
+          for (int u = 0; u < 4; ++u) sacc[m][n][u] = racc[m][n][u] = 0.0f;
+#pragma unroll
       for (int ks = 0; ks < 9; ++ks) {
-        const int kk = kq * 144 + ks * 16;
+        const int kk = ks < 8 ? kq * 128 + ks * 16 : kLora + kq * 16;  // 8 latent steps, 1 RoPE step
         unsigned af[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
@@ -261,16 +292,22 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
 #pragma unroll
         for (int m = 0; m < MT; ++m)
 #pragma unroll
-          for (int n = 0; n < 4; ++n) mma_bf16(sacc[m][n], af[m], bf[n >> 1][(n & 1) * 2], bf[n >> 1][(n & 1) * 2 + 1]);
+          for (int n = 0; n < 4; ++n)
+            mma_bf16(ks < 8 ? sacc[m][n] : racc[m][n], af[m], bf[n >> 1][(n & 1) * 2], bf[n >> 1][(n & 1) * 2 + 1]);
       }
 #pragma unroll
-      for (int m = 0; m < MT; ++m)
+      for (int n = 0; n < 4; ++n) {
+        const int key = kh * 32 + n * 8 + 2 * t4;
+        const float sc0 = scale_s[key * 4 + kq], sc1 = scale_s[(key + 1) * 4 + kq];
 #pragma unroll
-        for (int n = 0; n < 4; ++n) {
-          float* r0 = red + (kq * HG + m * 16 + g) * kRedStride + kh * 32 + n * 8 + 2 * t4;
-          *reinterpret_cast<float2*>(r0) = make_float2(sacc[m][n][0], sacc[m][n][1]);
-          *reinterpret_cast<float2*>(r0 + 8 * kRedStride) = make_float2(sacc[m][n][2], sacc[m][n][3]);
+        for (int m = 0; m < MT; ++m) {
+          float* r0 = red + (kq * HG + m * 16 + g) * kRedStride + key;
+          *reinterpret_cast<float2*>(r0) =
+              make_float2(fmaf(sacc[m][n][0], sc0, racc[m][n][0]), fmaf(sacc[m][n][1], sc1, racc[m][n][1]));
+          *reinterpret_cast<float2*>(r0 + 8 * kRedStride) =
+              make_float2(fmaf(sacc[m][n][2], sc0, racc[m][n][2]), fmaf(sacc[m][n][3], sc1, racc[m][n][3]));
         }
+      }
     }
     __syncthreads();
 
@@ -295,11 +332,16 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
         float psum = 0.0f;
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
+          const int key = lane + 32 * j;
           const float pr = m_new == -INFINITY ? 0.0f : exp2f(s[j] - m_new);
           psum += pr;
-          p_s[h * kPStride + lane + 32 * j] = __float2bfloat16_rn(pr);
+          // P for the value columns of latent tile lt carries the key's tile scale (V is unscaled).
+#pragma unroll
+          for (int lt = 0; lt < 4; ++lt)
+            p_s[(lt * HG + h) * kPStride + key] = __float2bfloat16_rn(pr * scale_s[key * 4 + lt]);
         }
         psum = warp_sum(psum);
+        __syncwarp();  // every lane has read m_s[h] and l_s[h] before lane 0 rewrites them
         if (lane == 0) {
           const float alpha = m_old == -INFINITY ? 0.0f : exp2f(m_old - m_new);
           m_s[h] = m_new;
@@ -328,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
         unsigned af[MT][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
-          ldmatrix_x4(af[m], p_s + (m * 16 + (lane & 15)) * kPStride + ks * 16 + (lane >> 4) * 8);
+          ldmatrix_x4(af[m], p_s + ((warp >> 1) * HG + m * 16 + (lane & 15)) * kPStride + ks * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
           unsigned bf[4];  // {b0, b1 of n-tile 2 np; b0, b1 of n-tile 2 np + 1}
