@@ -400,9 +400,13 @@ struct SparseInputs {
   Tensor pool, q, idx;
 };
 
-SparseInputs sparse_inputs(int64_t rows, int64_t heads, int64_t topk, uint64_t seed) {
+// subnormal: small latents with one outlier per 128-value tile, so most e4m3 codes are subnormal.
+SparseInputs sparse_inputs(int64_t rows, int64_t heads, int64_t topk, uint64_t seed, bool subnormal = false) {
   const int64_t n_slots = std::max<int64_t>(topk + 7, 40), dk = 576;
-  const Tensor kv = test::rand_tensor({n_slots, dk}, seed, 2.0f);
+  Tensor kv = test::rand_tensor({n_slots, dk}, seed, subnormal ? 0.02f : 2.0f);
+  if (subnormal)
+    for (int64_t r = 0; r < n_slots; ++r)
+      for (int64_t t = 0; t < 4; ++t) kv.f32()[r * dk + t * 128 + (r * 7 + t) % 128] = (r + t) % 2 ? 300.0f : -300.0f;
   std::vector<int32_t> all(static_cast<size_t>(n_slots));
   std::iota(all.begin(), all.end(), 0);
   SparseInputs in;
@@ -413,9 +417,10 @@ SparseInputs sparse_inputs(int64_t rows, int64_t heads, int64_t topk, uint64_t s
   return in;
 }
 
-void run_sparse_case(int64_t rows, int64_t heads, int64_t topk, uint64_t seed, const std::string& what) {
+void run_sparse_case(int64_t rows, int64_t heads, int64_t topk, uint64_t seed, const std::string& what,
+                     bool subnormal = false) {
   const int64_t dk = 576;
-  const SparseInputs in = sparse_inputs(rows, heads, topk, seed);
+  const SparseInputs in = sparse_inputs(rows, heads, topk, seed, subnormal);
   const Tensor &pool = in.pool, &q = in.q, &idx = in.idx;
   const float scale = 1.0f / std::sqrt(float(dk));
   Tensor co = Tensor::empty({rows, heads, 512}, DType::F32), cl = Tensor::empty({rows, heads}, DType::F32);
@@ -463,6 +468,12 @@ TEST_F(CudaKvFp8, SparseMlaDecodeShapes) {
   run_sparse_case(16, 64, 2048, 92, "sparse mla fp8 decode heads=64 rows=16");
   run_sparse_case(1, 128, 2048, 93, "sparse mla fp8 decode heads=128 rows=1");
   run_sparse_case(1, 8, 2048, 94, "sparse mla fp8 decode heads=8 rows=1");
+}
+
+TEST_F(CudaKvFp8, SparseMlaSubnormalLatents) {
+  // The kernel unpacks e4m3 codes to bf16 with integer ops: subnormal codes must decode exactly too.
+  run_sparse_case(3, 16, 300, 95, "sparse mla fp8 subnormal latents", true);
+  run_sparse_case(2, 64, 2048, 96, "sparse mla fp8 subnormal latents heads=64", true);
 }
 
 // Every tiling of the split-KV kernel (16 or 32 heads per CTA, no split .. one tile per split), called
