@@ -176,6 +176,22 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   const int n_keys = int(left < 0 ? 0 : (left < span ? left : span));
   const int n_tiles = (n_keys + kBK - 1) / kBK;
 
+  // q -> bf16 (heads past the end are zero rows): the loads are issued first, so they are in flight
+  // with the index loads and the first tile's gather; converted once the gather is issued.
+  constexpr int kPairs = HG * (kDk / 2) / kThreads;  // 18 MT per thread
+  static_assert(HG * (kDk / 2) % kThreads == 0, "q pairs split evenly over the threads");
+  float x[kPairs][2];
+#pragma unroll
+  for (int u = 0; u < kPairs; ++u) {
+    const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
+    x[u][0] = x[u][1] = 0.0f;
+    if (h0 + h < p.heads) {
+      const float* qr = p.q + row * p.q_s0 + (h0 + h) * p.q_s1 + c;
+      x[u][0] = qr[0];
+      x[u][1] = qr[1];
+    }
+  }
+
   // The split's indices, padded with -1 to whole tiles.
   const int32_t* idx_row = p.indices + row * p.topk + key0;
 #pragma unroll 8  // independent loads in flight (a plain loop waits one memory round trip each)
@@ -203,29 +219,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
     cp_async_commit();
   };
   if (n_tiles > 0) issue_tile(0);
-
-  // q -> bf16 (heads past the end are zero rows), while the first tile is in flight. All of a
-  // thread's loads are issued before the first use (HG * 288 pairs / 256 threads = 18 MT each).
-  {
-    constexpr int kPairs = HG * (kDk / 2) / kThreads;
-    static_assert(HG * (kDk / 2) % kThreads == 0, "q pairs split evenly over the threads");
-    float x[kPairs][2];
 #pragma unroll
-    for (int u = 0; u < kPairs; ++u) {
-      const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
-      x[u][0] = x[u][1] = 0.0f;
-      if (h0 + h < p.heads) {
-        const float* qr = p.q + row * p.q_s0 + (h0 + h) * p.q_s1 + c;
-        x[u][0] = qr[0];
-        x[u][1] = qr[1];
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kPairs; ++u) {
-      const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
-      *reinterpret_cast<unsigned*>(q_s + h * kKStride + c) = pack_bf16x2(x[u][0], x[u][1]);
-    }
+  for (int u = 0; u < kPairs; ++u) {
+    const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
+    *reinterpret_cast<unsigned*>(q_s + h * kKStride + c) = pack_bf16x2(x[u][0], x[u][1]);
   }
+
 
   const float scale2 = p.softmax_scale * kLog2e;  // scores in base-2 units
   float acc[MT][8][4];                           // out[16 m + (g, g + 8)][64 warp + 8 n + 2 t4 + (0, 1)]
@@ -425,15 +424,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
 
 // One block per (row, head): out = sum_i exp(lse_i - L) o_i, lse = L = log sum_i exp(lse_i).
 // Splits that saw no key have lse_i = -inf and weigh 0; all -inf gives out = 0, lse = -inf.
-// The split LSEs and weights are staged in shared memory (one parallel load), then each thread
-// streams 4 columns of every split's partial with the loop unrolled, so many loads are in flight
-// (the partials are L2-resident: a latency-bound loop would cost one L2 round trip per split).
-__global__ void __launch_bounds__(128) sparse_mla_combine_kernel(SparseMlaDecodeParams p, SplitArgs a) {
+// The split LSEs and weights are staged in shared memory (one parallel load). The partials are
+// L2-resident and the loop is latency-bound, so 4 groups of 128 threads take every 4th split (4
+// columns per thread, unrolled: many loads in flight) and their sums are added in group order.
+constexpr int kCombineGroups = 4;
+__global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kernel(SparseMlaDecodeParams p, SplitArgs a) {
   extern __shared__ float w_s[];  // [n_splits] weights exp(lse_i - max)
   __shared__ float red[33];
+  __shared__ float4 part[kCombineGroups - 1][128];
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split kernel's writes are visible
   const int64_t rh = blockIdx.x;  // row * heads + head
-  const int n = a.n_splits;
+  const int n = a.n_splits, c4 = threadIdx.x & 127, grp = threadIdx.x >> 7;
   const float* ls = a.part_lse + rh * n;
   float mx = -INFINITY;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -443,32 +444,45 @@ __global__ void __launch_bounds__(128) sparse_mla_combine_kernel(SparseMlaDecode
   mx = block_max(mx, red);  // its barriers publish w_s
   float* o = p.out + rh * kLora;  // any f32 view: scalar stores
   if (mx == -INFINITY) {
+    if (grp == 0) {
 #pragma unroll
-    for (int u = 0; u < 4; ++u) o[4 * threadIdx.x + u] = 0.0f;
-    if (threadIdx.x == 0) p.lse[rh] = -INFINITY;
+      for (int u = 0; u < 4; ++u) o[4 * c4 + u] = 0.0f;
+      if (c4 == 0) p.lse[rh] = -INFINITY;
+    }
     return;
   }
   for (int i = threadIdx.x; i < n; i += blockDim.x) w_s[i] = expf(w_s[i] - mx);  // 0 without keys
   __syncthreads();
-  float sum = 0.0f;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + threadIdx.x;
+  const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + c4;
 #pragma unroll 8
-  for (int i = 0; i < n; ++i) {
+  for (int i = grp; i < n; i += kCombineGroups) {
     const float w = w_s[i];
     const float4 v = po[int64_t(i) * (kLora / 4)];
-    sum += w;
     acc.x += w * v.x;
     acc.y += w * v.y;
     acc.z += w * v.z;
     acc.w += w * v.w;
   }
+  if (grp > 0) part[grp - 1][c4] = acc;
+  __syncthreads();
+  if (grp != 0) return;
+  float sum = 0.0f;
+  for (int i = 0; i < n; ++i) sum += w_s[i];
+#pragma unroll
+  for (int gi = 0; gi < kCombineGroups - 1; ++gi) {
+    const float4 v = part[gi][c4];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
   const float inv = 1.0f / sum;  // sum >= 1: the maximum's own weight
-  o[4 * threadIdx.x + 0] = acc.x * inv;
-  o[4 * threadIdx.x + 1] = acc.y * inv;
-  o[4 * threadIdx.x + 2] = acc.z * inv;
-  o[4 * threadIdx.x + 3] = acc.w * inv;
-  if (threadIdx.x == 0) p.lse[rh] = mx + logf(sum);
+  o[4 * c4 + 0] = acc.x * inv;
+  o[4 * c4 + 1] = acc.y * inv;
+  o[4 * c4 + 2] = acc.z * inv;
+  o[4 * c4 + 3] = acc.w * inv;
+  if (c4 == 0) p.lse[rh] = mx + logf(sum);
 }
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
@@ -545,7 +559,7 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
     DSI_CHECK(smem <= 48 * 1024, "sparse_mla_decode: {} splits", plan.n_splits);
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(unsigned(p.rows * p.heads));
-    cfg.blockDim = dim3(128);
+    cfg.blockDim = dim3(128 * kCombineGroups);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
