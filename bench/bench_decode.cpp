@@ -4,7 +4,7 @@
 // HBM byte floor (this run's dtypes, and the deployment's: fp8 weights, 132-byte indexer keys,
 // 656-byte MLA entries) at 4.3 TB/s, and the tokens/s those times imply for the full model.
 //   bench_decode --config configs/glm-5.2.json [--layers 4] [--first-layer 6] [--context 131072]
-//                [--iters 20] [--weights fp8|bf16]
+//                [--iters 20] [--weights fp8|bf16] [--kv-cache fp8|f32]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +16,8 @@
 #include "backends/cuda/device.h"
 #include "model/dsa_model.h"
 #include "model/synthetic.h"
+#include "ops/kv_fp8.h"
+#include "ops/paging.h"
 
 namespace {
 
@@ -28,6 +30,7 @@ struct Args {
   int64_t context = 131072;
   int iters = 20;
   std::string weights;  // "" = as the config says
+  std::string kv_cache = "fp8";
 };
 
 Args parse(int argc, char** argv) {
@@ -44,6 +47,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--context") a.context = std::stoll(next());
     else if (k == "--iters") a.iters = std::stoi(next());
     else if (k == "--weights") a.weights = next();
+    else if (k == "--kv-cache") a.kv_cache = next();
     else dsi::fail("unknown option {}", k);
   }
   if (a.config.empty()) dsi::fail("--config FILE is required");
@@ -63,9 +67,9 @@ dsi::ModelConfig slice(const dsi::ModelConfig& full, int first, int n) {
   return c;
 }
 
-// Fills a pool tensor (device) with small pseudo-random values.
-void fill(dsi::Tensor& t, uint32_t seed) {
-  dsi::Tensor h = dsi::Tensor::empty(t.shape(), dsi::DType::F32);
+// Small pseudo-random values, [rows, cols] f32 on `device`.
+dsi::Tensor random_rows(int64_t rows, int64_t cols, uint32_t seed, dsi::Device device) {
+  dsi::Tensor h = dsi::Tensor::empty({rows, cols}, dsi::DType::F32);
   uint32_t x = seed * 2654435761u + 1;
   for (int64_t i = 0; i < h.numel(); ++i) {
     x ^= x << 13;
@@ -73,7 +77,30 @@ void fill(dsi::Tensor& t, uint32_t seed) {
     x ^= x << 5;
     h.f32()[i] = float(int32_t(x & 0xffff) - 32768) / 32768.0f;
   }
-  t.copy_from(h);
+  return dsi::to_device(h, device);
+}
+
+// Puts `context` tokens of random keys into every layer's caches, through the ops that store them
+// (so fp8 pools hold properly quantised entries), a chunk of rows at a time.
+void fill_cache(const dsi::DsaModel& m, dsi::SequenceKvCache& cache, int64_t context) {
+  const dsi::ModelConfig& c = m.config();
+  const int64_t chunk = 8192;
+  for (int64_t b = 0; b < context; b += chunk) {
+    const int64_t n = std::min(chunk, context - b);
+    std::vector<int32_t> slots(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) slots[size_t(i)] = int32_t(cache.slot_of(b + i));
+    const dsi::Tensor s = dsi::to_device(dsi::Tensor::from_i32(slots, {n}), m.device());
+    for (int l = 0; l < c.n_layers; ++l) {
+      dsi::LayerKvCache& kv = cache.layer(l);
+      const dsi::Tensor lat = random_rows(n, c.kv_lora_rank + c.head_dim_rope, uint32_t(2 * l + 1 + b), m.device());
+      if (kv.latent.dtype() == dsi::DType::U8) dsi::ops::mla_cache_store_fp8(lat, s, kv.latent);
+      else dsi::ops::scatter_rows(lat, s, kv.latent);
+      if (!kv.index_keys.defined()) continue;
+      const dsi::Tensor keys = random_rows(n, c.index_head_dim, uint32_t(2 * l + 2 + b), m.device());
+      if (kv.index_keys.dtype() == dsi::DType::U8) dsi::ops::indexer_keys_store_fp8(keys, s, kv.index_keys);
+      else dsi::ops::scatter_rows(keys, s, kv.index_keys);
+    }
+  }
 }
 
 int run(const Args& a) {
@@ -89,20 +116,18 @@ int run(const Args& a) {
   const int64_t C = std::min<int64_t>(a.context, full.max_position_embeddings - 2);
 
   fmt::print("device: {}\n", dsi::cuda::device_description(0));
-  fmt::print("{}: layers [{}, {}) of {} ({} weights), context {} tokens, batch 1, {} steps\n",
-             a.config, first, first + a.layers, full.n_layers, cfg.quant.fp8 ? "fp8" : "bf16", C,
-             a.iters);
+  fmt::print("{}: layers [{}, {}) of {} ({} weights, {} KV cache), context {} tokens, batch 1, {} "
+             "steps\n", a.config, first, first + a.layers, full.n_layers,
+             cfg.quant.fp8 ? "fp8" : "bf16", a.kv_cache, C, a.iters);
   auto t0 = std::chrono::steady_clock::now();
   const dsi::Checkpoint ck = dsi::synthetic_checkpoint(cfg);
   auto model = dsi::DsaModel::load(ck, cfg, dsi::RankContext{}, dsi::Device::cuda(0));
   fmt::print("synthetic weights made and loaded in {:.1f} s\n",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 
-  dsi::SequenceKvCache cache = model->make_cache(C + 1, /*with_mtp=*/false);
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    fill(cache.layer(l).latent, uint32_t(2 * l + 1));
-    if (cache.layer(l).index_keys.defined()) fill(cache.layer(l).index_keys, uint32_t(2 * l + 2));
-  }
+  const dsi::KvCacheDtype kv = dsi::parse_kv_cache_dtype(a.kv_cache);
+  dsi::SequenceKvCache cache = model->make_cache(C + 1, /*with_mtp=*/false, kv);
+  fill_cache(*model, cache, C);
   const dsi::Tensor token = dsi::Tensor::from_i32({42}, {1});
   std::vector<double> times;
   for (int it = 0; it < a.iters + 2; ++it) {
@@ -126,7 +151,9 @@ int run(const Args& a) {
     fp8cfg.quant.fp8 = true;
     const int64_t w8 = dsi::decode_weight_bytes(fp8cfg, l);
     const int64_t k = std::min<int64_t>(cfg.index_topk, C + 1);
-    const double run_b = double(w) + (idx ? double(C) * cfg.index_head_dim * 4 : 0) + double(k) * latent * 4;
+    const bool kv8 = kv == dsi::KvCacheDtype::kFp8;
+    const double run_b = double(w) + (idx ? double(C) * (kv8 ? cfg.index_head_dim + 4 : cfg.index_head_dim * 4) : 0) +
+                         double(k) * (kv8 ? 656 : latent * 4);
     const double fp8_b = double(w8) + (idx ? double(C) * (cfg.index_head_dim + 4) : 0) + double(k) * 656;
     floor_run += run_b / kPeakBytesPerSecond;
     floor_fp8 += fp8_b / kPeakBytesPerSecond;
@@ -138,7 +165,7 @@ int run(const Args& a) {
   fmt::print("\ndecode step: {:.1f} us median over {} steps ({:.1f} us per layer; min {:.1f}, max {:.1f} "
              "us per step)\n",
              step * 1e6, times.size(), per_layer * 1e6, times.front() * 1e6, times.back() * 1e6);
-  fmt::print("byte floor per layer: {:.1f} us with this run's dtypes (f32 caches), {:.1f} us deployed "
+  fmt::print("byte floor per layer: {:.1f} us with this run's dtypes, {:.1f} us deployed "
              "(fp8); measured / floor = {:.1f}x (run), {:.1f}x (fp8)\n",
              floor_run / cfg.n_layers * 1e6, floor_fp8 / cfg.n_layers * 1e6, step / floor_run,
              step / floor_fp8);

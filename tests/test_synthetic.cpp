@@ -62,3 +62,60 @@ TEST(Synthetic, ShippedConfigsAndDecodeBytes) {
 
 }  // namespace
 }  // namespace dsi
+
+namespace dsi {
+namespace {
+
+// A small model with the real MLA cache geometry (kv_lora 512, rope 64, index dim 128), so the
+// deployment's fp8 caches apply.
+ModelConfig fp8_cache_geometry() {
+  ModelConfig c = load_config(test::fixture_dir("glm_tiny") + "/config.json");
+  c.kv_lora_rank = 512;
+  c.head_dim_rope = 64;
+  c.index_head_dim = 128;
+  c.index_topk = 16;
+  return c;
+}
+
+TEST(KvCacheFp8, ModelLogitsFollowTheF32Cache) {
+  const ModelConfig cfg = fp8_cache_geometry();
+  const Checkpoint ck = synthetic_checkpoint(cfg, 5);
+  auto model = DsaModel::load(ck, cfg, RankContext{});
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 11) % 400);
+  const int64_t n = int64_t(ids.size());
+  // Prefill 32 tokens, then decode 8 one by one, with each cache kind.
+  auto run = [&](KvCacheDtype dtype) {
+    SequenceKvCache cache = model->make_cache(n, false, dtype);
+    EXPECT_EQ(cache.layer(0).latent.dtype(), dtype == KvCacheDtype::kFp8 ? DType::U8 : DType::F32);
+    Tensor out = Tensor::empty({n, cfg.vocab_size}, DType::F32);
+    Tensor first = out.slice(0, 32);
+    first.copy_from(model->logits(model->forward(Tensor::from_i32({ids.begin(), ids.begin() + 32}, {32}), cache)));
+    for (int64_t i = 32; i < n; ++i) {
+      Tensor row = out.slice(i, i + 1);
+      row.copy_from(model->logits(model->forward(Tensor::from_i32({ids[size_t(i)]}, {1}), cache)));
+    }
+    return out;
+  };
+  const Tensor f32 = run(KvCacheDtype::kF32), fp8 = run(KvCacheDtype::kFp8);
+  const double e = test::nmse(fp8, f32);
+  std::printf("[ measured ] logits nmse, fp8 vs f32 KV cache: %.3g\n", e);
+  // e4m3 keeps 3 mantissa bits (relative error <= 2^-4 per value): a loose bound, and not zero
+  // (the fp8 path must really be taken).
+  EXPECT_LT(e, 2e-2);
+  EXPECT_GT(e, 0.0);
+}
+
+TEST(KvCacheFp8, GeometryChecks) {
+  const ModelConfig tiny = load_config(test::fixture_dir("glm_tiny") + "/config.json");
+  test::expect_error([&] { KvPool(tiny, 2, false, Device::cpu(), KvCacheDtype::kFp8); },
+                     {"656-byte layout", "kv_lora_rank"});
+  test::expect_error([] { parse_kv_cache_dtype("bf8"); }, {"'bf8'", "f32 or fp8"});
+  const ModelConfig c = fp8_cache_geometry();
+  // fp8 pages: 656 bytes per latent entry and 132 per index key, against 4 x 576 and 4 x 128.
+  EXPECT_LT(KvPool::bytes_per_page(c, false, KvCacheDtype::kFp8) * 3,
+            KvPool::bytes_per_page(c, false, KvCacheDtype::kF32));
+}
+
+}  // namespace
+}  // namespace dsi

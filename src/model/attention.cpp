@@ -6,6 +6,7 @@
 
 #include "model/indexer.h"
 #include "ops/elementwise.h"
+#include "ops/kv_fp8.h"
 #include "ops/linear.h"
 #include "ops/mla.h"
 #include "ops/norm.h"
@@ -40,7 +41,10 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   Tensor kv3 = kv_a.view({n, 1, dk});
   ops::rope(kv3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
             RopeStyle::kInterleaved, /*offset=*/int(lora));
-  ops::scatter_rows(kv_a, ctx.store_slots, kv.latent);
+  if (kv.latent.dtype() == DType::U8)  // the fp8 656-byte entries (ops/kv_fp8.h)
+    ops::mla_cache_store_fp8(kv_a, ctx.store_slots, kv.latent);
+  else
+    ops::scatter_rows(kv_a, ctx.store_slots, kv.latent);
 
   if (w.indexer && !ctx.reuse_topk) {
     topk = indexer_topk(ctx, *w.indexer, u, c_q, kv.index_keys);

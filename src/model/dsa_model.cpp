@@ -36,8 +36,8 @@ DsaModel::DsaModel(ModelConfig cfg, ModelWeights weights, RankContext rank, Devi
   rope_.attention_factor = f.attention_factor;
 }
 
-SequenceKvCache DsaModel::make_cache(int64_t capacity, bool with_mtp) const {
-  return SequenceKvCache(cfg_, capacity, with_mtp, rank_.dcp, device_);
+SequenceKvCache DsaModel::make_cache(int64_t capacity, bool with_mtp, KvCacheDtype dtype) const {
+  return SequenceKvCache(cfg_, capacity, with_mtp, rank_.dcp, device_, dtype);
 }
 
 LayerContext DsaModel::make_context(const std::vector<BatchSeq>& seqs, bool mtp) const {

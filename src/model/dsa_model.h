@@ -44,7 +44,8 @@ class DsaModel {
   Device device() const { return device_; }
   bool has_mtp() const { return weights_.mtp.has_value(); }
   // A cache for `capacity` tokens holding this rank's share of them.
-  SequenceKvCache make_cache(int64_t capacity, bool with_mtp) const;
+  SequenceKvCache make_cache(int64_t capacity, bool with_mtp,
+                             KvCacheDtype dtype = KvCacheDtype::kF32) const;
 
   // Runs the main model over `tokens` ([n] i32) at positions [cache.length(), + n) and appends them
   // to the caches. Returns the hidden states after the final norm, [n, hidden] f32.

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/elementwise.h"
+#include "ops/kv_fp8.h"
 #include "ops/indexer.h"
 #include "ops/linear.h"
 #include "ops/norm.h"
@@ -32,15 +33,23 @@ DcpTopk indexer_topk(const LayerContext& ctx, const IndexerWeights& w, const Ten
   Tensor k3 = k.view({n, 1, hd});
   ops::rope(k3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
             c.indexer_rope_style, /*offset=*/0);
-  ops::scatter_rows(k, ctx.store_slots, key_pool);
+  const bool fp8 = key_pool.dtype() == DType::U8;  // rotated e4m3 keys in 64-token pages
+  if (fp8)
+    ops::indexer_keys_store_fp8(k, ctx.store_slots, key_pool);
+  else
+    ops::scatter_rows(k, ctx.store_slots, key_pool);
 
   Tensor weights = Tensor::empty({n, heads}, DType::F32, dev);
   ops::linear(u, w.weights_proj, weights);
   ops::scale_inplace(weights, 1.0f / std::sqrt(float(heads)));
 
   Tensor logits = Tensor::empty({n, ctx.local_keys}, DType::F32, dev);
-  ops::indexer_logits(q3, weights, key_pool, ctx.local_bounds, 1.0f / std::sqrt(float(hd)), logits,
-                      &ctx.pages);
+  if (fp8)
+    ops::indexer_logits_fp8(q3, weights, key_pool, ctx.pages.block_tables, ctx.pages.row_seq,
+                            ctx.local_bounds, 1.0f / std::sqrt(float(hd)), logits);
+  else
+    ops::indexer_logits(q3, weights, key_pool, ctx.local_bounds, 1.0f / std::sqrt(float(hd)),
+                        logits, &ctx.pages);
   return dcp_topk(*ctx.rank, logits, ctx.local_bounds, c.index_topk);
 }
 

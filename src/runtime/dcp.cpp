@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/kv_fp8.h"
 #include "ops/mla.h"
 #include "ops/topk.h"
 
@@ -26,6 +27,15 @@ float logsumexp(const float* v, int n, int64_t stride) {
   float s = 0.0f;
   for (int i = 0; i < n; ++i) s += std::exp(v[i * stride] - m);
   return m + std::log(s);
+}
+
+// Sparse attention over the latent pool, whichever way it stores its rows (f32 or fp8 entries).
+void attend(const Tensor& q, const Tensor& kv, const Tensor& selected, float softmax_scale, int dv,
+            Tensor& out, Tensor& lse) {
+  if (kv.dtype() == DType::U8)
+    ops::sparse_mla_fp8(q, kv, selected, softmax_scale, dv, out, lse);
+  else
+    ops::sparse_mla(q, kv, selected, softmax_scale, dv, out, lse);
 }
 
 // The weight of a partial result with log-sum-exp `lse` in a total with log-sum-exp `total`.
@@ -86,7 +96,7 @@ Tensor dcp_sparse_attention(const RankContext& rc, const Tensor& q, const Tensor
   Tensor o_lat = Tensor::empty({n, hl, dv}, DType::F32, q.device());
   if (W == 1) {
     Tensor lse = Tensor::empty({n, hl}, DType::F32, q.device());
-    ops::sparse_mla(q, kv, selected, softmax_scale, dv, o_lat, lse);
+    attend(q, kv, selected, softmax_scale, dv, o_lat, lse);
     return o_lat;
   }
   // 1. All-gather the group's queries along heads: member m's heads become [m*hl, (m+1)*hl).
@@ -102,7 +112,7 @@ Tensor dcp_sparse_attention(const RankContext& rc, const Tensor& q, const Tensor
   // 2. Attend over this rank's own selected keys for all H heads: partial out and LSE.
   Tensor part = Tensor::empty({n, H, dv}, DType::F32);
   Tensor lse = Tensor::empty({n, H}, DType::F32);
-  ops::sparse_mla(q_all, kv, selected, softmax_scale, dv, part, lse);
+  attend(q_all, kv, selected, softmax_scale, dv, part, lse);
 
   if (rc.cfg.combine == DcpCombine::kAgRs) {
     // 3. All-gather the LSEs; scale this rank's partials by exp(lse - logsumexp over members).

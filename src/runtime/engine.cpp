@@ -82,7 +82,8 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
 
   // The pool: what the budget buys, but no more than max_num_seqs full-length sequences need.
   const DcpLayout& dcp = ranks_->context(0).dcp;
-  const int64_t page_bytes = KvPool::bytes_per_page(cfg_, K_ > 0);
+  const KvCacheDtype kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
+  const int64_t page_bytes = KvPool::bytes_per_page(cfg_, K_ > 0, kv_dtype);
   const int64_t budget = pool_budget(o, models_[0]->device());
   const int64_t most = int64_t(o.max_num_seqs) * SequenceKvCache::pages_for(dcp, limit + 1 + K_);
   const int64_t n_pages = std::min(budget / page_bytes, most);
@@ -91,7 +92,8 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
             budget, n_pages, page_bytes);
   pools_.resize(size_t(pc.tp));
   ranks_->run([&](int r) {
-    pools_[size_t(r)] = std::make_shared<KvPool>(cfg_, n_pages, K_ > 0, models_[size_t(r)]->device());
+    pools_[size_t(r)] =
+        std::make_shared<KvPool>(cfg_, n_pages, K_ > 0, models_[size_t(r)]->device(), kv_dtype);
   });
   SchedulerConfig sc;
   sc.max_num_seqs = o.max_num_seqs;
@@ -101,9 +103,9 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
   sc.dcp = dcp;
   sched_ = std::make_unique<Scheduler>(sc);
   const int64_t capacity = n_pages * kPageTokens * pc.dcp;
-  spdlog::info("KV cache: {} pages of {} tokens per rank ({:.1f} MiB per rank), {} tokens in all; "
-               "max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}",
-               n_pages, kPageTokens, double(n_pages * page_bytes) / 1048576.0, capacity, limit,
+  spdlog::info("KV cache ({}): {} pages of {} tokens per rank ({:.1f} MiB per rank), {} tokens in "
+               "all; max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}",
+               o.kv_cache_dtype, n_pages, kPageTokens, double(n_pages * page_bytes) / 1048576.0, capacity, limit,
                o.max_num_seqs, o.max_num_batched_tokens);
 
   info_.model_dir = o.model_dir;

@@ -3,11 +3,32 @@
 
 #include <numeric>
 
+#include "ops/kv_fp8.h"
+
 namespace dsi {
 
 namespace {
-LayerKvCache make_layer(const ModelConfig& cfg, int64_t slots, bool indexer, Device device) {
+void check_fp8_geometry(const ModelConfig& cfg) {
+  DSI_CHECK(cfg.kv_lora_rank == ops::kMlaFp8Lora && cfg.head_dim_rope == ops::kMlaFp8Rope,
+            "the fp8 KV cache holds {} + {} latent values per token (the 656-byte layout), but this "
+            "model has kv_lora_rank {} and qk_rope_head_dim {}: use the f32 cache",
+            ops::kMlaFp8Lora, ops::kMlaFp8Rope, cfg.kv_lora_rank, cfg.head_dim_rope);
+  const int64_t d = cfg.index_head_dim;
+  DSI_CHECK(d >= 16 && d <= 128 && (d & (d - 1)) == 0,
+            "the fp8 indexer-key cache needs index_head_dim a power of two in [16, 128], got {}", d);
+}
+
+LayerKvCache make_layer(const ModelConfig& cfg, int64_t n_pages, bool indexer, Device device,
+                        KvCacheDtype dtype) {
+  const int64_t slots = n_pages * kPageTokens;
   LayerKvCache c;
+  if (dtype == KvCacheDtype::kFp8) {
+    c.latent = Tensor::zeros({slots, ops::kMlaFp8Bytes}, DType::U8, device);
+    if (indexer)
+      c.index_keys = Tensor::zeros({n_pages, ops::indexer_page_bytes(cfg.index_head_dim)}, DType::U8,
+                                   device);
+    return c;
+  }
   c.latent = Tensor::zeros({slots, cfg.kv_lora_rank + cfg.head_dim_rope}, DType::F32, device);
   if (indexer) c.index_keys = Tensor::zeros({slots, cfg.index_head_dim}, DType::F32, device);
   return c;
@@ -17,30 +38,39 @@ LayerKvCache make_layer(const ModelConfig& cfg, int64_t slots, bool indexer, Dev
 DcpLayout first_rank(const DcpLayout& dcp) { return DcpLayout{dcp.size, 0, dcp.interleave}; }
 }  // namespace
 
-KvPool::KvPool(const ModelConfig& cfg, int64_t n_pages_, bool with_mtp, Device device_)
-    : n_pages(n_pages_), device(device_) {
-  DSI_CHECK(n_pages >= 0, "kv pool: {} pages", n_pages);
-  const int64_t slots = n_pages * kPageTokens;
-  for (int i = 0; i < cfg.n_layers; ++i)
-    layers.push_back(make_layer(cfg, slots, cfg.indexer_full[size_t(i)], device));
-  if (with_mtp) mtp = make_layer(cfg, slots, /*indexer=*/true, device);
+KvCacheDtype parse_kv_cache_dtype(const std::string& name) {
+  if (name == "f32") return KvCacheDtype::kF32;
+  if (name == "fp8") return KvCacheDtype::kFp8;
+  fail("KV cache dtype '{}': expected f32 or fp8", name);
 }
 
-int64_t KvPool::bytes_per_page(const ModelConfig& cfg, bool with_mtp) {
-  const int64_t latent = cfg.kv_lora_rank + cfg.head_dim_rope, keys = cfg.index_head_dim;
+KvPool::KvPool(const ModelConfig& cfg, int64_t n_pages_, bool with_mtp, Device device_,
+               KvCacheDtype dtype_)
+    : n_pages(n_pages_), dtype(dtype_), device(device_) {
+  DSI_CHECK(n_pages >= 0, "kv pool: {} pages", n_pages);
+  if (dtype == KvCacheDtype::kFp8) check_fp8_geometry(cfg);
+  for (int i = 0; i < cfg.n_layers; ++i)
+    layers.push_back(make_layer(cfg, n_pages, cfg.indexer_full[size_t(i)], device, dtype));
+  if (with_mtp) mtp = make_layer(cfg, n_pages, /*indexer=*/true, device, dtype);
+}
+
+int64_t KvPool::bytes_per_page(const ModelConfig& cfg, bool with_mtp, KvCacheDtype dtype) {
+  const bool fp8 = dtype == KvCacheDtype::kFp8;
+  const int64_t latent = fp8 ? ops::kMlaFp8Bytes : 4 * (cfg.kv_lora_rank + cfg.head_dim_rope);
+  const int64_t keys = fp8 ? cfg.index_head_dim + 4 : 4 * cfg.index_head_dim;
   int64_t per_token = 0;
   for (int i = 0; i < cfg.n_layers; ++i)
     per_token += latent + (cfg.indexer_full[size_t(i)] ? keys : 0);
   if (with_mtp) per_token += latent + keys;
-  return per_token * int64_t(sizeof(float)) * kPageTokens;
+  return per_token * kPageTokens;
 }
 
 SequenceKvCache::SequenceKvCache(const ModelConfig& cfg, int64_t capacity, bool with_mtp,
-                                 const DcpLayout& dcp, Device device)
+                                 const DcpLayout& dcp, Device device, KvCacheDtype dtype)
     : dcp_(dcp) {
   DSI_CHECK(capacity > 0, "kv cache: capacity {} must be positive", capacity);
   const int64_t n_pages = pages_for(dcp, capacity);
-  pool_ = std::make_shared<KvPool>(cfg, n_pages, with_mtp, device);
+  pool_ = std::make_shared<KvPool>(cfg, n_pages, with_mtp, device, dtype);
   std::vector<int32_t> pages(static_cast<size_t>(n_pages));
   std::iota(pages.begin(), pages.end(), 0);
   set_pages(std::move(pages));

@@ -5,10 +5,11 @@
 // token of that page. A sequence owns a list of pages (its block table); its local token l (in
 // this rank's DCP order, runtime/parallel.h) lives in slot pages[l / 64] * 64 + l % 64. Under DCP
 // one logical page spans W x 64 tokens of the sequence: each rank keeps its 64 in its own pool,
-// under the same page id (all ranks allocate alike). fp32 rows; fp8 pools come with the GPU work.
+// under the same page id (all ranks allocate alike). Rows are fp32 or fp8 (KvCacheDtype).
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -19,18 +20,28 @@ namespace dsi {
 
 constexpr int64_t kPageTokens = 64;
 
+// How cached keys are stored: fp32 rows (the reference), or the deployment's fp8 formats
+// (ops/kv_fp8.h): the 656-byte MLA entry (512 e4m3 + 4 fp32 scales + 64 bf16 RoPE values; needs
+// kv_lora_rank 512 and qk_rope_head_dim 64) and Hadamard-rotated e4m3 indexer keys with one scale.
+enum class KvCacheDtype { kF32, kFp8 };
+KvCacheDtype parse_kv_cache_dtype(const std::string& name);  // "f32" or "fp8"
+
 struct LayerKvCache {
-  Tensor latent;      // [n_pages * 64, kv_lora + rope] f32
-  Tensor index_keys;  // [n_pages * 64, index_head_dim] f32; undefined on "shared" layers
+  Tensor latent;      // f32: [n_pages * 64, kv_lora + rope]; fp8: U8 [n_pages * 64, 656]
+  Tensor index_keys;  // f32: [n_pages * 64, index_head_dim]; fp8: U8 [n_pages, 64 * (d + 4)];
+                      // undefined on "shared" layers
 };
 
 // One rank's pages for every layer (and the MTP layer when asked).
 struct KvPool {
-  KvPool(const ModelConfig& cfg, int64_t n_pages, bool with_mtp, Device device = Device::cpu());
+  KvPool(const ModelConfig& cfg, int64_t n_pages, bool with_mtp, Device device = Device::cpu(),
+         KvCacheDtype dtype = KvCacheDtype::kF32);
   // Bytes one page takes in every layer's pools on one rank.
-  static int64_t bytes_per_page(const ModelConfig& cfg, bool with_mtp);
+  static int64_t bytes_per_page(const ModelConfig& cfg, bool with_mtp,
+                                KvCacheDtype dtype = KvCacheDtype::kF32);
 
   int64_t n_pages = 0;
+  KvCacheDtype dtype = KvCacheDtype::kF32;
   std::vector<LayerKvCache> layers;
   LayerKvCache mtp;  // undefined without the MTP layer
   Device device;
@@ -41,7 +52,8 @@ class SequenceKvCache {
   // A sequence with a private pool just large enough for `capacity` tokens (pages 0, 1, ... in
   // order, so local token l sits in slot l); for single-sequence generation.
   SequenceKvCache(const ModelConfig& cfg, int64_t capacity, bool with_mtp,
-                  const DcpLayout& dcp = {}, Device device = Device::cpu());
+                  const DcpLayout& dcp = {}, Device device = Device::cpu(),
+                  KvCacheDtype dtype = KvCacheDtype::kF32);
   // A sequence in a shared pool; it starts without pages (set_pages gives them).
   SequenceKvCache(std::shared_ptr<KvPool> pool, const DcpLayout& dcp);
 
