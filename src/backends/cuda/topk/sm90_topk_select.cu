@@ -76,9 +76,11 @@ __device__ void pick_bin(const cg::cluster_group& cluster, uint32_t* hist, uint3
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {  // thread t owns bins NB-1-t*kPer-j: descending key order
     uint32_t c = 0;
-    if (owns) {
+    if (owns) {  // unrolled over the largest cluster: the remote loads are in flight together
       const int b = NB - 1 - tid * kPer - j;
-      for (unsigned q = 0; q < n_ctas; ++q) c += cluster.map_shared_rank(hist, q)[b];
+#pragma unroll
+      for (unsigned q = 0; q < kMaxCluster; ++q)
+        if (q < n_ctas) c += cluster.map_shared_rank(hist, q)[b];
     }
     cnt[j] = c;
     tot += c;
@@ -151,11 +153,23 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   for (int i = tid; i < 2 * kBins; i += kSelThreads) dyn[i] = 0;
   __syncthreads();
   // Pass 1: keys (cached), histogram of bits 31..20 of the selectable ones.
-  for (int64_t i = tid; i < len; i += kSelThreads) {
-    const int64_t pos = lo + i;
-    const uint32_t o = pos < bound ? order_key(srow[pos]) : 0u;
-    if constexpr (kCached) cache[i] = o;
-    if (o != 0u) atomicAdd(&hist0[o >> 20], 1u);
+  // 8 loads per thread in flight before their keys are binned (one at a time is latency-bound).
+  constexpr int kLoads = 8;
+  for (int64_t base = 0; base < len; base += int64_t(kSelThreads) * kLoads) {
+    float v[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t i = base + int64_t(u) * kSelThreads + tid;
+      v[u] = i < len && lo + i < bound ? srow[lo + i] : -INFINITY;  // -inf: key 0
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int64_t i = base + int64_t(u) * kSelThreads + tid;
+      if (i >= len) continue;
+      const uint32_t o = order_key(v[u]);
+      if constexpr (kCached) cache[i] = o;
+      if (o != 0u) atomicAdd(&hist0[o >> 20], 1u);
+    }
   }
   cluster.sync();
   pick_bin<kBins>(cluster, hist0, uint32_t(p.k), true, temp, pick);
