@@ -244,14 +244,18 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
     DSI_CUDA_CHECK(cudaFree(ptr));
 }
 
-// The fp8 MLA pool shared by the sparse MLA cases: 2^20 entries (656 MB), random latents.
+// The fp8 MLA pool shared by the sparse MLA cases: 2^20 entries (656 MB) by default, random latents.
+// sorted: each row's indices in ascending slot order (the same set: attention does not depend on the
+// order), so a split's keys share few pages (measures the cost of address-translation misses).
 struct MlaPool {
   int64_t n_slots = int64_t(1) << 20;
   uint8_t* pool = nullptr;
+  bool sorted = false;
 };
 
-MlaPool make_mla_pool() {
+MlaPool make_mla_pool(int64_t n_slots) {
   MlaPool mp;
+  mp.n_slots = std::max<int64_t>(n_slots, 65536);
   const int64_t chunk = 65536, dk = 576;
   mp.pool = dalloc<uint8_t>(size_t(mp.n_slots * dsi::ops::kMlaFp8Bytes));
   float* kv = dalloc<float>(size_t(chunk * dk));
@@ -294,9 +298,13 @@ void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, 
   // Enough index sets that the entries they touch (rows * topk * 656 B each) exceed 2 x L2.
   const int copies = int(std::clamp<int64_t>(
       (int64_t(120) << 20) / (rows * topk * dsi::ops::kMlaFp8Bytes) + 1, 2, 128));
+  // (A pool smaller than the L2 keeps the entries L2-resident whatever the copies: a latency figure.)
   std::mt19937_64 rng(5);
   std::vector<int32_t> idx(static_cast<size_t>(copies * rows * topk));
   for (auto& v : idx) v = int32_t(rng() % uint64_t(mp.n_slots));
+  if (mp.sorted)
+    for (size_t r = 0; r + size_t(topk) <= idx.size(); r += size_t(topk))
+      std::sort(idx.begin() + std::ptrdiff_t(r), idx.begin() + std::ptrdiff_t(r + size_t(topk)));
   int32_t* didx = upload(idx);
   unsigned long long* bad = dalloc<unsigned long long>(1);
   DSI_CUDA_CHECK(cudaMemset(bad, 0xff, sizeof(unsigned long long)));
@@ -379,14 +387,22 @@ void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, 
 
 int main(int argc, char** argv) {
   int reps = 20;
-  bool sweep = false;
+  bool sweep = false, only_mla = false, sorted = false;
+  int64_t pool_slots = int64_t(1) << 20;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (std::strcmp(argv[i], "--sweep") == 0) {
       sweep = true;
+    } else if (std::strcmp(argv[i], "--only-mla") == 0) {
+      only_mla = true;
+    } else if (std::strcmp(argv[i], "--sorted") == 0) {
+      sorted = true;
+    } else if (std::strcmp(argv[i], "--pool-slots") == 0 && i + 1 < argc) {
+      pool_slots = std::atoll(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: bench_kv_fp8 [--reps N] [--sweep]\n");
+      std::fprintf(stderr,
+                   "usage: bench_kv_fp8 [--reps N] [--sweep] [--only-mla] [--sorted] [--pool-slots N]\n");
       return 2;
     }
   }
@@ -399,11 +415,15 @@ int main(int argc, char** argv) {
     }
     std::printf("%-52s %13s %14s %7s\n", "case", "time", "bandwidth", "of peak");
     for (int64_t keys : {int64_t(8192), int64_t(131072)}) {
+      if (only_mla) break;
       bench_indexer(keys, 1, 1, 64, reps);
       bench_indexer(keys, 4, 4, 64, reps);
     }
-    const MlaPool mp = make_mla_pool();
-    bench_sparse_mla(mp, 1, 64, 2048, reps, sweep, true);
+    MlaPool mp = make_mla_pool(pool_slots);
+    mp.sorted = sorted;
+    std::printf("sparse MLA: pool of %lld entries (%.0f MB), %s indices\n", (long long)mp.n_slots,
+                mp.n_slots * 656.0 / 1e6, sorted ? "per-row sorted" : "random");
+    bench_sparse_mla(mp, 1, 64, 2048, reps, sweep, !only_mla);
     bench_sparse_mla(mp, 1, 8, 2048, reps, sweep, false);
     bench_sparse_mla(mp, 16, 64, 2048, reps, sweep, false);
     bench_sparse_mla(mp, 1, 128, 2048, reps, sweep, false);
