@@ -113,7 +113,9 @@ class ServerRoutes : public ::testing::Test {
     EXPECT_TRUE(e["type"].is_string());
     EXPECT_TRUE(e.contains("param") && e.contains("code"));
     EXPECT_NE(e["message"].get<std::string>().find(needle), std::string::npos) << r.body;
-    if (!param.empty()) EXPECT_EQ(e["param"], param);
+    if (!param.empty()) {
+      EXPECT_EQ(e["param"], param);
+    }
   }
   // The engine's running / waiting queues and pages drain once every request has ended.
   void expect_no_leaks() {
@@ -199,7 +201,9 @@ TEST_F(ServerRoutes, StreamEqualsNonStream) {
       text += c["choices"][0]["text"].get<std::string>();
       const bool last = i + 2 == s.chunks.size();
       EXPECT_EQ(c["choices"][0]["finish_reason"].is_null(), !last);
-      if (last) EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+      if (last) {
+        EXPECT_EQ(c["choices"][0]["finish_reason"], "length");
+      }
     }
     EXPECT_EQ(text, full["choices"][0]["text"]);
     const Json& u = s.chunks.back();  // the usage chunk: no choices

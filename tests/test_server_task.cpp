@@ -31,7 +31,9 @@ void expect_error(const ParseResult& r, int status, const std::string& param, co
   EXPECT_EQ(e.param, param) << e.message;
   EXPECT_NE(e.message.find(needle), std::string::npos) << e.message;
   EXPECT_EQ(e.message.find('\n'), std::string::npos) << e.message;
-  if (!code.empty()) EXPECT_EQ(e.code, code);
+  if (!code.empty()) {
+    EXPECT_EQ(e.code, code);
+  }
   EXPECT_EQ(e.type, "invalid_request_error");
 }
 
@@ -243,7 +245,9 @@ TEST(ServerTask, EngineRequestErrors) {
     EXPECT_EQ(e.status, status) << e.message;
     EXPECT_EQ(e.param, param) << e.message;
     for (const auto& n : needles) EXPECT_NE(e.message.find(n), std::string::npos) << e.message;
-    if (!code.empty()) EXPECT_EQ(e.code, code);
+    if (!code.empty()) {
+      EXPECT_EQ(e.code, code);
+    }
   };
   ParsedRequest c = ok_completion(R"({"prompt": "x", "max_tokens": 30})");
   // Prompt + max_tokens past max_model_len: both lengths named.
