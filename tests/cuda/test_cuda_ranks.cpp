@@ -1,10 +1,13 @@
 // The engine on GPUs: the serving engine (continuous batching over paged caches, MTP) on one GPU,
-// and tensor-parallel ranks on two GPUs through NCCL (the generator and the engine), give the
-// greedy tokens of the CPU reference on one rank.
+// and tensor- and decode-context-parallel ranks on two GPUs through NCCL (the generator and the
+// engine; exact global top-k and both combines), give the greedy tokens of the CPU reference on
+// one rank.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
 #include <mutex>
+
+#include <fmt/format.h>
 
 #include "cuda/cuda_test_util.h"
 #include "dsinfer/engine.h"
@@ -101,10 +104,20 @@ class CudaTwoGpus : public test::CudaTest, public ::testing::WithParamInterface<
 };
 
 TEST_P(CudaTwoGpus, TensorParallelGenerateMatchesTheCpu) {
-  ParallelConfig cfg;
-  cfg.tp = 2;
+  struct Layout {
+    int dcp, interleave;
+    DcpCombine combine;
+  };
+  for (const Layout& lay : {Layout{1, 1, DcpCombine::kAgRs}, Layout{2, 1, DcpCombine::kAgRs},
+                            Layout{2, 1, DcpCombine::kA2a}, Layout{2, 2, DcpCombine::kAgRs}})
   for (int K : {0, 3}) {
-    SCOPED_TRACE("speculative tokens " + std::to_string(K));
+    ParallelConfig cfg;
+    cfg.tp = 2;
+    cfg.dcp = lay.dcp;
+    cfg.dcp_interleave = lay.interleave;
+    cfg.combine = lay.combine;
+    SCOPED_TRACE(fmt::format("dcp {} interleave {} {}, speculative tokens {}", lay.dcp,
+                             lay.interleave, lay.combine == DcpCombine::kA2a ? "a2a" : "ag_rs", K));
     std::vector<std::vector<int32_t>> got(kPrompts.size());
     run_on_thread_ranks(
         cfg, CommOptions{},
@@ -127,6 +140,7 @@ TEST_P(CudaTwoGpus, TensorParallelEngineMatchesTheCpu) {
   o.model_dir = test::fixture_dir(GetParam());
   o.device = "cuda";
   o.tp = 2;
+  o.dcp = 2;
   o.speculative_tokens = 2;
   o.max_num_batched_tokens = 24;
   o.kv_cache_memory = 64 << 20;
