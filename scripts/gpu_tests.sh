@@ -29,7 +29,13 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 echo "== toolchain: $(cmake --version | head -1); nvcc $("${CUDACXX:-nvcc}" --version | tail -1)"
 
 echo "== configure (preset cuda)"
-cmake --preset cuda
+# GPU hosts without cpp-httplib (no package registry) build without the HTTP server.
+server=ON
+if ! pkg-config --exists cpp-httplib 2>/dev/null; then
+  echo "(cpp-httplib not found: building without the server, chat and bench commands)"
+  server=OFF
+fi
+cmake --preset cuda -DDSI_SERVER="$server"
 echo "== build"
 if [ "${DSI_GPU_TESTS_BUILD:-}" = all ]; then
   cmake --build --preset cuda -j "$(nproc)"

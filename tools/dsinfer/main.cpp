@@ -25,8 +25,10 @@
 #include "runtime/perplexity.h"
 #include "runtime/ranks.h"
 #include "text/tokenizer.h"
-#include "serve.h"
+#ifdef DSI_WITH_SERVER
 #include "bench.h"
+#include "serve.h"
+#endif
 #ifdef DSI_WITH_MPI
 #include "comm/mpi_comm.h"
 #endif
@@ -371,10 +373,11 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(2, 1 << 24));
   pp->add_flag("--json", ppl_json, "print one JSON object as the last stdout line");
 
+#ifdef DSI_WITH_SERVER
   dsi::bench::BenchCommand bench(app);  // dsinfer bench: load a running server
-
-  dsi::cli::ServeCommand serve(app);  // dsinfer serve: the OpenAI-compatible server
-  dsi::cli::ChatCommand chat(app);    // dsinfer chat: a conversation on stdin/stdout
+  dsi::cli::ServeCommand serve(app);    // dsinfer serve: the OpenAI-compatible server
+  dsi::cli::ChatCommand chat(app);      // dsinfer chat: a conversation on stdin/stdout
+#endif
 
   try {
     app.parse(argc, argv);
@@ -383,9 +386,11 @@ int main(int argc, char** argv) {
   }
   dsi::MpiSessionPtr mpi;
   try {
+#ifdef DSI_WITH_SERVER
     if (serve.parsed()) return serve.run();
     if (chat.parsed()) return chat.run();
     if (bench.parsed()) return bench.run();
+#endif
 #ifdef DSI_WITH_MPI
     if (launched_by_mpi()) mpi = std::make_unique<dsi::MpiSession>(&argc, &argv);
 #else
