@@ -34,7 +34,7 @@ int64_t PageLookup::slot(int64_t row, int64_t s) const {
   return page < 0 ? -1 : int64_t(page) * page_size_ + s % page_size_;
 }
 
-void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {
+void check_scatter_rows(const Tensor& src, const Tensor& slots, const Tensor& dst) {
   DSI_CHECK(src.ndim() == 2 && dst.ndim() == 2 && src.dim(1) == dst.dim(1) && src.stride(1) == 1 &&
                 dst.stride(1) == 1,
             "scatter_rows: src {} and dst {} must be [n, d] and [n_slots, d]", src.desc(), dst.desc());
@@ -42,6 +42,19 @@ void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {
   check_dtype(dst, DType::F32, "scatter_rows dst");
   check_shape(slots, {src.dim(0)}, "scatter_rows slots");
   check_dtype(slots, DType::I32, "scatter_rows slots");
+}
+
+void check_slots_from_local(const Tensor& local, const Tensor& out) {
+  DSI_CHECK(local.ndim() == 2 && local.is_contiguous(), "slots_from_local: local must be [rows, k], "
+            "got {}", local.desc());
+  check_dtype(local, DType::I32, "slots_from_local local");
+  check_shape(out, local.shape(), "slots_from_local out");
+  check_dtype(out, DType::I32, "slots_from_local out");
+  DSI_CHECK(out.is_contiguous(), "slots_from_local: out must be contiguous");
+}
+
+void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {
+  check_scatter_rows(src, slots, dst);
   const int64_t d = src.dim(1);
   std::vector<bool> seen(size_t(dst.dim(0)), false);
   for (int64_t i = 0; i < src.dim(0); ++i) {
@@ -56,12 +69,7 @@ void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {
 
 void slots_from_local(const Tensor& local, const Tensor& block_tables, const Tensor& row_seq,
                       int page_size, Tensor& out) {
-  DSI_CHECK(local.ndim() == 2 && local.is_contiguous(), "slots_from_local: local must be [rows, k], "
-            "got {}", local.desc());
-  check_dtype(local, DType::I32, "slots_from_local local");
-  check_shape(out, local.shape(), "slots_from_local out");
-  check_dtype(out, DType::I32, "slots_from_local out");
-  DSI_CHECK(out.is_contiguous(), "slots_from_local: out must be contiguous");
+  check_slots_from_local(local, out);
   const ops::KeyPages pages{block_tables, row_seq, page_size};
   const PageLookup lookup(&pages, local.dim(0), "slots_from_local");
   const int64_t k = local.dim(1);

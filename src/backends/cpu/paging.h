@@ -21,4 +21,8 @@ class PageLookup {
   int page_size_ = 1;
 };
 
+// The checks of scatter_rows and slots_from_local, shared with the CUDA backend (same messages).
+void check_scatter_rows(const Tensor& src, const Tensor& slots, const Tensor& dst);
+void check_slots_from_local(const Tensor& local, const Tensor& out);
+
 }  // namespace dsi::cpu

@@ -1,6 +1,7 @@
 // Paged-pool ops of the CUDA backend; see paging.h and ops/paging.h.
 #include <vector>
 
+#include "backends/cpu/paging.h"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/paging/paging.h"
@@ -76,13 +77,7 @@ PageTable page_table(const ops::KeyPages* pages, int64_t rows, Device device, co
 }
 
 void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {
-  DSI_CHECK(src.ndim() == 2 && dst.ndim() == 2 && src.dim(1) == dst.dim(1) && src.stride(1) == 1 &&
-                dst.stride(1) == 1,
-            "scatter_rows: src {} and dst {} must be [n, d] and [n_slots, d]", src.desc(), dst.desc());
-  check_dtype(src, DType::F32, "scatter_rows src");
-  check_dtype(dst, DType::F32, "scatter_rows dst");
-  check_shape(slots, {src.dim(0)}, "scatter_rows slots");
-  check_dtype(slots, DType::I32, "scatter_rows slots");
+  cpu::check_scatter_rows(src, slots, dst);
   check_on(src, dst.device(), "scatter_rows", "src");
   check_on(slots, dst.device(), "scatter_rows", "slots");
   DeviceGuard guard(dst.device());
@@ -105,12 +100,7 @@ void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {
 
 void slots_from_local(const Tensor& local, const Tensor& block_tables, const Tensor& row_seq,
                       int page_size, Tensor& out) {
-  DSI_CHECK(local.ndim() == 2 && local.is_contiguous(), "slots_from_local: local must be [rows, k], "
-            "got {}", local.desc());
-  check_dtype(local, DType::I32, "slots_from_local local");
-  check_shape(out, local.shape(), "slots_from_local out");
-  check_dtype(out, DType::I32, "slots_from_local out");
-  DSI_CHECK(out.is_contiguous(), "slots_from_local: out must be contiguous");
+  cpu::check_slots_from_local(local, out);
   check_on(local, out.device(), "slots_from_local", "local");
   DeviceGuard guard(out.device());
   const ops::KeyPages pages{block_tables, row_seq, page_size};
