@@ -3,8 +3,11 @@
 // context length, then batch-1 decode steps timed. Prints the time per layer per step, the layer's
 // HBM byte floor (this run's dtypes, and the deployment's: fp8 weights, 132-byte indexer keys,
 // 656-byte MLA entries) at 4.3 TB/s, and the tokens/s those times imply for the full model.
+// With --tp / --dcp the layers run on that many GPUs (thread ranks, NCCL) and the time spent in
+// collectives is reported per layer; --rows 4 times MTP-3 verification steps (4 rows per step).
 //   bench_decode --config configs/glm-5.2.json [--layers 4] [--first-layer 6] [--context 131072]
-//                [--iters 20] [--weights fp8|bf16] [--kv-cache fp8|f32]
+//                [--iters 20] [--weights fp8|bf16] [--kv-cache fp8|f32] [--tp T] [--dcp W]
+//                [--rows R]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -16,6 +19,7 @@
 #include "backends/cuda/device.h"
 #include "model/dsa_model.h"
 #include "model/synthetic.h"
+#include "runtime/ranks.h"
 #include "ops/kv_fp8.h"
 #include "ops/paging.h"
 
@@ -31,6 +35,44 @@ struct Args {
   int iters = 20;
   std::string weights;  // "" = as the config says
   std::string kv_cache = "fp8";
+  int tp = 1, dcp = 1, rows = 1;
+};
+
+// Forwards every collective to `inner` and adds up the wall time spent in them (the collectives
+// block until done, so this is the communication time, waiting for the other ranks included).
+class TimedComm final : public dsi::Communicator {
+ public:
+  explicit TimedComm(dsi::Communicator* inner) : in_(inner) {}
+  int rank() const override { return in_->rank(); }
+  int world_size() const override { return in_->world_size(); }
+  const dsi::CommOptions& options() const override { return in_->options(); }
+  void all_gather(const dsi::Group& g, const dsi::Tensor& i, dsi::Tensor& o) override {
+    time([&] { in_->all_gather(g, i, o); });
+  }
+  void reduce_scatter(const dsi::Group& g, const dsi::Tensor& i, dsi::Tensor& o) override {
+    time([&] { in_->reduce_scatter(g, i, o); });
+  }
+  void all_reduce(const dsi::Group& g, dsi::Tensor& io) override { time([&] { in_->all_reduce(g, io); }); }
+  void all_to_all(const dsi::Group& g, const dsi::Tensor& i, dsi::Tensor& o) override {
+    time([&] { in_->all_to_all(g, i, o); });
+  }
+  void broadcast(const dsi::Group& g, dsi::Tensor& io, int root) override {
+    time([&] { in_->broadcast(g, io, root); });
+  }
+  void barrier(const dsi::Group& g) override { in_->barrier(g); }
+  void abort(const std::string& why) override { in_->abort(why); }
+  double seconds = 0;
+  int64_t calls = 0;
+
+ private:
+  template <typename F>
+  void time(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ++calls;
+  }
+  dsi::Communicator* in_;
 };
 
 Args parse(int argc, char** argv) {
@@ -48,6 +90,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--iters") a.iters = std::stoi(next());
     else if (k == "--weights") a.weights = next();
     else if (k == "--kv-cache") a.kv_cache = next();
+    else if (k == "--tp") a.tp = std::stoi(next());
+    else if (k == "--dcp") a.dcp = std::stoi(next());
+    else if (k == "--rows") a.rows = std::stoi(next());
     else dsi::fail("unknown option {}", k);
   }
   if (a.config.empty()) dsi::fail("--config FILE is required");
@@ -86,9 +131,11 @@ void fill_cache(const dsi::DsaModel& m, dsi::SequenceKvCache& cache, int64_t con
   const dsi::ModelConfig& c = m.config();
   const int64_t chunk = 8192;
   for (int64_t b = 0; b < context; b += chunk) {
-    const int64_t n = std::min(chunk, context - b);
-    std::vector<int32_t> slots(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) slots[size_t(i)] = int32_t(cache.slot_of(b + i));
+    std::vector<int32_t> slots;  // this rank's tokens of [b, b + chunk)
+    for (int64_t p = b; p < std::min(b + chunk, context); ++p)
+      if (cache.dcp().owns(p)) slots.push_back(int32_t(cache.slot_of(p)));
+    const int64_t n = int64_t(slots.size());
+    if (n == 0) continue;
     const dsi::Tensor s = dsi::to_device(dsi::Tensor::from_i32(slots, {n}), m.device());
     for (int l = 0; l < c.n_layers; ++l) {
       dsi::LayerKvCache& kv = cache.layer(l);
@@ -115,28 +162,48 @@ int run(const Args& a) {
   const dsi::ModelConfig cfg = slice(full, first, a.layers);
   const int64_t C = std::min<int64_t>(a.context, full.max_position_embeddings - 2);
 
-  fmt::print("device: {}\n", dsi::cuda::device_description(0));
+  fmt::print("device: {} ({} visible)\n", dsi::cuda::device_description(0), dsi::cuda::device_count());
   fmt::print("{}: layers [{}, {}) of {} ({} weights, {} KV cache), context {} tokens, batch 1, {} "
-             "steps\n", a.config, first, first + a.layers, full.n_layers,
-             cfg.quant.fp8 ? "fp8" : "bf16", a.kv_cache, C, a.iters);
+             "row(s) per step, tp {}, dcp {}, {} steps\n", a.config, first, first + a.layers,
+             full.n_layers, cfg.quant.fp8 ? "fp8" : "bf16", a.kv_cache, C, a.rows, a.tp, a.dcp,
+             a.iters);
+  dsi::ParallelConfig pc;
+  pc.tp = a.tp;
+  pc.dcp = a.dcp;
+  pc.validate(cfg);
   auto t0 = std::chrono::steady_clock::now();
   const dsi::Checkpoint ck = dsi::synthetic_checkpoint(cfg);
-  auto model = dsi::DsaModel::load(ck, cfg, dsi::RankContext{}, dsi::Device::cuda(0));
-  fmt::print("synthetic weights made and loaded in {:.1f} s\n",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-
   const dsi::KvCacheDtype kv = dsi::parse_kv_cache_dtype(a.kv_cache);
-  dsi::SequenceKvCache cache = model->make_cache(C + 1, /*with_mtp=*/false, kv);
-  fill_cache(*model, cache, C);
-  const dsi::Tensor token = dsi::Tensor::from_i32({42}, {1});
   std::vector<double> times;
-  for (int it = 0; it < a.iters + 2; ++it) {
-    cache.set_length(C);
-    const auto s = std::chrono::steady_clock::now();
-    const dsi::Tensor h = dsi::to_host(model->forward(token, cache));  // waits for the step
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
-    if (it >= 2) times.push_back(dt);  // two warm-up steps
-  }
+  double comm_seconds = 0;
+  int64_t comm_calls = 0;
+  dsi::run_on_thread_ranks(
+      pc, dsi::CommOptions{},
+      [&](const dsi::RankContext& given) {
+        TimedComm timed(given.comm);
+        const dsi::RankContext rank =
+            dsi::RankContext::make(pc, given.tp_rank, given.comm ? &timed : nullptr);
+        auto model = dsi::DsaModel::load(ck, cfg, rank, dsi::Device::cuda(given.tp_rank % dsi::cuda::device_count()));
+        if (rank.is_root())
+          fmt::print("synthetic weights made and loaded in {:.1f} s\n",
+                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        dsi::SequenceKvCache cache = model->make_cache(C + a.rows, /*with_mtp=*/false, kv);
+        fill_cache(*model, cache, C);
+        const dsi::Tensor tokens = dsi::Tensor::from_i32(std::vector<int32_t>(size_t(a.rows), 42), {a.rows});
+        for (int it = 0; it < a.iters + 2; ++it) {
+          cache.set_length(C);
+          if (it == 2) timed.seconds = 0, timed.calls = 0;  // two warm-up steps
+          const auto s = std::chrono::steady_clock::now();
+          const dsi::Tensor h = dsi::to_host(model->forward(tokens, cache));  // waits for the step
+          const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+          if (it >= 2 && rank.is_root()) times.push_back(dt);
+        }
+        if (rank.is_root()) {
+          comm_seconds = timed.seconds;
+          comm_calls = timed.calls;
+        }
+      },
+      /*cuda=*/true);
   std::sort(times.begin(), times.end());
   const double step = times[times.size() / 2];
 
@@ -169,6 +236,10 @@ int run(const Args& a) {
              "(fp8); measured / floor = {:.1f}x (run), {:.1f}x (fp8)\n",
              floor_run / cfg.n_layers * 1e6, floor_fp8 / cfg.n_layers * 1e6, step / floor_run,
              step / floor_fp8);
+  if (pc.tp > 1)
+    fmt::print("collectives: {:.1f} per layer per step, {:.1f} us per layer per step (rank 0, "
+               "waiting included)\n", double(comm_calls) / a.iters / cfg.n_layers,
+               comm_seconds / a.iters / cfg.n_layers * 1e6);
   fmt::print("implied for all {} layers: {:.2f} tok/s now; {:.1f} tok/s at the fp8 byte floor\n",
              full.n_layers, 1.0 / (per_layer * full.n_layers),
              1.0 / (floor_fp8 / cfg.n_layers * full.n_layers));
