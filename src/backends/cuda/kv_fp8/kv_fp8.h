@@ -1,7 +1,8 @@
 // Kernels of the fp8 KV caches (ops/kv_fp8.h): Hadamard rotation + power-of-two e4m3 quantisation
 // into the paged indexer-key cache and the 656-byte MLA cache, indexer decode logits over paged keys
-// (one thread per key, the CPU's operation order: bitwise equal to the reference), and sparse MLA
-// over the fp8 cache (one block per (row, head group), keys streamed in tiles, online softmax).
+// (d = 128: fp8 tensor cores, sm90_indexer_logits.cu, equal to the reference up to summation order;
+// other d: one thread per key in the CPU's operation order, bitwise equal), and sparse MLA over the
+// fp8 cache (decode: split-KV on tensor cores, sm90_sparse_mla_decode.cu).
 #pragma once
 
 #include <cuda_runtime.h>
