@@ -70,8 +70,9 @@ void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool);
 // pool: [n_slots, 656] U8; slots: [m] i32; rows: [m, 576] f32 contiguous.
 void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows);
 
-// ops::sparse_mla (ops/mla.h) with keys and values decoded from the fp8 MLA cache: q stays f32 in this
-// first version (the fp8 x fp8 tensor-core form quantises q too; not done yet).
+// ops::sparse_mla (ops/mla.h) with keys and values decoded from the fp8 MLA cache. The CPU reference
+// keeps q and the softmax weights in f32; the CUDA decode kernel (bf16 tensor cores) rounds q and the
+// softmax weights P to bf16 (the e4m3 cache values are used exactly), within ~1e-6 normalised MSE.
 // q: [rows, H, 576] f32 (last dim contiguous); pool: [n_slots, 656] U8; indices: [rows, topk] i32
 // physical slots, -1 = empty; dv must be 512 (the value is the decoded latent); out: [rows, H, 512]
 // f32 contiguous; lse: [rows, H] f32, natural log. A row with no key gets out = 0 and lse = -inf.

@@ -43,10 +43,16 @@ void BpeModel::load(const json& m, BpeTables tables, const std::string& where) {
 
   DSI_CHECK(tables.has_vocab, "{}.vocab: missing or not an object", where);
   vocab_.reserve(tables.vocab.size());
+  // Tables are indexed by id: ids far past the number of entries (a vocabulary of a few tokens with
+  // an id of 2e9) would allocate gigabytes, so they are refused.
+  const int64_t id_limit = 2 * int64_t(tables.vocab.size()) + 1024;
   for (auto& [token, id] : tables.vocab) {
-    DSI_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < INT32_MAX,
+    DSI_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0,
               "{}.vocab: token '{}' has id {}, expected a non-negative integer", where, token,
               id.dump());
+    DSI_CHECK(id.get<int64_t>() < id_limit,
+              "{}.vocab: token '{}' has id {}, far past the vocabulary's {} entries", where, token,
+              id.dump(), tables.vocab.size());
     const int32_t i = id.get<int32_t>();
     if (size_t(i) >= id_to_token_.size()) {
       id_to_token_.resize(size_t(i) + 1);
