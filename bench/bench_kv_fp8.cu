@@ -27,6 +27,7 @@
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
 #include "backends/cuda/topk/topk.h"
 #include "ops/kv_fp8.h"
+#include "bench_util.h"
 
 namespace {
 
@@ -89,44 +90,6 @@ double time_us(Fn fn, int reps) {
 void report(const std::string& name, double us, double bytes) {
   const double gbs = bytes / (us * 1e-6) / 1e9;
   std::printf("%-52s %10.1f us %9.1f GB/s %6.1f %%\n", name.c_str(), us, gbs, 100.0 * gbs / kPeakGBs);
-}
-
-// Median over `reps` replays of (graph of K calls of launch(copy, stream)) / K, in microseconds;
-// launch(i, st) uses input copy i (K is a multiple of `copies`, at least 24).
-template <typename Launch>
-double time_graph(int copies, int reps, Launch launch) {
-  cudaStream_t st;
-  DSI_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const int k = copies * std::max(1, (24 + copies - 1) / copies);
-  for (int i = 0; i < copies; ++i) launch(i, st);  // warm-up outside the graph
-  DSI_CUDA_CHECK(cudaStreamSynchronize(st));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  DSI_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < k; ++i) launch(i % copies, st);
-  DSI_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-  DSI_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  DSI_CUDA_CHECK(cudaEventCreate(&a));
-  DSI_CUDA_CHECK(cudaEventCreate(&b));
-  DSI_CUDA_CHECK(cudaGraphLaunch(exec, st));  // warm replay
-  std::vector<double> us;
-  for (int r = 0; r < reps; ++r) {
-    DSI_CUDA_CHECK(cudaEventRecord(a, st));
-    DSI_CUDA_CHECK(cudaGraphLaunch(exec, st));
-    DSI_CUDA_CHECK(cudaEventRecord(b, st));
-    DSI_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    DSI_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    us.push_back(double(ms) * 1000.0 / k);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
 }
 
 // Random indexer-key pages: e4m3 bytes without the NaN codes (bit 3 cleared), scales 2^-6.

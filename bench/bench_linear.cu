@@ -20,6 +20,7 @@
 #include "backends/cuda/device.h"
 #include "backends/cuda/linear/fp8_gemm.h"
 #include "backends/cuda/linear/gemv.h"
+#include "bench_util.h"
 
 namespace {
 
@@ -95,43 +96,6 @@ void free_weights(Weights& ws) {
   for (void* p : ws.w) cudaFree(p);
   for (float* p : ws.s) cudaFree(p);
   ws = Weights{};
-}
-
-// Median over `reps` replays of (graph of K calls of launch(copy, stream)) / K, in microseconds.
-template <typename Launch>
-double time_rotating(int copies, int reps, Launch launch) {
-  cudaStream_t st;
-  DSI_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const int k = copies * std::max(1, (24 + copies - 1) / copies);
-  for (int i = 0; i < copies; ++i) launch(i, st);  // warm-up (and first-launch costs) outside
-  DSI_CUDA_CHECK(cudaStreamSynchronize(st));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  DSI_CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < k; ++i) launch(i % copies, st);
-  DSI_CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-  DSI_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  DSI_CUDA_CHECK(cudaEventCreate(&a));
-  DSI_CUDA_CHECK(cudaEventCreate(&b));
-  DSI_CUDA_CHECK(cudaGraphLaunch(exec, st));  // warm replay
-  std::vector<double> us;
-  for (int r = 0; r < reps; ++r) {
-    DSI_CUDA_CHECK(cudaEventRecord(a, st));
-    DSI_CUDA_CHECK(cudaGraphLaunch(exec, st));
-    DSI_CUDA_CHECK(cudaEventRecord(b, st));
-    DSI_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    DSI_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    us.push_back(double(ms) * 1000.0 / k);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(st);
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
 }
 
 dsi::cuda::GemvParams gemv_params(const Shape& sh, bool fp8, int n, const float* x, float* y) {
@@ -213,7 +177,7 @@ int main(int argc, char** argv) {
             dsi::cuda::GemvParams p = gemv_params(sh, fp8, n, x, y);
             const double bytes = double(ws.bytes + ws.scale_bytes) + 4.0 * n * (sh.in + sh.out);
             auto run_plan = [&](const dsi::cuda::GemvPlan& plan) {
-              return time_rotating(copies, reps, [&](int c, cudaStream_t st) {
+              return time_graph(copies, reps, [&](int c, cudaStream_t st) {
                 dsi::cuda::GemvParams q = p;
                 q.w = ws.w[size_t(c)];
                 q.scale_inv = fp8 ? ws.s[size_t(c)] : nullptr;
@@ -250,7 +214,7 @@ int main(int argc, char** argv) {
           for (int n : {1, 8, 64, 512}) {
             const int64_t groups = (sh.in + 127) / 128;
             const double bytes = double(ws.bytes + ws.scale_bytes) + 4.0 * n * (sh.in + sh.out);
-            const double us = time_rotating(copies, std::max(3, reps / 3), [&](int c, cudaStream_t st) {
+            const double us = time_graph(copies, std::max(3, reps / 3), [&](int c, cudaStream_t st) {
               dsi::cuda::ActQuantParams qp{};
               qp.x = x;
               qp.q = xq;
