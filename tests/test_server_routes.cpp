@@ -159,6 +159,18 @@ TEST_F(ServerRoutes, HealthModelsAndRouting) {
   EXPECT_EQ(call("HEAD", "/health").status, 200);
 }
 
+TEST_F(ServerRoutes, FailedEngineIsAServerError) {
+  FakeEngineOptions o = kjv_like();
+  o.failure = "rank 1: all_reduce timed out";
+  start(o);
+  const HttpResponse h = call("GET", "/health");
+  EXPECT_EQ(h.status, 503);
+  EXPECT_NE(h.body.find("all_reduce timed out"), std::string::npos);
+  const Json e = post_json("/v1/completions", Json{{"model", "kjv-dsa"}, {"prompt", "And God said"}}, 503);
+  EXPECT_EQ(e["error"]["type"], "server_error");
+  EXPECT_NE(e["error"]["message"].get<std::string>().find("the engine has failed"), std::string::npos);
+}
+
 TEST_F(ServerRoutes, CompletionGreedyText) {
   const std::string prompt = "In the beginning God created";
   const std::vector<int32_t> ids = kjv_tokenizer().encode(prompt, true);

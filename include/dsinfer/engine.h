@@ -108,6 +108,9 @@ class Engine {
   virtual void cancel(uint64_t id) = 0;
   virtual EngineMetrics metrics() const = 0;
   virtual const ModelInfo& info() const = 0;
+  // Empty while the engine works; after a rank failed (its communicators are aborted, no request
+  // can run any more), what went wrong.
+  virtual std::string failure() const { return {}; }
 };
 
 }  // namespace dsi

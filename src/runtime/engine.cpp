@@ -177,6 +177,11 @@ void EngineImpl::cancel(uint64_t id) {
   cv_.notify_all();
 }
 
+std::string EngineImpl::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_;
+}
+
 EngineMetrics EngineImpl::metrics() const {
   std::lock_guard<std::mutex> lock(mu_);
   return metrics_;

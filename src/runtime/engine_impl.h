@@ -29,6 +29,7 @@ class EngineImpl final : public Engine {
   void cancel(uint64_t id) override;
   EngineMetrics metrics() const override;
   const ModelInfo& info() const override { return info_; }
+  std::string failure() const override;
 
  private:
   void loop();

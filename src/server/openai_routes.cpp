@@ -287,6 +287,8 @@ OpenAiService::OpenAiService(Engine& engine, Tokenizer tokenizer,
 }
 
 HttpResponse OpenAiService::health(const HttpRequest&) {
+  const std::string failure = engine_.failure();
+  if (!failure.empty()) return json_response(503, Json{{"status", "failed"}, {"error", failure}});
   return json_response(200, Json{{"status", "ok"}});
 }
 
@@ -345,6 +347,9 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
   auto made = make_engine_request(req, std::move(prompt), limits_, random_seed());
   if (auto* e = std::get_if<ApiError>(&made)) return reject(*e);
 
+  // A failed engine is the server's fault, not the request's: 503, as /health says.
+  if (const std::string failure = engine_.failure(); !failure.empty())
+    return reject(ApiError{503, "the engine has failed: " + failure, "server_error"});
   auto run = std::make_shared<Run>(engine_, metrics_, tokenizer_, req);
   try {
     run->submit(std::move(std::get<EngineRequest>(made)));

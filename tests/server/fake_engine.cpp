@@ -140,21 +140,31 @@ void FakeEngine::loop() {
       out.emplace_back(&s.sink, std::move(ev));
     }
     m_.steps += 1;
-    // Sinks run without the lock (a sink may not call back into the engine, but tests may read
-    // metrics while it runs); the sequences stay in running_ until the events are delivered.
-    lock.unlock();
-    for (auto& [sink, ev] : out) (*sink)(std::move(ev));
-    lock.lock();
+    // Finished sequences leave running_ (and the metrics) before their last event goes out, as the
+    // real engine does: a client that saw its last event finds no running request in /metrics.
+    // Sinks run without the lock (tests may read metrics while they run); only this thread changes
+    // running_, so it is read unlocked below.
     std::vector<Seq> keep;
+    std::vector<RequestEvent> live;
+    std::vector<std::pair<EventSink, RequestEvent>> last;
     for (size_t i = 0; i < running_.size(); ++i) {
       if (!out[i].second.finished) {
         keep.push_back(std::move(running_[i]));
+        live.push_back(std::move(out[i].second));
       } else {
         cancel_.erase(running_[i].id);
         m_.requests_finished += 1;
+        last.emplace_back(std::move(running_[i].sink), std::move(out[i].second));
       }
     }
     running_ = std::move(keep);
+    m_.running = int64_t(running_.size());
+    m_.kv_pages_used = 0;
+    for (const Seq& q : running_) m_.kv_pages_used += pages_of(q);
+    lock.unlock();
+    for (size_t i = 0; i < live.size(); ++i) running_[i].sink(std::move(live[i]));
+    for (auto& [sink, ev] : last) sink(std::move(ev));
+    lock.lock();
     // Cancelled waiting requests finish without running.
     for (auto it = waiting_.begin(); it != waiting_.end();) {
       if (cancel_.count(it->id)) {

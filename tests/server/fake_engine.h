@@ -29,6 +29,7 @@ struct FakeEngineOptions {
   int tokens_per_step = 1;     // > 1: events carry several tokens (as speculative decoding does)
   std::chrono::microseconds step_time{1000};
   int64_t kv_pages_total = 4096;
+  std::string failure;         // non-empty: the engine reports itself failed
 };
 
 class FakeEngine : public Engine {
@@ -39,6 +40,7 @@ class FakeEngine : public Engine {
   void cancel(uint64_t id) override;
   EngineMetrics metrics() const override;
   const ModelInfo& info() const override { return info_; }
+  std::string failure() const override { return o_.failure; }
 
   // The tokens a request would get (without eos / stop ids / cancellation).
   static int32_t token_at(const FakeEngineOptions& o, const EngineRequest& r, size_t i);
