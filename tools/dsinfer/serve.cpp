@@ -65,6 +65,10 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--kv-cache-memory", f.kv_cache_memory,
                   "bytes for the KV pages per rank, e.g. 2G (default: a fraction of free memory)");
+  cmd->add_option("--kv-cache-dtype", f.engine.kv_cache_dtype,
+                  "f32 (default) or fp8 (656-byte MLA entries, e4m3 indexer keys; needs "
+                  "kv_lora_rank 512 and qk_rope_head_dim 64)")
+      ->check(CLI::IsMember({"f32", "fp8"}));
 }
 
 std::unique_ptr<Engine> start_engine(const EngineFlags& f) {
