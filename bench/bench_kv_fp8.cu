@@ -31,7 +31,6 @@
 
 namespace {
 
-constexpr double kPeakGBs = 4300.0;
 constexpr int64_t kPage = dsi::ops::kKvPageTokens;
 
 __device__ uint32_t mix(uint64_t i, uint32_t seed) {
@@ -62,34 +61,6 @@ float* random_f32(int64_t n, uint32_t seed) {
   fill_f32<<<1024, 256>>>(p, n, seed);
   DSI_CUDA_CHECK(cudaGetLastError());
   return p;
-}
-
-// Median microseconds of fn() over reps timed launches (after 3 warm-up calls).
-template <typename Fn>
-double time_us(Fn fn, int reps) {
-  for (int i = 0; i < 3; ++i) fn();
-  cudaEvent_t a, b;
-  DSI_CUDA_CHECK(cudaEventCreate(&a));
-  DSI_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    DSI_CUDA_CHECK(cudaEventRecord(a));
-    fn();
-    DSI_CUDA_CHECK(cudaEventRecord(b));
-    DSI_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    DSI_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(double(ms) * 1e3);
-  }
-  DSI_CUDA_CHECK(cudaEventDestroy(a));
-  DSI_CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-void report(const std::string& name, double us, double bytes) {
-  const double gbs = bytes / (us * 1e-6) / 1e9;
-  std::printf("%-52s %10.1f us %9.1f GB/s %6.1f %%\n", name.c_str(), us, gbs, 100.0 * gbs / kPeakGBs);
 }
 
 // Random indexer-key pages: e4m3 bytes without the NaN codes (bit 3 cleared), scales 2^-6.

@@ -26,7 +26,6 @@ namespace {
 
 using dsi::cuda::FloatKind;
 
-constexpr double kPeakGBs = 4300.0;  // H200 HBM3e, measured copy bandwidth
 
 // Fills bytes with a hash of their index: fp8 bytes other than NaN, bf16 values in [-1, 1),
 // fp32 values in [lo, hi).

@@ -21,7 +21,6 @@
 
 namespace {
 
-constexpr double kPeakGBs = 4300.0;
 constexpr int kK = dsi::cuda::kTopkSelectMaxK;
 
 __device__ uint32_t mix(uint64_t i, uint32_t seed) {
@@ -44,35 +43,6 @@ T* dalloc(size_t n) {
   void* p = nullptr;
   DSI_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
   return static_cast<T*>(p);
-}
-
-void report(const std::string& name, double us, double bytes) {
-  const double gbs = bytes / (us * 1e-6) / 1e9;
-  std::printf("%-56s %10.1f us %9.1f GB/s %6.1f %%\n", name.c_str(), us, gbs, 100.0 * gbs / kPeakGBs);
-}
-
-// The previous path on the legacy stream: median of reps event-timed calls.
-template <typename Fn>
-double time_stream(int reps, Fn fn) {
-  for (int i = 0; i < 2; ++i) fn();
-  DSI_CUDA_CHECK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  DSI_CUDA_CHECK(cudaEventCreate(&a));
-  DSI_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<double> us;
-  for (int r = 0; r < reps; ++r) {
-    DSI_CUDA_CHECK(cudaEventRecord(a));
-    fn();
-    DSI_CUDA_CHECK(cudaEventRecord(b));
-    DSI_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    DSI_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    us.push_back(double(ms) * 1000.0);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
 }
 
 void bench(int64_t rows, int64_t n, bool relu, int reps) {
