@@ -105,12 +105,6 @@ __global__ void __launch_bounds__(kGemmThreads) fp8_gemm_kernel(const Fp8GemmPar
   }
 }
 
-// The CPU reference's argument checks, with its messages.
-void check_act(const Tensor& x, const char* op) {
-  DSI_CHECK(x.ndim() == 2 && x.stride(1) == 1, "{}: input must be [n, in] with unit column stride, got {}",
-            op, x.desc());
-  check_dtype(x, DType::F32, "linear_fp8_act input");
-}
 
 }  // namespace
 
@@ -131,15 +125,8 @@ void launch_fp8_gemm(const Fp8GemmParams& p, cudaStream_t stream) {
 }
 
 void quantize_act_fp8(const Tensor& x, int64_t col0, int block, Tensor& q, Tensor& scales) {
-  check_act(x, "quantize_act_fp8");
-  DSI_CHECK(block > 0 && col0 >= 0 && col0 < block, "quantize_act_fp8: column offset {} in blocks of {}",
-            col0, block);
+  // Arguments checked by ops::quantize_act_fp8.
   const int64_t n = x.dim(0), in = x.dim(1), groups = (col0 + in + block - 1) / block;
-  check_shape(q, {n, in}, "quantize_act_fp8 q");
-  check_dtype(q, DType::F8_E4M3, "quantize_act_fp8 q");
-  check_shape(scales, {n, groups}, "quantize_act_fp8 scales");
-  check_dtype(scales, DType::F32, "quantize_act_fp8 scales");
-  DSI_CHECK(q.is_contiguous() && scales.is_contiguous(), "quantize_act_fp8: outputs must be contiguous");
   check_on(q, x.device(), "quantize_act_fp8", "q");
   check_on(scales, x.device(), "quantize_act_fp8", "scales");
   DeviceGuard guard(x.device());
@@ -157,16 +144,9 @@ void quantize_act_fp8(const Tensor& x, int64_t col0, int block, Tensor& q, Tenso
 }
 
 void linear_fp8_act(const Tensor& x, const LinearWeight& w, Tensor& out) {
-  check_act(x, "linear_fp8_act");
+  // Arguments checked by ops::linear_fp8_act.
   const Tensor& wt = w.weight;
-  DSI_CHECK(wt.defined() && wt.dtype() == DType::F8_E4M3,
-            "linear_fp8_act: the weight must be F8_E4M3 with block scales, got {}", wt.desc());
-  dequantize_rows(w, 0, 0);  // the weight and scale checks of the linear op, with its messages
   const int64_t out_f = w.out_features(), in_f = w.in_features(), n = x.dim(0);
-  DSI_CHECK(x.dim(1) == in_f, "linear_fp8_act: input {} does not match weight {}", x.desc(), wt.desc());
-  DSI_CHECK(out.ndim() == 2 && out.dim(0) == n && out.dim(1) == out_f && out.stride(1) == 1,
-            "linear_fp8_act: output {} for input {} and weight {}", out.desc(), x.desc(), wt.desc());
-  check_dtype(out, DType::F32, "linear_fp8_act output");
   check_on(wt, x.device(), "linear_fp8_act", "weight");
   check_on(out, x.device(), "linear_fp8_act", "output");
   if (n == 0 || out_f == 0) return;
