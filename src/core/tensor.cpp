@@ -224,6 +224,32 @@ Tensor to_device(const Tensor& t, Device device) {
 
 Tensor to_host(const Tensor& t) { return t.contiguous(); }
 
+Tensor cat_rows(const std::vector<Tensor>& parts) {
+  const Tensor* first = nullptr;
+  int64_t rows = 0;
+  for (const Tensor& t : parts) {
+    if (!t.defined()) continue;
+    if (!first) first = &t;
+    DSI_CHECK(t.dtype() == first->dtype() && t.device() == first->device() && t.ndim() == first->ndim() &&
+                  Shape(t.shape().begin() + 1, t.shape().end()) ==
+                      Shape(first->shape().begin() + 1, first->shape().end()),
+              "cat_rows: {} and {} do not stack", first->desc(), t.desc());
+    rows += t.dim(0);
+  }
+  DSI_CHECK(first != nullptr, "cat_rows: nothing to stack");
+  Shape shape = first->shape();
+  shape[0] = rows;
+  Tensor out = Tensor::empty(shape, first->dtype(), first->device());
+  int64_t at = 0;
+  for (const Tensor& t : parts) {
+    if (!t.defined() || t.dim(0) == 0) continue;
+    Tensor dst = out.slice(at, at + t.dim(0));
+    dst.copy_from(t);
+    at += t.dim(0);
+  }
+  return out;
+}
+
 std::string Tensor::desc() const { return std::string(dtype_name(dtype_)) + shape_str(shape_); }
 
 void check_shape(const Tensor& t, const Shape& want, const char* what) {

@@ -146,6 +146,10 @@ DeviceBackend* device_backend(DeviceType type);
 Tensor to_device(const Tensor& t, Device device);
 // A contiguous copy of `t` on the host (same as t.contiguous()).
 Tensor to_host(const Tensor& t);
+// The parts ([m_i, ...], same dtype, device and row shape; undefined ones skipped) stacked along
+// dimension 0 into a new contiguous tensor on their device. At least one part must be defined.
+Tensor cat_rows(const std::vector<Tensor>& parts);
+inline Tensor cat_rows(const Tensor& top, const Tensor& rows) { return cat_rows({top, rows}); }
 
 // Checks used at op boundaries: "what" names the argument in the message.
 void check_shape(const Tensor& t, const Shape& want, const char* what);

@@ -14,21 +14,6 @@ namespace dsi {
 
 namespace {
 
-// rows: [n, d] appended below dst (allocated on first use).
-void append_rows(Tensor& dst, const Tensor& rows) {
-  if (rows.dim(0) == 0) return;
-  if (!dst.defined() || dst.dim(0) == 0) {
-    dst = Tensor::empty(rows.shape(), DType::F32, rows.device());
-    dst.copy_from(rows);
-    return;
-  }
-  Tensor joined = Tensor::empty({dst.dim(0) + rows.dim(0), dst.dim(1)}, DType::F32, rows.device());
-  Tensor a = joined.slice(0, dst.dim(0)), b = joined.slice(dst.dim(0), joined.dim(0));
-  a.copy_from(dst);
-  b.copy_from(rows);
-  dst = joined;
-}
-
 // The rows `rows` of x ([n, d]), stacked: [rows.size(), d].
 Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& rows) {
   Tensor out = Tensor::empty({int64_t(rows.size()), x.dim(1)}, DType::F32, x.device());
@@ -79,7 +64,7 @@ void EngineImpl::prepare(EngineSequence& s) {
 void EngineImpl::append_pending(EngineSequence& s, int64_t first_row, int64_t n) {
   const int64_t p0 = s.sched.computed - n;  // position of the first appended row
   for (int64_t i = 0; i < n; ++i) s.pending_next.push_back(s.tokens[size_t(p0 + i + 1)]);
-  for (EngineRankState& st : s.ranks) append_rows(st.pending_hidden, st.step_hidden.slice(first_row, first_row + n));
+  for (EngineRankState& st : s.ranks) st.pending_hidden = cat_rows(st.pending_hidden, st.step_hidden.slice(first_row, first_row + n));
 }
 
 // The MTP drafter of speculative.cpp, batched: step 1 consumes every sequence's pending rows (its
@@ -120,8 +105,7 @@ void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
         }
         if (share) shares.push_back(&st.share);
       }
-      Tensor hidden;
-      for (const Tensor& t : inputs) append_rows(hidden, t);
+      const Tensor hidden = cat_rows(inputs);
       Tensor y = m.mtp_forward(hidden, Tensor::from_i32(next, {int64_t(next.size())}), batch, nullptr,
                                shares);
       std::vector<int64_t> lasts;

@@ -62,17 +62,7 @@ struct Pending {
   std::vector<int32_t> next;
   int64_t start = 0;
   void append(const Tensor& rows, const std::vector<int32_t>& tokens) {
-    if (!hidden.defined() || hidden.dim(0) == 0) {
-      hidden = Tensor::empty(rows.shape(), DType::F32, rows.device());
-      hidden.copy_from(rows);
-    } else {
-      Tensor joined =
-          Tensor::empty({hidden.dim(0) + rows.dim(0), hidden.dim(1)}, DType::F32, rows.device());
-      Tensor a = joined.slice(0, hidden.dim(0)), b = joined.slice(hidden.dim(0), joined.dim(0));
-      a.copy_from(hidden);
-      b.copy_from(rows);
-      hidden = joined;
-    }
+    hidden = cat_rows(hidden, rows);
     next.insert(next.end(), tokens.begin(), tokens.end());
   }
 };
