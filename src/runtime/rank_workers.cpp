@@ -3,8 +3,9 @@
 
 #include <fmt/format.h>
 
+#include "runtime/ranks.h"
+
 #ifdef DSI_WITH_NCCL
-#include "backends/cuda/device.h"
 #include "comm/nccl_comm.h"
 #endif
 
@@ -22,13 +23,7 @@ RankWorkers::RankWorkers(const ParallelConfig& cfg, const CommOptions& options, 
   auto process = std::make_shared<NcclProcessState>();
   try {
     run([&](int r) {  // creation is collective: every rank at once, from its own thread
-    const int n_gpus = cuda::device_count();
-    DSI_CHECK(n_gpus >= cfg.tp, "{} ranks on CUDA devices need {} GPUs, {} visible", cfg.tp, cfg.tp,
-              n_gpus);
-    const RankContext& layout = contexts_[size_t(r)];
-    device_comms_[size_t(r)] = NcclComm::create(
-        world_->comm(r), NcclSetup{r, {layout.tp_group, layout.dcp_group},
-                                   NcclSumOrder::kMemberOrder, process});
+      device_comms_[size_t(r)] = make_thread_rank_nccl(world_->comm(r), cfg, r, process);
     });
   } catch (...) {
     stop_threads();  // no destructor runs for a constructor that throws

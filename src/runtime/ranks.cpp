@@ -15,6 +15,18 @@
 
 namespace dsi {
 
+#ifdef DSI_WITH_NCCL
+std::unique_ptr<NcclComm> make_thread_rank_nccl(Communicator& host, const ParallelConfig& cfg, int r,
+                                                const std::shared_ptr<NcclProcessState>& process) {
+  const int n_gpus = cuda::device_count();
+  DSI_CHECK(n_gpus >= cfg.tp, "{} ranks on CUDA devices need {} GPUs, {} visible", cfg.tp, cfg.tp,
+            n_gpus);
+  const RankContext layout = RankContext::make(cfg, r, &host);
+  return NcclComm::create(host, NcclSetup{r, {layout.tp_group, layout.dcp_group},
+                                          NcclSumOrder::kMemberOrder, process});
+}
+#endif
+
 void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
                          const std::function<void(const RankContext&)>& fn, bool cuda) {
   DSI_CHECK(cfg.tp >= 1, "tp = {} must be >= 1", cfg.tp);
@@ -40,12 +52,7 @@ void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
       try {
 #ifdef DSI_WITH_NCCL
         if (cuda && cfg.tp > 1) {
-          const RankContext layout = RankContext::make(cfg, r, &host);
-          const int n_gpus = cuda::device_count();
-          DSI_CHECK(n_gpus >= cfg.tp, "{} ranks on CUDA devices need {} GPUs, {} visible", cfg.tp,
-                    cfg.tp, n_gpus);
-          nccl = NcclComm::create(host, NcclSetup{r % n_gpus, {layout.tp_group, layout.dcp_group},
-                                                  NcclSumOrder::kMemberOrder, nccl_process});
+          nccl = make_thread_rank_nccl(host, cfg, r, nccl_process);
           comm = nccl.get();
         }
 #endif

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,16 @@ namespace dsi {
 // With `cuda`, rank r computes on GPU r and the ranks communicate through NCCL (device tensors).
 void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
                          const std::function<void(const RankContext&)>& fn, bool cuda = false);
+
+#ifdef DSI_WITH_NCCL
+class NcclComm;
+struct NcclProcessState;
+// Thread rank r's NCCL communicator on GPU r, over its host-side thread communicator `host`, with
+// the TP and DCP groups of `cfg` made at start. Collective: every rank calls it at once, from its
+// own thread; `process` is shared by the ranks of the process.
+std::unique_ptr<NcclComm> make_thread_rank_nccl(Communicator& host, const ParallelConfig& cfg, int r,
+                                                const std::shared_ptr<NcclProcessState>& process);
+#endif
 
 // Changes to a checkpoint's config made at load time.
 struct ModelOverrides {
