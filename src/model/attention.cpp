@@ -61,10 +61,12 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   ops::copy(q.narrow(2, nope, rope), q_abs_pe);
 
   // The winners' pool slots: this rank attends to the ones it owns, wherever their pages are.
-  Tensor slots = Tensor::empty(topk.local.shape(), DType::I32, dev);
-  ops::slots_from_local(topk.local, ctx.pages.block_tables, ctx.pages.row_seq,
-                        ctx.pages.page_size, slots);
-  Tensor o_lat = dcp_sparse_attention(*ctx.rank, q_abs, kv.latent, slots,
+  if (!topk.slots.defined()) {
+    topk.slots = Tensor::empty(topk.local.shape(), DType::I32, dev);
+    ops::slots_from_local(topk.local, ctx.pages.block_tables, ctx.pages.row_seq,
+                          ctx.pages.page_size, topk.slots);
+  }
+  Tensor o_lat = dcp_sparse_attention(*ctx.rank, q_abs, kv.latent, topk.slots,
                                       float(c.attn_softmax_scale()), int(lora));
 
   Tensor o = Tensor::empty({n, heads, c.v_head_dim}, DType::F32, dev);
