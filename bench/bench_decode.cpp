@@ -5,18 +5,22 @@
 // 656-byte MLA entries) at 4.3 TB/s, and the tokens/s those times imply for the full model.
 // With --tp / --dcp the layers run on that many GPUs (thread ranks, NCCL) and the time spent in
 // collectives is reported per layer; --rows 4 times MTP-3 verification steps (4 rows per step).
+// --graphs (one GPU) times the step replayed from a CUDA graph (backends/cuda/graph/), as decoding
+// runs it; without it every op is launched from the host.
 //   bench_decode --config configs/glm-5.2.json [--layers 4] [--first-layer 6] [--context 131072]
 //                [--iters 20] [--weights fp8|bf16] [--kv-cache fp8|f32] [--tp T] [--dcp W]
-//                [--rows R]
+//                [--rows R] [--graphs]
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "backends/cuda/device.h"
+#include "backends/cuda/graph/step_graph.h"
 #include "model/dsa_model.h"
 #include "model/synthetic.h"
 #include "runtime/ranks.h"
@@ -36,6 +40,7 @@ struct Args {
   std::string weights;  // "" = as the config says
   std::string kv_cache = "fp8";
   int tp = 1, dcp = 1, rows = 1;
+  bool graphs = false;
 };
 
 // Forwards every collective to `inner` and adds up the wall time spent in them (the collectives
@@ -93,9 +98,11 @@ Args parse(int argc, char** argv) {
     else if (k == "--tp") a.tp = std::stoi(next());
     else if (k == "--dcp") a.dcp = std::stoi(next());
     else if (k == "--rows") a.rows = std::stoi(next());
+    else if (k == "--graphs") a.graphs = true;
     else dsi::fail("unknown option {}", k);
   }
   if (a.config.empty()) dsi::fail("--config FILE is required");
+  if (a.graphs && (a.tp > 1 || a.dcp > 1)) dsi::fail("--graphs runs on one GPU (tp = dcp = 1)");
   return a;
 }
 
@@ -164,9 +171,9 @@ int run(const Args& a) {
 
   fmt::print("device: {} ({} visible)\n", dsi::cuda::device_description(0), dsi::cuda::device_count());
   fmt::print("{}: layers [{}, {}) of {} ({} weights, {} KV cache), context {} tokens, batch 1, {} "
-             "row(s) per step, tp {}, dcp {}, {} steps\n", a.config, first, first + a.layers,
+             "row(s) per step, tp {}, dcp {}, {} steps{}\n", a.config, first, first + a.layers,
              full.n_layers, cfg.quant.fp8 ? "fp8" : "bf16", a.kv_cache, C, a.rows, a.tp, a.dcp,
-             a.iters);
+             a.iters, a.graphs ? ", CUDA graph replay" : ", eager launches");
   dsi::ParallelConfig pc;
   pc.tp = a.tp;
   pc.dcp = a.dcp;
@@ -190,11 +197,23 @@ int run(const Args& a) {
         dsi::SequenceKvCache cache = model->make_cache(C + a.rows, /*with_mtp=*/false, kv);
         fill_cache(*model, cache, C);
         const dsi::Tensor tokens = dsi::Tensor::from_i32(std::vector<int32_t>(size_t(a.rows), 42), {a.rows});
+        // The graph's inputs: the same step (positions C ..) every iteration.
+        cache.set_length(C);
+        const dsi::LayerContext ctx =
+            model->upload_context(model->plan_context({dsi::BatchSeq{&cache, a.rows}}, false));
+        const dsi::Tensor tokens_d = dsi::to_device(tokens, model->device());
+        std::unique_ptr<dsi::cuda::StepGraph> graph;
+        dsi::Tensor out;
         for (int it = 0; it < a.iters + 2; ++it) {
           cache.set_length(C);
           if (it == 2) timed.seconds = 0, timed.calls = 0;  // two warm-up steps
+          if (a.graphs && it == 2) {
+            graph = std::make_unique<dsi::cuda::StepGraph>(model->device());
+            graph->capture([&] { out = model->forward_planned(tokens_d, ctx, cache); });
+          }
           const auto s = std::chrono::steady_clock::now();
-          const dsi::Tensor h = dsi::to_host(model->forward(tokens, cache));  // waits for the step
+          if (graph) graph->replay();  // waits for the step
+          else dsi::to_host(model->forward(tokens, cache));  // waits for the step
           const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
           if (it >= 2 && rank.is_root()) times.push_back(dt);
         }

@@ -28,6 +28,7 @@ struct EngineOptions {
   int64_t kv_cache_memory = 0;          // bytes for the KV pages (per rank); 0 = from the fraction
   double kv_cache_fraction = 0.5;       // of free device memory (CPU: of available RAM)
   std::string kv_cache_dtype = "f32";   // "f32", or "fp8" (656-byte MLA entries, e4m3 index keys)
+  bool cuda_graphs = true;              // one CUDA rank: decode-only steps replay CUDA graphs
 };
 
 // One request: a prompt of token ids and how to continue it.

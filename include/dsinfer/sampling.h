@@ -17,6 +17,7 @@ struct GenerationParams {
   int prefill_chunk = 0;    // prompt tokens per prefill step; 0 = the whole prompt at once
   int speculative_tokens = 0;  // K > 0: the MTP layer drafts K tokens per round, the model verifies
   SamplingParams sampling;
+  bool cuda_graphs = true;  // a CUDA model on one rank replays its decode steps from CUDA graphs
 };
 
 }  // namespace dsi

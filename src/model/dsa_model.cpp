@@ -40,12 +40,13 @@ SequenceKvCache DsaModel::make_cache(int64_t capacity, bool with_mtp, KvCacheDty
   return SequenceKvCache(cfg_, capacity, with_mtp, rank_.dcp, device_, dtype);
 }
 
-LayerContext DsaModel::make_context(const std::vector<BatchSeq>& seqs, bool mtp) const {
+LayerContext DsaModel::plan_context(const std::vector<BatchSeq>& seqs, bool mtp, int64_t min_pages,
+                                    int64_t min_keys) const {
   const DcpLayout& dcp = rank_.dcp;
   DSI_CHECK(!seqs.empty(), "forward: no sequences");
   const KvPool* pool = &seqs[0].cache->pool();
   int64_t n = 0;
-  size_t max_pages = 1;
+  size_t max_pages = size_t(std::max<int64_t>(1, min_pages));
   for (const BatchSeq& s : seqs) {
     DSI_CHECK(s.cache != nullptr && s.n > 0, "forward: a sequence with {} rows", s.n);
     DSI_CHECK(&s.cache->pool() == pool, "forward: the sequences of one call must share a pool");
@@ -67,6 +68,7 @@ LayerContext DsaModel::make_context(const std::vector<BatchSeq>& seqs, bool mtp)
   ctx.pages.row_seq = Tensor::empty({n}, DType::I32);
   ctx.pages.block_tables = Tensor::empty({int64_t(seqs.size()), int64_t(max_pages)}, DType::I32);
   ctx.pages.page_size = int(kPageTokens);
+  ctx.local_keys = min_keys;
   int64_t row = 0;
   for (size_t b = 0; b < seqs.size(); ++b) {
     const SequenceKvCache& c = *seqs[b].cache;
@@ -84,6 +86,11 @@ LayerContext DsaModel::make_context(const std::vector<BatchSeq>& seqs, bool mtp)
     std::fill(table, table + max_pages, -1);
     std::copy(c.pages().begin(), c.pages().end(), table);
   }
+  return ctx;
+}
+
+LayerContext DsaModel::upload_context(const LayerContext& host) const {
+  LayerContext ctx = host;
   for (Tensor* t : {&ctx.positions, &ctx.store_slots, &ctx.local_bounds, &ctx.pages.row_seq,
                     &ctx.pages.block_tables})
     *t = to_device(*t, device_);
@@ -134,19 +141,28 @@ Tensor DsaModel::forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTr
 Tensor DsaModel::forward(const Tensor& tokens, const std::vector<BatchSeq>& seqs,
                          ForwardTrace* trace) const {
   const LayerContext ctx = make_context(seqs, /*mtp=*/false);
+  DSI_CHECK(tokens.ndim() == 1 && tokens.dim(0) == ctx.n, "forward: {} tokens for {} rows",
+            tokens.desc(), ctx.n);
+  Tensor out = forward_planned(to_device(tokens, device_), ctx, *seqs[0].cache, trace);
+  for (const BatchSeq& s : seqs) s.cache->set_length(s.cache->length() + s.n);
+  return out;
+}
+
+Tensor DsaModel::forward_planned(const Tensor& tokens, const LayerContext& ctx,
+                                 SequenceKvCache& cache, ForwardTrace* trace) const {
   const int64_t n = ctx.n;
-  DSI_CHECK(tokens.ndim() == 1 && tokens.dim(0) == n, "forward: {} tokens for {} rows",
-            tokens.desc(), n);
+  DSI_CHECK(tokens.ndim() == 1 && tokens.dim(0) == n && tokens.device() == device_,
+            "forward: {} tokens on {} for {} rows on {}", tokens.desc(), tokens.device().str(), n,
+            device_.str());
   Tensor h = Tensor::empty({n, cfg_.hidden_size}, DType::F32, device_);
-  ops::embedding(weights_.embed_tokens, to_device(tokens, device_), h);
+  ops::embedding(weights_.embed_tokens, tokens, h);
   DcpTopk topk;
   for (int i = 0; i < cfg_.n_layers; ++i) {
-    decoder_layer(ctx, weights_.layers[size_t(i)], h, seqs[0].cache->layer(i), topk);
+    decoder_layer(ctx, weights_.layers[size_t(i)], h, cache.layer(i), topk);
     if (trace) trace->topk.push_back(topk.global);
   }
   Tensor out = Tensor::empty({n, cfg_.hidden_size}, DType::F32, device_);
   ops::rms_norm(h, weights_.norm, float(cfg_.rms_norm_eps), out);
-  for (const BatchSeq& s : seqs) s.cache->set_length(s.cache->length() + s.n);
   return out;
 }
 

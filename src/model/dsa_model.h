@@ -54,6 +54,17 @@ class DsaModel {
   // sequence's rows in turn; all caches share one pool. Returns [sum n, hidden] f32.
   Tensor forward(const Tensor& tokens, const std::vector<BatchSeq>& seqs,
                  ForwardTrace* trace = nullptr) const;
+  // The two halves of forward(), for callers that replay steps from graphs (runtime/step_graphs.h):
+  // plan_context makes a call's inputs on the host (block tables padded to at least `min_pages`
+  // columns, the logits width at least `min_keys`: wider inputs give the same result), and
+  // forward_planned runs the main model on them once they are on the device (upload_context) —
+  // tokens [n] i32 on the device. forward_planned writes the new keys into the caches but leaves
+  // the sequences' lengths to the caller; it never reads the host.
+  LayerContext plan_context(const std::vector<BatchSeq>& seqs, bool mtp, int64_t min_pages = 0,
+                            int64_t min_keys = 0) const;
+  LayerContext upload_context(const LayerContext& host) const;
+  Tensor forward_planned(const Tensor& tokens, const LayerContext& ctx, SequenceKvCache& cache,
+                         ForwardTrace* trace = nullptr) const;
   // lm_head: [n, hidden] -> [n, vocab] f32 (vocabulary-parallel, gathered on every rank).
   Tensor logits(const Tensor& hidden) const;
 
@@ -79,7 +90,9 @@ class DsaModel {
   void decoder_layer(const LayerContext& ctx, const LayerWeights& w, Tensor& h, LayerKvCache& kv,
                      DcpTopk& topk) const;
   // The context of a call over `seqs`, whose rows start at each cache's length (or MTP length).
-  LayerContext make_context(const std::vector<BatchSeq>& seqs, bool mtp) const;
+  LayerContext make_context(const std::vector<BatchSeq>& seqs, bool mtp) const {
+    return upload_context(plan_context(seqs, mtp));
+  }
   Tensor vocab_parallel_logits(const Tensor& hidden, const LinearWeight& head) const;
 
   ModelConfig cfg_;

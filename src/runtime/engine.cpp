@@ -79,6 +79,8 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
   });
   DSI_CHECK(K_ == 0 || models_[0]->has_mtp(),
             "speculative decoding needs an MTP layer, and this checkpoint has none");
+  if (o.cuda_graphs && models_.size() == 1 && StepGraphs::supported(*models_[0]))
+    graphs_ = std::make_unique<StepGraphs>(*models_[0]);
 
   // The pool: what the budget buys, but no more than max_num_seqs full-length sequences need.
   const DcpLayout& dcp = ranks_->context(0).dcp;

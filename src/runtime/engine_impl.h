@@ -17,6 +17,7 @@
 #include "runtime/engine_sequence.h"
 #include "runtime/rank_workers.h"
 #include "runtime/scheduler.h"
+#include "runtime/step_graphs.h"
 
 namespace dsi {
 
@@ -54,6 +55,7 @@ class EngineImpl final : public Engine {
   int K_ = 0;
   std::unique_ptr<RankWorkers> ranks_;
   std::vector<std::unique_ptr<DsaModel>> models_;  // [rank]
+  std::unique_ptr<StepGraphs> graphs_;  // decode-only steps of one CUDA rank, from graphs
   std::vector<std::shared_ptr<KvPool>> pools_;     // [rank]
   std::unique_ptr<Scheduler> sched_;
   std::unordered_map<uint64_t, std::unique_ptr<EngineSequence>> seqs_;  // engine thread only

@@ -152,11 +152,25 @@ Tensor EngineImpl::run_forward(const std::vector<StepPlan::Rows>& rows,
                     s.tokens.begin() + p.seq->computed + p.n);
     }
   }
+  // A decode-only step keeps every row: one rank replays it from a graph (runtime/step_graphs.h).
+  const bool graphed = graphs_ && keep.size() == tokens.size() &&
+                       std::all_of(rows.begin(), rows.end(),
+                                   [](const StepPlan::Rows& p) { return p.seq->decoding(); });
   Tensor logits;
   ranks_->run([&](int r) {
     const DsaModel& m = *models_[size_t(r)];
     std::vector<BatchSeq> batch;
     for (const StepPlan::Rows& p : rows) batch.push_back({&seq_of(p.seq).ranks[size_t(r)].cache, p.n});
+    if (graphed) {
+      const StepGraphs::Step st = graphs_->forward(tokens, batch);
+      int64_t row = 0;
+      for (const StepPlan::Rows& p : rows) {
+        seq_of(p.seq).ranks[0].step_hidden = st.hidden.slice(row, row + p.n);
+        row += p.n;
+      }
+      logits = to_host(st.logits);
+      return;
+    }
     Tensor h = m.forward(Tensor::from_i32(tokens, {int64_t(tokens.size())}), batch);
     int64_t row = 0;
     for (const StepPlan::Rows& p : rows) {

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "ops/sampling.h"
+#include "runtime/step_graphs.h"
 
 namespace dsi {
 
@@ -112,6 +113,8 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
       std::min<int64_t>(limit, int64_t(prompt.size()) + params.max_new_tokens + K);
   SequenceKvCache cache = model.make_cache(std::max<int64_t>(capacity, 1), model.has_mtp() && K > 0);
   std::unique_ptr<Drafter> drafter = K > 0 ? make_drafter(cache) : nullptr;
+  std::unique_ptr<StepGraphs> graphs;
+  if (params.cuda_graphs && StepGraphs::supported(model)) graphs = std::make_unique<StepGraphs>(model);
   std::mt19937_64 rng(sp.seed);
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
 
@@ -170,8 +173,15 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
     // Verify [last token, drafts]: 1 + k rows at positions L .. L + k.
     std::vector<int32_t> rows = {sequence.back()};
     rows.insert(rows.end(), draft.tokens.begin(), draft.tokens.end());
-    Tensor h = model.forward(Tensor::from_i32(rows, {int64_t(rows.size())}), cache);
-    const Verdict v = verify_drafts(model.logits(h), draft, sp, rng);
+    StepGraphs::Step step;
+    if (graphs) {
+      step = graphs->forward(rows, {BatchSeq{&cache, int64_t(rows.size())}});
+    } else {
+      step.hidden = model.forward(Tensor::from_i32(rows, {int64_t(rows.size())}), cache);
+      step.logits = model.logits(step.hidden);
+    }
+    const Tensor& h = step.hidden;
+    const Verdict v = verify_drafts(step.logits, draft, sp, rng);
     std::vector<int32_t> emitted(draft.tokens.begin(), draft.tokens.begin() + v.accepted);
     emitted.push_back(v.next);
     agree_on_tokens(model.rank(), model.device(), emitted, K + 1);

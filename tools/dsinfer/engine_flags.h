@@ -15,6 +15,7 @@ namespace dsi::cli {
 struct EngineFlags {
   EngineOptions engine;
   std::string kv_cache_memory;  // "2G", ... (parsed after the command line)
+  bool no_cuda_graphs = false;
 };
 
 void add_engine_flags(CLI::App* cmd, EngineFlags& flags);

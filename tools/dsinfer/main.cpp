@@ -351,6 +351,9 @@ int main(int argc, char** argv) {
                   "MTP speculative decoding: draft K tokens per round (0 = off, the default)")
       ->check(CLI::NonNegativeNumber);
   gen->add_flag("--json", json, "print one JSON object (ids and stats) as the last stdout line");
+  bool no_graphs = false;
+  gen->add_flag("--no-cuda-graphs", no_graphs,
+                "--device cuda: run every decode step eagerly instead of replaying CUDA graphs");
 
   CommonOptions log_opts;
   std::string out, mtp_out;
@@ -400,6 +403,7 @@ int main(int argc, char** argv) {
       if (ids_opt->count() == 0 && text_opt->count() == 0)
         fail("generate needs --prompt-ids or --prompt");
       params.prefill_chunk = gen_opts.prefill_chunk;
+      params.cuda_graphs = !no_graphs;
       gen_opts.text_given = text_opt->count() > 0;
       return run_generate(gen_opts, params, json, mpi);
     }

@@ -69,11 +69,14 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f) {
                   "f32 (default) or fp8 (656-byte MLA entries, e4m3 indexer keys; needs "
                   "kv_lora_rank 512 and qk_rope_head_dim 64)")
       ->check(CLI::IsMember({"f32", "fp8"}));
+  cmd->add_flag("--no-cuda-graphs", f.no_cuda_graphs,
+                "--device cuda: run decode steps eagerly instead of replaying CUDA graphs");
 }
 
 std::unique_ptr<Engine> start_engine(const EngineFlags& f) {
   EngineOptions o = f.engine;
   if (!f.kv_cache_memory.empty()) o.kv_cache_memory = parse_bytes(f.kv_cache_memory);
+  o.cuda_graphs = !f.no_cuda_graphs;
   return Engine::start(o);
 }
 

@@ -1,6 +1,11 @@
 // Host side of the CUDA backend's shared pieces; see common.cuh.
+#include <atomic>
+#include <mutex>
+#include <utility>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/device.h"
+#include "backends/cuda/memory/memory.h"
 
 namespace dsi::cuda {
 
@@ -21,19 +26,77 @@ DeviceGuard::~DeviceGuard() {
   if (prev_ >= 0) cudaSetDevice(prev_);  // no throw from a destructor; restoring cannot fail here
 }
 
+cudaStream_t stream() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<cudaStream_t> streams[kMaxDevices];
+  static std::mutex mu;
+  int dev = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  DSI_CHECK(dev >= 0 && dev < kMaxDevices, "cuda:{}: device index beyond {}", dev, kMaxDevices);
+  cudaStream_t s = streams[dev].load(std::memory_order_acquire);
+  if (s != nullptr) return s;
+  std::lock_guard<std::mutex> lock(mu);
+  s = streams[dev].load();
+  if (s == nullptr) {
+    // Never destroyed: tensors released during static destruction may still enqueue on it.
+    DSI_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
+    streams[dev].store(s, std::memory_order_release);
+  }
+  return s;
+}
+
+int sm_count() {
+  int dev = 0, sms = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  DSI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+void sync_stream() { DSI_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
 Scratch::Scratch(size_t bytes) : size_(bytes) {
-  if (bytes > 0) DSI_CUDA_CHECK(cudaMallocAsync(&ptr_, bytes, stream()));
+  if (bytes == 0) return;
+  int dev = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  ptr_ = allocate_block(dev, bytes, pool_);
 }
 
-Scratch::~Scratch() {
-  if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream());
+Scratch::~Scratch() { release_block(pool_, ptr_); }
+
+Scratch::Scratch(Scratch&& o) noexcept : ptr_(o.ptr_), size_(o.size_), pool_(std::move(o.pool_)) {
+  o.ptr_ = nullptr;
+  o.size_ = 0;
 }
 
-ErrorFlag::ErrorFlag() : mem_(sizeof(unsigned long long)) {
-  DSI_CUDA_CHECK(cudaMemsetAsync(mem_.as<void>(), 0xff, sizeof(unsigned long long), stream()));
+Scratch& Scratch::operator=(Scratch&& o) noexcept {
+  if (this != &o) {
+    release_block(pool_, ptr_);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    pool_ = std::move(o.pool_);
+  }
+  return *this;
 }
 
-unsigned long long ErrorFlag::read() const { return read_device(ptr()); }
+ErrorFlag::ErrorFlag(const char* what) {
+  int dev = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  CaptureState* cap = capture_state();
+  if (cap != nullptr && cap->device == dev && cap->checks != nullptr) {
+    DeferredChecks& c = *cap->checks;
+    DSI_CHECK(int(c.what.size()) < c.capacity,
+              "a captured step holds more than {} input checks", c.capacity);
+    ptr_ = c.flags + c.what.size();  // reset to kNone at the start of every replay
+    c.what.emplace_back(what);
+    deferred_ = true;
+    return;
+  }
+  mem_ = Scratch(sizeof(unsigned long long));
+  ptr_ = mem_.as<unsigned long long>();
+  DSI_CUDA_CHECK(cudaMemsetAsync(ptr_, 0xff, sizeof(unsigned long long), stream()));
+}
+
+unsigned long long ErrorFlag::read() const { return deferred_ ? kNone : read_device(ptr_); }
 
 void check_on(const Tensor& t, Device device, const char* op, const char* what) {
   DSI_CHECK(t.device() == device, "{}: {} is on {}, the op runs on {}", op, what, t.device().str(),

@@ -8,15 +8,22 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 
 #include "backends/cuda/cuda_check.h"
 #include "core/tensor.h"
 
 namespace dsi::cuda {
 
-// The stream every op runs on: the device's legacy default stream, so ops, cudaMemcpy and cudaFree
-// are ordered without events. Later work (CUDA graphs) replaces this with a per-engine stream.
-inline cudaStream_t stream() { return nullptr; }  // 0: the legacy default stream (no per-thread flag)
+// The stream every op runs on: one per device, created on first use and shared by every thread (ops,
+// copies and the caching allocator's reuse of freed blocks are ordered by it without events). It is a
+// blocking stream, so work left on the legacy default stream (NCCL's, a benchmark's) is ordered
+// with it too. Step graphs (graph/step_graph.h) are captured on it.
+cudaStream_t stream();
+// Streaming multiprocessors of the current device.
+int sm_count();
+// Waits for the current device's stream (a host read of its results follows).
+void sync_stream();
 
 // Makes `device` current for the guard's lifetime (ops run on their tensors' device).
 class DeviceGuard {
@@ -30,8 +37,8 @@ class DeviceGuard {
   int prev_ = -1;
 };
 
-// Stream-ordered scratch memory (cudaMallocAsync / cudaFreeAsync on stream()): freed when the owner
-// dies, after the work queued so far. Later work plans these buffers once per step instead.
+// Scratch memory of one op from the caching allocator (memory/memory.h): given back when the owner
+// dies; the stream orders its reuse after the work queued so far.
 class Scratch {
  public:
   Scratch() = default;
@@ -39,6 +46,8 @@ class Scratch {
   ~Scratch();
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
+  Scratch(Scratch&& o) noexcept;
+  Scratch& operator=(Scratch&& o) noexcept;
   template <typename T>
   T* as() const {
     return static_cast<T*>(ptr_);
@@ -48,27 +57,32 @@ class Scratch {
  private:
   void* ptr_ = nullptr;
   size_t size_ = 0;
+  std::shared_ptr<struct BlockPool> pool_;
 };
 
 // A device word kernels lower (atomicMin) to the first bad item they meet; kNone when none.
-// read() synchronises (a bad id must throw the CPU's error; later work moves such checks to the
-// host side of the step so decode stays capturable).
+// Eagerly, read() synchronises and returns it, so a bad id throws the CPU's error. While this thread
+// captures a step graph, the flag is a slot of the graph's check array instead: read() returns kNone
+// and the graph reports `what` (with the item) after each replay (graph/step_graph.h).
 class ErrorFlag {
  public:
   static constexpr unsigned long long kNone = ~0ull;
-  ErrorFlag();
-  unsigned long long* ptr() const { return mem_.as<unsigned long long>(); }
+  explicit ErrorFlag(const char* what);
+  unsigned long long* ptr() const { return ptr_; }
   unsigned long long read() const;
 
  private:
   Scratch mem_;
+  unsigned long long* ptr_ = nullptr;
+  bool deferred_ = false;
 };
 
 // Reads one T from device memory (synchronises).
 template <typename T>
 T read_device(const T* p) {
   T v{};
-  DSI_CUDA_CHECK(cudaMemcpy(&v, p, sizeof(T), cudaMemcpyDeviceToHost));
+  DSI_CUDA_CHECK(cudaMemcpyAsync(&v, p, sizeof(T), cudaMemcpyDeviceToHost, stream()));
+  sync_stream();
   return v;
 }
 

@@ -136,7 +136,7 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
   check_on(ids, out.device(), "embedding", "ids");
   DSI_CHECK(ids.is_contiguous(), "embedding: ids must be contiguous");
   DeviceGuard guard(out.device());
-  ErrorFlag bad;
+  ErrorFlag bad("embedding: a token id outside the table");
   EmbeddingParams p{};
   p.table = table.raw();
   p.table_kind = float_kind(table.dtype(), "embedding table");

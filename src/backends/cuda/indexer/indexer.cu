@@ -75,7 +75,8 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
                                 {&keys, "keys"}, {&bounds, "bounds"}, {&logits, "logits"}})
     check_on(*t, q.device(), "indexer_logits", what);
   DeviceGuard guard(q.device());
-  ErrorFlag bad, bad_key;
+  ErrorFlag bad("indexer_logits: a row's bound outside [0, keys]");
+  ErrorFlag bad_key("indexer_logits: a key on a page outside the pool");
   IndexerParams p{};
   p.pages = page_table(pages, rows, q.device(), "indexer_logits");
   p.n_slots = keys.dim(0);
@@ -98,7 +99,9 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
   unsigned long long first = bad.read();
   if (n_keys == 0 && rows > 0) {
     std::vector<int32_t> b(static_cast<size_t>(rows));
-    DSI_CUDA_CHECK(cudaMemcpy(b.data(), p.bounds, b.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+    DSI_CUDA_CHECK(cudaMemcpyAsync(b.data(), p.bounds, b.size() * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, stream()));
+    sync_stream();
     for (int64_t r = 0; r < rows && first == ErrorFlag::kNone; ++r)
       if (b[size_t(r)] != 0) first = static_cast<unsigned long long>(r);
   }

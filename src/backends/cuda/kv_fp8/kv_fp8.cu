@@ -406,13 +406,6 @@ __global__ void __launch_bounds__(kSmThreads) sparse_mla_fp8_kernel(SparseMlaFp8
   }
 }
 
-int sm_count() {
-  int dev = 0, n = 0;
-  DSI_CUDA_CHECK(cudaGetDevice(&dev));
-  DSI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
-
 // Opts a kernel into `smem` bytes of dynamic shared memory (checked against the device's limit).
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t smem, const char* op) {
@@ -504,7 +497,7 @@ void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& poo
   if (m == 0) return;
   DeviceGuard guard(keys.device());
   check_aligned(pool.raw(), 4, "indexer_keys_store_fp8", "pool");
-  ErrorFlag bad;
+  ErrorFlag bad("indexer_keys_store_fp8: a slot outside the pool");
   RotateQuantParams p{};
   p.x = keys.f32();
   p.x_stride = keys.stride(0);
@@ -542,7 +535,8 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   rq.q8 = q8.as<float>();
   rq.wq = wq.as<float>();
   launch_rotate_quant(rq, stream());
-  ErrorFlag bad_row, bad_page;
+  ErrorFlag bad_row("indexer_logits_fp8: a row's bound outside [0, keys]");
+  ErrorFlag bad_page("indexer_logits_fp8: a page outside the pool");
   IndexerLogitsFp8Params p{};
   p.q8 = q8.as<float>();
   p.wq = wq.as<float>();
@@ -585,7 +579,7 @@ void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool) 
   if (m == 0) return;
   DeviceGuard guard(rows.device());
   check_aligned(pool.raw(), 4, "mla_cache_store_fp8", "pool");
-  ErrorFlag bad;
+  ErrorFlag bad("mla_cache_store_fp8: a slot outside the pool");
   MlaStoreFp8Params p{};
   p.rows = rows.f32();
   p.slots = slots.i32();
@@ -606,7 +600,7 @@ void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows) {
   if (m == 0) return;
   DeviceGuard guard(pool.device());
   check_aligned(pool.raw(), 4, "mla_cache_load_fp8", "pool");
-  ErrorFlag bad;
+  ErrorFlag bad("mla_cache_load_fp8: a slot outside the pool");
   MlaLoadFp8Params p{};
   p.pool = static_cast<const uint8_t*>(pool.raw());
   p.slots = slots.i32();
@@ -627,7 +621,7 @@ void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, 
   if (rows == 0 || heads == 0) return;
   DeviceGuard guard(q.device());
   check_aligned(pool.raw(), 16, "sparse_mla_fp8", "pool");
-  ErrorFlag bad;
+  ErrorFlag bad("sparse_mla_fp8: an index outside the cache slots");
   // Split-KV tensor-core decode (sm90_sparse_mla_decode.cu); the older one-block-per-head-group
   // kernel (launch_sparse_mla_fp8) stays as the benchmark's baseline.
   SparseMlaDecodeParams p{};

@@ -137,9 +137,25 @@ __device__ __forceinline__ void reduce_store(const GemvParams& p, float (&acc)[N
   }
 }
 
-// The 16-byte vector kernel (gemv_vector_ok holds). Grid: ceil(out / (R * kWarps / k_split)).
+// The product of this block row: the params themselves, or (grouped) with its group's pointers;
+// false when the group is skipped.
+__device__ __forceinline__ bool group_params(const GemvParams& p0, GemvParams& p) {
+  p = p0;
+  if (p0.groups == nullptr) return true;
+  const GemvGroup g = p0.groups[blockIdx.y];
+  p.x = g.x;
+  p.w = g.w;
+  p.scale_inv = g.scale_inv;
+  p.y = g.y;
+  return g.w != nullptr;
+}
+
+// The 16-byte vector kernel (gemv_vector_ok holds). Grid: ceil(out / (R * kWarps / k_split)) x
+// n_groups.
 template <FloatKind K, int N, int R>
-__global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p, const int k_split) {
+__global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0, const int k_split) {
+  GemvParams p;
+  if (!group_params(p0, p)) return;
   constexpr int E = elems_per_16b<K>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
@@ -182,7 +198,9 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p, 
 // The element-wise kernel for any shape and alignment: a warp per output row, lanes stride the
 // columns. Grid: ceil(out / kWarps).
 template <int N>
-__global__ void __launch_bounds__(kThreads) gemv_any_kernel(const GemvParams p) {
+__global__ void __launch_bounds__(kThreads) gemv_any_kernel(const GemvParams p0) {
+  GemvParams p;
+  if (!group_params(p0, p)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row_base = int64_t(blockIdx.x) * kWarps + warp;
   const int64_t row = row_base < p.out ? row_base : p.out - 1;
@@ -203,7 +221,7 @@ __global__ void __launch_bounds__(kThreads) gemv_any_kernel(const GemvParams p) 
 template <FloatKind K, int N>
 void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   const int64_t rows_per_block = int64_t(plan.rows_per_warp) * (kWarps / plan.k_split);
-  const unsigned grid = unsigned((p.out + rows_per_block - 1) / rows_per_block);
+  const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
   switch (plan.rows_per_warp) {
     case 1: gemv_vec_kernel<K, N, 1><<<grid, kThreads, 0, s>>>(p, plan.k_split); break;
     case 2: gemv_vec_kernel<K, N, 2><<<grid, kThreads, 0, s>>>(p, plan.k_split); break;
@@ -214,7 +232,7 @@ void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
 template <int N>
 void launch_n(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   if (!plan.vec) {
-    const unsigned grid = unsigned((p.out + kWarps - 1) / kWarps);
+    const dim3 grid(unsigned((p.out + kWarps - 1) / kWarps), unsigned(p.n_groups));
     gemv_any_kernel<N><<<grid, kThreads, 0, s>>>(p);
     return;
   }
@@ -257,7 +275,8 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // (too few bytes in flight to cover HBM latency).
   plan.rows_per_warp = 4;
   while (plan.rows_per_warp > 1 &&
-         (p.out + plan.rows_per_warp - 1) / plan.rows_per_warp * plan.k_split < int64_t(num_sms) * 32)
+         (p.out + plan.rows_per_warp - 1) / plan.rows_per_warp * plan.k_split * p.n_groups <
+             int64_t(num_sms) * 32)
     plan.rows_per_warp /= 2;
   return plan;
 }
@@ -265,6 +284,8 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
 void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream) {
   DSI_CHECK(p.n >= 1 && p.n <= kGemvMaxRows && p.out > 0 && p.in > 0,
             "gemv: {} rows x [{}, {}] outside the GEMV path", p.n, p.out, p.in);
+  DSI_CHECK(p.n_groups >= 1 && p.n_groups <= 65535 && (p.groups == nullptr || p.n == 1),
+            "gemv: {} groups of {} rows", p.n_groups, p.n);
   DSI_CHECK(!plan.vec || gemv_vector_ok(p), "gemv: the vector kernel needs 16-byte aligned operands");
   DSI_CHECK(plan.k_split == 1 || plan.k_split == 2 || plan.k_split == 4 || plan.k_split == 8,
             "gemv: k_split {}", plan.k_split);

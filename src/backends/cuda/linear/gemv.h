@@ -17,6 +17,14 @@ namespace dsi::cuda {
 
 inline constexpr int kGemvMaxRows = 8;  // x rows handled by the GEMV path (ops::linear, n <= 8)
 
+// One product of a grouped GEMV: its own input, weight and output (shape and dtype shared).
+struct GemvGroup {
+  const float* x;          // [1, in] (grouped GEMVs take one row per group)
+  const void* w;           // [out, in]; null: the group is skipped and y left as it is
+  const float* scale_inv;  // fp8 only
+  float* y;                // [1, out]
+};
+
 struct GemvParams {
   const float* x;          // [n, in], row stride ldx; the vector path needs 16-byte aligned rows
   const void* w;           // [out, in] of `kind`, contiguous
@@ -29,6 +37,11 @@ struct GemvParams {
   int block_out, block_in;
   int n;                   // 1..kGemvMaxRows
   FloatKind kind;
+  // Grouped form (null: one product): block row blockIdx.y computes groups[blockIdx.y], whose x, w,
+  // scale_inv and y replace the ones above (those then only serve the alignment checks, which every
+  // group must pass as well); n must be 1.
+  const GemvGroup* groups = nullptr;
+  int n_groups = 1;
 };
 
 // A launch plan: rows of W per warp, warps sharing one row group (split-K inside a block), and

@@ -28,7 +28,8 @@ __global__ void dequantize_kernel(DequantParams p) {
   }
 }
 
-// The CPU reference's checks of a weight and a row range, with its messages.
+}  // namespace
+
 void validate_weight(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
   const Tensor& wt = w.weight;
   DSI_CHECK(wt.ndim() == 2 && wt.is_contiguous(), "linear: weight must be a contiguous [out, in], got {}",
@@ -52,6 +53,26 @@ void validate_weight(const LinearWeight& w, int64_t row_begin, int64_t row_end) 
   }
   float_kind(wt.dtype(), "linear weight");
 }
+
+GemvParams gemv_weight_params(const LinearWeight& w) {
+  GemvParams p{};
+  p.w = w.weight.raw();
+  p.kind = float_kind(w.weight.dtype(), "linear weight");
+  p.in = w.in_features();
+  p.out = w.out_features();
+  p.block_out = p.block_in = 1;
+  if (p.kind == FloatKind::kE4M3) {
+    p.scale_inv = w.scale_inv.f32();
+    p.scale_cols = w.scale_inv.dim(1);
+    p.row0 = w.row0;
+    p.col0 = w.col0;
+    p.block_out = w.block_out;
+    p.block_in = w.block_in;
+  }
+  return p;
+}
+
+namespace {
 
 // Dequantises rows [row_begin, row_end) of a validated weight into out (device, contiguous).
 void dequantize_into(const LinearWeight& w, int64_t row_begin, int64_t row_end, float* out) {
@@ -96,25 +117,12 @@ void sgemm_xwt(const float* x, int64_t ldx, const float* w, float* c, int64_t ld
 // weight. x rows that are not 16-byte aligned are first packed into an aligned scratch copy (a few
 // KB), so the weight is still read with 16-byte loads.
 void linear_gemv(const Tensor& x, const LinearWeight& w, Tensor& out) {
-  GemvParams p{};
+  GemvParams p = gemv_weight_params(w);
   p.x = x.f32();
   p.ldx = x.stride(0);
-  p.w = w.weight.raw();
-  p.kind = float_kind(w.weight.dtype(), "linear weight");
   p.y = out.f32();
   p.ldy = out.stride(0);
-  p.in = w.in_features();
-  p.out = w.out_features();
   p.n = int(x.dim(0));
-  p.block_out = p.block_in = 1;
-  if (p.kind == FloatKind::kE4M3) {
-    p.scale_inv = w.scale_inv.f32();
-    p.scale_cols = w.scale_inv.dim(1);
-    p.row0 = w.row0;
-    p.col0 = w.col0;
-    p.block_out = w.block_out;
-    p.block_in = w.block_in;
-  }
   std::optional<Scratch> packed;
   if (!gemv_vector_ok(p)) {
     GemvParams q = p;  // would the weight qualify with an aligned, contiguous x?
@@ -129,10 +137,7 @@ void linear_gemv(const Tensor& x, const LinearWeight& w, Tensor& out) {
       p.ldx = p.in;
     }
   }
-  int dev = 0, sms = 0;
-  DSI_CUDA_CHECK(cudaGetDevice(&dev));
-  DSI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  launch_gemv(p, gemv_plan(p, sms), stream());
+  launch_gemv(p, gemv_plan(p, sm_count()), stream());
 }
 
 }  // namespace
@@ -162,7 +167,9 @@ Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end
   DeviceGuard guard(w.weight.device());
   Scratch buf(size_t(host.numel()) * sizeof(float));
   dequantize_into(w, row_begin, row_end, buf.as<float>());
-  DSI_CUDA_CHECK(cudaMemcpy(host.raw(), buf.as<void>(), host.nbytes(), cudaMemcpyDeviceToHost));
+  DSI_CUDA_CHECK(cudaMemcpyAsync(host.raw(), buf.as<void>(), host.nbytes(), cudaMemcpyDeviceToHost,
+                                 stream()));
+  sync_stream();
   return host;
 }
 

@@ -10,8 +10,19 @@
 #include <cstdint>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/linear/gemv.h"
+
+namespace dsi {
+struct LinearWeight;
+}  // namespace dsi
 
 namespace dsi::cuda {
+
+// The weight half of a GEMV's params (w, kind, shape, fp8 scales and blocks) for a weight that
+// passed the linear op's checks; x, y, strides and n are the caller's.
+GemvParams gemv_weight_params(const LinearWeight& w);
+// The CPU reference's checks of a weight (and a row range of it), with its messages.
+void validate_weight(const LinearWeight& w, int64_t row_begin, int64_t row_end);
 
 // out[r - row_begin, c] = W[r, c] (* scale_inv[(row0 + r) / block_out, (col0 + c) / block_in] for fp8)
 struct DequantParams {

@@ -1,8 +1,11 @@
-// Device memory of the CUDA backend; see memory.h. CudaStorage owns one cudaMalloc allocation;
-// CudaDeviceBackend is what core/tensor.cpp calls for CUDA tensors.
+// Device memory of the CUDA backend; see memory.h. CudaStorage owns one block of the caching
+// allocator; CudaDeviceBackend is what core/tensor.cpp calls for CUDA tensors.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "backends/cuda/common.cuh"
@@ -11,6 +14,142 @@
 #include "backends/cuda/memory/memory.h"
 
 namespace dsi::cuda {
+
+// One pool of cached blocks on one device. The shared pool of a device lives for the process; a
+// private pool lives as long as its graph or any tensor allocated from it.
+struct BlockPool {
+  int device = 0;
+  bool shared = false;
+  std::mutex mu;
+  std::multimap<size_t, void*> free;         // size class -> free blocks
+  std::unordered_map<void*, size_t> blocks;  // every block: its size class
+  ~BlockPool() {
+    int cur = -1;
+    const bool switched = cudaGetDevice(&cur) == cudaSuccess && cur != device &&
+                          cudaSetDevice(device) == cudaSuccess;
+    for (const auto& [p, size] : blocks) cudaFree(p);
+    if (switched) cudaSetDevice(cur);
+  }
+};
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceCounters {
+  std::atomic<int64_t> device_allocations{0};
+  std::atomic<int64_t> reserved{0};
+  std::atomic<int64_t> in_use{0};
+};
+DeviceCounters& counters(int device) {
+  static DeviceCounters c[kMaxDevices];
+  return c[device];
+}
+
+std::shared_ptr<BlockPool> shared_pool(int device) {
+  static std::mutex mu;
+  static std::shared_ptr<BlockPool> pools[kMaxDevices];
+  std::lock_guard<std::mutex> lock(mu);
+  if (!pools[device]) {
+    pools[device] = std::make_shared<BlockPool>();
+    pools[device]->device = device;
+    pools[device]->shared = true;
+  }
+  return pools[device];
+}
+
+// cudaFree of every free block of a pool (not while capturing: cudaFree is not capturable).
+void release_free_blocks(BlockPool& pool) {
+  std::lock_guard<std::mutex> lock(pool.mu);
+  for (const auto& [size, p] : pool.free) {
+    cudaFree(p);
+    pool.blocks.erase(p);
+    counters(pool.device).reserved -= int64_t(size);
+  }
+  pool.free.clear();
+}
+
+}  // namespace
+
+size_t block_size_class(size_t bytes) {
+  if (bytes <= 4096) return std::max<size_t>(512, (bytes + 511) / 512 * 512);
+  size_t top = 1;
+  while (top * 2 <= bytes) top *= 2;
+  const size_t step = top / 8;
+  return (bytes + step - 1) / step * step;
+}
+
+CaptureState*& capture_state() {
+  thread_local CaptureState* state = nullptr;
+  return state;
+}
+
+void* allocate_block(int device, size_t bytes, std::shared_ptr<BlockPool>& pool) {
+  DSI_CHECK(device >= 0 && device < kMaxDevices, "cuda:{}: device index beyond {}", device,
+            kMaxDevices);
+  const CaptureState* cap = capture_state();
+  pool = cap != nullptr && cap->device == device ? cap->pool : shared_pool(device);
+  const size_t size = block_size_class(bytes);
+  {
+    std::lock_guard<std::mutex> lock(pool->mu);
+    auto it = pool->free.find(size);
+    if (it != pool->free.end()) {
+      void* p = it->second;
+      pool->free.erase(it);
+      counters(device).in_use += int64_t(size);
+      return p;
+    }
+  }
+  DeviceGuard guard(Device::cuda(device));
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, size);
+  if (e == cudaErrorMemoryAllocation && cap == nullptr) {
+    cudaGetLastError();
+    release_free_blocks(*shared_pool(device));
+    e = cudaMalloc(&p, size);
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    fail("out of CUDA memory allocating {} bytes on cuda:{} ({}; {} MiB held by this process)",
+         bytes, device, cudaGetErrorString(e), counters(device).reserved.load() >> 20);
+  }
+  counters(device).device_allocations += 1;
+  counters(device).reserved += int64_t(size);
+  counters(device).in_use += int64_t(size);
+  std::lock_guard<std::mutex> lock(pool->mu);
+  pool->blocks.emplace(p, size);
+  return p;
+}
+
+void release_block(const std::shared_ptr<BlockPool>& pool, void* ptr) noexcept {
+  if (!pool || ptr == nullptr) return;
+  std::lock_guard<std::mutex> lock(pool->mu);
+  auto it = pool->blocks.find(ptr);
+  if (it == pool->blocks.end()) return;
+  pool->free.emplace(it->second, ptr);
+  counters(pool->device).in_use -= int64_t(it->second);
+}
+
+std::shared_ptr<BlockPool> make_private_pool(int device) {
+  auto pool = std::make_shared<BlockPool>();
+  pool->device = device;
+  return pool;
+}
+
+MemoryStats memory_stats(int device) {
+  DSI_CHECK(device >= 0 && device < kMaxDevices, "cuda:{}: device index beyond {}", device,
+            kMaxDevices);
+  const DeviceCounters& c = counters(device);
+  return {c.device_allocations.load(), c.reserved.load(), c.in_use.load()};
+}
+
+void empty_cache(int device) {
+  DSI_CHECK(device >= 0 && device < kMaxDevices, "cuda:{}: device index beyond {}", device,
+            kMaxDevices);
+  DeviceGuard guard(Device::cuda(device));
+  DSI_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  release_free_blocks(*shared_pool(device));
+}
 
 namespace {
 
@@ -77,27 +216,14 @@ void check_supported(int device) {
   checked.push_back(device);
 }
 
-// One cudaMalloc allocation on one device (at least 256 bytes, so data() is never null).
+// One block of the caching allocator on one device (at least 512 bytes, so data() is never null).
 class CudaStorage final : public Storage {
  public:
   CudaStorage(size_t bytes, Device device) : size_(bytes), device_(device) {
     check_supported(device.index);
-    DeviceGuard guard(device);
-    const cudaError_t e = cudaMalloc(&ptr_, std::max<size_t>(bytes, 256));
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      fail("out of CUDA memory allocating {} bytes on {} ({})", bytes, device.str(),
-           cudaGetErrorString(e));
-    }
+    ptr_ = allocate_block(device.index, bytes, pool_);
   }
-  ~CudaStorage() override {
-    // No throwing here; a free after the runtime shut down (static tensors) is harmless.
-    int cur = -1;
-    const bool switched = cudaGetDevice(&cur) == cudaSuccess && cur != device_.index &&
-                          cudaSetDevice(device_.index) == cudaSuccess;
-    cudaFree(ptr_);
-    if (switched) cudaSetDevice(cur);
-  }
+  ~CudaStorage() override { release_block(pool_, ptr_); }
   CudaStorage(const CudaStorage&) = delete;
   CudaStorage& operator=(const CudaStorage&) = delete;
   void* data() override { return ptr_; }
@@ -108,6 +234,7 @@ class CudaStorage final : public Storage {
   void* ptr_ = nullptr;
   size_t size_ = 0;
   Device device_;
+  std::shared_ptr<BlockPool> pool_;
 };
 
 class CudaDeviceBackend final : public DeviceBackend {
@@ -123,6 +250,8 @@ class CudaDeviceBackend final : public DeviceBackend {
     DSI_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream()));
   }
 
+  // On the device's stream: host-to-device and device-to-device copies are asynchronous (a pageable
+  // source is staged before the call returns), device-to-host ones wait for the data.
   void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
                   size_t bytes) override {
     if (bytes == 0) return;
@@ -130,15 +259,22 @@ class CudaDeviceBackend final : public DeviceBackend {
       std::memcpy(dst, src, bytes);
     } else if (src_device.is_cpu()) {
       DeviceGuard guard(dst_device);
-      DSI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+      DSI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
     } else if (dst_device.is_cpu()) {
       DeviceGuard guard(src_device);
-      DSI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+      DSI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+      sync_stream();
     } else if (src_device == dst_device) {
       DeviceGuard guard(dst_device);
-      DSI_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+      DSI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
     } else {
+      // Between devices: both streams' queued work first (each device runs its own stream).
+      {
+        DeviceGuard guard(src_device);
+        sync_stream();
+      }
       DeviceGuard guard(dst_device);
+      sync_stream();
       DSI_CUDA_CHECK(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, bytes));
     }
   }

@@ -1,14 +1,54 @@
-// Device memory of the CUDA backend: storage (cudaMalloc), host/device copies, and the strided copy
-// and fill kernels behind Tensor::copy_from and ops::copy on CUDA tensors.
+// Device memory of the CUDA backend: the caching allocator behind every CUDA tensor and op scratch,
+// host/device copies, and the strided copy and fill kernels behind Tensor::copy_from and ops::copy.
+//
+// The caching allocator: a freed block goes back to its pool's free list and the next request of the
+// same size class takes it, so once a step has run, running it again calls cudaMalloc no more (the
+// workspace of a step is what its first run reserved; it stays counted as used memory, so KV sizing
+// after a warm-up sees it). Size classes: multiples of 512 B up to 4 KiB, then 8 classes per power
+// of two (at most 12.5% rounding). A step graph (graph/step_graph.h) captures with a private pool: its
+// blocks keep their addresses for every replay and are never handed to other work.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
 namespace dsi::cuda {
+
+struct BlockPool;
+
+// The size class of a request of `bytes`.
+size_t block_size_class(size_t bytes);
+// A block of at least `bytes` from the pool this thread allocates from on `device` (the capturing
+// step graph's, else the device's shared pool); `pool` receives the owner. Out of memory: the shared
+// pool's free blocks are released and the request retried, then a dsi::Error.
+void* allocate_block(int device, size_t bytes, std::shared_ptr<BlockPool>& pool);
+// Gives a block back to its pool (never throws).
+void release_block(const std::shared_ptr<BlockPool>& pool, void* ptr) noexcept;
+// A new pool private to one step graph (its blocks are freed with the last reference).
+std::shared_ptr<BlockPool> make_private_pool(int device);
+
+// Input checks of the ops captured into one step graph: one device word per check (ErrorFlag), all
+// in one array so a replay reads them back at once.
+struct DeferredChecks {
+  unsigned long long* flags = nullptr;  // [capacity] device words
+  int capacity = 0;
+  std::vector<std::string> what;        // claimed slots: what each check reports
+};
+
+// While a thread captures a step graph: the device, the graph's pool and its checks.
+struct CaptureState {
+  int device = -1;
+  std::shared_ptr<BlockPool> pool;
+  DeferredChecks* checks = nullptr;
+};
+// This thread's capture (null when it captures nothing).
+CaptureState*& capture_state();
 
 inline constexpr int kMaxCopyDims = 8;
 

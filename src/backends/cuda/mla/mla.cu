@@ -194,7 +194,7 @@ void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float 
   check_on(lse, q.device(), "sparse_mla", "lse");
   if (rows == 0) return;
   DeviceGuard guard(q.device());
-  ErrorFlag bad;
+  ErrorFlag bad("sparse_mla: an index outside the cached keys");
   SparseMlaParams p{};
   p.q = q.f32();
   p.kv = kv.f32();

@@ -1,10 +1,15 @@
 // MoE ops of the CUDA backend; see moe.h and ops/moe.h.
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <vector>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/linear/linear.h"
+#include "backends/cuda/memory/memory.h"
 #include "backends/cuda/moe/moe.h"
+#include "model/weights.h"
 #include "ops/moe.h"
 
 namespace dsi::cuda {
@@ -103,7 +108,64 @@ __global__ void moe_scatter_add_kernel(MoeScatterParams p) {
   }
 }
 
+__global__ void moe_pairs_kernel(MoePairParams p) {
+  const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q >= p.pairs) return;
+  const int64_t t = q / p.k;
+  const int32_t e = p.ids[q];
+  if (e < 0 || e >= p.n_experts) atomicMin(p.bad, static_cast<unsigned long long>(q));
+  const int64_t local = int64_t(e) - p.first_expert;
+  const bool held = e >= 0 && e < p.n_experts && local >= 0 && local < p.n_local;
+  GemvGroup* gate = p.groups;
+  GemvGroup* up = p.groups + p.pairs;
+  GemvGroup* down = p.groups + 2 * p.pairs;
+  const MoeExpertPtrs* ex = held ? p.experts + local : nullptr;
+  gate[q] = {p.x + t * p.d, held ? ex->w[0] : nullptr, held ? ex->scale[0] : nullptr,
+             p.gate + q * p.inter};
+  up[q] = {p.x + t * p.d, held ? ex->w[1] : nullptr, held ? ex->scale[1] : nullptr,
+           p.up + q * p.inter};
+  down[q] = {p.gate + q * p.inter, held ? ex->w[2] : nullptr, held ? ex->scale[2] : nullptr,
+             p.ys + q * p.d};
+}
+
+__global__ void moe_combine_kernel(MoeCombineParams p) {
+  const int64_t total = p.n * p.d;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
+    const int64_t t = i / p.d, c = i % p.d;
+    const int32_t* ids = p.ids + t * p.k;
+    float acc = 0.0f;
+    // The held slots in ascending expert id (ids of one token are distinct), as the CPU adds.
+    int32_t prev = -1;
+    for (int64_t n = 0; n < p.k; ++n) {
+      int64_t best = -1;
+      for (int64_t j = 0; j < p.k; ++j) {
+        const int32_t e = ids[j];
+        const int64_t local = int64_t(e) - p.first_expert;
+        if (e <= prev || local < 0 || local >= p.n_local) continue;
+        if (best < 0 || e < ids[best]) best = j;
+      }
+      if (best < 0) break;
+      prev = ids[best];
+      acc = __fadd_rn(acc, __fmul_rn(p.ys[(t * p.k + best) * p.d + c], p.w[t * p.k + best]));
+    }
+    p.out[i] = acc;
+  }
+}
+
 }  // namespace
+
+void launch_moe_pairs(const MoePairParams& p, cudaStream_t s) {
+  if (p.pairs == 0) return;
+  moe_pairs_kernel<<<unsigned((p.pairs + 127) / 128), 128, 0, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+void launch_moe_combine(const MoeCombineParams& p, cudaStream_t s) {
+  if (p.n * p.d == 0) return;
+  moe_combine_kernel<<<grid_for(p.n * p.d, 256), 256, 0, s>>>(p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
 
 size_t moe_route_smem_bytes(const MoeRouteParams& p) {
   return size_t(2 * p.n_experts + p.n_group) * sizeof(float) + size_t(p.n_group + p.k) * sizeof(int);
@@ -177,6 +239,124 @@ void mlp(const Tensor& x, const MlpWeights& w, Tensor& out) {
   linear(gate, w.down_proj, out);
 }
 
+namespace {
+
+// The device-routed path's view of one layer's local experts: their pointers on the device and the
+// shape of each projection. Built on first use (a host-to-device copy, so before any capture) and
+// kept per experts vector; rebuilt if that vector's weights changed.
+struct ExpertTable {
+  std::vector<MoeExpertPtrs> host;
+  Tensor device;      // [n_local * sizeof(MoeExpertPtrs)] u8
+  GemvParams proj[3]; // the shared shape, dtype and blocks of gate, up, down
+  bool uniform = false;
+};
+
+bool same_shape(const GemvParams& a, const GemvParams& b) {
+  return a.kind == b.kind && a.in == b.in && a.out == b.out && a.scale_cols == b.scale_cols &&
+         a.row0 == b.row0 && a.col0 == b.col0 && a.block_out == b.block_out &&
+         a.block_in == b.block_in;
+}
+
+const LinearWeight& projection(const MlpWeights& m, int i) {
+  return i == 0 ? m.gate_proj : i == 1 ? m.up_proj : m.down_proj;
+}
+
+const ExpertTable& expert_table(const std::vector<MlpWeights>& experts, Device dev) {
+  static std::mutex mu;
+  static std::map<const void*, ExpertTable> tables;
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<MoeExpertPtrs> host(experts.size());
+  for (size_t e = 0; e < experts.size(); ++e)
+    for (int i = 0; i < 3; ++i) {
+      const LinearWeight& w = projection(experts[e], i);
+      host[e].w[i] = w.weight.raw();
+      host[e].scale[i] = w.weight.dtype() == DType::F8_E4M3 ? w.scale_inv.f32() : nullptr;
+    }
+  ExpertTable& t = tables[&experts];
+  const auto same = [](const MoeExpertPtrs& a, const MoeExpertPtrs& b) {
+    return std::equal(a.w, a.w + 3, b.w) && std::equal(a.scale, a.scale + 3, b.scale);
+  };
+  if (t.device.defined() && t.host.size() == host.size() &&
+      std::equal(host.begin(), host.end(), t.host.begin(), same))
+    return t;
+  DSI_CHECK(capture_state() == nullptr,
+            "moe_experts: the experts' table is built by an eager run before a step is captured");
+  t = ExpertTable{};
+  t.host = host;
+  t.uniform = !experts.empty();
+  for (int i = 0; i < 3 && t.uniform; ++i) {
+    t.proj[i] = gemv_weight_params(projection(experts[0], i));
+    for (const MlpWeights& m : experts) {
+      const LinearWeight& w = projection(m, i);
+      validate_weight(w, 0, w.out_features());
+      GemvParams q = gemv_weight_params(w);
+      q.x = nullptr;  // the pair buffers are 16-byte aligned rows
+      q.ldx = q.in;
+      q.n = 1;
+      t.uniform = t.uniform && same_shape(q, t.proj[i]) && w.weight.device() == dev &&
+                  gemv_vector_ok(q);
+    }
+  }
+  t.uniform = t.uniform && t.proj[0].out == t.proj[1].out && t.proj[2].in == t.proj[0].out;
+  const size_t bytes = host.size() * sizeof(MoeExpertPtrs);
+  t.device = Tensor::empty({int64_t(std::max<size_t>(bytes, 1))}, DType::U8, dev);
+  if (bytes > 0) t.device.copy_from(Tensor::wrap(host.data(), {int64_t(bytes)}, DType::U8));
+  return t;
+}
+
+// The experts of a decode batch, routed on the device (moe.h).
+void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
+                           const ExpertTable& table, int first_expert, int n_experts, Tensor& out) {
+  const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1), pairs = n * k;
+  const int64_t inter = table.proj[0].out;
+  Scratch buf(size_t(pairs * (2 * inter + d)) * sizeof(float));
+  Scratch groups(size_t(3 * pairs) * sizeof(GemvGroup));
+  ErrorFlag bad("moe_experts: an expert id outside [0, experts)");
+  MoePairParams pp{};
+  pp.ids = expert_ids.i32();
+  pp.experts = static_cast<const MoeExpertPtrs*>(table.device.raw());
+  pp.x = x.f32();
+  pp.gate = buf.as<float>();
+  pp.up = pp.gate + pairs * inter;
+  pp.ys = pp.up + pairs * inter;
+  pp.groups = groups.as<GemvGroup>();
+  pp.bad = bad.ptr();
+  pp.pairs = pairs;
+  pp.k = k;
+  pp.d = d;
+  pp.inter = inter;
+  pp.first_expert = first_expert;
+  pp.n_local = int(table.host.size());
+  pp.n_experts = n_experts;
+  launch_moe_pairs(pp, stream());
+  const int sms = sm_count();
+  for (int i = 0; i < 3; ++i) {
+    GemvParams g = table.proj[i];
+    g.x = i == 2 ? pp.gate : pp.x;  // representative operands for the alignment checks
+    g.y = i == 0 ? pp.gate : i == 1 ? pp.up : pp.ys;
+    g.ldx = g.in;
+    g.ldy = g.out;
+    g.n = 1;
+    g.groups = pp.groups + i * pairs;
+    g.n_groups = int(pairs);
+    launch_gemv(g, gemv_plan(g, sms), stream());
+    if (i == 1) {
+      Tensor gate = Tensor::wrap(pp.gate, {pairs, inter}, DType::F32, x.device());
+      Tensor up = Tensor::wrap(pp.up, {pairs, inter}, DType::F32, x.device());
+      silu_mul(gate, up, gate);
+    }
+  }
+  launch_moe_combine({expert_ids.i32(), weights.f32(), pp.ys, out.f32(), n, k, d, first_expert,
+                      pp.n_local},
+                     stream());
+  const unsigned long long first = bad.read();
+  if (first != ErrorFlag::kNone)
+    fail("moe_experts: expert id {} outside [0, {})", read_device(expert_ids.i32() + first),
+         n_experts);
+}
+
+}  // namespace
+
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
                  Tensor& out) {
@@ -195,6 +375,13 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
   check_on(weights, x.device(), "moe_experts", "weights");
   check_on(out, x.device(), "moe_experts", "out");
   DeviceGuard guard(x.device());
+  if (n * k > 0 && n * k <= kMoeDeviceRoutedPairs && d > 0) {
+    const ExpertTable& table = expert_table(experts, x.device());
+    if (table.uniform) {
+      moe_experts_on_device(x, expert_ids, weights, table, first_expert, n_experts, out);
+      return;
+    }
+  }
   if (n * d > 0) DSI_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), stream()));
   // Routing table on the host (a synchronising read; the performance work keeps it on the device).
   const Tensor ids_h = to_host(expert_ids), w_h = to_host(weights);
@@ -223,10 +410,10 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
   }
   if (tokens.empty() || d == 0) return;
   Scratch tok_d(tokens.size() * sizeof(int32_t)), tw_d(tw.size() * sizeof(float));
-  DSI_CUDA_CHECK(cudaMemcpy(tok_d.as<void>(), tokens.data(), tokens.size() * sizeof(int32_t),
-                            cudaMemcpyHostToDevice));
-  DSI_CUDA_CHECK(cudaMemcpy(tw_d.as<void>(), tw.data(), tw.size() * sizeof(float),
-                            cudaMemcpyHostToDevice));
+  DSI_CUDA_CHECK(cudaMemcpyAsync(tok_d.as<void>(), tokens.data(), tokens.size() * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream()));
+  DSI_CUDA_CHECK(cudaMemcpyAsync(tw_d.as<void>(), tw.data(), tw.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream()));
   Scratch xy(size_t(2 * max_m * d) * sizeof(float));
   for (size_t e = 0; e < experts.size(); ++e) {
     const int64_t m = begin[e + 1] - begin[e];

@@ -1,13 +1,19 @@
 // MoE on the GPU. Routing: one block per token, sigmoid scores and selection in shared memory, the
 // picks by rank counting in the total order (score desc, then lower id), so expert ids are exactly
-// the CPU's. Experts: tokens are grouped per expert on the host (ids and weights are read back),
-// then per expert a gather, the SwiGLU MLP through linear(), and a weighted scatter-add in the CPU
-// reference's expert order. Simple and exact; grouped GEMMs come with the performance work.
+// the CPU's. Experts, two ways:
+// - Decode batches (at most kMoeDeviceRoutedPairs (token, expert) pairs) stay on the device, so a
+//   step can be captured into a graph: a kernel turns the ids into one grouped-GEMV product per pair
+//   and projection (gate, up, down; expert weights through a per-layer pointer table built once),
+//   then the weighted sum per token in ascending expert order, as the CPU reference adds.
+// - Larger batches group tokens per expert on the host (ids and weights are read back), then per
+//   expert a gather, the SwiGLU MLP through linear(), and a weighted scatter-add in expert order.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "backends/cuda/linear/gemv.h"
 
 namespace dsi::cuda {
 
@@ -42,5 +48,41 @@ struct MoeScatterParams {
   int64_t m, d;
 };
 void launch_moe_scatter_add(const MoeScatterParams& p, cudaStream_t stream);
+
+inline constexpr int64_t kMoeDeviceRoutedPairs = 256;
+
+// One local expert's weights for the device-routed path: data and (fp8) scale_inv of each projection.
+struct MoeExpertPtrs {
+  const void* w[3];         // gate_proj, up_proj, down_proj
+  const float* scale[3];    // null unless fp8
+};
+
+// Per (token t, slot j) pair q = t * k + j: the GEMV groups of its expert's three projections
+// (skipped, w = null, when another rank holds the expert) over gate/up/act buffers [pairs, inter]
+// and ys [pairs, d]. Ids outside [0, n_experts) lower *bad to q.
+struct MoePairParams {
+  const int32_t* ids;             // [n, k]
+  const MoeExpertPtrs* experts;   // [n_local]
+  const float* x;                 // [n, d]
+  float* gate;                    // [pairs, inter]
+  float* up;                      // [pairs, inter]
+  float* ys;                      // [pairs, d]
+  GemvGroup* groups;              // [3, pairs]: gate, up, down
+  unsigned long long* bad;
+  int64_t pairs, k, d, inter;
+  int first_expert, n_local, n_experts;
+};
+void launch_moe_pairs(const MoePairParams& p, cudaStream_t stream);
+
+// out[t] = sum over its slots of held experts, ascending expert id: w[t, j] * ys[t * k + j].
+struct MoeCombineParams {
+  const int32_t* ids;   // [n, k]
+  const float* w;       // [n, k]
+  const float* ys;      // [n * k, d]
+  float* out;           // [n, d]
+  int64_t n, k, d;
+  int first_expert, n_local;
+};
+void launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream);
 
 }  // namespace dsi::cuda

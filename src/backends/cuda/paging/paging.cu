@@ -81,7 +81,7 @@ void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {
   check_on(src, dst.device(), "scatter_rows", "src");
   check_on(slots, dst.device(), "scatter_rows", "slots");
   DeviceGuard guard(dst.device());
-  ErrorFlag bad;
+  ErrorFlag bad("scatter_rows: a slot outside the pool's rows");
   ScatterRowsParams p{};
   p.src = src.f32();
   p.slots = slots.i32();
@@ -104,7 +104,7 @@ void slots_from_local(const Tensor& local, const Tensor& block_tables, const Ten
   check_on(local, out.device(), "slots_from_local", "local");
   DeviceGuard guard(out.device());
   const ops::KeyPages pages{block_tables, row_seq, page_size};
-  ErrorFlag bad;
+  ErrorFlag bad("slots_from_local: a local token past its sequence's pages");
   SlotsFromLocalParams p{};
   p.local = local.i32();
   p.out = out.i32();

@@ -285,13 +285,6 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   }
 }
 
-int sm_count_now() {
-  int dev = 0, n = 0;
-  DSI_CUDA_CHECK(cudaGetDevice(&dev));
-  DSI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
-
 }  // namespace
 
 bool topk_select_supported(int64_t n, int k) {
@@ -308,7 +301,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
             kTopkSelectMaxK, p.k);
   // CTAs per row: one per 2048 scores up to 8; fewer when many rows already fill the device.
   int ctas = int(std::clamp<int64_t>((p.n + 2047) / 2048, 1, kMaxCluster));
-  const int64_t sms = sm_count_now();
+  const int64_t sms = sm_count();
   while (ctas > 2 && p.rows * ctas > sms / 2) ctas /= 2;
   const int64_t chunk = (p.n + ctas - 1) / ctas;
   const bool cached = chunk <= kCacheMax;

@@ -151,7 +151,7 @@ void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Te
   DSI_CHECK(n < (int64_t(1) << 31), "topk: {} positions do not fit int32 indices", n);
   DeviceGuard guard(scores.device());
   {
-    ErrorFlag bad;
+    ErrorFlag bad("topk: a row's bound outside [0, keys]");
     launch_topk_check_bounds(bounds.i32(), rows, n, bad.ptr(), stream());
     const unsigned long long first = bad.read();
     if (first != ErrorFlag::kNone)

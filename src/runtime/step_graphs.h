@@ -1,0 +1,65 @@
+// Decode steps replayed from CUDA graphs (backends/cuda/graph/step_graph.h): the main model's
+// forward and logits over a batch of sequences, captured once per shape and replayed after that.
+//
+// Shape of a graph: the rows of each sequence (1 for plain decoding, 1 + K for MTP verification) and
+// a bucket of block-table width, the next power of two of pages at or above the longest sequence's
+// (at least kMinPagesBucket): inside a bucket the context may grow freely, since the kernels read
+// each row's causal bound from the device and the padded columns of the logits and block tables
+// are ignored. A context of 128K tokens is covered by 6 buckets.
+// The first step of a shape runs eagerly (which also warms every kernel of the step up), then
+// captures; later steps copy their inputs into the graph's input tensors and replay. Results equal
+// the eager forward's bitwise (tests/cuda/test_step_graphs.cpp).
+// Each graph keeps its step's intermediate tensors for good, so at most kMaxGraphs shapes are
+// captured; steps of further shapes run eagerly.
+// One rank only for now (tp = dcp = 1): graphs with collectives inside are later work.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "model/dsa_model.h"
+
+namespace dsi {
+
+class StepGraphs {
+ public:
+  static constexpr int64_t kMinPagesBucket = 32;  // 2048 tokens
+  static constexpr int kMaxGraphs = 64;  // shapes captured at most; later new shapes run eagerly
+
+  // Whether `model` can run its decode steps from graphs (a CUDA model on one rank).
+  static bool supported(const DsaModel& model);
+  // min_pages_bucket: the smallest bucket (a power of two; smaller ones make more, cheaper graphs).
+  explicit StepGraphs(const DsaModel& model, int64_t min_pages_bucket = kMinPagesBucket);
+  ~StepGraphs();
+
+  struct Step {
+    Tensor hidden;  // [n, hidden] f32: the final-norm states (model.forward's result)
+    Tensor logits;  // [n, vocab] f32
+  };
+  // model.forward(tokens, seqs) then model.logits of its result, with the same effect on the
+  // caches. The tensors returned are the caller's (copies of the graph's outputs).
+  Step forward(const std::vector<int32_t>& tokens, const std::vector<BatchSeq>& seqs);
+
+  int graphs() const;   // shapes captured so far
+  int64_t replays() const { return replays_; }
+  int64_t eager_steps() const { return eager_steps_; }  // steps of shapes without a graph
+
+ private:
+  struct Key {
+    std::vector<int64_t> rows;
+    int64_t pages = 0;
+    bool operator<(const Key& o) const {
+      return rows != o.rows ? rows < o.rows : pages < o.pages;
+    }
+  };
+  struct Entry;
+
+  const DsaModel& model_;
+  int64_t min_pages_bucket_;
+  std::map<Key, std::unique_ptr<Entry>> entries_;
+  int64_t replays_ = 0;
+  int64_t eager_steps_ = 0;
+};
+
+}  // namespace dsi

@@ -1,0 +1,170 @@
+// Decode steps replayed from CUDA graphs (runtime/step_graphs.h, backends/cuda/graph/): replay
+// equals the eager forward bitwise across steps, row counts and block-table buckets; replays
+// allocate no device memory; the ops' input checks still fire inside a replayed graph; and the
+// experts of a decode batch are routed on the device.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "backends/cuda/device.h"
+#include "backends/cuda/graph/step_graph.h"
+#include "cuda/cuda_test_util.h"
+#include "ops/elementwise.h"
+#include "ops/sampling.h"
+#include "runtime/generator.h"
+#include "runtime/ranks.h"
+#include "runtime/step_graphs.h"
+#include "test_util.h"
+
+namespace dsi {
+namespace {
+
+class StepGraphModel : public test::CudaTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  const DsaModel& gpu_model() {
+    static std::map<std::string, std::unique_ptr<DsaModel>> cache;
+    auto& m = cache[GetParam()];
+    if (!m) m = load_rank_model(test::fixture_dir(GetParam()), RankContext{}, {}, test::gpu());
+    return *m;
+  }
+};
+
+int32_t argmax_of(const Tensor& logits_row) {
+  const Tensor h = to_host(logits_row);
+  int32_t best = 0;
+  for (int64_t i = 1; i < h.numel(); ++i)
+    if (h.f32()[i] > h.f32()[best]) best = int32_t(i);
+  return best;
+}
+
+void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
+  const Tensor ha = to_host(a).contiguous(), hb = to_host(b).contiguous();
+  ASSERT_EQ(ha.shape(), hb.shape()) << what;
+  EXPECT_EQ(std::memcmp(ha.raw(), hb.raw(), ha.nbytes()), 0) << what;
+}
+
+// Two caches fed the same tokens: one by eager forwards, one by replayed graphs. One-row steps
+// cross two block-table buckets (1 -> 2 -> 4 pages); 4-row verification steps, cut back by 2 as a
+// rejection would, replay at shifting positions.
+TEST_P(StepGraphModel, ReplayEqualsEagerAcrossStepsAndBuckets) {
+  const DsaModel& model = gpu_model();
+  const auto manifest = test::load_manifest(GetParam());
+  const auto prompt = manifest.at("prompts").back().at("ids").get<std::vector<int32_t>>();
+  const int64_t steps = 150;
+  const int64_t capacity = int64_t(prompt.size()) + steps + 64;
+  SequenceKvCache eager = model.make_cache(capacity, false);
+  SequenceKvCache graphed = model.make_cache(capacity, false);
+  const Tensor p = Tensor::from_i32(prompt, {int64_t(prompt.size())});
+  model.forward(p, eager);
+  model.forward(p, graphed);
+  StepGraphs graphs(model, /*min_pages_bucket=*/1);
+  int32_t tok = prompt.back();
+  for (int64_t s = 0; s < steps; ++s) {
+    const std::string what = GetParam() + " step " + std::to_string(s);
+    const bool verify = s % 10 == 9;
+    std::vector<int32_t> rows = {tok};
+    if (verify) rows.insert(rows.end(), {int32_t(s % 7), int32_t(s % 5), int32_t(s % 3)});
+    const int64_t n = int64_t(rows.size()), L = eager.length();
+    const Tensor h = model.forward(Tensor::from_i32(rows, {n}), eager);
+    const Tensor lg = model.logits(h);
+    const StepGraphs::Step g = graphs.forward(rows, {BatchSeq{&graphed, n}});
+    expect_same_bits(g.hidden, h, what + " hidden");
+    expect_same_bits(g.logits, lg, what + " logits");
+    ASSERT_EQ(graphed.length(), eager.length()) << what;
+    if (verify) {  // keep 2 of the 4 rows
+      eager.set_length(L + 2);
+      graphed.set_length(L + 2);
+    }
+    tok = argmax_of(lg.slice(verify ? 1 : 0, verify ? 2 : 1));
+  }
+  // Shapes: 1 row and 4 rows, each in the buckets of 1..4 pages the context went through.
+  EXPECT_GE(graphs.graphs(), 4);
+  EXPECT_GE(graphs.replays(), steps - graphs.graphs());
+}
+
+TEST_P(StepGraphModel, ReplaysAllocateNoDeviceMemory) {
+  const DsaModel& model = gpu_model();
+  const auto manifest = test::load_manifest(GetParam());
+  const auto prompt = manifest.at("prompts").back().at("ids").get<std::vector<int32_t>>();
+  SequenceKvCache cache = model.make_cache(int64_t(prompt.size()) + 64, false);
+  model.forward(Tensor::from_i32(prompt, {int64_t(prompt.size())}), cache);
+  StepGraphs graphs(model);
+  int32_t tok = prompt.back();
+  for (int s = 0; s < 3; ++s)  // capture, then replays whose result copies fill the cache
+    tok = argmax_of(graphs.forward({tok}, {BatchSeq{&cache, 1}}).logits);
+  const cuda::MemoryStats before = cuda::memory_stats(0);
+  for (int s = 0; s < 20; ++s) tok = argmax_of(graphs.forward({tok}, {BatchSeq{&cache, 1}}).logits);
+  const cuda::MemoryStats after = cuda::memory_stats(0);
+  EXPECT_EQ(after.device_allocations, before.device_allocations);
+  EXPECT_EQ(after.reserved_bytes, before.reserved_bytes);
+  EXPECT_EQ(graphs.graphs(), 1);
+}
+
+TEST_P(StepGraphModel, GenerateWithGraphsEqualsWithout) {
+  const DsaModel& model = gpu_model();
+  const auto manifest = test::load_manifest(GetParam());
+  for (const auto& pr : manifest.at("prompts")) {
+    const auto ids = pr.at("ids").get<std::vector<int32_t>>();
+    GenerationParams gp;
+    gp.max_new_tokens = 24;
+    gp.ignore_eos = true;
+    for (int k : {0, 3}) {
+      if (k > 0 && !model.has_mtp()) continue;
+      gp.speculative_tokens = k;
+      gp.cuda_graphs = false;
+      const GenerationResult plain = generate(model, ids, gp);
+      gp.cuda_graphs = true;
+      const GenerationResult graphed = generate(model, ids, gp);
+      EXPECT_EQ(graphed.output_ids, plain.output_ids) << pr.at("name") << " K " << k;
+      EXPECT_EQ(graphed.speculative.accepted, plain.speculative.accepted) << pr.at("name");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, StepGraphModel,
+                         ::testing::Values("glm_tiny", "dsv32_tiny", "glm_tiny_fp8"));
+
+class StepGraphOps : public test::CudaTest {};
+
+// A bad token id written into a captured step's input is reported by the replay, naming the op;
+// with the input mended the graph replays correctly again.
+TEST_F(StepGraphOps, InputChecksFireInsideReplays) {
+  const Tensor table = test::dev(test::rand_tensor({10, 8}, 3));
+  Tensor ids = test::dev(Tensor::from_i32({1, 2, 3}, {3}));
+  Tensor out;
+  ops::embedding(table, ids, out = Tensor::empty({3, 8}, DType::F32, test::gpu()));  // warm-up
+  cuda::StepGraph g(test::gpu());
+  g.capture([&] {
+    out = Tensor::empty({3, 8}, DType::F32, test::gpu());
+    ops::embedding(table, ids, out);
+  });
+  ASSERT_TRUE(g.captured());
+  EXPECT_EQ(g.deferred_checks(), 1);
+  g.replay();
+  const Tensor t = to_host(table);
+  EXPECT_EQ(std::memcmp(to_host(out).raw(), t.f32() + 8, 3 * 8 * sizeof(float)), 0);
+  ids.copy_from(Tensor::from_i32({4, 12, 5}, {3}));
+  const std::string msg = test::error_of([&] { g.replay(); });
+  EXPECT_NE(msg.find("embedding"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("item 1"), std::string::npos) << msg;
+  ids.copy_from(Tensor::from_i32({7, 0, 9}, {3}));
+  g.replay();
+  const Tensor o = to_host(out);
+  EXPECT_EQ(std::memcmp(o.f32(), t.f32() + 7 * 8, 8 * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(o.f32() + 16, t.f32() + 9 * 8, 8 * sizeof(float)), 0);
+}
+
+// A host read inside a capture fails the capture with an error, not a hang or a broken stream;
+// the stream works eagerly afterwards.
+TEST_F(StepGraphOps, HostReadInsideCaptureIsAnError) {
+  const Tensor x = test::dev(test::rand_tensor({4}, 5));
+  cuda::StepGraph g(test::gpu());
+  const std::string msg = test::error_of([&] { g.capture([&] { (void)to_host(x); }); });
+  EXPECT_FALSE(msg.empty());
+  EXPECT_FALSE(g.captured());
+  const Tensor back = to_host(x);
+  EXPECT_EQ(std::memcmp(back.raw(), test::rand_tensor({4}, 5).raw(), 4 * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace dsi
