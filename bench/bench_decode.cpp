@@ -209,6 +209,7 @@ int run(const Args& a) {
           if (it == 2) timed.seconds = 0, timed.calls = 0;  // two warm-up steps
           if (a.graphs && it == 2) {
             graph = std::make_unique<dsi::cuda::StepGraph>(model->device());
+            graph->warm_up([&] { model->forward_planned(tokens_d, ctx, cache); });
             graph->capture([&] { out = model->forward_planned(tokens_d, ctx, cache); });
           }
           const auto s = std::chrono::steady_clock::now();

@@ -90,8 +90,14 @@ StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
     auto e = std::make_unique<Entry>(model_.device());
     e->ctx = model_.upload_context(host);
     e->tokens = to_device(tokens_host, model_.device());
-    result.hidden = model_.forward_planned(e->tokens, e->ctx, cache);
-    result.logits = model_.logits(result.hidden);
+    Step warm;
+    e->graph.warm_up([&] {
+      warm.hidden = model_.forward_planned(e->tokens, e->ctx, cache);
+      warm.logits = model_.logits(warm.hidden);
+    });
+    result.hidden = copy(warm.hidden);  // the caller's copies; the graph's pool gets its blocks back
+    result.logits = copy(warm.logits);
+    warm = Step{};
     Entry& en = *e;
     try {
       en.graph.capture([&] {

@@ -43,18 +43,29 @@ void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what)
   EXPECT_EQ(std::memcmp(ha.raw(), hb.raw(), ha.nbytes()), 0) << what;
 }
 
-// Two caches fed the same tokens: one by eager forwards, one by replayed graphs. One-row steps
-// cross two block-table buckets (1 -> 2 -> 4 pages); 4-row verification steps, cut back by 2 as a
-// rejection would, replay at shifting positions.
+// Two sequences fed the same tokens: one by eager forwards, one by replayed graphs, each in its
+// own paged pool, pages given as the context grows (as the engine does) in a scrambled physical
+// order. One-row steps cross block-table buckets (1 -> 2 -> 4 pages); 4-row verification steps,
+// cut back by 2 as a rejection would, replay at shifting positions.
 TEST_P(StepGraphModel, ReplayEqualsEagerAcrossStepsAndBuckets) {
   const DsaModel& model = gpu_model();
   const auto manifest = test::load_manifest(GetParam());
   const auto prompt = manifest.at("prompts").back().at("ids").get<std::vector<int32_t>>();
-  const int64_t steps = 150;
-  const int64_t capacity = int64_t(prompt.size()) + steps + 64;
-  SequenceKvCache eager = model.make_cache(capacity, false);
-  SequenceKvCache graphed = model.make_cache(capacity, false);
-  const Tensor p = Tensor::from_i32(prompt, {int64_t(prompt.size())});
+  const int64_t steps = 150, n_pages = 8;
+  ASSERT_LE(int64_t(prompt.size()) + steps * 2, n_pages * kPageTokens);
+  const DcpLayout dcp;
+  SequenceKvCache eager(std::make_shared<KvPool>(model.config(), n_pages, false, test::gpu()), dcp);
+  SequenceKvCache graphed(std::make_shared<KvPool>(model.config(), n_pages, false, test::gpu()),
+                          dcp);
+  const std::vector<int32_t> order_a = {0, 1, 2, 3, 4, 5, 6, 7}, order_b = {6, 2, 7, 0, 5, 3, 1, 4};
+  auto grow = [&](SequenceKvCache& c, const std::vector<int32_t>& order, int64_t tokens) {
+    const int64_t m = SequenceKvCache::pages_for(dcp, tokens);
+    c.set_pages(std::vector<int32_t>(order.begin(), order.begin() + m));
+  };
+  const int64_t np = int64_t(prompt.size());
+  grow(eager, order_a, np);
+  grow(graphed, order_b, np);
+  const Tensor p = Tensor::from_i32(prompt, {np});
   model.forward(p, eager);
   model.forward(p, graphed);
   StepGraphs graphs(model, /*min_pages_bucket=*/1);
@@ -65,6 +76,8 @@ TEST_P(StepGraphModel, ReplayEqualsEagerAcrossStepsAndBuckets) {
     std::vector<int32_t> rows = {tok};
     if (verify) rows.insert(rows.end(), {int32_t(s % 7), int32_t(s % 5), int32_t(s % 3)});
     const int64_t n = int64_t(rows.size()), L = eager.length();
+    grow(eager, order_a, L + n);
+    grow(graphed, order_b, L + n);
     const Tensor h = model.forward(Tensor::from_i32(rows, {n}), eager);
     const Tensor lg = model.logits(h);
     const StepGraphs::Step g = graphs.forward(rows, {BatchSeq{&graphed, n}});
@@ -79,7 +92,8 @@ TEST_P(StepGraphModel, ReplayEqualsEagerAcrossStepsAndBuckets) {
   }
   // Shapes: 1 row and 4 rows, each in the buckets of 1..4 pages the context went through.
   EXPECT_GE(graphs.graphs(), 4);
-  EXPECT_GE(graphs.replays(), steps - graphs.graphs());
+  EXPECT_EQ(graphs.eager_steps(), 0);
+  EXPECT_EQ(graphs.replays(), steps - graphs.graphs());
 }
 
 TEST_P(StepGraphModel, ReplaysAllocateNoDeviceMemory) {
@@ -132,12 +146,14 @@ TEST_F(StepGraphOps, InputChecksFireInsideReplays) {
   const Tensor table = test::dev(test::rand_tensor({10, 8}, 3));
   Tensor ids = test::dev(Tensor::from_i32({1, 2, 3}, {3}));
   Tensor out;
-  ops::embedding(table, ids, out = Tensor::empty({3, 8}, DType::F32, test::gpu()));  // warm-up
   cuda::StepGraph g(test::gpu());
-  g.capture([&] {
+  const auto step = [&] {
+    out = Tensor();  // the previous output's block goes back first
     out = Tensor::empty({3, 8}, DType::F32, test::gpu());
     ops::embedding(table, ids, out);
-  });
+  };
+  g.warm_up(step);
+  g.capture(step);
   ASSERT_TRUE(g.captured());
   EXPECT_EQ(g.deferred_checks(), 1);
   g.replay();
@@ -154,14 +170,19 @@ TEST_F(StepGraphOps, InputChecksFireInsideReplays) {
   EXPECT_EQ(std::memcmp(o.f32() + 16, t.f32() + 9 * 8, 8 * sizeof(float)), 0);
 }
 
-// A host read inside a capture fails the capture with an error, not a hang or a broken stream;
-// the stream works eagerly afterwards.
-TEST_F(StepGraphOps, HostReadInsideCaptureIsAnError) {
+// A host read inside a capture, or an allocation the warm-up did not leave a block for, fails the
+// capture with an error, not a hang or a broken stream; the stream works eagerly afterwards.
+TEST_F(StepGraphOps, HostReadOrUnplannedAllocationInsideCaptureIsAnError) {
   const Tensor x = test::dev(test::rand_tensor({4}, 5));
   cuda::StepGraph g(test::gpu());
   const std::string msg = test::error_of([&] { g.capture([&] { (void)to_host(x); }); });
   EXPECT_FALSE(msg.empty());
   EXPECT_FALSE(g.captured());
+  cuda::StepGraph h(test::gpu());
+  const std::string big = test::error_of(
+      [&] { h.capture([&] { (void)Tensor::empty({(int64_t(1) << 28) + 123}, DType::U8, test::gpu()); }); });
+  EXPECT_NE(big.find("warm-up"), std::string::npos) << big;
+  EXPECT_FALSE(h.captured());
   const Tensor back = to_host(x);
   EXPECT_EQ(std::memcmp(back.raw(), test::rand_tensor({4}, 5).raw(), 4 * sizeof(float)), 0);
 }

@@ -32,6 +32,7 @@ StepGraph::StepGraph(Device device) : impl_(std::make_unique<Impl>()) {
   DSI_CHECK(device.type == DeviceType::CUDA, "a step graph runs on a CUDA device, not {}",
             device.str());
   impl_->device = device;
+  impl_->pool = make_private_pool(device.index);
 }
 
 StepGraph::~StepGraph() {
@@ -48,6 +49,22 @@ bool StepGraph::captured() const { return impl_->exec != nullptr; }
 
 int StepGraph::deferred_checks() const { return int(impl_->checks.what.size()); }
 
+void StepGraph::warm_up(const std::function<void()>& fn) {
+  Impl& g = *impl_;
+  DSI_CHECK(g.exec == nullptr, "this step graph is captured already");
+  DSI_CHECK(capture_state() == nullptr, "a step graph is being captured on this thread already");
+  DeviceGuard guard(g.device);
+  CaptureState state{g.device.index, g.pool, nullptr};
+  capture_state() = &state;
+  try {
+    fn();
+  } catch (...) {
+    capture_state() = nullptr;
+    throw;
+  }
+  capture_state() = nullptr;
+}
+
 void StepGraph::capture(const std::function<void()>& fn) {
   Impl& g = *impl_;
   DSI_CHECK(g.exec == nullptr, "this step graph is captured already");
@@ -55,7 +72,6 @@ void StepGraph::capture(const std::function<void()>& fn) {
   DeviceGuard guard(g.device);
   if (!g.flags.defined())
     g.flags = Tensor::empty({kMaxChecks}, DType::I64, g.device);
-  g.pool = make_private_pool(g.device.index);
   g.checks = DeferredChecks{static_cast<unsigned long long*>(g.flags.raw()), kMaxChecks, {}};
   CaptureState state{g.device.index, g.pool, &g.checks};
   const cudaStream_t s = stream();

@@ -10,8 +10,11 @@
 //   op and what it found (the eager run reports the same inputs with the op's full message).
 // - Nothing may synchronise or copy from pageable host memory inside: such a call fails the
 //   capture with a dsi::Error naming it, and the graph is not made.
-// Warm-up: run the step eagerly first (with the same shapes), which loads every kernel and builds
-// the ops' one-time state (cuBLAS handles, expert tables); capture records, it does not run.
+// Warm-up: warm_up(fn) runs the step eagerly with the calls capture(fn) will record. That loads
+// every kernel, builds the ops' one-time state (cuBLAS handles, expert tables) and fills the graph's
+// pool with every block the step needs: a capture cannot allocate device memory, it only takes
+// blocks the warm-up left free. Tensors fn keeps from the warm-up should be released (or copied
+// out) before the capture, which wants their blocks back.
 #pragma once
 
 #include <functional>
@@ -28,6 +31,8 @@ class StepGraph {
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
 
+  // Runs fn now, its allocations from the graph's pool (see above).
+  void warm_up(const std::function<void()>& fn);
   // Records what fn enqueues on the device's stream (fn's ops do not run). Throws dsi::Error if fn
   // throws or does something a graph cannot hold; the graph stays empty then.
   void capture(const std::function<void()>& fn);

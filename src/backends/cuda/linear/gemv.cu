@@ -77,17 +77,25 @@ __device__ __forceinline__ void decode4(const uint4& v, int sub, float (&f)[4]) 
 }
 
 // acc[i][r] += x[i, c*E .. c*E+E) . W[row r, same columns] for one 16-byte chunk c of each row.
-// srow[r]: the row's scale_inv row (fp8); the chunk lies inside one column block (gemv_vector_ok).
+// srow[r]: the row's scale_inv row (fp8); the chunk lies inside one column block (gemv_vector_ok),
+// so its 16 products are summed first and scaled once (one multiply per chunk, not per weight: the
+// dequantisation arithmetic, not the memory, bounded the fp8 kernel).
 template <FloatKind K, int N, int R>
 __device__ __forceinline__ void accumulate_chunk(const GemvParams& p, const uint4 (&wv)[R],
                                                  const float* const (&srow)[R], int64_t c,
                                                  int block_in_log2, float (&acc)[N][R]) {
   constexpr int E = elems_per_16b<K>();
+  constexpr bool kFp8 = K == FloatKind::kE4M3;
   float s[R];
-  if constexpr (K == FloatKind::kE4M3) {
+  if constexpr (kFp8) {
     const int64_t sc = (p.col0 + c * E) >> block_in_log2;
     for (int r = 0; r < R; ++r) s[r] = __ldg(srow[r] + sc);
   }
+  float part[N][R];
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) part[i][r] = kFp8 ? 0.0f : acc[i][r];
   const float* xc = p.x + c * E;
 #pragma unroll
   for (int sub = 0; sub < E / 4; ++sub) {
@@ -98,19 +106,19 @@ __device__ __forceinline__ void accumulate_chunk(const GemvParams& p, const uint
     for (int r = 0; r < R; ++r) {
       float f[4];
       decode4<K>(wv[r], sub, f);
-      if constexpr (K == FloatKind::kE4M3) {
-        // The reference's dequantised weight, bitwise: w8 * scale_inv rounded once.
-        for (int e = 0; e < 4; ++e) f[e] = __fmul_rn(f[e], s[r]);
-      }
 #pragma unroll
       for (int i = 0; i < N; ++i) {
-        acc[i][r] = fmaf(xv[i].x, f[0], acc[i][r]);
-        acc[i][r] = fmaf(xv[i].y, f[1], acc[i][r]);
-        acc[i][r] = fmaf(xv[i].z, f[2], acc[i][r]);
-        acc[i][r] = fmaf(xv[i].w, f[3], acc[i][r]);
+        part[i][r] = fmaf(xv[i].x, f[0], part[i][r]);
+        part[i][r] = fmaf(xv[i].y, f[1], part[i][r]);
+        part[i][r] = fmaf(xv[i].z, f[2], part[i][r]);
+        part[i][r] = fmaf(xv[i].w, f[3], part[i][r]);
       }
     }
   }
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[i][r] = kFp8 ? fmaf(part[i][r], s[r], acc[i][r]) : part[i][r];
 }
 
 // Reduces acc over the warp (xor butterfly), then over the k_split warps of the row group in warp

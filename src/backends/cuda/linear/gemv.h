@@ -2,9 +2,10 @@
 // (f32, bf16, f16, fp8 e4m3 with block scales). Decode is bound by reading W once, so every weight
 // byte is loaded once, 16 B per lane, with the x rows reused from registers across several output
 // rows (see gemv.cu for the tiling and its reasons).
-// Numerics: each weight is decoded exactly (fp8: w8 * scale_inv rounded once, bitwise the CPU
-// reference's dequantised value), products and sums in fp32 (FMA), a fixed reduction tree: the
-// result is the fp32 reference up to summation order, and bitwise reproducible run to run.
+// Numerics: every weight is decoded exactly; products and sums in fp32 (FMA), a fixed reduction tree
+// (bitwise reproducible run to run). fp8 weights: the 16 products of a 16-byte chunk (inside one
+// scale block) are summed unscaled and the sum is multiplied by the block's scale_inv, so the result
+// is the CPU reference's (which dequantises each weight first) up to summation order and rounding.
 #pragma once
 
 #include <cuda_runtime.h>

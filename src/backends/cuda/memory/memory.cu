@@ -84,21 +84,47 @@ CaptureState*& capture_state() {
   return state;
 }
 
+namespace {
+
+// A free block of class `size` from `pool`, or null.
+void* take_free(BlockPool& pool, size_t size) {
+  std::lock_guard<std::mutex> lock(pool.mu);
+  auto it = pool.free.find(size);
+  if (it == pool.free.end()) return nullptr;
+  void* p = it->second;
+  pool.free.erase(it);
+  return p;
+}
+
+}  // namespace
+
 void* allocate_block(int device, size_t bytes, std::shared_ptr<BlockPool>& pool) {
   DSI_CHECK(device >= 0 && device < kMaxDevices, "cuda:{}: device index beyond {}", device,
             kMaxDevices);
   const CaptureState* cap = capture_state();
-  pool = cap != nullptr && cap->device == device ? cap->pool : shared_pool(device);
+  const bool mine = cap != nullptr && cap->device == device;
+  pool = mine ? cap->pool : shared_pool(device);
   const size_t size = block_size_class(bytes);
-  {
-    std::lock_guard<std::mutex> lock(pool->mu);
-    auto it = pool->free.find(size);
-    if (it != pool->free.end()) {
-      void* p = it->second;
-      pool->free.erase(it);
-      counters(device).in_use += int64_t(size);
-      return p;
+  if (void* p = take_free(*pool, size)) {
+    counters(device).in_use += int64_t(size);
+    return p;
+  }
+  if (mine && cap->checks != nullptr) {
+    // Capturing: no cudaMalloc. A free block of the shared pool changes hands instead.
+    BlockPool& shared = *shared_pool(device);
+    void* p = take_free(shared, size);
+    DSI_CHECK(p != nullptr,
+              "a captured step asked for a {}-byte block its warm-up did not leave (warm the step "
+              "up with the same calls first)",
+              bytes);
+    {
+      std::lock_guard<std::mutex> lock(shared.mu);
+      shared.blocks.erase(p);
     }
+    std::lock_guard<std::mutex> lock(pool->mu);
+    pool->blocks.emplace(p, size);
+    counters(device).in_use += int64_t(size);
+    return p;
   }
   DeviceGuard guard(Device::cuda(device));
   void* p = nullptr;

@@ -41,13 +41,16 @@ struct DeferredChecks {
   std::vector<std::string> what;        // claimed slots: what each check reports
 };
 
-// While a thread captures a step graph: the device, the graph's pool and its checks.
+// While a thread warms up or captures a step graph: the device and the graph's pool; while it
+// captures, also the graph's checks. Capture cannot cudaMalloc, so a block the pool lacks then is
+// taken from the shared pool's free blocks, or the capture fails: the warm-up, running the same
+// calls eagerly into the same pool, leaves every block the capture will ask for.
 struct CaptureState {
   int device = -1;
   std::shared_ptr<BlockPool> pool;
-  DeferredChecks* checks = nullptr;
+  DeferredChecks* checks = nullptr;  // null while warming up
 };
-// This thread's capture (null when it captures nothing).
+// This thread's warm-up or capture (null when neither).
 CaptureState*& capture_state();
 
 inline constexpr int kMaxCopyDims = 8;
