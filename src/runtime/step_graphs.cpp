@@ -31,7 +31,9 @@ bool StepGraphs::supported(const DsaModel& model) {
 
 #else
 
-struct StepGraphs::Entry {};
+struct StepGraphs::Entry {
+  bool eager = true;
+};
 
 bool StepGraphs::supported(const DsaModel&) { return false; }
 

@@ -32,7 +32,7 @@ constexpr int kSelThreads = 512;
 constexpr int kBins = 4096;                       // 12-bit digits (passes 1 and 2), 8 bits last
 constexpr int kMaxK = kTopkSelectMaxK;            // 2048
 constexpr int kSortItems = kMaxK / kSelThreads;   // 4
-constexpr int kMaxCluster = 8;                    // portable cluster size
+constexpr int kMaxCluster = 16;                   // non-portable cluster size (Hopper allows 16)
 constexpr int64_t kCacheMax = 32768;              // order keys per CTA kept in shared memory
 constexpr int kGatherItems = 8;                   // consecutive keys per thread in the gather pass
 
@@ -60,6 +60,16 @@ __device__ __forceinline__ uint32_t order_key(float v) {
 
 constexpr size_t dynamic_smem(int64_t cache_entries) {
   return sizeof(uint32_t) * (2 * size_t(kBins) + 2 * size_t(kMaxK) + size_t(cache_entries));
+}
+
+// hist[bin] += 1 for the lanes with `take`, one shared atomic per distinct bin of the warp: a row's
+// scores crowd into few bins, and same-address shared atomics serialise. Called by every active
+// lane of a warp.
+__device__ __forceinline__ void hist_add(uint32_t* hist, uint32_t bin, bool take) {
+  const unsigned want = __ballot_sync(__activemask(), take);
+  if (!take) return;
+  const unsigned peers = __match_any_sync(want, bin);
+  if (int(threadIdx.x & 31u) == __ffs(peers) - 1) atomicAdd(&hist[bin], uint32_t(__popc(peers)));
 }
 
 // Sums histogram `hist` (NB bins, in every CTA of the cluster) and finds the bin where the count
@@ -168,7 +178,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       if (i >= len) continue;
       const uint32_t o = order_key(v[u]);
       if constexpr (kCached) cache[i] = o;
-      if (o != 0u) atomicAdd(&hist0[o >> 20], 1u);
+      hist_add(hist0, o >> 20, o != 0u);
     }
   }
   cluster.sync();
@@ -190,7 +200,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   // Pass 2: bits 19..8 of the keys in bin b1.
   for (int64_t i = tid; i < len; i += kSelThreads) {
     const uint32_t o = key_at(i);
-    if ((o >> 20) == b1) atomicAdd(&hist1[(o >> 8) & 0xfffu], 1u);
+    hist_add(hist1, (o >> 8) & 0xfffu, (o >> 20) == b1);
   }
   cluster.sync();  // also: every CTA has finished reading the pass-1 histograms
   pick_bin<kBins>(cluster, hist1, kk - above, false, temp, pick);
@@ -202,7 +212,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   __syncthreads();
   for (int64_t i = tid; i < len; i += kSelThreads) {
     const uint32_t o = key_at(i);
-    if ((o >> 8) == prefix24) atomicAdd(&hist0[o & 0xffu], 1u);
+    hist_add(hist0, o & 0xffu, (o >> 8) == prefix24);
   }
   cluster.sync();
   pick_bin<256>(cluster, hist0, kk - above, false, temp, pick);
@@ -299,16 +309,39 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
   if (p.rows == 0 || p.k == 0) return;
   DSI_CHECK(p.k >= 1 && p.k <= kTopkSelectMaxK, "topk: the select kernel takes k <= {}, got {}",
             kTopkSelectMaxK, p.k);
-  // CTAs per row: one per 2048 scores up to 8; fewer when many rows already fill the device.
-  int ctas = int(std::clamp<int64_t>((p.n + 2047) / 2048, 1, kMaxCluster));
+  const size_t max_smem = dynamic_smem(kCacheMax);
+  for (auto kernel : {topk_select_kernel<true>, topk_select_kernel<false>}) {
+    DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(max_smem)));
+    DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+  // The largest cluster this GPU can place (16 needs a GPC with 16 free SMs; else 8, portable).
+  static const int largest = [&] {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(16, 1, 1);
+    cfg.blockDim = dim3(kSelThreads, 1, 1);
+    cfg.dynamicSmemBytes = max_smem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 16;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, topk_select_kernel<true>, &cfg);
+    if (e != cudaSuccess) cudaGetLastError();
+    return e == cudaSuccess && clusters > 0 ? 16 : 8;
+  }();
+  // CTAs per row: one per 2048 scores up to the largest cluster; fewer when many rows already
+  // fill the device.
+  int ctas = int(std::clamp<int64_t>((p.n + 2047) / 2048, 1, largest));
   const int64_t sms = sm_count();
   while (ctas > 2 && p.rows * ctas > sms / 2) ctas /= 2;
   const int64_t chunk = (p.n + ctas - 1) / ctas;
   const bool cached = chunk <= kCacheMax;
   const size_t smem = dynamic_smem(cached ? chunk : 0);
   auto kernel = cached ? topk_select_kernel<true> : topk_select_kernel<false>;
-  DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(dynamic_smem(cached ? kCacheMax : 0))));
   for (int64_t r0 = 0; r0 < p.rows; r0 += 65535) {
     TopkSelectParams q = p;
     q.rows = std::min<int64_t>(65535, p.rows - r0);
