@@ -62,69 +62,96 @@ constexpr size_t dynamic_smem(int64_t cache_entries) {
   return sizeof(uint32_t) * (2 * size_t(kBins) + 2 * size_t(kMaxK) + size_t(cache_entries));
 }
 
-// hist[bin] += 1 for the lanes with `take`, one shared atomic per distinct bin of the warp: a row's
-// scores crowd into few bins, and same-address shared atomics serialise. Called by every active
-// lane of a warp.
-__device__ __forceinline__ void hist_add(uint32_t* hist, uint32_t bin, bool take) {
-  const unsigned want = __ballot_sync(__activemask(), take);
-  if (!take) return;
-  const unsigned peers = __match_any_sync(want, bin);
-  if (int(threadIdx.x & 31u) == __ffs(peers) - 1) atomicAdd(&hist[bin], uint32_t(__popc(peers)));
-}
-
 // Sums histogram `hist` (NB bins, in every CTA of the cluster) and finds the bin where the count
 // from the top reaches `need` (first pass: need = min(k, total)). Every CTA gets the same bin; also
 // the cluster-wide count above it and this CTA's own count above it. Block-synchronising.
+// The merge is split: CTA q sums only its slice of NB / C bins over the C histograms (C remote
+// reads per bin instead of every CTA reading every histogram), the slice totals locate the slice
+// holding the k-th key, and that slice's CTA finds the bin and hands it to the others.
 template <int NB>
 __device__ void pick_bin(const cg::cluster_group& cluster, uint32_t* hist, uint32_t need_or_k, bool first,
                          Temp& temp, Pick& pick) {
-  constexpr int kPer = NB >= kSelThreads ? NB / kSelThreads : 1;
+  __shared__ uint32_t merged[NB];      // this CTA's slice of the summed histogram
+  __shared__ uint32_t slice_total;     // read by every CTA of the cluster
+  __shared__ Pick found;               // the crossing CTA's answer, read by every CTA
+  __shared__ int cross;                // the CTA whose slice holds the k-th key (-1: none)
+  __shared__ uint32_t above_slices, need_s;
   const int tid = threadIdx.x;
-  const bool owns = tid * kPer < NB;
-  const unsigned n_ctas = cluster.num_blocks();
-  uint32_t cnt[kPer], tot = 0;
-#pragma unroll
-  for (int j = 0; j < kPer; ++j) {  // thread t owns bins NB-1-t*kPer-j: descending key order
+  const unsigned n_ctas = cluster.num_blocks(), me = cluster.block_rank();
+  const int S = NB / int(n_ctas);  // n_ctas is a power of two <= 16 and divides NB
+  const int lo = int(me) * S;
+  uint32_t tot = 0;
+  for (int j = tid; j < S; j += kSelThreads) {
     uint32_t c = 0;
-    if (owns) {  // unrolled over the largest cluster: the remote loads are in flight together
-      const int b = NB - 1 - tid * kPer - j;
 #pragma unroll
-      for (unsigned q = 0; q < kMaxCluster; ++q)
-        if (q < n_ctas) c += cluster.map_shared_rank(hist, q)[b];
-    }
-    cnt[j] = c;
+    for (unsigned q = 0; q < kMaxCluster; ++q)  // the remote loads are in flight together
+      if (q < n_ctas) c += cluster.map_shared_rank(hist, q)[lo + j];
+    merged[j] = c;
     tot += c;
   }
-  uint32_t before = 0, total = 0;
-  Scan(temp.scan).ExclusiveSum(tot, before, total);
-  const uint32_t need = first ? min(need_or_k, total) : need_or_k;
+  tot = Reduce(temp.reduce).Sum(tot);
+  if (tid == 0) slice_total = tot;
+  cluster.sync();
   if (tid == 0) {
+    uint32_t t[kMaxCluster], total = 0;
+    for (unsigned q = 0; q < n_ctas; ++q) {
+      t[q] = *cluster.map_shared_rank(&slice_total, q);
+      total += t[q];
+    }
+    const uint32_t need = first ? min(need_or_k, total) : need_or_k;
+    cross = -1;
+    above_slices = 0;
+    uint32_t acc = 0;
+    for (int q = int(n_ctas) - 1; q >= 0; --q) {  // high bins first
+      if (need > 0 && acc < need && acc + t[q] >= need) {
+        cross = q;
+        above_slices = acc;
+      }
+      acc += t[q];
+    }
+    need_s = need;
     pick.total = total;
-    pick.bin = 0;
-    pick.above = 0;
   }
   __syncthreads();
-  if (owns && need > 0) {
+  if (cross == int(me)) {  // block-uniform
+    constexpr int kPer = NB >= kSelThreads ? NB / kSelThreads : 1;
+    const int per = (S + kSelThreads - 1) / kSelThreads;  // <= kPer
+    uint32_t cnt[kPer], sum = 0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {  // thread t owns slice bins S-1-t*per-i: descending order
+      const int j = S - 1 - tid * per - i;
+      cnt[i] = i < per && j >= 0 ? merged[j] : 0u;
+      sum += cnt[i];
+    }
+    uint32_t before = 0;
+    Scan(temp.scan).ExclusiveSum(sum, before);
+    const uint32_t need = need_s - above_slices;
     uint32_t acc = before;
 #pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      if (acc < need && acc + cnt[j] >= need) {  // exactly one (thread, j) crosses
-        pick.bin = uint32_t(NB - 1 - tid * kPer - j);
-        pick.above = acc;
+    for (int i = 0; i < kPer; ++i) {
+      if (acc < need && acc + cnt[i] >= need) {  // exactly one (thread, i) crosses
+        found.bin = uint32_t(lo + S - 1 - tid * per - i);
+        found.above = above_slices + acc;
       }
-      acc += cnt[j];
+      acc += cnt[i];
+    }
+  }
+  cluster.sync();
+  if (tid == 0) {
+    if (cross >= 0) {
+      const Pick f = *cluster.map_shared_rank(&found, unsigned(cross));
+      pick.bin = f.bin;
+      pick.above = f.above;
+    } else {
+      pick.bin = 0;
+      pick.above = 0;
     }
   }
   __syncthreads();
   const uint32_t bin = pick.bin;
   uint32_t la = 0;
-  if (owns) {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const uint32_t b = uint32_t(NB - 1 - tid * kPer - j);
-      if (b > bin) la += hist[b];
-    }
-  }
+  for (int b = tid; b < NB; b += kSelThreads)
+    if (uint32_t(b) > bin) la += hist[b];
   la = Reduce(temp.reduce).Sum(la);
   if (tid == 0) pick.local_above = la;
   __syncthreads();
@@ -178,7 +205,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       if (i >= len) continue;
       const uint32_t o = order_key(v[u]);
       if constexpr (kCached) cache[i] = o;
-      hist_add(hist0, o >> 20, o != 0u);
+      if (o != 0u) atomicAdd(&hist0[o >> 20], 1u);
     }
   }
   cluster.sync();
@@ -200,7 +227,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   // Pass 2: bits 19..8 of the keys in bin b1.
   for (int64_t i = tid; i < len; i += kSelThreads) {
     const uint32_t o = key_at(i);
-    hist_add(hist1, (o >> 8) & 0xfffu, (o >> 20) == b1);
+    if ((o >> 20) == b1) atomicAdd(&hist1[(o >> 8) & 0xfffu], 1u);
   }
   cluster.sync();  // also: every CTA has finished reading the pass-1 histograms
   pick_bin<kBins>(cluster, hist1, kk - above, false, temp, pick);
@@ -212,7 +239,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   __syncthreads();
   for (int64_t i = tid; i < len; i += kSelThreads) {
     const uint32_t o = key_at(i);
-    hist_add(hist0, o & 0xffu, (o >> 8) == prefix24);
+    if ((o >> 8) == prefix24) atomicAdd(&hist0[o & 0xffu], 1u);
   }
   cluster.sync();
   pick_bin<256>(cluster, hist0, kk - above, false, temp, pick);
@@ -336,6 +363,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
   // CTAs per row: one per 2048 scores up to the largest cluster; fewer when many rows already
   // fill the device.
   int ctas = int(std::clamp<int64_t>((p.n + 2047) / 2048, 1, largest));
+  while (ctas & (ctas - 1)) ctas &= ctas - 1;  // a power of two: it divides the histograms' bins
   const int64_t sms = sm_count();
   while (ctas > 2 && p.rows * ctas > sms / 2) ctas /= 2;
   const int64_t chunk = (p.n + ctas - 1) / ctas;
