@@ -23,13 +23,7 @@ struct BlockPool {
   std::mutex mu;
   std::multimap<size_t, void*> free;         // size class -> free blocks
   std::unordered_map<void*, size_t> blocks;  // every block: its size class
-  ~BlockPool() {
-    int cur = -1;
-    const bool switched = cudaGetDevice(&cur) == cudaSuccess && cur != device &&
-                          cudaSetDevice(device) == cudaSuccess;
-    for (const auto& [p, size] : blocks) cudaFree(p);
-    if (switched) cudaSetDevice(cur);
-  }
+  ~BlockPool();
 };
 
 namespace {
@@ -70,6 +64,17 @@ void release_free_blocks(BlockPool& pool) {
 }
 
 }  // namespace
+
+BlockPool::~BlockPool() {
+  int cur = -1;
+  const bool switched = cudaGetDevice(&cur) == cudaSuccess && cur != device &&
+                        cudaSetDevice(device) == cudaSuccess;
+  for (const auto& [p, size] : blocks) {
+    cudaFree(p);
+    counters(device).reserved -= int64_t(size);
+  }
+  if (switched) cudaSetDevice(cur);
+}
 
 size_t block_size_class(size_t bytes) {
   if (bytes <= 4096) return std::max<size_t>(512, (bytes + 511) / 512 * 512);
