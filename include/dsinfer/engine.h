@@ -77,6 +77,7 @@ struct EngineMetrics {
   int64_t prompt_tokens = 0;       // processed in prefill (recomputation after preemption included)
   int64_t generation_tokens = 0;
   int64_t steps = 0;
+  int64_t graph_steps = 0;         // of those, decode steps replayed from CUDA graphs
   // Speculative decoding, named as vLLM names them.
   int64_t num_drafts = 0;
   int64_t num_draft_tokens = 0;

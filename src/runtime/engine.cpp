@@ -81,6 +81,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
             "speculative decoding needs an MTP layer, and this checkpoint has none");
   if (o.cuda_graphs && models_.size() == 1 && StepGraphs::supported(*models_[0]))
     graphs_ = std::make_unique<StepGraphs>(*models_[0]);
+  if (!models_[0]->device().is_cpu()) warm_up(std::min<int64_t>(o.max_num_batched_tokens, limit));
 
   // The pool: what the budget buys, but no more than max_num_seqs full-length sequences need.
   const DcpLayout& dcp = ranks_->context(0).dcp;
@@ -123,6 +124,26 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
   stats_.accepted_per_pos.assign(size_t(K_), 0);
   metrics_ = stats_;
   thread_ = std::thread([this] { loop(); });
+}
+
+// The largest step the scheduler makes, a prefill chunk of `rows` tokens (and its logits), runs once
+// on a scratch cache before the KV pool is sized: the device's caching allocator then holds that
+// step's workspace, which the free memory the budget is taken from no longer counts. Every rank
+// runs it (its collectives included), so the ranks also start in step.
+void EngineImpl::warm_up(int64_t rows) {
+  const KvCacheDtype dtype = parse_kv_cache_dtype(opt_.kv_cache_dtype);
+  ranks_->run([&](int r) {
+    const DsaModel& m = *models_[size_t(r)];
+    SequenceKvCache scratch = m.make_cache(rows, /*with_mtp=*/false, dtype);
+    const Tensor h = m.forward(Tensor::zeros({rows}, DType::I32), scratch);
+    (void)to_host(m.logits(h.slice(rows - 1, rows)));  // waits for the step
+  });
+#ifdef DSI_WITH_CUDA
+  const cuda::MemoryStats st = cuda::memory_stats(models_[0]->device().index);
+  spdlog::info("warm-up step of {} tokens: rank 0 holds {:.1f} MiB of device memory (weights, "
+               "the step's workspace, the warm-up's scratch cache)",
+               rows, double(st.reserved_bytes) / 1048576.0);
+#endif
 }
 
 EngineImpl::~EngineImpl() {

@@ -38,6 +38,7 @@ class EngineImpl final : public Engine {
   void step();
   void prepare(EngineSequence& s);
   void draft(const std::vector<EngineSequence*>& seqs);
+  void warm_up(int64_t rows);
   Tensor run_forward(const std::vector<StepPlan::Rows>& rows, const std::vector<int64_t>& keep);
   bool emit(EngineSequence& s, const std::vector<int32_t>& tokens, const Tensor& logits, int64_t row0);
   void append_pending(EngineSequence& s, int64_t first_row, int64_t n);

@@ -162,7 +162,9 @@ Tensor EngineImpl::run_forward(const std::vector<StepPlan::Rows>& rows,
     std::vector<BatchSeq> batch;
     for (const StepPlan::Rows& p : rows) batch.push_back({&seq_of(p.seq).ranks[size_t(r)].cache, p.n});
     if (graphed) {
+      const int64_t replays = graphs_->replays();
       const StepGraphs::Step st = graphs_->forward(tokens, batch);
+      stats_.graph_steps += graphs_->replays() - replays;
       int64_t row = 0;
       for (const StepPlan::Rows& p : rows) {
         seq_of(p.seq).ranks[0].step_hidden = st.hidden.slice(row, row + p.n);

@@ -94,6 +94,7 @@ std::string render_prometheus(const EngineMetrics& e, ServerMetrics& s, const st
           double(e.prompt_tokens));
   counter("generation_tokens", "Tokens generated.", double(e.generation_tokens));
   counter("engine_steps", "Engine steps run.", double(e.steps));
+  counter("engine_graph_steps", "Decode steps replayed from CUDA graphs.", double(e.graph_steps));
 
   // Tokens per second since the previous scrape (since start for the first one).
   const auto now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(

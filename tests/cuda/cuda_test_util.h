@@ -8,13 +8,17 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backends/cuda/device.h"
 #include "core/tensor.h"
 #include "cuda/cuda_tolerances.h"
+#include "runtime/ranks.h"
 #include "test_ops_common.h"
+#include "test_util.h"
 
 namespace dsi::test {
 
@@ -34,6 +38,14 @@ class CudaTest : public ::testing::Test {
 };
 
 inline Tensor dev(const Tensor& host) { return to_device(host, gpu()); }
+
+// A test fixture's checkpoint as one model on cuda:0, loaded once per test binary.
+inline const DsaModel& gpu_fixture_model(const std::string& fixture) {
+  static std::map<std::string, std::unique_ptr<DsaModel>> models;
+  auto& m = models[fixture];
+  if (!m) m = load_rank_model(fixture_dir(fixture), RankContext{}, {}, gpu());
+  return *m;
+}
 inline Tensor host(const Tensor& t) { return to_host(t); }
 
 // An output view inside a NaN-guarded device buffer. make_view places the view in a buffer; it is

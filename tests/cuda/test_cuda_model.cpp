@@ -15,12 +15,7 @@ namespace {
 
 class CudaModel : public test::CudaTest, public ::testing::WithParamInterface<std::string> {
  protected:
-  const DsaModel& gpu_model() {
-    static std::map<std::string, std::unique_ptr<DsaModel>> cache;
-    auto& m = cache[GetParam()];
-    if (!m) m = load_rank_model(test::fixture_dir(GetParam()), RankContext{}, {}, test::gpu());
-    return *m;
-  }
+  const DsaModel& gpu_model() { return test::gpu_fixture_model(GetParam()); }
 };
 
 Tensor golden(const std::string& fixture, const std::string& file) {

@@ -36,8 +36,10 @@ std::vector<int32_t> cpu_greedy(const std::string& fixture, const std::vector<in
   return generate(test::fixture_model(fixture), prompt, greedy(n, 0)).output_ids;
 }
 
-// Runs every prompt through an engine at once; returns each request's tokens.
-std::vector<std::vector<int32_t>> engine_outputs(const EngineOptions& o, int n) {
+// Runs every prompt through an engine at once; returns each request's tokens (and, if asked, the
+// engine's counters at the end).
+std::vector<std::vector<int32_t>> engine_outputs(const EngineOptions& o, int n,
+                                                 EngineMetrics* metrics = nullptr) {
   auto engine = Engine::start(o);
   struct Out {
     std::mutex mu;
@@ -71,23 +73,31 @@ std::vector<std::vector<int32_t>> engine_outputs(const EngineOptions& o, int n) 
     ids.push_back(out->ids);
   }
   EXPECT_EQ(engine->metrics().kv_pages_used, 0);
+  if (metrics) *metrics = engine->metrics();
   return ids;
 }
 
 class CudaEngine : public test::CudaTest, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(CudaEngine, BatchedRequestsMatchTheCpu) {
+  for (bool graphs : {true, false})
   for (int K : {0, 2}) {
-    SCOPED_TRACE("speculative tokens " + std::to_string(K));
+    SCOPED_TRACE(fmt::format("speculative tokens {}, CUDA graphs {}", K, graphs));
     EngineOptions o;
     o.model_dir = test::fixture_dir(GetParam());
     o.device = "cuda";
     o.speculative_tokens = K;
     o.max_num_batched_tokens = 24;  // the long prompt is chunked and mixed with decode rounds
     o.kv_cache_memory = 64 << 20;
-    const auto got = engine_outputs(o, 12);
+    o.cuda_graphs = graphs;
+    EngineMetrics m;
+    const auto got = engine_outputs(o, 12, &m);
     for (size_t i = 0; i < kPrompts.size(); ++i)
       EXPECT_EQ(got[i], cpu_greedy(GetParam(), kPrompts[i], 12)) << "prompt " << i;
+    // Decode-only steps replay graphs (the first step of each shape captures instead).
+    if (graphs) EXPECT_GT(m.graph_steps, 0);
+    else EXPECT_EQ(m.graph_steps, 0);
+    EXPECT_LT(m.graph_steps, m.steps);
   }
 }
 

@@ -21,12 +21,7 @@ namespace {
 
 class StepGraphModel : public test::CudaTest, public ::testing::WithParamInterface<std::string> {
  protected:
-  const DsaModel& gpu_model() {
-    static std::map<std::string, std::unique_ptr<DsaModel>> cache;
-    auto& m = cache[GetParam()];
-    if (!m) m = load_rank_model(test::fixture_dir(GetParam()), RankContext{}, {}, test::gpu());
-    return *m;
-  }
+  const DsaModel& gpu_model() { return test::gpu_fixture_model(GetParam()); }
 };
 
 int32_t argmax_of(const Tensor& logits_row) {

@@ -76,23 +76,20 @@ namespace {
 
 // Dequantises rows [row_begin, row_end) of a validated weight into out (device, contiguous).
 void dequantize_into(const LinearWeight& w, int64_t row_begin, int64_t row_end, float* out) {
+  const GemvParams g = gemv_weight_params(w);  // the weight's fields, shared with the GEMV
   DequantParams p{};
-  p.w = w.weight.raw();
-  p.kind = float_kind(w.weight.dtype(), "linear weight");
+  p.w = g.w;
+  p.kind = g.kind;
+  p.scale_inv = g.scale_inv;
+  p.scale_cols = g.scale_cols;
+  p.row0 = g.row0;
+  p.col0 = g.col0;
+  p.block_out = g.block_out;
+  p.block_in = g.block_in;
   p.out = out;
   p.row_begin = row_begin;
   p.rows = row_end - row_begin;
-  p.in = w.weight.dim(1);
-  if (w.weight.dtype() == DType::F8_E4M3) {
-    p.scale_inv = w.scale_inv.f32();
-    p.scale_cols = w.scale_inv.dim(1);
-    p.row0 = w.row0;
-    p.col0 = w.col0;
-    p.block_out = w.block_out;
-    p.block_in = w.block_in;
-  } else {
-    p.block_out = p.block_in = 1;
-  }
+  p.in = g.in;
   launch_dequantize(p, stream());
 }
 
