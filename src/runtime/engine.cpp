@@ -134,6 +134,10 @@ void EngineImpl::warm_up(int64_t rows) {
   const KvCacheDtype dtype = parse_kv_cache_dtype(opt_.kv_cache_dtype);
   ranks_->run([&](int r) {
     const DsaModel& m = *models_[size_t(r)];
+#ifdef DSI_WITH_CUDA
+    // Blocks cached from loading (or from an engine before this one) go back to the device first.
+    cuda::empty_cache(m.device().index);
+#endif
     SequenceKvCache scratch = m.make_cache(rows, /*with_mtp=*/false, dtype);
     const Tensor h = m.forward(Tensor::zeros({rows}, DType::I32), scratch);
     (void)to_host(m.logits(h.slice(rows - 1, rows)));  // waits for the step
