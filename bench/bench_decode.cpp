@@ -8,7 +8,7 @@
 // --graphs (one GPU) times the step replayed from a CUDA graph (backends/cuda/graph/), as decoding
 // runs it; without it every op is launched from the host.
 //   bench_decode --config configs/glm-5.2.json [--layers 4] [--first-layer 6] [--context 131072]
-//                [--iters 20] [--weights fp8|bf16] [--kv-cache fp8|f32] [--tp T] [--dcp W]
+//                [--iters 20] [--weights fp8|bf16] [--kv-cache fp8|bf16|f32] [--tp T] [--dcp W]
 //                [--rows R] [--graphs]
 #include <chrono>
 #include <cstdio>
@@ -239,8 +239,9 @@ int run(const Args& a) {
     const int64_t w8 = dsi::decode_weight_bytes(fp8cfg, l);
     const int64_t k = std::min<int64_t>(cfg.index_topk, C + 1);
     const bool kv8 = kv == dsi::KvCacheDtype::kFp8;
-    const double run_b = double(w) + (idx ? double(C) * (kv8 ? cfg.index_head_dim + 4 : cfg.index_head_dim * 4) : 0) +
-                         double(k) * (kv8 ? 656 : latent * 4);
+    const int64_t eb = kv == dsi::KvCacheDtype::kBf16 ? 2 : 4;  // bytes per cached value (f32 / bf16)
+    const double run_b = double(w) + (idx ? double(C) * (kv8 ? cfg.index_head_dim + 4 : cfg.index_head_dim * eb) : 0) +
+                         double(k) * (kv8 ? 656 : latent * eb);
     const double fp8_b = double(w8) + (idx ? double(C) * (cfg.index_head_dim + 4) : 0) + double(k) * 656;
     floor_run += run_b / kPeakBytesPerSecond;
     floor_fp8 += fp8_b / kPeakBytesPerSecond;

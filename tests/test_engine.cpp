@@ -119,7 +119,9 @@ void expect_same_as_generator(const std::string& dir, EngineOptions o, int n_cas
   EXPECT_EQ(m.waiting, 0);
   EXPECT_EQ(m.kv_pages_used, 0);
   EXPECT_EQ(m.requests_finished, n_cases);
-  if (expect_preemption) EXPECT_GT(m.preemptions, 0);
+  if (expect_preemption) {
+    EXPECT_GT(m.preemptions, 0);
+  }
   if (o.speculative_tokens > 0) {
     EXPECT_GT(m.num_drafts, 0);
     EXPECT_EQ(int64_t(m.accepted_per_pos.size()), o.speculative_tokens);

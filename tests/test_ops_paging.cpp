@@ -3,7 +3,9 @@
 // pages are refused with a message.
 #include <gtest/gtest.h>
 
+#include "core/dtype.h"
 #include "ops/indexer.h"
+#include "ops/mla.h"
 #include "ops/paging.h"
 #include "test_util.h"
 
@@ -60,6 +62,48 @@ TEST(OpPaging, PagedIndexerLogitsEqualContiguous) {
   kp.block_tables = Tensor::from_i32({3, -1, -1}, {1, 3});
   test::expect_error([&] { ops::indexer_logits(q, w, pool, bounds, 0.5f, got, &kp); },
                      {"indexer_logits", "slot"});
+}
+
+// A bf16 cache: scatter_rows rounds each value to nearest even on the way in, and the indexer and
+// sparse attention read it back exactly, so they equal the f32 ops on the widened rows bitwise.
+TEST(OpPaging, Bf16PoolsRoundOnStoreAndReadExactly) {
+  const int64_t n = 6, d = 24, slots = 8, rows = 2, heads = 3;
+  const Tensor src = randf({n, d}, 11);
+  const Tensor where = Tensor::from_i32({4, 0, -1, 7, 2, 5}, {n});
+  Tensor pool16 = Tensor::zeros({slots, d}, DType::BF16);
+  ops::scatter_rows(src, where, pool16);
+  Tensor widened = Tensor::zeros({slots, d}, DType::F32);
+  const uint16_t* bits = static_cast<const uint16_t*>(pool16.raw());
+  int64_t inexact = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t s = where.i32()[i];
+    for (int64_t c = 0; c < d; ++c) {
+      const float v = src.f32()[i * d + c];
+      if (s < 0) continue;
+      ASSERT_EQ(bits[s * d + c], f32_to_bf16(v)) << "row " << i << " col " << c;
+      inexact += bf16_to_f32(f32_to_bf16(v)) != v;
+    }
+  }
+  EXPECT_GT(inexact, 0);  // the values really were rounded
+  for (int64_t i = 0; i < slots * d; ++i) widened.f32()[i] = bf16_to_f32(bits[i]);
+
+  const Tensor q = randf({rows, heads, d}, 12), w = randf({rows, heads}, 13);
+  const Tensor bounds = Tensor::from_i32({8, 5}, {rows});
+  Tensor a = Tensor::empty({rows, slots}, DType::F32), b = Tensor::empty({rows, slots}, DType::F32);
+  ops::indexer_logits(q, w, pool16, bounds, 0.25f, a);
+  ops::indexer_logits(q, w, widened, bounds, 0.25f, b);
+  EXPECT_EQ(std::memcmp(a.raw(), b.raw(), a.nbytes()), 0);
+
+  const Tensor idx = Tensor::from_i32({4, 0, -1, 7, 2, 5, 5, -1}, {rows, 4});
+  const int dv = 16;
+  Tensor o16 = Tensor::empty({rows, heads, dv}, DType::F32), l16 = Tensor::empty({rows, heads}, DType::F32);
+  Tensor o32 = Tensor::empty({rows, heads, dv}, DType::F32), l32 = Tensor::empty({rows, heads}, DType::F32);
+  ops::sparse_mla(q, pool16, idx, 0.2f, dv, o16, l16);
+  ops::sparse_mla(q, widened, idx, 0.2f, dv, o32, l32);
+  EXPECT_EQ(std::memcmp(o16.raw(), o32.raw(), o16.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(l16.raw(), l32.raw(), l16.nbytes()), 0);
+  Tensor pool_f16 = Tensor::zeros({slots, d}, DType::F16);
+  test::expect_error([&] { ops::scatter_rows(src, where, pool_f16); }, {"f32 or bf16"});
 }
 
 }  // namespace

@@ -77,17 +77,18 @@ ModelConfig fp8_cache_geometry() {
   return c;
 }
 
-TEST(KvCacheFp8, ModelLogitsFollowTheF32Cache) {
+// Prefill 32 tokens, then decode 8 one by one, with a cache of each kind: the narrower caches stay
+// close to the f32 one, and are really taken (not equal to it).
+TEST(KvCacheDtypes, ModelLogitsFollowTheF32Cache) {
   const ModelConfig cfg = fp8_cache_geometry();
   const Checkpoint ck = synthetic_checkpoint(cfg, 5);
   auto model = DsaModel::load(ck, cfg, RankContext{});
   std::vector<int32_t> ids;
   for (int i = 0; i < 40; ++i) ids.push_back((i * 37 + 11) % 400);
   const int64_t n = int64_t(ids.size());
-  // Prefill 32 tokens, then decode 8 one by one, with each cache kind.
-  auto run = [&](KvCacheDtype dtype) {
+  auto run = [&](KvCacheDtype dtype, DType stored) {
     SequenceKvCache cache = model->make_cache(n, false, dtype);
-    EXPECT_EQ(cache.layer(0).latent.dtype(), dtype == KvCacheDtype::kFp8 ? DType::U8 : DType::F32);
+    EXPECT_EQ(cache.layer(0).latent.dtype(), stored);
     Tensor out = Tensor::empty({n, cfg.vocab_size}, DType::F32);
     Tensor first = out.slice(0, 32);
     first.copy_from(model->logits(model->forward(Tensor::from_i32({ids.begin(), ids.begin() + 32}, {32}), cache)));
@@ -97,24 +98,28 @@ TEST(KvCacheFp8, ModelLogitsFollowTheF32Cache) {
     }
     return out;
   };
-  const Tensor f32 = run(KvCacheDtype::kF32), fp8 = run(KvCacheDtype::kFp8);
-  const double e = test::nmse(fp8, f32);
-  std::printf("[ measured ] logits nmse, fp8 vs f32 KV cache: %.3g\n", e);
-  // e4m3 keeps 3 mantissa bits (relative error <= 2^-4 per value): a loose bound, and not zero
-  // (the fp8 path must really be taken).
-  EXPECT_LT(e, 2e-2);
-  EXPECT_GT(e, 0.0);
+  const Tensor f32 = run(KvCacheDtype::kF32, DType::F32);
+  const double e16 = test::nmse(run(KvCacheDtype::kBf16, DType::BF16), f32);
+  const double e8 = test::nmse(run(KvCacheDtype::kFp8, DType::U8), f32);
+  std::printf("[ measured ] logits nmse against the f32 KV cache: bf16 %.3g, fp8 %.3g\n", e16, e8);
+  // bf16 keeps 8 mantissa bits (relative error <= 2^-9 per value), e4m3 3 (<= 2^-4).
+  EXPECT_LT(e16, 1e-3);
+  EXPECT_GT(e16, 0.0);
+  EXPECT_LT(e8, 2e-2);
+  EXPECT_GT(e8, e16);
 }
 
 TEST(KvCacheFp8, GeometryChecks) {
   const ModelConfig tiny = load_config(test::fixture_dir("glm_tiny") + "/config.json");
   test::expect_error([&] { KvPool(tiny, 2, false, Device::cpu(), KvCacheDtype::kFp8); },
                      {"656-byte layout", "kv_lora_rank"});
-  test::expect_error([] { parse_kv_cache_dtype("bf8"); }, {"'bf8'", "f32 or fp8"});
+  test::expect_error([] { parse_kv_cache_dtype("bf8"); }, {"'bf8'", "f32, bf16 or fp8"});
   const ModelConfig c = fp8_cache_geometry();
   // fp8 pages: 656 bytes per latent entry and 132 per index key, against 4 x 576 and 4 x 128.
   EXPECT_LT(KvPool::bytes_per_page(c, false, KvCacheDtype::kFp8) * 3,
             KvPool::bytes_per_page(c, false, KvCacheDtype::kF32));
+  EXPECT_EQ(KvPool::bytes_per_page(c, true, KvCacheDtype::kBf16) * 2,
+            KvPool::bytes_per_page(c, true, KvCacheDtype::kF32));
 }
 
 }  // namespace

@@ -258,7 +258,7 @@ Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
     int64_t row = 0;
     for (size_t b = 0; b < seqs.size(); ++b) {
       row += seqs[b].n;
-      *shares[b] = DcpTopk{topk.local.slice(row - 1, row), topk.global.slice(row - 1, row)};
+      *shares[b] = DcpTopk{topk.local.slice(row - 1, row), topk.global.slice(row - 1, row), Tensor()};
     }
   }
   if (trace) trace->topk.push_back(topk.global);

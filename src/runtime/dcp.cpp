@@ -13,7 +13,7 @@ namespace dsi {
 
 namespace {
 
-// Sparse attention over the latent pool, whichever way it stores its rows (f32 or fp8 entries).
+// Sparse attention over the latent pool, whichever way it stores its rows (f32, bf16 or fp8).
 void attend(const Tensor& q, const Tensor& kv, const Tensor& selected, float softmax_scale, int dv,
             Tensor& out, Tensor& lse) {
   if (kv.dtype() == DType::U8)

@@ -29,8 +29,9 @@ LayerKvCache make_layer(const ModelConfig& cfg, int64_t n_pages, bool indexer, D
                                    device);
     return c;
   }
-  c.latent = Tensor::zeros({slots, cfg.kv_lora_rank + cfg.head_dim_rope}, DType::F32, device);
-  if (indexer) c.index_keys = Tensor::zeros({slots, cfg.index_head_dim}, DType::F32, device);
+  const DType t = dtype == KvCacheDtype::kBf16 ? DType::BF16 : DType::F32;
+  c.latent = Tensor::zeros({slots, cfg.kv_lora_rank + cfg.head_dim_rope}, t, device);
+  if (indexer) c.index_keys = Tensor::zeros({slots, cfg.index_head_dim}, t, device);
   return c;
 }
 
@@ -41,7 +42,8 @@ DcpLayout first_rank(const DcpLayout& dcp) { return DcpLayout{dcp.size, 0, dcp.i
 KvCacheDtype parse_kv_cache_dtype(const std::string& name) {
   if (name == "f32") return KvCacheDtype::kF32;
   if (name == "fp8") return KvCacheDtype::kFp8;
-  fail("KV cache dtype '{}': expected f32 or fp8", name);
+  if (name == "bf16") return KvCacheDtype::kBf16;
+  fail("KV cache dtype '{}': expected f32, bf16 or fp8", name);
 }
 
 KvPool::KvPool(const ModelConfig& cfg, int64_t n_pages_, bool with_mtp, Device device_,
@@ -56,8 +58,9 @@ KvPool::KvPool(const ModelConfig& cfg, int64_t n_pages_, bool with_mtp, Device d
 
 int64_t KvPool::bytes_per_page(const ModelConfig& cfg, bool with_mtp, KvCacheDtype dtype) {
   const bool fp8 = dtype == KvCacheDtype::kFp8;
-  const int64_t latent = fp8 ? ops::kMlaFp8Bytes : 4 * (cfg.kv_lora_rank + cfg.head_dim_rope);
-  const int64_t keys = fp8 ? cfg.index_head_dim + 4 : 4 * cfg.index_head_dim;
+  const int64_t elem = dtype == KvCacheDtype::kBf16 ? 2 : 4;
+  const int64_t latent = fp8 ? ops::kMlaFp8Bytes : elem * (cfg.kv_lora_rank + cfg.head_dim_rope);
+  const int64_t keys = fp8 ? cfg.index_head_dim + 4 : elem * cfg.index_head_dim;
   int64_t per_token = 0;
   for (int i = 0; i < cfg.n_layers; ++i)
     per_token += latent + (cfg.indexer_full[size_t(i)] ? keys : 0);

@@ -20,15 +20,16 @@ namespace dsi {
 
 constexpr int64_t kPageTokens = 64;
 
-// How cached keys are stored: fp32 rows (the reference), or the deployment's fp8 formats
-// (ops/kv_fp8.h): the 656-byte MLA entry (512 e4m3 + 4 fp32 scales + 64 bf16 RoPE values; needs
-// kv_lora_rank 512 and qk_rope_head_dim 64) and Hadamard-rotated e4m3 indexer keys with one scale.
-enum class KvCacheDtype { kF32, kFp8 };
-KvCacheDtype parse_kv_cache_dtype(const std::string& name);  // "f32" or "fp8"
+// How cached keys are stored: fp32 rows (the reference), bf16 rows (half the bytes; values rounded
+// to nearest even when stored), or the deployment's fp8 formats (ops/kv_fp8.h): the 656-byte MLA
+// entry (512 e4m3 + 4 fp32 scales + 64 bf16 RoPE values; needs kv_lora_rank 512 and
+// qk_rope_head_dim 64) and Hadamard-rotated e4m3 indexer keys with one scale.
+enum class KvCacheDtype { kF32, kBf16, kFp8 };
+KvCacheDtype parse_kv_cache_dtype(const std::string& name);  // "f32", "bf16" or "fp8"
 
 struct LayerKvCache {
-  Tensor latent;      // f32: [n_pages * 64, kv_lora + rope]; fp8: U8 [n_pages * 64, 656]
-  Tensor index_keys;  // f32: [n_pages * 64, index_head_dim]; fp8: U8 [n_pages, 64 * (d + 4)];
+  Tensor latent;      // f32 / bf16: [n_pages * 64, kv_lora + rope]; fp8: U8 [n_pages * 64, 656]
+  Tensor index_keys;  // f32 / bf16: [n_pages * 64, index_head_dim]; fp8: U8 [n_pages, 64 * (d + 4)];
                       // undefined on "shared" layers
 };
 

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include <fmt/core.h>
+#include <spdlog/spdlog.h>
 
 #include "dsinfer/error.h"
 
@@ -79,13 +79,18 @@ StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
     c.copy_from(t);
     return c;
   };
+  auto eager = [&]() {  // a step of a shape without a graph
+    ++eager_steps_;
+    const LayerContext ctx = model_.upload_context(host);
+    Step st;
+    st.hidden = model_.forward_planned(to_device(tokens_host, model_.device()), ctx, cache);
+    st.logits = model_.logits(st.hidden);
+    return st;
+  };
   Step result;
   auto it = entries_.find(key);
   if (it == entries_.end() && int(entries_.size()) >= kMaxGraphs) {
-    const LayerContext ctx = model_.upload_context(host);
-    result.hidden = model_.forward_planned(to_device(tokens_host, model_.device()), ctx, cache);
-    result.logits = model_.logits(result.hidden);
-    ++eager_steps_;
+    result = eager();
   } else if (it == entries_.end()) {
     // First step of this shape: run it eagerly on the graph's own inputs (the warm-up), then
     // record the same calls.
@@ -109,18 +114,12 @@ StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
     } catch (const Error& err) {
       // The eager run above succeeded, so the inputs are fine: an op of this shape cannot be
       // captured. The shape keeps running eagerly.
-      fmt::print(stderr, "warning: decode step with {} rows runs without a graph: {}\n", host.n,
-                 err.what());
+      spdlog::warn("decode steps with {} rows run without a graph: {}", host.n, err.what());
       en.eager = true;
     }
     entries_.emplace(key, std::move(e));
   } else if (it->second->eager) {
-    Entry& en = *it->second;
-    en.tokens.copy_from(tokens_host);
-    en.ctx = model_.upload_context(host);
-    result.hidden = model_.forward_planned(en.tokens, en.ctx, cache);
-    result.logits = model_.logits(result.hidden);
-    ++eager_steps_;
+    result = eager();
   } else {
     Entry& en = *it->second;
     en.tokens.copy_from(tokens_host);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -14,6 +15,7 @@
 #include "cuda/cuda_test_util.h"
 #include "ops/indexer.h"
 #include "ops/mla.h"
+#include "ops/paging.h"
 #include "ops/topk.h"
 
 namespace dsi {
@@ -280,6 +282,51 @@ TEST_F(CudaMla, SparseAttentionHeadsAndKeyCounts) {
 TEST_F(CudaMla, SparseAttentionDeployedShapeAndPeakySoftmax) {
   check_sparse_mla(128, 2048, 576, 512, 1.0f, "sparse_mla deployed");
   check_sparse_mla(8, 129, 576, 512, 30.0f, "sparse_mla peaky");
+}
+
+// A bf16 cache (KvCacheDtype::kBf16): rows stored rounded by scatter_rows, then the indexer logits
+// and sparse attention read them, each against the CPU reference on the same bf16 pool.
+TEST_F(CudaMla, Bf16CacheStoreIndexerAndAttention) {
+  for (int64_t heads : {1, 8, 64}) {
+    for (int64_t topk : {1, 129, 2048}) {
+      const std::string what = "bf16 cache" + sz("heads", heads) + sz("topk", topk);
+      const int64_t rows = 3, n_keys = topk + 50, dk = heads <= 8 ? 576 : 72;
+      const int dv = heads <= 8 ? 512 : 64;
+      const Tensor rows_f32 = test::rand_tensor({n_keys, dk}, uint64_t(topk) + 7);
+      std::vector<int32_t> order(static_cast<size_t>(n_keys));
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), std::mt19937_64(uint64_t(heads)));
+      const Tensor where = Tensor::from_i32(order, {n_keys});
+      Tensor cpu_pool = Tensor::zeros({n_keys, dk}, DType::BF16);
+      ops::scatter_rows(rows_f32, where, cpu_pool);
+      Tensor gpu_pool = Tensor::zeros({n_keys, dk}, DType::BF16, gpu());
+      ops::scatter_rows(dev(rows_f32), dev(where), gpu_pool);
+      const Tensor back = host(gpu_pool);
+      ASSERT_EQ(std::memcmp(back.raw(), cpu_pool.raw(), back.nbytes()), 0) << what << " store";
+
+      const Tensor q = test::rand_tensor({rows, heads, dk}, uint64_t(heads) + 9);
+      const Tensor idx = mla_indices(topk, n_keys, uint64_t(topk) + 4);
+      const float scale = 1.0f / std::sqrt(192.0f);
+      Tensor co = Tensor::empty({rows, heads, dv}, DType::F32), cl = Tensor::empty({rows, heads}, DType::F32);
+      ops::sparse_mla(q, cpu_pool, idx, scale, dv, co, cl);
+      test::Guarded go = test::guarded({rows, heads, int64_t(dv)}, DType::F32);
+      test::Guarded gl = test::guarded({rows, heads}, DType::F32);
+      ops::sparse_mla(dev(q), gpu_pool, dev(idx), scale, dv, go.view, gl.view);
+      test::expect_nmse_close(go.check(what + " out"), co, tol::kCudaReductionNmse, what + " out");
+      test::expect_nmse_close(gl.check(what + " lse"), cl, tol::kCudaReductionNmse, what + " lse");
+
+      if (heads != 8) continue;  // the indexer: 64 heads of 128 dims over the first 128 columns
+      const Tensor keys_cpu = cpu_pool.narrow(1, 0, 128), keys_gpu = gpu_pool.narrow(1, 0, 128);
+      const Tensor iq = test::rand_tensor({rows, 64, 128}, uint64_t(topk) + 10);
+      const Tensor iw = test::rand_tensor({rows, 64}, uint64_t(topk) + 11, 0.5f);
+      const Tensor b = Tensor::from_i32({int32_t(n_keys), int32_t(n_keys / 2), 0}, {rows});
+      Tensor cpu = Tensor::empty({rows, n_keys}, DType::F32);
+      ops::indexer_logits(iq, iw, keys_cpu, b, 0.125f, cpu);
+      test::Guarded g = test::guarded({rows, n_keys}, DType::F32);
+      ops::indexer_logits(dev(iq), dev(iw), keys_gpu, dev(b), 0.125f, g.view);
+      test::expect_bitwise(g.check(what + " indexer"), cpu, what + " indexer (bitwise)");
+    }
+  }
 }
 
 TEST_F(CudaMla, SparseAttentionBadIndexGivesTheCpuError) {

@@ -1,6 +1,6 @@
 // The model with the deployment's fp8 KV caches on the GPU: prefill then decode with 656-byte MLA
 // entries and e4m3 indexer keys gives the CPU reference's logits (which quantises at the same
-// points) and stays close to the f32 cache.
+// points) and stays close to the f32 cache; the same for the bf16 cache.
 #include <gtest/gtest.h>
 
 #include "cuda/cuda_test_util.h"
@@ -42,6 +42,12 @@ TEST_F(CudaKvCacheFp8, ModelMatchesTheCpu) {
   std::printf("[ measured ] logits nmse: GPU fp8 vs CPU fp8 %.3g, GPU fp8 vs CPU f32 %.3g\n", tight, loose);
   EXPECT_LT(tight, 1e-4);  // same quantisation points; summation order and bf16 q in attention
   EXPECT_LT(loose, 2e-2);
+  // The bf16 cache: the same rounding on both sides, the GPU's only difference is summation order.
+  const Tensor g16 = run(*gpu, KvCacheDtype::kBf16), c16 = run(*cpu, KvCacheDtype::kBf16);
+  const double t16 = test::nmse(g16, c16), l16 = test::nmse(g16, c32);
+  std::printf("[ measured ] logits nmse: GPU bf16 vs CPU bf16 %.3g, GPU bf16 vs CPU f32 %.3g\n", t16, l16);
+  EXPECT_LT(t16, 1e-6);
+  EXPECT_LT(l16, 1e-3);
 }
 
 }  // namespace

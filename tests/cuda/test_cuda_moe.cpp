@@ -73,17 +73,21 @@ MlpWeights mlp_of(DType dt, int64_t hidden, int64_t inter, uint64_t seed, bool o
           weight_of(dt, hidden, inter, seed + 2, on_gpu)};
 }
 
+// Decode batches (up to kMoeDeviceRoutedPairs pairs) route on the device; n = 100 (300 pairs) and
+// a hidden size that breaks 16-byte row alignment (66) take the host-routed path.
 TEST_F(CudaMoe, ExpertsOnARankSlice) {
-  const int64_t hidden = 64, inter = 32, k = 3;
+  const int64_t inter = 32, k = 3;
   const int n_experts = 8, first = 2, held = 4;  // this rank holds experts [2, 6)
+  for (int64_t hidden : {64, 66})
   for (DType dt : {DType::F32, DType::BF16}) {
     std::vector<MlpWeights> cpu_experts, gpu_experts;
     for (int e = 0; e < held; ++e) {
       cpu_experts.push_back(mlp_of(dt, hidden, inter, uint64_t(e) * 10, false));
       gpu_experts.push_back(mlp_of(dt, hidden, inter, uint64_t(e) * 10, true));
     }
-    for (int64_t n : {0, 1, 5, 33}) {
-      const std::string what = std::string("moe_experts ") + std::string(dtype_name(dt)) + sz("n", n);
+    for (int64_t n : {0, 1, 5, 33, 100}) {
+      const std::string what = std::string("moe_experts ") + std::string(dtype_name(dt)) +
+                               sz("n", n) + sz("hidden", hidden);
       const Tensor x = test::rand_tensor({n, hidden}, uint64_t(n) + 1);
       std::vector<int32_t> ids(static_cast<size_t>(n * k));
       for (int64_t t = 0; t < n; ++t)

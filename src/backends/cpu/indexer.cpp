@@ -2,6 +2,7 @@
 // numerics). Same operation order as HF: scale the dot product, relu, then weight and sum the heads.
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/paging.h"
@@ -18,6 +19,9 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
   check_shape(weights, {rows, heads}, "indexer_logits weights");
   DSI_CHECK(keys.ndim() == 2 && keys.dim(1) == d && keys.stride(1) == 1,
             "indexer_logits: keys {} for q {}", keys.desc(), q.desc());
+  DSI_CHECK(keys.dtype() == DType::F32 || keys.dtype() == DType::BF16,
+            "indexer_logits: keys must be f32 or bf16 (a bf16 cache), got {}", keys.desc());
+  std::vector<float> key_f32(static_cast<size_t>(d));  // a bf16 key, widened exactly
   DSI_CHECK(logits.ndim() == 2 && logits.dim(0) == rows,
             "indexer_logits: logits {} for {} rows", logits.desc(), rows);
   const int64_t n_keys = logits.dim(1);
@@ -40,7 +44,7 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
       const int64_t slot = lookup.slot(r, s);
       DSI_CHECK(slot >= 0 && slot < keys.dim(0), "indexer_logits: key {} of row {} maps to slot {} "
                 "outside the {} keys", s, r, slot, keys.dim(0));
-      const float* k = keys.f32() + slot * keys.stride(0);
+      const float* k = key_row_f32(keys, slot, key_f32);
       float acc = 0.0f;
       for (int64_t j = 0; j < heads; ++j) {
         const float* qj = q.f32() + (r * heads + j) * d;

@@ -63,6 +63,8 @@ void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float 
   const int64_t topk = indices.dim(1), n_keys = kv.dim(0);
   std::vector<int32_t> sel;
   std::vector<float> score;
+  std::vector<const float*> rows_of;  // each selected key's row as f32
+  std::vector<float> widened;         // a bf16 cache's selected rows, widened exactly
   for (int64_t r = 0; r < rows; ++r) {
     sel.clear();
     for (int64_t j = 0; j < topk; ++j) {
@@ -72,6 +74,18 @@ void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float 
       sel.push_back(s);
     }
     score.resize(sel.size());
+    rows_of.resize(sel.size());
+    if (kv.dtype() == DType::BF16) widened.resize(sel.size() * size_t(dk));
+    for (size_t j = 0; j < sel.size(); ++j) {
+      if (kv.dtype() == DType::F32) {
+        rows_of[j] = kv.f32() + int64_t(sel[j]) * kv.stride(0);
+        continue;
+      }
+      const uint16_t* src = static_cast<const uint16_t*>(kv.raw()) + int64_t(sel[j]) * kv.stride(0);
+      float* dst = widened.data() + j * size_t(dk);
+      for (int64_t c = 0; c < dk; ++c) dst[c] = bf16_to_f32(src[c]);
+      rows_of[j] = dst;
+    }
     for (int64_t h = 0; h < heads; ++h) {
       const float* qh = q.f32() + r * q.stride(0) + h * q.stride(1);
       float* o = out.f32() + (r * heads + h) * dv;
@@ -82,7 +96,7 @@ void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float 
       }
       float m = -std::numeric_limits<float>::infinity();
       for (size_t j = 0; j < sel.size(); ++j) {
-        const float* k = kv.f32() + int64_t(sel[j]) * kv.stride(0);
+        const float* k = rows_of[j];
         float dot = 0.0f;
         for (int64_t c = 0; c < dk; ++c) dot += qh[c] * k[c];
         score[j] = dot * softmax_scale;
@@ -92,7 +106,7 @@ void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float 
       for (size_t j = 0; j < sel.size(); ++j) {
         const float p = std::exp(score[j] - m);
         sum += p;
-        const float* v = kv.f32() + int64_t(sel[j]) * kv.stride(0);
+        const float* v = rows_of[j];
         for (int64_t c = 0; c < dv; ++c) o[c] += p * v[c];
       }
       for (int64_t c = 0; c < dv; ++c) o[c] /= sum;

@@ -39,7 +39,8 @@ void check_scatter_rows(const Tensor& src, const Tensor& slots, const Tensor& ds
                 dst.stride(1) == 1,
             "scatter_rows: src {} and dst {} must be [n, d] and [n_slots, d]", src.desc(), dst.desc());
   check_dtype(src, DType::F32, "scatter_rows src");
-  check_dtype(dst, DType::F32, "scatter_rows dst");
+  DSI_CHECK(dst.dtype() == DType::F32 || dst.dtype() == DType::BF16,
+            "scatter_rows: dst must be f32 or bf16 (a bf16 cache), got {}", dst.desc());
   check_shape(slots, {src.dim(0)}, "scatter_rows slots");
   check_dtype(slots, DType::I32, "scatter_rows slots");
 }
@@ -53,6 +54,13 @@ void check_slots_from_local(const Tensor& local, const Tensor& out) {
   DSI_CHECK(out.is_contiguous(), "slots_from_local: out must be contiguous");
 }
 
+const float* key_row_f32(const Tensor& pool, int64_t slot, std::vector<float>& buf) {
+  if (pool.dtype() == DType::F32) return pool.f32() + slot * pool.stride(0);
+  const uint16_t* row = static_cast<const uint16_t*>(pool.raw()) + slot * pool.stride(0);
+  for (size_t c = 0; c < buf.size(); ++c) buf[c] = bf16_to_f32(row[c]);
+  return buf.data();
+}
+
 void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {
   check_scatter_rows(src, slots, dst);
   const int64_t d = src.dim(1);
@@ -63,7 +71,13 @@ void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {
     DSI_CHECK(s < dst.dim(0), "scatter_rows: slot {} outside the {} rows", s, dst.dim(0));
     DSI_CHECK(!seen[size_t(s)], "scatter_rows: slot {} written twice", s);
     seen[size_t(s)] = true;
-    std::memcpy(dst.f32() + s * dst.stride(0), src.f32() + i * src.stride(0), sizeof(float) * size_t(d));
+    const float* row = src.f32() + i * src.stride(0);
+    if (dst.dtype() == DType::BF16) {  // rounded to nearest even, as the GPU stores it
+      uint16_t* out = static_cast<uint16_t*>(dst.raw()) + s * dst.stride(0);
+      for (int64_t c = 0; c < d; ++c) out[c] = f32_to_bf16(row[c]);
+    } else {
+      std::memcpy(dst.f32() + s * dst.stride(0), row, sizeof(float) * size_t(d));
+    }
   }
 }
 

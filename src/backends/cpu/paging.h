@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "ops/indexer.h"
@@ -20,6 +21,10 @@ class PageLookup {
   int64_t max_pages_ = 0;
   int page_size_ = 1;
 };
+
+// Row `slot` of a pool of f32 rows, or of bf16 rows (a bf16 cache) widened exactly into `buf`
+// (which must hold a row).
+const float* key_row_f32(const Tensor& pool, int64_t slot, std::vector<float>& buf);
 
 // The checks of scatter_rows and slots_from_local, shared with the CUDA backend (same messages).
 void check_scatter_rows(const Tensor& src, const Tensor& slots, const Tensor& dst);

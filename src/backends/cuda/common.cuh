@@ -176,6 +176,14 @@ __device__ __forceinline__ float half_bits_to_float(uint16_t h) {
   }
   return __uint_as_float(bits | (sign << 31));
 }
+// fp32 -> bf16 bits, rounded to nearest even, NaN kept (quiet): bitwise core/dtype.h's f32_to_bf16.
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
 __device__ __forceinline__ float load_float(const void* base, FloatKind kind, int64_t i) {
   switch (kind) {
     case FloatKind::kF32: return static_cast<const float*>(base)[i];

@@ -31,13 +31,14 @@ __global__ void indexer_logits_kernel(IndexerParams p) {
       p.logits[t] = NAN;
       continue;
     }
-    const float* k = p.keys + slot * p.key_stride;
+    const int64_t k0 = slot * p.key_stride;
     const float* w = p.weights + r * p.heads;
     float acc = 0.0f;
     for (int64_t j = 0; j < p.heads; ++j) {
       const float* qj = p.q + (r * p.heads + j) * p.d;
       float dot = 0.0f;
-      for (int64_t c = 0; c < p.d; ++c) dot = __fadd_rn(dot, __fmul_rn(qj[c], k[c]));
+      for (int64_t c = 0; c < p.d; ++c)
+        dot = __fadd_rn(dot, __fmul_rn(qj[c], load_float(p.keys, p.key_kind, k0 + c)));
       const float scaled = __fmul_rn(dot, p.softmax_scale);
       const float relu = scaled < 0.0f ? 0.0f : scaled;  // std::max(scaled, 0.0f)
       acc = __fadd_rn(acc, __fmul_rn(w[j], relu));
@@ -71,6 +72,8 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
   if (!pages) check_shape(logits, {rows, keys.dim(0)}, "indexer_logits logits");
   DSI_CHECK(weights.is_contiguous() && bounds.is_contiguous() && logits.is_contiguous(),
             "indexer_logits: weights, bounds and logits must be contiguous");
+  DSI_CHECK(keys.dtype() == DType::F32 || keys.dtype() == DType::BF16,
+            "indexer_logits: keys must be f32 or bf16 (a bf16 cache), got {}", keys.desc());
   for (const auto& [t, what] : {std::pair<const Tensor*, const char*>{&weights, "weights"},
                                 {&keys, "keys"}, {&bounds, "bounds"}, {&logits, "logits"}})
     check_on(*t, q.device(), "indexer_logits", what);
@@ -83,7 +86,8 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
   p.bad_key = bad_key.ptr();
   p.q = q.f32();
   p.weights = weights.f32();
-  p.keys = keys.f32();
+  p.keys = keys.raw();
+  p.key_kind = float_kind(keys.dtype(), "indexer_logits keys");
   p.bounds = bounds.i32();
   p.logits = logits.f32();
   p.key_stride = keys.stride(0);

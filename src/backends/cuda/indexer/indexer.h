@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/common.cuh"
 #include "backends/cuda/paging/paging.h"
 
 namespace dsi::cuda {
@@ -15,7 +16,9 @@ namespace dsi::cuda {
 struct IndexerParams {
   const float* q;          // [rows, heads, d] contiguous
   const float* weights;    // [rows, heads] contiguous
-  const float* keys;       // [n_slots, d], row stride key_stride; row r's key s in slot pages.slot(r, s)
+  const void* keys;        // [n_slots, d] f32 or bf16 (key_kind), row stride key_stride; row r's
+                           // key s in slot pages.slot(r, s)
+  FloatKind key_kind;
   PageTable pages;
   const int32_t* bounds;   // [rows], keys [0, bounds[r]) visible to row r
   float* logits;           // [rows, n_keys] contiguous; -inf at and past the bound

@@ -19,7 +19,6 @@ namespace dsi::cuda {
 // private pool lives as long as its graph or any tensor allocated from it.
 struct BlockPool {
   int device = 0;
-  bool shared = false;
   std::mutex mu;
   std::multimap<size_t, void*> free;         // size class -> free blocks
   std::unordered_map<void*, size_t> blocks;  // every block: its size class
@@ -47,7 +46,6 @@ std::shared_ptr<BlockPool> shared_pool(int device) {
   if (!pools[device]) {
     pools[device] = std::make_shared<BlockPool>();
     pools[device]->device = device;
-    pools[device]->shared = true;
   }
   return pools[device];
 }
@@ -78,6 +76,8 @@ BlockPool::~BlockPool() {
 
 size_t block_size_class(size_t bytes) {
   if (bytes <= 4096) return std::max<size_t>(512, (bytes + 511) / 512 * 512);
+  constexpr size_t kLarge = size_t(16) << 20, kLargeStep = size_t(2) << 20;
+  if (bytes > kLarge) return (bytes + kLargeStep - 1) / kLargeStep * kLargeStep;
   size_t top = 1;
   while (top * 2 <= bytes) top *= 2;
   const size_t step = top / 8;

@@ -5,7 +5,8 @@
 // same size class takes it, so once a step has run, running it again calls cudaMalloc no more (the
 // workspace of a step is what its first run reserved; it stays counted as used memory, so KV sizing
 // after a warm-up sees it). Size classes: multiples of 512 B up to 4 KiB, then 8 classes per power
-// of two (at most 12.5% rounding). A step graph (graph/step_graph.h) captures with a private pool: its
+// of two (at most 12.5% rounding) up to 16 MiB, then multiples of 2 MiB (weights and KV pools lose
+// little to rounding). A step graph (graph/step_graph.h) captures with a private pool: its
 // blocks keep their addresses for every replay and are never handed to other work.
 #pragma once
 

@@ -39,9 +39,10 @@ __global__ void __launch_bounds__(kMlaThreads) sparse_mla_kernel(SparseMlaParams
         if (lane == 0) prob[j] = -INFINITY;
         continue;
       }
-      const float* k = p.kv + int64_t(s) * p.kv_stride;
+      const int64_t k0 = int64_t(s) * p.kv_stride;
       float dot = 0.0f;
-      for (int64_t c = lane; c < p.dk; c += 32) dot = __fadd_rn(dot, __fmul_rn(q[c], k[c]));
+      for (int64_t c = lane; c < p.dk; c += 32)
+        dot = __fadd_rn(dot, __fmul_rn(q[c], load_float(p.kv, p.kv_kind, k0 + c)));
       dot = warp_sum(dot);
       if (lane == 0) prob[j] = __fmul_rn(dot, p.softmax_scale);
     }
@@ -74,7 +75,8 @@ __global__ void __launch_bounds__(kMlaThreads) sparse_mla_kernel(SparseMlaParams
       float acc = 0.0f;
       for (int64_t j = 0; j < p.topk; ++j) {
         const int32_t s = sel[j];
-        if (s >= 0) acc = __fadd_rn(acc, __fmul_rn(prob[j], p.kv[int64_t(s) * p.kv_stride + c]));
+        if (s >= 0)
+          acc = __fadd_rn(acc, __fmul_rn(prob[j], load_float(p.kv, p.kv_kind, int64_t(s) * p.kv_stride + c)));
       }
       o[c] = __fdiv_rn(acc, sum);
     }
@@ -187,7 +189,8 @@ void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float 
   DSI_CHECK(indices.is_contiguous() && out.is_contiguous() && lse.is_contiguous(),
             "sparse_mla: indices, out and lse must be contiguous");
   check_dtype(q, DType::F32, "sparse_mla q");
-  check_dtype(kv, DType::F32, "sparse_mla kv");
+  DSI_CHECK(kv.dtype() == DType::F32 || kv.dtype() == DType::BF16,
+            "sparse_mla: kv must be f32 or bf16 (a bf16 cache), got {}", kv.desc());
   check_on(kv, q.device(), "sparse_mla", "kv");
   check_on(indices, q.device(), "sparse_mla", "indices");
   check_on(out, q.device(), "sparse_mla", "out");
@@ -197,7 +200,8 @@ void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float 
   ErrorFlag bad("sparse_mla: an index outside the cached keys");
   SparseMlaParams p{};
   p.q = q.f32();
-  p.kv = kv.f32();
+  p.kv = kv.raw();
+  p.kv_kind = float_kind(kv.dtype(), "sparse_mla kv");
   p.indices = indices.i32();
   p.out = out.f32();
   p.lse = lse.f32();

@@ -8,11 +8,15 @@
 
 #include <cstdint>
 
+#include "backends/cuda/common.cuh"
+
 namespace dsi::cuda {
 
 struct SparseMlaParams {
   const float* q;          // [rows, heads, dk], strides q_s0, q_s1 (last dim contiguous)
-  const float* kv;         // [n_keys, dk], row stride kv_stride; the value is the first dv dims
+  const void* kv;          // [n_keys, dk] f32 or bf16 (kv_kind), row stride kv_stride; the value
+                           // is the first dv dims
+  FloatKind kv_kind;       // kF32 or kBF16
   const int32_t* indices;  // [rows, topk] contiguous, -1 (any negative) = empty slot
   float* out;              // [rows, heads, dv] contiguous
   float* lse;              // [rows, heads] contiguous, natural log; -inf for a row with no key

@@ -377,7 +377,10 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
   DeviceGuard guard(x.device());
   if (n * k > 0 && n * k <= kMoeDeviceRoutedPairs && d > 0) {
     const ExpertTable& table = expert_table(experts, x.device());
-    if (table.uniform) {
+    // Every pair's rows (x rows, gate rows) must keep the GEMV's 16-byte alignment.
+    const bool aligned = d % 4 == 0 && table.proj[0].out % 4 == 0 &&
+                         reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
+    if (table.uniform && aligned) {
       moe_experts_on_device(x, expert_ids, weights, table, first_expert, n_experts, out);
       return;
     }

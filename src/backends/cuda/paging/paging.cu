@@ -22,7 +22,11 @@ __global__ void scatter_rows_kernel(ScatterRowsParams p) {
       if (c == 0) atomicMin(p.bad, static_cast<unsigned long long>(i));
       continue;
     }
-    p.dst[s * p.dst_stride + c] = p.src[i * p.src_stride + c];
+    const float v = p.src[i * p.src_stride + c];
+    if (p.dst_bf16)
+      static_cast<uint16_t*>(p.dst)[s * p.dst_stride + c] = f32_to_bf16_bits(v);
+    else
+      static_cast<float*>(p.dst)[s * p.dst_stride + c] = v;
   }
 }
 
@@ -85,7 +89,8 @@ void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {
   ScatterRowsParams p{};
   p.src = src.f32();
   p.slots = slots.i32();
-  p.dst = dst.f32();
+  p.dst = dst.raw();
+  p.dst_bf16 = dst.dtype() == DType::BF16;
   p.n = src.dim(0);
   p.d = src.dim(1);
   p.n_slots = dst.dim(0);

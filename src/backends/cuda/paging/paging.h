@@ -33,7 +33,8 @@ struct PageTable {
 struct ScatterRowsParams {
   const float* src;      // [n, d], row stride src_stride
   const int32_t* slots;  // [n], -1 = skip
-  float* dst;            // [n_slots, d], row stride dst_stride
+  void* dst;             // [n_slots, d] f32, or bf16 (rounded to nearest even), row stride dst_stride
+  bool dst_bf16;
   int64_t n, d, n_slots, src_stride, dst_stride;
   unsigned long long* bad;  // lowered to the first row whose slot is >= n_slots
 };
