@@ -180,7 +180,7 @@ int run(const Args& a) {
   pc.validate(cfg);
   auto t0 = std::chrono::steady_clock::now();
   const dsi::Checkpoint ck = dsi::synthetic_checkpoint(cfg);
-  const dsi::KvCacheDtype kv = dsi::parse_kv_cache_dtype(a.kv_cache);
+  const dsi::KvCacheDtype kv = dsi::resolve_kv_cache_dtype(a.kv_cache, cfg, dsi::Device::cuda(0));
   std::vector<double> times;
   double comm_seconds = 0;
   int64_t comm_calls = 0;

@@ -113,13 +113,20 @@ TEST(KvCacheFp8, GeometryChecks) {
   const ModelConfig tiny = load_config(test::fixture_dir("glm_tiny") + "/config.json");
   test::expect_error([&] { KvPool(tiny, 2, false, Device::cpu(), KvCacheDtype::kFp8); },
                      {"656-byte layout", "kv_lora_rank"});
-  test::expect_error([] { parse_kv_cache_dtype("bf8"); }, {"'bf8'", "f32, bf16 or fp8"});
+  test::expect_error([] { parse_kv_cache_dtype("bf8"); }, {"'bf8'", "f32, bf16, fp8 or auto"});
   const ModelConfig c = fp8_cache_geometry();
   // fp8 pages: 656 bytes per latent entry and 132 per index key, against 4 x 576 and 4 x 128.
   EXPECT_LT(KvPool::bytes_per_page(c, false, KvCacheDtype::kFp8) * 3,
             KvPool::bytes_per_page(c, false, KvCacheDtype::kF32));
   EXPECT_EQ(KvPool::bytes_per_page(c, true, KvCacheDtype::kBf16) * 2,
             KvPool::bytes_per_page(c, true, KvCacheDtype::kF32));
+  // "auto": the CPU reference keeps f32; a GPU takes fp8 where the geometry allows, else bf16.
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", c, Device::cpu()), KvCacheDtype::kF32);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", c, Device::cuda(0)), KvCacheDtype::kFp8);
+  EXPECT_EQ(resolve_kv_cache_dtype("auto", tiny, Device::cuda(0)), KvCacheDtype::kBf16);
+  EXPECT_EQ(resolve_kv_cache_dtype("f32", c, Device::cuda(0)), KvCacheDtype::kF32);
+  EXPECT_EQ(resolve_kv_cache_dtype("bf16", tiny, Device::cpu()), KvCacheDtype::kBf16);
+  EXPECT_STREQ(kv_cache_dtype_name(KvCacheDtype::kBf16), "bf16");
 }
 
 }  // namespace

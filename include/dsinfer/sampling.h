@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace dsi {
 
@@ -18,6 +19,7 @@ struct GenerationParams {
   int speculative_tokens = 0;  // K > 0: the MTP layer drafts K tokens per round, the model verifies
   SamplingParams sampling;
   bool cuda_graphs = true;  // a CUDA model on one rank replays its decode steps from CUDA graphs
+  std::string kv_cache_dtype = "auto";  // as EngineOptions::kv_cache_dtype
 };
 
 }  // namespace dsi

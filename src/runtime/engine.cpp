@@ -81,11 +81,12 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
             "speculative decoding needs an MTP layer, and this checkpoint has none");
   if (o.cuda_graphs && models_.size() == 1 && StepGraphs::supported(*models_[0]))
     graphs_ = std::make_unique<StepGraphs>(*models_[0]);
+  kv_dtype_ = resolve_kv_cache_dtype(o.kv_cache_dtype, cfg_, models_[0]->device());
   if (!models_[0]->device().is_cpu()) warm_up(std::min<int64_t>(o.max_num_batched_tokens, limit));
 
   // The pool: what the budget buys, but no more than max_num_seqs full-length sequences need.
   const DcpLayout& dcp = ranks_->context(0).dcp;
-  const KvCacheDtype kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
+  const KvCacheDtype kv_dtype = kv_dtype_;
   const int64_t page_bytes = KvPool::bytes_per_page(cfg_, K_ > 0, kv_dtype);
   const int64_t budget = pool_budget(o, models_[0]->device());
   const int64_t most = int64_t(o.max_num_seqs) * SequenceKvCache::pages_for(dcp, limit + 1 + K_);
@@ -108,7 +109,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
   const int64_t capacity = n_pages * kPageTokens * pc.dcp;
   spdlog::info("KV cache ({}): {} pages of {} tokens per rank ({:.1f} MiB per rank), {} tokens in "
                "all; max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}",
-               o.kv_cache_dtype, n_pages, kPageTokens, double(n_pages * page_bytes) / 1048576.0, capacity, limit,
+               kv_cache_dtype_name(kv_dtype), n_pages, kPageTokens, double(n_pages * page_bytes) / 1048576.0, capacity, limit,
                o.max_num_seqs, o.max_num_batched_tokens);
 
   info_.model_dir = o.model_dir;
@@ -131,7 +132,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
 // step's workspace, which the free memory the budget is taken from no longer counts. Every rank
 // runs it (its collectives included), so the ranks also start in step.
 void EngineImpl::warm_up(int64_t rows) {
-  const KvCacheDtype dtype = parse_kv_cache_dtype(opt_.kv_cache_dtype);
+  const KvCacheDtype dtype = kv_dtype_;
   ranks_->run([&](int r) {
     const DsaModel& m = *models_[size_t(r)];
 #ifdef DSI_WITH_CUDA

@@ -54,6 +54,7 @@ class EngineImpl final : public Engine {
   ModelInfo info_;
   ModelConfig cfg_;
   int K_ = 0;
+  KvCacheDtype kv_dtype_ = KvCacheDtype::kF32;  // options.kv_cache_dtype resolved for the device
   std::unique_ptr<RankWorkers> ranks_;
   std::vector<std::unique_ptr<DsaModel>> models_;  // [rank]
   std::unique_ptr<StepGraphs> graphs_;  // decode-only steps of one CUDA rank, from graphs

@@ -111,7 +111,9 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
   // Verification writes up to K positions past the last kept token before they are cut back.
   const int64_t capacity =
       std::min<int64_t>(limit, int64_t(prompt.size()) + params.max_new_tokens + K);
-  SequenceKvCache cache = model.make_cache(std::max<int64_t>(capacity, 1), model.has_mtp() && K > 0);
+  SequenceKvCache cache =
+      model.make_cache(std::max<int64_t>(capacity, 1), model.has_mtp() && K > 0,
+                       resolve_kv_cache_dtype(params.kv_cache_dtype, cfg, model.device()));
   std::unique_ptr<Drafter> drafter = K > 0 ? make_drafter(cache) : nullptr;
   std::unique_ptr<StepGraphs> graphs;
   if (params.cuda_graphs && StepGraphs::supported(model)) graphs = std::make_unique<StepGraphs>(model);

@@ -8,6 +8,12 @@
 namespace dsi {
 
 namespace {
+bool fp8_geometry(const ModelConfig& cfg) {
+  const int64_t d = cfg.index_head_dim;
+  return cfg.kv_lora_rank == ops::kMlaFp8Lora && cfg.head_dim_rope == ops::kMlaFp8Rope && d >= 16 &&
+         d <= 128 && (d & (d - 1)) == 0;
+}
+
 void check_fp8_geometry(const ModelConfig& cfg) {
   DSI_CHECK(cfg.kv_lora_rank == ops::kMlaFp8Lora && cfg.head_dim_rope == ops::kMlaFp8Rope,
             "the fp8 KV cache holds {} + {} latent values per token (the 656-byte layout), but this "
@@ -43,7 +49,21 @@ KvCacheDtype parse_kv_cache_dtype(const std::string& name) {
   if (name == "f32") return KvCacheDtype::kF32;
   if (name == "fp8") return KvCacheDtype::kFp8;
   if (name == "bf16") return KvCacheDtype::kBf16;
-  fail("KV cache dtype '{}': expected f32, bf16 or fp8", name);
+  fail("KV cache dtype '{}': expected f32, bf16, fp8 or auto", name);
+}
+
+KvCacheDtype resolve_kv_cache_dtype(const std::string& name, const ModelConfig& cfg, Device device) {
+  if (name != "auto") return parse_kv_cache_dtype(name);
+  if (device.is_cpu()) return KvCacheDtype::kF32;
+  return fp8_geometry(cfg) ? KvCacheDtype::kFp8 : KvCacheDtype::kBf16;
+}
+
+const char* kv_cache_dtype_name(KvCacheDtype dtype) {
+  switch (dtype) {
+    case KvCacheDtype::kF32: return "f32";
+    case KvCacheDtype::kBf16: return "bf16";
+    default: return "fp8";
+  }
 }
 
 KvPool::KvPool(const ModelConfig& cfg, int64_t n_pages_, bool with_mtp, Device device_,

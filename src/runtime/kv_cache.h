@@ -26,6 +26,11 @@ constexpr int64_t kPageTokens = 64;
 // qk_rope_head_dim 64) and Hadamard-rotated e4m3 indexer keys with one scale.
 enum class KvCacheDtype { kF32, kBf16, kFp8 };
 KvCacheDtype parse_kv_cache_dtype(const std::string& name);  // "f32", "bf16" or "fp8"
+// As parse_kv_cache_dtype, and "auto": the CPU reference keeps f32; a GPU takes fp8 when the model
+// has the 656-byte entry's geometry (kv_lora_rank 512, qk_rope_head_dim 64, a power-of-two
+// index_head_dim up to 128), else bf16.
+KvCacheDtype resolve_kv_cache_dtype(const std::string& name, const ModelConfig& cfg, Device device);
+const char* kv_cache_dtype_name(KvCacheDtype dtype);
 
 struct LayerKvCache {
   Tensor latent;      // f32 / bf16: [n_pages * 64, kv_lora + rope]; fp8: U8 [n_pages * 64, 656]

@@ -26,6 +26,7 @@ const std::vector<std::vector<int32_t>> kPrompts = {
 
 GenerationParams greedy(int n, int K) {
   GenerationParams gp;
+  gp.kv_cache_dtype = "f32";  // the CPU reference's cache: GPU and CPU tokens comparable one for one
   gp.max_new_tokens = n;
   gp.ignore_eos = true;
   gp.speculative_tokens = K;
@@ -89,6 +90,7 @@ TEST_P(CudaEngine, BatchedRequestsMatchTheCpu) {
     o.speculative_tokens = K;
     o.max_num_batched_tokens = 24;  // the long prompt is chunked and mixed with decode rounds
     o.kv_cache_memory = 64 << 20;
+    o.kv_cache_dtype = "f32";  // the CPU reference's cache
     o.cuda_graphs = graphs;
     EngineMetrics m;
     const auto got = engine_outputs(o, 12, &m);
@@ -154,6 +156,7 @@ TEST_P(CudaTwoGpus, TensorParallelEngineMatchesTheCpu) {
   o.speculative_tokens = 2;
   o.max_num_batched_tokens = 24;
   o.kv_cache_memory = 64 << 20;
+  o.kv_cache_dtype = "f32";
   const auto got = engine_outputs(o, 10);
   for (size_t i = 0; i < kPrompts.size(); ++i)
     EXPECT_EQ(got[i], cpu_greedy(GetParam(), kPrompts[i], 10)) << "prompt " << i;

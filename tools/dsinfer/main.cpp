@@ -351,6 +351,10 @@ int main(int argc, char** argv) {
                   "MTP speculative decoding: draft K tokens per round (0 = off, the default)")
       ->check(CLI::NonNegativeNumber);
   gen->add_flag("--json", json, "print one JSON object (ids and stats) as the last stdout line");
+  gen->add_option("--kv-cache-dtype", params.kv_cache_dtype,
+                  "auto (default: f32 on the CPU; on a GPU fp8 when the model allows, else bf16), "
+                  "f32, bf16 or fp8")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}));
   bool no_graphs = false;
   gen->add_flag("--no-cuda-graphs", no_graphs,
                 "--device cuda: run every decode step eagerly instead of replaying CUDA graphs");

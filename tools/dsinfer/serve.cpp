@@ -66,9 +66,10 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f) {
   cmd->add_option("--kv-cache-memory", f.kv_cache_memory,
                   "bytes for the KV pages per rank, e.g. 2G (default: a fraction of free memory)");
   cmd->add_option("--kv-cache-dtype", f.engine.kv_cache_dtype,
-                  "f32 (default), bf16 (half the bytes) or fp8 (656-byte MLA entries, e4m3 indexer "
-                  "keys; needs kv_lora_rank 512 and qk_rope_head_dim 64)")
-      ->check(CLI::IsMember({"f32", "bf16", "fp8"}));
+                  "auto (default: f32 on the CPU; on a GPU fp8 when the model allows, else bf16), "
+                  "f32, bf16 (half the bytes) or fp8 (656-byte MLA entries, e4m3 indexer keys; "
+                  "needs kv_lora_rank 512 and qk_rope_head_dim 64)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}));
   cmd->add_flag("--no-cuda-graphs", f.no_cuda_graphs,
                 "--device cuda: run decode steps eagerly instead of replaying CUDA graphs");
 }
