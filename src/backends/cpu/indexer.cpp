@@ -44,7 +44,7 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
       const int64_t slot = lookup.slot(r, s);
       DSI_CHECK(slot >= 0 && slot < keys.dim(0), "indexer_logits: key {} of row {} maps to slot {} "
                 "outside the {} keys", s, r, slot, keys.dim(0));
-      const float* k = key_row_f32(keys, slot, key_f32);
+      const float* k = key_row_f32(keys, slot, key_f32.data());
       float acc = 0.0f;
       for (int64_t j = 0; j < heads; ++j) {
         const float* qj = q.f32() + (r * heads + j) * d;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_ops.h"
+#include "backends/cpu/paging.h"
 
 namespace dsi::cpu {
 
@@ -75,17 +76,10 @@ void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float 
     }
     score.resize(sel.size());
     rows_of.resize(sel.size());
-    if (kv.dtype() == DType::BF16) widened.resize(sel.size() * size_t(dk));
-    for (size_t j = 0; j < sel.size(); ++j) {
-      if (kv.dtype() == DType::F32) {
-        rows_of[j] = kv.f32() + int64_t(sel[j]) * kv.stride(0);
-        continue;
-      }
-      const uint16_t* src = static_cast<const uint16_t*>(kv.raw()) + int64_t(sel[j]) * kv.stride(0);
-      float* dst = widened.data() + j * size_t(dk);
-      for (int64_t c = 0; c < dk; ++c) dst[c] = bf16_to_f32(src[c]);
-      rows_of[j] = dst;
-    }
+    const bool bf16 = kv.dtype() == DType::BF16;
+    if (bf16) widened.resize(sel.size() * size_t(dk));
+    for (size_t j = 0; j < sel.size(); ++j)
+      rows_of[j] = key_row_f32(kv, sel[j], bf16 ? widened.data() + j * size_t(dk) : nullptr);
     for (int64_t h = 0; h < heads; ++h) {
       const float* qh = q.f32() + r * q.stride(0) + h * q.stride(1);
       float* o = out.f32() + (r * heads + h) * dv;

@@ -54,11 +54,11 @@ void check_slots_from_local(const Tensor& local, const Tensor& out) {
   DSI_CHECK(out.is_contiguous(), "slots_from_local: out must be contiguous");
 }
 
-const float* key_row_f32(const Tensor& pool, int64_t slot, std::vector<float>& buf) {
+const float* key_row_f32(const Tensor& pool, int64_t slot, float* buf) {
   if (pool.dtype() == DType::F32) return pool.f32() + slot * pool.stride(0);
   const uint16_t* row = static_cast<const uint16_t*>(pool.raw()) + slot * pool.stride(0);
-  for (size_t c = 0; c < buf.size(); ++c) buf[c] = bf16_to_f32(row[c]);
-  return buf.data();
+  for (int64_t c = 0; c < pool.dim(1); ++c) buf[c] = bf16_to_f32(row[c]);
+  return buf;
 }
 
 void scatter_rows(const Tensor& src, const Tensor& slots, Tensor& dst) {

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "core/tensor.h"
 #include "ops/indexer.h"
@@ -23,8 +22,8 @@ class PageLookup {
 };
 
 // Row `slot` of a pool of f32 rows, or of bf16 rows (a bf16 cache) widened exactly into `buf`
-// (which must hold a row).
-const float* key_row_f32(const Tensor& pool, int64_t slot, std::vector<float>& buf);
+// (room for one row; unused, and may be null, for an f32 pool).
+const float* key_row_f32(const Tensor& pool, int64_t slot, float* buf);
 
 // The checks of scatter_rows and slots_from_local, shared with the CUDA backend (same messages).
 void check_scatter_rows(const Tensor& src, const Tensor& slots, const Tensor& dst);

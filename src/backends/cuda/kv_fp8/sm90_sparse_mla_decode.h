@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cuda/kv_fp8/kv_fp8.h"
+
 namespace dsi::cuda {
 
 // Tiling of one call. A CTA handles one (row, head group, key split): 16 * m_tiles heads and
@@ -32,15 +34,8 @@ inline constexpr int kSparseMlaMaxSplitTiles = 32;  // a split's indices are sta
 SparseMlaDecodePlan plan_sparse_mla_decode(int64_t rows, int64_t heads, int64_t topk, int sm_count,
                                            int force_m_tiles = 0, int force_splits = 0);
 
-struct SparseMlaDecodeParams {
-  const float* q;           // [rows, heads, 576], strides q_s0, q_s1 (last dim contiguous)
-  const uint8_t* pool;      // [n_slots, 656], 16-byte aligned
-  const int32_t* indices;   // [rows, topk] contiguous physical slots, any negative = empty
-  float* out;               // [rows, heads, 512] contiguous
-  float* lse;               // [rows, heads] contiguous, natural log; -inf for a row with no key
-  int64_t q_s0, q_s1, rows, heads, n_slots, topk;
-  float softmax_scale;
-  unsigned long long* bad;  // lowered to the first flat index r * topk + j with indices >= n_slots
+// The operands of kv_fp8.h's SparseMlaFp8Params, plus the split partials' workspace.
+struct SparseMlaDecodeParams : SparseMlaFp8Params {
   void* workspace;          // plan.workspace_bytes, 16-byte aligned (unused when n_splits == 1)
 };
 
