@@ -3,6 +3,7 @@
 // for the main model, the MTP layer, and the per-layer top-k selections.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -141,6 +142,70 @@ TEST_P(Consistency, SeededSamplingIsReproducible) {
     differs = generate(model, ids, gp).output_ids != a.output_ids;
   }
   EXPECT_TRUE(differs) << "eight other seeds all sampled the same 6 tokens";
+}
+
+// Dummy sequences padding a decode batch (DsaModel::Padding, as graph batch buckets use) change
+// nothing for the real rows: the same hidden states, the same selections, the same cache bytes;
+// the dummy rows select no key.
+TEST_P(Consistency, PaddingSequencesLeaveTheRealRowsAlone) {
+  const DsaModel& model = test::fixture_model(GetParam());
+  const ModelConfig& c = model.config();
+  const auto manifest = test::load_manifest(GetParam());
+  const auto& prompts = manifest.at("prompts");
+  ASSERT_GE(prompts.size(), 2u);
+  struct Run {
+    Tensor hidden;
+    ForwardTrace trace;
+    std::shared_ptr<KvPool> pool;
+  };
+  const DcpLayout dcp;
+  auto run = [&](int64_t extra) {
+    Run r;
+    std::vector<std::vector<int32_t>> ids;
+    for (size_t i = 0; i < 2; ++i) ids.push_back(prompts[i].at("ids").get<std::vector<int32_t>>());
+    const int64_t pages_each = SequenceKvCache::pages_for(dcp, int64_t(ids[1].size()) + 2) +
+                               SequenceKvCache::pages_for(dcp, int64_t(ids[0].size()) + 2);
+    r.pool = std::make_shared<KvPool>(c, pages_each, false);
+    std::vector<SequenceKvCache> caches(2, SequenceKvCache(r.pool, dcp));
+    int32_t next_page = 0;
+    std::vector<int32_t> tokens;
+    for (size_t i = 0; i < 2; ++i) {
+      std::vector<int32_t> pages(size_t(SequenceKvCache::pages_for(dcp, int64_t(ids[i].size()) + 1)));
+      for (int32_t& pg : pages) pg = next_page++;
+      caches[i].set_pages(pages);
+      model.forward(Tensor::from_i32(ids[i], {int64_t(ids[i].size())}), caches[i]);
+      tokens.push_back(ids[i].front());
+    }
+    tokens.resize(size_t(2 + extra), 0);
+    DsaModel::Padding pad;
+    pad.extra_seqs = extra;
+    const LayerContext ctx = model.upload_context(
+        model.plan_context({BatchSeq{&caches[0], 1}, BatchSeq{&caches[1], 1}}, false, pad));
+    EXPECT_EQ(ctx.n, 2 + extra);
+    r.hidden = model.forward_planned(Tensor::from_i32(tokens, {2 + extra}), ctx, caches[0], &r.trace);
+    return r;
+  };
+  const Run plain = run(0);
+  for (int64_t extra : {1, 6}) {
+    SCOPED_TRACE("padding sequences: " + std::to_string(extra));
+    const Run padded = run(extra);
+    ASSERT_EQ(padded.hidden.dim(0), 2 + extra);
+    EXPECT_LE(test::nmse(padded.hidden.slice(0, 2), plain.hidden), tol::kSelfConsistencyNmse);
+    ASSERT_EQ(padded.trace.topk.size(), plain.trace.topk.size());
+    for (size_t l = 0; l < plain.trace.topk.size(); ++l) {
+      const Tensor& a = plain.trace.topk[l];
+      const Tensor& b = padded.trace.topk[l];
+      const int64_t k = a.dim(1);
+      ASSERT_EQ(b.dim(0), 2 + extra);
+      EXPECT_TRUE(std::equal(a.i32(), a.i32() + 2 * k, b.i32())) << "layer " << l;
+      EXPECT_TRUE(std::all_of(b.i32() + 2 * k, b.i32() + b.numel(), [](int32_t v) { return v == -1; }))
+          << "layer " << l << ": a padding row selected a key";
+    }
+    for (size_t l = 0; l < plain.pool->layers.size(); ++l)
+      EXPECT_LE(test::nmse(padded.pool->layers[l].latent, plain.pool->layers[l].latent),
+                tol::kSelfConsistencyNmse)
+          << "layer " << l << ": padding changed the cache";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Consistency, ::testing::ValuesIn(test::fixture_names()));

@@ -40,13 +40,14 @@ SequenceKvCache DsaModel::make_cache(int64_t capacity, bool with_mtp, KvCacheDty
   return SequenceKvCache(cfg_, capacity, with_mtp, rank_.dcp, device_, dtype);
 }
 
-LayerContext DsaModel::plan_context(const std::vector<BatchSeq>& seqs, bool mtp, int64_t min_pages,
-                                    int64_t min_keys) const {
+LayerContext DsaModel::plan_context(const std::vector<BatchSeq>& seqs, bool mtp,
+                                    const Padding& pad) const {
   const DcpLayout& dcp = rank_.dcp;
   DSI_CHECK(!seqs.empty(), "forward: no sequences");
+  DSI_CHECK(pad.extra_seqs >= 0, "forward: {} padding sequences", pad.extra_seqs);
   const KvPool* pool = &seqs[0].cache->pool();
-  int64_t n = 0;
-  size_t max_pages = size_t(std::max<int64_t>(1, min_pages));
+  int64_t n = pad.extra_seqs;
+  size_t max_pages = size_t(std::max<int64_t>(1, pad.min_pages));
   for (const BatchSeq& s : seqs) {
     DSI_CHECK(s.cache != nullptr && s.n > 0, "forward: a sequence with {} rows", s.n);
     DSI_CHECK(&s.cache->pool() == pool, "forward: the sequences of one call must share a pool");
@@ -57,6 +58,7 @@ LayerContext DsaModel::plan_context(const std::vector<BatchSeq>& seqs, bool mtp,
     n += s.n;
     max_pages = std::max(max_pages, s.cache->pages().size());
   }
+  const int64_t n_seqs = int64_t(seqs.size()) + pad.extra_seqs;
   LayerContext ctx;
   ctx.cfg = &cfg_;
   ctx.rope = &rope_;
@@ -66,9 +68,11 @@ LayerContext DsaModel::plan_context(const std::vector<BatchSeq>& seqs, bool mtp,
   ctx.store_slots = Tensor::empty({n}, DType::I32);
   ctx.local_bounds = Tensor::empty({n}, DType::I32);
   ctx.pages.row_seq = Tensor::empty({n}, DType::I32);
-  ctx.pages.block_tables = Tensor::empty({int64_t(seqs.size()), int64_t(max_pages)}, DType::I32);
+  ctx.pages.block_tables = Tensor::empty({n_seqs, int64_t(max_pages)}, DType::I32);
   ctx.pages.page_size = int(kPageTokens);
-  ctx.local_keys = min_keys;
+  ctx.local_keys = pad.min_keys;
+  int32_t* tables = ctx.pages.block_tables.i32();
+  std::fill(tables, tables + n_seqs * int64_t(max_pages), -1);
   int64_t row = 0;
   for (size_t b = 0; b < seqs.size(); ++b) {
     const SequenceKvCache& c = *seqs[b].cache;
@@ -82,9 +86,13 @@ LayerContext DsaModel::plan_context(const std::vector<BatchSeq>& seqs, bool mtp,
       ctx.pages.row_seq.i32()[row] = int32_t(b);
     }
     ctx.local_keys = std::max(ctx.local_keys, dcp.local_len(start + seqs[b].n));
-    int32_t* table = ctx.pages.block_tables.i32() + b * max_pages;
-    std::fill(table, table + max_pages, -1);
-    std::copy(c.pages().begin(), c.pages().end(), table);
+    std::copy(c.pages().begin(), c.pages().end(), tables + int64_t(b) * int64_t(max_pages));
+  }
+  for (int64_t b = int64_t(seqs.size()); b < n_seqs; ++b, ++row) {  // the padding
+    ctx.positions.i32()[row] = 0;
+    ctx.local_bounds.i32()[row] = 0;
+    ctx.store_slots.i32()[row] = -1;
+    ctx.pages.row_seq.i32()[row] = int32_t(b);
   }
   return ctx;
 }

@@ -55,13 +55,23 @@ class DsaModel {
   Tensor forward(const Tensor& tokens, const std::vector<BatchSeq>& seqs,
                  ForwardTrace* trace = nullptr) const;
   // The two halves of forward(), for callers that replay steps from graphs (runtime/step_graphs.h):
-  // plan_context makes a call's inputs on the host (block tables padded to at least `min_pages`
-  // columns, the logits width at least `min_keys`: wider inputs give the same result), and
-  // forward_planned runs the main model on them once they are on the device (upload_context) —
-  // tokens [n] i32 on the device. forward_planned writes the new keys into the caches but leaves
-  // the sequences' lengths to the caller; it never reads the host.
-  LayerContext plan_context(const std::vector<BatchSeq>& seqs, bool mtp, int64_t min_pages = 0,
-                            int64_t min_keys = 0) const;
+  // plan_context makes a call's inputs on the host, and forward_planned runs the main model on them
+  // once they are on the device (upload_context) — tokens [n] i32 on the device, n counting the
+  // padding rows. forward_planned writes the new keys into the caches but leaves the sequences'
+  // lengths to the caller; it never reads the host.
+  struct Padding {
+    int64_t min_pages = 0;  // block-table columns at least (the extra ones are -1)
+    int64_t min_keys = 0;   // logits width at least
+    // Dummy sequences of one row each after the real ones: position 0, no key stored, no key seen
+    // (their attention output is 0), no pages. Their rows' results are to be ignored.
+    int64_t extra_seqs = 0;
+  };
+  // Padding leaves the real rows' results as they are, up to the summation order of ops whose
+  // blocking depends on the row count (bitwise the same for the attention and cache writes).
+  LayerContext plan_context(const std::vector<BatchSeq>& seqs, bool mtp, const Padding& pad) const;
+  LayerContext plan_context(const std::vector<BatchSeq>& seqs, bool mtp) const {
+    return plan_context(seqs, mtp, Padding{});
+  }
   LayerContext upload_context(const LayerContext& host) const;
   Tensor forward_planned(const Tensor& tokens, const LayerContext& ctx, SequenceKvCache& cache,
                          ForwardTrace* trace = nullptr) const;

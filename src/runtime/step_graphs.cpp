@@ -16,7 +16,7 @@ namespace dsi {
 #ifdef DSI_WITH_CUDA
 
 struct StepGraphs::Entry {
-  explicit Entry(Device device) : graph(device) {}
+  Entry(Device device, const std::shared_ptr<cuda::BlockPool>& pool) : graph(device, pool) {}
   cuda::StepGraph graph;
   LayerContext ctx;  // the graph's inputs on the device, rewritten before every replay
   Tensor tokens;     // [n] i32 on the device
@@ -46,6 +46,9 @@ StepGraphs::StepGraphs(const DsaModel& model, int64_t min_pages_bucket)
   DSI_CHECK(supported(model),
             "decode graphs need a CUDA model on one rank (this one: {}, tp {}, dcp {})",
             model.device().str(), model.rank().cfg.tp, model.rank().cfg.dcp);
+#ifdef DSI_WITH_CUDA
+  pool_ = cuda::StepGraph::new_pool(model.device());
+#endif
 }
 
 StepGraphs::~StepGraphs() = default;
@@ -56,45 +59,70 @@ int StepGraphs::graphs() const {
   return n;
 }
 
+int64_t StepGraphs::batch_bucket(int64_t seqs) {
+  DSI_CHECK(seqs >= 1, "decode graphs: a batch of {} sequences", seqs);
+  int64_t b = 1;
+  while (b < seqs && b < 8) b *= 2;
+  if (b >= seqs) return b;
+  for (b = 8;; b *= 2) {  // 12, 16, 24, 32, 48, 64, ...: padding is at most a third of a bucket
+    if (b + b / 2 >= seqs) return b + b / 2;
+    if (2 * b >= seqs) return 2 * b;
+  }
+}
+
 StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
                                      const std::vector<BatchSeq>& seqs) {
 #ifdef DSI_WITH_CUDA
+  DSI_CHECK(!seqs.empty(), "decode graphs: no sequences");
+  DsaModel::Padding pad;
   Key key;
-  int64_t pages = 1;
+  int64_t pages = 1, n_real = 0;
   for (const BatchSeq& s : seqs) {
     DSI_CHECK(s.cache != nullptr, "decode graphs: a sequence without a cache");
     key.rows.push_back(s.n);
+    n_real += s.n;
     pages = std::max<int64_t>(pages, int64_t(s.cache->pages().size()));
   }
+  DSI_CHECK(int64_t(tokens.size()) == n_real, "decode graphs: {} tokens for {} rows", tokens.size(),
+            n_real);
+  pad.extra_seqs = batch_bucket(int64_t(seqs.size())) - int64_t(seqs.size());
+  key.rows.resize(key.rows.size() + size_t(pad.extra_seqs), 1);
   key.pages = min_pages_bucket_;
   while (key.pages < pages) key.pages *= 2;
-  const LayerContext host =
-      model_.plan_context(seqs, /*mtp=*/false, key.pages, key.pages * int64_t(kPageTokens));
-  DSI_CHECK(int64_t(tokens.size()) == host.n, "decode graphs: {} tokens for {} rows", tokens.size(),
-            host.n);
-  const Tensor tokens_host = Tensor::from_i32(tokens, {host.n});
+  pad.min_pages = key.pages;
+  pad.min_keys = key.pages * int64_t(kPageTokens);
   SequenceKvCache& cache = *seqs[0].cache;
-  auto copy = [&](const Tensor& t) {
-    Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device());
-    c.copy_from(t);
+  auto copy_rows = [&](const Tensor& t) {  // the caller's copy of the real rows
+    const Tensor v = t.slice(0, n_real);
+    Tensor c = Tensor::empty(v.shape(), v.dtype(), v.device());
+    c.copy_from(v);
     return c;
   };
-  auto eager = [&]() {  // a step of a shape without a graph
-    ++eager_steps_;
-    const LayerContext ctx = model_.upload_context(host);
-    Step st;
-    st.hidden = model_.forward_planned(to_device(tokens_host, model_.device()), ctx, cache);
-    st.logits = model_.logits(st.hidden);
+  auto finish = [&](Step st) {
+    for (const BatchSeq& s : seqs) s.cache->set_length(s.cache->length() + s.n);
     return st;
   };
-  Step result;
   auto it = entries_.find(key);
-  if (it == entries_.end() && int(entries_.size()) >= kMaxGraphs) {
-    result = eager();
-  } else if (it == entries_.end()) {
+  if ((it == entries_.end() && int(entries_.size()) >= kMaxGraphs) ||
+      (it != entries_.end() && it->second->eager)) {
+    // A step of a shape without a graph: eager, unpadded.
+    ++eager_steps_;
+    const LayerContext ctx = model_.upload_context(model_.plan_context(seqs, /*mtp=*/false));
+    Step st;
+    st.hidden = model_.forward_planned(
+        to_device(Tensor::from_i32(tokens, {n_real}), model_.device()), ctx, cache);
+    st.logits = model_.logits(st.hidden);
+    return finish(std::move(st));
+  }
+  const LayerContext host = model_.plan_context(seqs, /*mtp=*/false, pad);
+  std::vector<int32_t> padded = tokens;
+  padded.resize(size_t(host.n), 0);
+  const Tensor tokens_host = Tensor::from_i32(padded, {host.n});
+  Step result;
+  if (it == entries_.end()) {
     // First step of this shape: run it eagerly on the graph's own inputs (the warm-up), then
     // record the same calls.
-    auto e = std::make_unique<Entry>(model_.device());
+    auto e = std::make_unique<Entry>(model_.device(), pool_);
     e->ctx = model_.upload_context(host);
     e->tokens = to_device(tokens_host, model_.device());
     Step warm;
@@ -102,8 +130,8 @@ StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
       warm.hidden = model_.forward_planned(e->tokens, e->ctx, cache);
       warm.logits = model_.logits(warm.hidden);
     });
-    result.hidden = copy(warm.hidden);  // the caller's copies; the graph's pool gets its blocks back
-    result.logits = copy(warm.logits);
+    result.hidden = copy_rows(warm.hidden);  // the graph's pool gets its blocks back
+    result.logits = copy_rows(warm.logits);
     warm = Step{};
     Entry& en = *e;
     try {
@@ -118,24 +146,21 @@ StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
       en.eager = true;
     }
     entries_.emplace(key, std::move(e));
-  } else if (it->second->eager) {
-    result = eager();
-  } else {
-    Entry& en = *it->second;
-    en.tokens.copy_from(tokens_host);
-    for (auto [dst, src] : {std::pair{&en.ctx.positions, &host.positions},
-                            std::pair{&en.ctx.store_slots, &host.store_slots},
-                            std::pair{&en.ctx.local_bounds, &host.local_bounds},
-                            std::pair{&en.ctx.pages.row_seq, &host.pages.row_seq},
-                            std::pair{&en.ctx.pages.block_tables, &host.pages.block_tables}})
-      dst->copy_from(*src);
-    en.graph.replay();
-    ++replays_;
-    result.hidden = copy(en.out.hidden);
-    result.logits = copy(en.out.logits);
+    return finish(std::move(result));
   }
-  for (const BatchSeq& s : seqs) s.cache->set_length(s.cache->length() + s.n);
-  return result;
+  Entry& en = *it->second;
+  en.tokens.copy_from(tokens_host);
+  for (auto [dst, src] : {std::pair{&en.ctx.positions, &host.positions},
+                          std::pair{&en.ctx.store_slots, &host.store_slots},
+                          std::pair{&en.ctx.local_bounds, &host.local_bounds},
+                          std::pair{&en.ctx.pages.row_seq, &host.pages.row_seq},
+                          std::pair{&en.ctx.pages.block_tables, &host.pages.block_tables}})
+    dst->copy_from(*src);
+  en.graph.replay();
+  ++replays_;
+  result.hidden = copy_rows(en.out.hidden);
+  result.logits = copy_rows(en.out.logits);
+  return finish(std::move(result));
 #else
   (void)tokens;
   (void)seqs;

@@ -1,16 +1,19 @@
 // Decode steps replayed from CUDA graphs (backends/cuda/graph/step_graph.h): the main model's
 // forward and logits over a batch of sequences, captured once per shape and replayed after that.
 //
-// Shape of a graph: the rows of each sequence (1 for plain decoding, 1 + K for MTP verification) and
-// a bucket of block-table width, the next power of two of pages at or above the longest sequence's
+// Shape of a graph: the rows of each sequence (1 for plain decoding, 1 + K for MTP verification),
+// padded with one-row dummy sequences (DsaModel::Padding) to a bucket of batch sizes
+// (batch_bucket: 1, 2, 4, 8, 12, 16, 24, 32, 48, ...), and a bucket of block-table width, the next power of two of pages at or above the longest sequence's
 // (at least kMinPagesBucket): inside a bucket the context may grow freely, since the kernels read
 // each row's causal bound from the device and the padded columns of the logits and block tables
 // are ignored. A context of 128K tokens is covered by 6 buckets.
 // The first step of a shape runs eagerly (which also warms every kernel of the step up), then
 // captures; later steps copy their inputs into the graph's input tensors and replay. Results equal
 // the eager forward's bitwise (tests/cuda/test_step_graphs.cpp).
-// Each graph keeps its step's intermediate tensors for good, so at most kMaxGraphs shapes are
-// captured; steps of further shapes run eagerly.
+// The graphs share one memory pool: they replay one at a time on one stream, so each reuses the
+// others' intermediate blocks and the pool holds the largest step's intermediates plus every
+// graph's inputs and outputs. At most kMaxGraphs shapes are captured; steps of further shapes run
+// eagerly (unpadded).
 // One rank only for now (tp = dcp = 1): graphs with collectives inside are later work.
 #pragma once
 
@@ -21,6 +24,10 @@
 #include "model/dsa_model.h"
 
 namespace dsi {
+
+namespace cuda {
+struct BlockPool;
+}
 
 class StepGraphs {
  public:
@@ -41,6 +48,9 @@ class StepGraphs {
   // caches. The tensors returned are the caller's (copies of the graph's outputs).
   Step forward(const std::vector<int32_t>& tokens, const std::vector<BatchSeq>& seqs);
 
+  // The padded batch size of a step over `seqs` sequences.
+  static int64_t batch_bucket(int64_t seqs);
+
   int graphs() const;   // shapes captured so far
   int64_t replays() const { return replays_; }
   int64_t eager_steps() const { return eager_steps_; }  // steps of shapes without a graph
@@ -57,6 +67,7 @@ class StepGraphs {
 
   const DsaModel& model_;
   int64_t min_pages_bucket_;
+  std::shared_ptr<cuda::BlockPool> pool_;  // shared by every graph (see above)
   std::map<Key, std::unique_ptr<Entry>> entries_;
   int64_t replays_ = 0;
   int64_t eager_steps_ = 0;

@@ -4,6 +4,7 @@
 // experts of a decode batch are routed on the device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backends/cuda/device.h"
@@ -89,6 +90,87 @@ TEST_P(StepGraphModel, ReplayEqualsEagerAcrossStepsAndBuckets) {
   EXPECT_GE(graphs.graphs(), 4);
   EXPECT_EQ(graphs.eager_steps(), 0);
   EXPECT_EQ(graphs.replays(), steps - graphs.graphs());
+}
+
+// Batches padded to their bucket with dummy sequences (3 -> 4, 5 -> 8; 2 stays 2): the graphs,
+// which share one pool and replay in turn, give the eager forward's results over the same padded
+// batch bitwise, step after step.
+TEST_P(StepGraphModel, PaddedBatchesReplayLikeEagerPaddedSteps) {
+  const DsaModel& model = gpu_model();
+  const auto manifest = test::load_manifest(GetParam());
+  const auto& prompts = manifest.at("prompts");
+  const int n_seqs = 5, steps = 12;
+  const DcpLayout dcp;
+  std::vector<std::vector<int32_t>> ids;
+  int64_t pages_each = 0;
+  for (int i = 0; i < n_seqs; ++i) {
+    auto p = prompts[size_t(i) % prompts.size()].at("ids").get<std::vector<int32_t>>();
+    p.resize(std::max<size_t>(1, p.size() - size_t(i)));  // different lengths
+    pages_each = std::max(pages_each, SequenceKvCache::pages_for(dcp, int64_t(p.size()) + steps));
+    ids.push_back(std::move(p));
+  }
+  auto make = [&](bool reversed) {
+    auto pool = std::make_shared<KvPool>(model.config(), pages_each * n_seqs, false, test::gpu());
+    std::vector<SequenceKvCache> seqs(size_t(n_seqs), SequenceKvCache(pool, dcp));
+    for (int i = 0; i < n_seqs; ++i) {
+      std::vector<int32_t> pages(static_cast<size_t>(pages_each), 0);
+      for (int64_t j = 0; j < pages_each; ++j)
+        pages[size_t(j)] = int32_t(reversed ? (n_seqs - 1 - i) * pages_each + (pages_each - 1 - j)
+                                            : i * pages_each + j);
+      seqs[size_t(i)].set_pages(pages);
+      model.forward(Tensor::from_i32(ids[size_t(i)], {int64_t(ids[size_t(i)].size())}),
+                    seqs[size_t(i)]);
+    }
+    return seqs;
+  };
+  std::vector<SequenceKvCache> eager = make(false), graphed = make(true);
+  std::vector<int32_t> next(static_cast<size_t>(n_seqs), 0);
+  for (int i = 0; i < n_seqs; ++i) next[size_t(i)] = ids[size_t(i)].back();
+  StepGraphs graphs(model, /*min_pages_bucket=*/1);
+  const std::vector<std::vector<int>> batches = {{0, 1, 2}, {0, 1, 2, 3, 4}, {3, 4}};
+  for (int s = 0; s < steps; ++s) {
+    const std::vector<int>& b = batches[size_t(s) % batches.size()];
+    const int64_t B = int64_t(b.size());
+    const std::string what = GetParam() + " step " + std::to_string(s) + " batch " + std::to_string(B);
+    std::vector<BatchSeq> e_seqs, g_seqs;
+    std::vector<int32_t> tokens;
+    for (int i : b) {
+      e_seqs.push_back({&eager[size_t(i)], 1});
+      g_seqs.push_back({&graphed[size_t(i)], 1});
+      tokens.push_back(next[size_t(i)]);
+    }
+    DsaModel::Padding pad;
+    pad.extra_seqs = StepGraphs::batch_bucket(B) - B;
+    std::vector<int32_t> padded = tokens;
+    padded.resize(size_t(B + pad.extra_seqs), 0);
+    const LayerContext ctx = model.upload_context(model.plan_context(e_seqs, false, pad));
+    const Tensor h = model.forward_planned(
+        test::dev(Tensor::from_i32(padded, {int64_t(padded.size())})), ctx, eager[size_t(b[0])]);
+    const Tensor lg = model.logits(h);
+    for (const BatchSeq& e : e_seqs) e.cache->set_length(e.cache->length() + 1);
+    const StepGraphs::Step g = graphs.forward(tokens, g_seqs);
+    ASSERT_EQ(g.hidden.dim(0), B) << what;
+    expect_same_bits(g.hidden, h.slice(0, B), what + " hidden");
+    expect_same_bits(g.logits, lg.slice(0, B), what + " logits");
+    for (int64_t j = 0; j < B; ++j) {
+      EXPECT_EQ(graphed[size_t(b[size_t(j)])].length(), eager[size_t(b[size_t(j)])].length()) << what;
+      next[size_t(b[size_t(j)])] = argmax_of(lg.slice(j, j + 1));
+    }
+  }
+  EXPECT_EQ(graphs.graphs(), 3);  // batches of 4, 8 and 2
+  EXPECT_EQ(graphs.replays(), steps - 3);
+  EXPECT_EQ(graphs.eager_steps(), 0);
+}
+
+TEST(StepGraphBuckets, BatchBucketsPadByAtMostAThird) {
+  const std::vector<int64_t> want = {1, 2, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, 24};
+  for (int64_t n = 1; n <= int64_t(want.size()); ++n)
+    EXPECT_EQ(StepGraphs::batch_bucket(n), want[size_t(n - 1)]) << n;
+  for (int64_t n = 9; n <= 5000; ++n) {
+    const int64_t b = StepGraphs::batch_bucket(n);
+    EXPECT_GE(b, n);
+    EXPECT_LE(3 * (b - n), b) << n;
+  }
 }
 
 TEST_P(StepGraphModel, ReplaysAllocateNoDeviceMemory) {

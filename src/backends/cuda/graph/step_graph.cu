@@ -28,11 +28,16 @@ struct StepGraph::Impl {
   }
 };
 
-StepGraph::StepGraph(Device device) : impl_(std::make_unique<Impl>()) {
+std::shared_ptr<BlockPool> StepGraph::new_pool(Device device) {
   DSI_CHECK(device.type == DeviceType::CUDA, "a step graph runs on a CUDA device, not {}",
             device.str());
+  return make_private_pool(device.index);
+}
+
+StepGraph::StepGraph(Device device, std::shared_ptr<BlockPool> pool)
+    : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
-  impl_->pool = make_private_pool(device.index);
+  impl_->pool = pool != nullptr ? std::move(pool) : new_pool(device);
 }
 
 StepGraph::~StepGraph() {

@@ -3,7 +3,7 @@
 //
 // What capture changes for the ops inside (plain C++ header: no CUDA types):
 // - Memory: every tensor and scratch block the captured ops allocate comes from a pool private to
-//   the graph (memory/memory.h), so the addresses baked into the graph stay valid and untouched by
+//   the graph, or to a set of graphs that replay in turn (memory/memory.h), so the addresses baked into the graph stay valid and untouched by
 //   other work for every replay; tensors the step returns are read after each replay in place.
 // - Input checks: the ops' error flags become slots of the graph's check array, reset at the start
 //   of every replay and read back once after it; replay() throws the first that fired, naming the
@@ -24,9 +24,16 @@
 
 namespace dsi::cuda {
 
+struct BlockPool;
+
 class StepGraph {
  public:
-  explicit StepGraph(Device device);
+  // A pool for step graphs to share (memory/memory.h). Graphs of one pool must replay one at a
+  // time on the device's stream, and a graph's outputs must be read before another graph of the
+  // pool replays or captures: each graph's intermediate blocks are the others' too.
+  static std::shared_ptr<BlockPool> new_pool(Device device);
+  // pool: null for a pool of the graph's own.
+  explicit StepGraph(Device device, std::shared_ptr<BlockPool> pool = nullptr);
   ~StepGraph();
   StepGraph(const StepGraph&) = delete;
   StepGraph& operator=(const StepGraph&) = delete;
