@@ -158,7 +158,9 @@ int main(int argc, char** argv) {
     float *x = nullptr, *y = nullptr;
     uint8_t* xq = nullptr;
     float* sx = nullptr;
-    const int64_t max_n = 512, max_in = 16384, max_out = 16384;
+    const int64_t max_n = 4096, max_in = 16384, max_out = 16384;
+    void* lt_ws = nullptr;
+    DSI_CUDA_CHECK(cudaMalloc(&lt_ws, dsi::cuda::kFp8GemmLtWorkspace));
     DSI_CUDA_CHECK(cudaMalloc(&x, size_t(max_n * max_in) * 4));
     DSI_CUDA_CHECK(cudaMalloc(&y, size_t(max_n * max_out) * 4));
     DSI_CUDA_CHECK(cudaMalloc(&xq, size_t(max_n * max_in)));
@@ -210,25 +212,18 @@ int main(int argc, char** argv) {
             print_row(sh, dt, n, "gemv", us, bytes, extra);
           }
         if (gemm && fp8)
-          for (int n : {1, 8, 64, 512}) {
+          for (int n : {1, 8, 64, 512, 4096}) {
             const int64_t groups = (sh.in + 127) / 128;
             const double bytes = double(ws.bytes + ws.scale_bytes) + 4.0 * n * (sh.in + sh.out);
-            const double us = time_graph(copies, std::max(3, reps / 3), [&](int c, cudaStream_t st) {
-              dsi::cuda::ActQuantParams qp{};
-              qp.x = x;
-              qp.q = xq;
-              qp.scales = sx;
-              qp.ldx = sh.in;
-              qp.n = n;
-              qp.in = sh.in;
-              qp.groups = groups;
-              qp.block = 128;
-              dsi::cuda::launch_act_quant_fp8(qp, st);
+            const double flops = 2.0 * n * double(sh.in) * double(sh.out);
+            for (bool lt : {false, true}) {
               dsi::cuda::Fp8GemmParams gp{};
               gp.xq = xq;
               gp.sx = sx;
-              gp.w = static_cast<const uint8_t*>(ws.w[size_t(c)]);
-              gp.scale_inv = ws.s[size_t(c)];
+              gp.sx_row = lt ? 1 : groups;
+              gp.sx_group = lt ? n : 1;
+              gp.w = static_cast<const uint8_t*>(ws.w[0]);
+              gp.scale_inv = ws.s[0];
               gp.y = y;
               gp.ldy = sh.out;
               gp.n = n;
@@ -236,9 +231,37 @@ int main(int argc, char** argv) {
               gp.out = sh.out;
               gp.groups = groups;
               gp.block_out = gp.block_in = 128;
-              dsi::cuda::launch_fp8_gemm(gp, st);
-            });
-            print_row(sh, dt, n, "fp8_act", us, bytes, "quantise + tiled GEMM");
+              if (lt && !(dsi::cuda::fp8_gemm_lt_supported(gp) && dsi::cuda::fp8_gemm_lt_available(gp))) {
+                print_row(sh, dt, n, "fp8_act", 0.0, bytes, "cuBLASLt: no algorithm");
+                continue;
+              }
+              if (!lt && n > 512) continue;  // the tiled kernel takes seconds there
+              const double us = time_graph(copies, std::max(3, reps / 3), [&](int c, cudaStream_t st) {
+                dsi::cuda::ActQuantParams qp{};
+                qp.x = x;
+                qp.q = xq;
+                qp.scales = sx;
+                qp.scale_row = gp.sx_row;
+                qp.scale_group = gp.sx_group;
+                qp.ldx = sh.in;
+                qp.n = n;
+                qp.in = sh.in;
+                qp.groups = groups;
+                qp.block = 128;
+                dsi::cuda::launch_act_quant_fp8(qp, st);
+                dsi::cuda::Fp8GemmParams g = gp;
+                g.w = static_cast<const uint8_t*>(ws.w[size_t(c)]);
+                g.scale_inv = ws.s[size_t(c)];
+                if (lt)
+                  dsi::cuda::launch_fp8_gemm_lt(g, lt_ws, st);
+                else
+                  dsi::cuda::launch_fp8_gemm(g, st);
+              });
+              char buf[96];
+              std::snprintf(buf, sizeof buf, "quantise + %s GEMM, %.0f TFLOP/s", lt ? "cuBLASLt" : "tiled",
+                            flops / (us * 1e-6) / 1e12);
+              print_row(sh, dt, n, "fp8_act", us, bytes, buf);
+            }
           }
         free_weights(ws);
       }
@@ -246,6 +269,7 @@ int main(int argc, char** argv) {
     cudaFree(y);
     cudaFree(xq);
     cudaFree(sx);
+    cudaFree(lt_ws);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

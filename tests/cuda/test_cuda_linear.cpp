@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_linear_fp8.h"
+#include "backends/cuda/cuda_linear_fp8.h"
 #include "core/dtype.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/linear.h"
@@ -30,6 +31,9 @@ using test::host;
 // order, so they agree to the last bit; the bound only admits fp32 reassociation noise in case a
 // later tensor-core kernel sums in another order (measured 0 for the tiled kernel).
 constexpr double kFp8ActGpuVsCpuNmse = 1e-12;
+// cuBLASLt's block-scaled fp8 GEMM on the same quantised operands: its tensor cores accumulate each
+// 128-column block in their own order and precision before the fp32 promotion.
+constexpr double kFp8ActTensorCoresVsCpuNmse = 1e-7;
 // ... and against the exact fp32 linear: the e4m3 quantisation of x (see tests/test_ops_linear_fp8.cpp).
 constexpr double kFp8ActVsExactNmse = 2e-3;
 
@@ -205,7 +209,12 @@ TEST_F(CudaLinearFp8Act, QuantiserIsBitwiseTheCpus) {
   }
 }
 
-void check_fp8_act(int64_t n, int64_t out_f, int64_t in_f, int64_t row0, int64_t col0, uint64_t seed) {
+// Which GEMM a case must take: the tiled kernel, cuBLASLt's (an H200 has it for every supported
+// shape), or whichever the op picks.
+enum class Path { kTiled, kTensorCores };
+
+void check_fp8_act(int64_t n, int64_t out_f, int64_t in_f, int64_t row0, int64_t col0, uint64_t seed,
+                   Path path = Path::kTiled) {
   const std::string what = case_name("linear_fp8_act", DType::F8_E4M3, n, out_f, in_f) + " offsets " +
                            std::to_string(row0) + "," + std::to_string(col0);
   const LinearWeight w = make_weight(DType::F8_E4M3, out_f, in_f, seed, row0, col0);
@@ -214,18 +223,31 @@ void check_fp8_act(int64_t n, int64_t out_f, int64_t in_f, int64_t row0, int64_t
   ops::linear_fp8_act(x, w, cpu);
   ops::linear(x, w, exact);
   const LinearWeight dw = to_gpu(w);
-  test::Guarded g = test::guarded_strided({n, out_f}, DType::F32);
+  // The tensor-core path wants a 16-byte aligned output with rows a multiple of 4 floats: a
+  // contiguous view with 36 guard floats; the strided view sends the op to the tiled kernel.
+  test::Guarded g = path == Path::kTensorCores ? test::guarded({n, out_f}, DType::F32, 36)
+                                               : test::guarded_strided({n, out_f}, DType::F32);
   const Tensor dx = dev_strided(x);
+  const bool tc = cuda::linear_fp8_act_uses_tensor_cores(dx, dw, g.view);
+  EXPECT_EQ(tc, path == Path::kTensorCores) << what;
   ops::linear_fp8_act(dx, dw, g.view);
   const Tensor got = g.check(what);
-  test::expect_nmse_close(got, cpu, kFp8ActGpuVsCpuNmse, what + " vs CPU fp8 reference");
+  test::expect_nmse_close(got, cpu, tc ? kFp8ActTensorCoresVsCpuNmse : kFp8ActGpuVsCpuNmse,
+                          what + " vs CPU fp8 reference");
   if (in_f >= 128) test::expect_nmse_close(got, exact, kFp8ActVsExactNmse, what + " vs exact linear");
   int64_t differ = 0;
   for (int64_t i = 0; i < got.numel(); ++i) differ += std::memcmp(&got.f32()[i], &cpu.f32()[i], 4) != 0;
-  if (differ) std::printf("[ info ] %s: %lld of %lld outputs not bitwise the CPU's\n", what.c_str(),
-                          static_cast<long long>(differ), static_cast<long long>(got.numel()));
+  if (differ)
+    std::printf("[ info ] %s (%s): %lld of %lld outputs not bitwise the CPU's, NMSE %.3g\n",
+                what.c_str(), tc ? "cuBLASLt" : "tiled", static_cast<long long>(differ),
+                static_cast<long long>(got.numel()), test::nmse(got, cpu));
   ops::linear_fp8_act(dx, dw, g.view);
   test::expect_bitwise(g.check(what + " repeat"), got, what + " repeat");
+  if (tc) {  // the tiled kernel on the same operands stays the reference's bit for bit
+    test::Guarded t = test::guarded({n, out_f}, DType::F32, 36);
+    cuda::linear_fp8_act_tiled(dx, dw, t.view);
+    test::expect_nmse_close(t.check(what + " tiled"), cpu, kFp8ActGpuVsCpuNmse, what + " tiled");
+  }
 }
 
 TEST_F(CudaLinearFp8Act, OddShapesMatchTheCpuReference) {
@@ -235,8 +257,16 @@ TEST_F(CudaLinearFp8Act, OddShapesMatchTheCpuReference) {
       check_fp8_act(n, out_f, in_f, row0, col0, uint64_t(n * 31 + out_f + in_f));
 }
 
+// Shapes cuBLASLt takes: 4, 8, ... column blocks, a partial last block of rows and of columns.
+TEST_F(CudaLinearFp8Act, TensorCoreShapesMatchTheCpuReference) {
+  for (int64_t n : {1, 3, 8, 9, 130})
+    for (auto [out_f, in_f] : std::vector<std::pair<int64_t, int64_t>>{{128, 512}, {200, 512}, {260, 1008}})
+      check_fp8_act(n, out_f, in_f, 0, 0, uint64_t(n * 17 + out_f + in_f), Path::kTensorCores);
+}
+
 TEST_F(CudaLinearFp8Act, GlmShapes) {
-  check_fp8_act(64, 2048, 6144, 0, 0, 1);
+  check_fp8_act(64, 2048, 6144, 0, 0, 1, Path::kTensorCores);
+  check_fp8_act(33, 6144, 2048, 0, 0, 2, Path::kTensorCores);
   check_fp8_act(33, 6144, 2048, 0, 0, 2);
 }
 

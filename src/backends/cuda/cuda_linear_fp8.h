@@ -14,6 +14,12 @@ struct LinearWeight;
 namespace dsi::cuda {
 
 void quantize_act_fp8(const Tensor& x, int64_t col0, int block, Tensor& q, Tensor& scales);
+// Through cuBLASLt's block-scaled fp8 matmul when it takes the shape (linear/fp8_gemm.h), else
+// through the tiled kernel that matches the CPU reference bitwise.
 void linear_fp8_act(const Tensor& x, const LinearWeight& w, Tensor& out);
+// Always the tiled kernel (for tests and benchmarks).
+void linear_fp8_act_tiled(const Tensor& x, const LinearWeight& w, Tensor& out);
+// Whether linear_fp8_act would take cuBLASLt's path for these operands.
+bool linear_fp8_act_uses_tensor_cores(const Tensor& x, const LinearWeight& w, Tensor& out);
 
 }  // namespace dsi::cuda

@@ -35,7 +35,7 @@ __global__ void act_quant_kernel(const ActQuantParams p) {
     nan = __any_sync(0xffffffffu, nan);
     float s = nan ? __uint_as_float(0x7fc00000u) : __fdiv_rn(amax, 448.0f);
     if (s == 0.0f) s = 1.0f;
-    if (lane == 0) p.scales[i * p.groups + g] = s;
+    if (lane == 0) p.scales[i * p.scale_row + g * p.scale_group] = s;
     for (int64_t j = j0 + lane; j < j1; j += 32)
       p.q[i * p.in + j] = __nv_cvt_float_to_fp8(__fdiv_rn(xr[j], s), __NV_SATFINITE, __NV_E4M3);
   }
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kGemmThreads) fp8_gemm_kernel(const Fp8GemmPar
     }
     for (int i = 0; i < 4; ++i) {
       const int64_t m = m0 + ty + 16 * i;
-      const float sxv = m < p.n ? p.sx[m * p.groups + g] : 0.0f;
+      const float sxv = m < p.n ? p.sx[m * p.sx_row + g * p.sx_group] : 0.0f;
       for (int j = 0; j < 4; ++j)
         acc[i][j] = __fadd_rn(acc[i][j], __fmul_rn(part[i][j], __fmul_rn(sxv, swr[j][g])));
     }
@@ -134,6 +134,8 @@ void quantize_act_fp8(const Tensor& x, int64_t col0, int block, Tensor& q, Tenso
   p.x = x.f32();
   p.q = static_cast<uint8_t*>(q.raw());
   p.scales = scales.f32();
+  p.scale_row = groups;
+  p.scale_group = 1;
   p.ldx = x.stride(0);
   p.n = n;
   p.in = in;
@@ -143,45 +145,88 @@ void quantize_act_fp8(const Tensor& x, int64_t col0, int block, Tensor& q, Tenso
   launch_act_quant_fp8(p, stream());
 }
 
-void linear_fp8_act(const Tensor& x, const LinearWeight& w, Tensor& out) {
-  // Arguments checked by ops::linear_fp8_act.
+namespace {
+
+// The GEMM's operands for x quantised with the given scale layout.
+Fp8GemmParams gemm_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool group_major) {
+  Fp8GemmParams gp{};
+  gp.w = static_cast<const uint8_t*>(w.weight.raw());
+  gp.scale_inv = w.scale_inv.f32();
+  gp.y = out.f32();
+  gp.ldy = out.stride(0);
+  gp.n = x.dim(0);
+  gp.in = w.in_features();
+  gp.out = w.out_features();
+  gp.block_out = w.block_out;
+  gp.block_in = w.block_in;
+  gp.groups = (w.col0 + gp.in + gp.block_in - 1) / gp.block_in;
+  gp.row0 = w.row0;
+  gp.col0 = w.col0;
+  gp.sx_row = group_major ? 1 : gp.groups;
+  gp.sx_group = group_major ? gp.n : 1;
+  return gp;
+}
+
+void run_linear_fp8_act(const Tensor& x, const LinearWeight& w, Tensor& out, bool allow_lt) {
   const Tensor& wt = w.weight;
   const int64_t out_f = w.out_features(), in_f = w.in_features(), n = x.dim(0);
   check_on(wt, x.device(), "linear_fp8_act", "weight");
   check_on(out, x.device(), "linear_fp8_act", "output");
   if (n == 0 || out_f == 0) return;
   DeviceGuard guard(x.device());
-  const int bi = w.block_in;
-  const int64_t groups = (w.col0 + in_f + bi - 1) / bi;
   Scratch q(std::max<size_t>(1, size_t(n * in_f)));
+  const int64_t groups = (w.col0 + in_f + w.block_in - 1) / w.block_in;
   Scratch sx(std::max<size_t>(1, size_t(n * groups) * sizeof(float)));
+  Fp8GemmParams gp = gemm_params(x, w, out, /*group_major=*/true);
+  gp.xq = q.as<uint8_t>();
+  gp.sx = sx.as<float>();
+  const bool lt = allow_lt && fp8_gemm_lt_supported(gp) && fp8_gemm_lt_available(gp);
+  if (!lt) {
+    gp = gemm_params(x, w, out, /*group_major=*/false);
+    gp.xq = q.as<uint8_t>();
+    gp.sx = sx.as<float>();
+  }
   ActQuantParams qp{};
   qp.x = x.f32();
   qp.q = q.as<uint8_t>();
   qp.scales = sx.as<float>();
+  qp.scale_row = gp.sx_row;
+  qp.scale_group = gp.sx_group;
   qp.ldx = x.stride(0);
   qp.n = n;
   qp.in = in_f;
   qp.groups = groups;
   qp.col0 = w.col0;
-  qp.block = bi;
+  qp.block = w.block_in;
   launch_act_quant_fp8(qp, stream());
-  Fp8GemmParams gp{};
-  gp.xq = q.as<uint8_t>();
-  gp.sx = sx.as<float>();
-  gp.w = static_cast<const uint8_t*>(wt.raw());
-  gp.scale_inv = w.scale_inv.f32();
-  gp.y = out.f32();
-  gp.ldy = out.stride(0);
-  gp.n = n;
-  gp.in = in_f;
-  gp.out = out_f;
-  gp.groups = groups;
-  gp.row0 = w.row0;
-  gp.col0 = w.col0;
-  gp.block_out = w.block_out;
-  gp.block_in = bi;
-  launch_fp8_gemm(gp, stream());
+  if (!lt) {
+    launch_fp8_gemm(gp, stream());
+    return;
+  }
+  Scratch ws(kFp8GemmLtWorkspace);
+  DSI_CHECK(launch_fp8_gemm_lt(gp, ws.as<void>(), stream()),
+            "linear_fp8_act: cuBLASLt refused a shape it had an algorithm for");
+}
+
+}  // namespace
+
+void linear_fp8_act(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  // Arguments checked by ops::linear_fp8_act.
+  run_linear_fp8_act(x, w, out, /*allow_lt=*/true);
+}
+
+void linear_fp8_act_tiled(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  run_linear_fp8_act(x, w, out, /*allow_lt=*/false);
+}
+
+bool linear_fp8_act_uses_tensor_cores(const Tensor& x, const LinearWeight& w, Tensor& out) {
+  if (x.dim(0) == 0 || w.out_features() == 0) return false;
+  DeviceGuard guard(x.device());
+  Scratch buf(size_t(256));  // aligned stand-ins for the operands the op would allocate
+  Fp8GemmParams gp = gemm_params(x, w, out, /*group_major=*/true);
+  gp.xq = buf.as<uint8_t>();
+  gp.sx = buf.as<float>();
+  return fp8_gemm_lt_supported(gp) && fp8_gemm_lt_available(gp);
 }
 
 }  // namespace dsi::cuda
