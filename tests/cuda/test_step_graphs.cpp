@@ -105,7 +105,7 @@ TEST_P(StepGraphModel, PaddedBatchesReplayLikeEagerPaddedSteps) {
   int64_t pages_each = 0;
   for (int i = 0; i < n_seqs; ++i) {
     auto p = prompts[size_t(i) % prompts.size()].at("ids").get<std::vector<int32_t>>();
-    p.resize(std::max<size_t>(1, p.size() - size_t(i)));  // different lengths
+    p.resize(p.size() > size_t(i) ? p.size() - size_t(i) : 1);  // different lengths
     pages_each = std::max(pages_each, SequenceKvCache::pages_for(dcp, int64_t(p.size()) + steps));
     ids.push_back(std::move(p));
   }

@@ -107,6 +107,9 @@ const Plan& plan_for(const Fp8GemmParams& p) {
   set_attr(pl.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
            int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F));
   set_attr(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, int32_t(CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F));
+  // The heuristic refuses block scale modes without scale pointers; each call sets its own.
+  set_attr(pl.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(p.scale_inv));
+  set_attr(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(p.sx));
   DSI_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&pl.a, CUDA_R_8F_E4M3, uint64_t(p.in),
                                                 uint64_t(p.out), int64_t(p.in)));
   DSI_CUBLASLT_CHECK(
