@@ -220,13 +220,14 @@ int main(int argc, char** argv) {
               dsi::cuda::Fp8GemmParams gp{};
               gp.xq = xq;
               gp.sx = sx;
+              const int n_lt = (n + 7) / 8 * 8;  // cuBLASLt's rows: x padded to 8 as the op does
               gp.sx_row = lt ? 1 : groups;
-              gp.sx_group = lt ? n : 1;
+              gp.sx_group = lt ? n_lt : 1;
               gp.w = static_cast<const uint8_t*>(ws.w[0]);
               gp.scale_inv = ws.s[0];
               gp.y = y;
               gp.ldy = sh.out;
-              gp.n = n;
+              gp.n = lt ? n_lt : n;
               gp.in = sh.in;
               gp.out = sh.out;
               gp.groups = groups;

@@ -214,7 +214,7 @@ TEST_F(CudaLinearFp8Act, QuantiserIsBitwiseTheCpus) {
 enum class Path { kTiled, kTensorCores };
 
 void check_fp8_act(int64_t n, int64_t out_f, int64_t in_f, int64_t row0, int64_t col0, uint64_t seed,
-                   Path path = Path::kTiled) {
+                   Path path = Path::kTiled, bool strided_out = true) {
   const std::string what = case_name("linear_fp8_act", DType::F8_E4M3, n, out_f, in_f) + " offsets " +
                            std::to_string(row0) + "," + std::to_string(col0);
   const LinearWeight w = make_weight(DType::F8_E4M3, out_f, in_f, seed, row0, col0);
@@ -223,10 +223,10 @@ void check_fp8_act(int64_t n, int64_t out_f, int64_t in_f, int64_t row0, int64_t
   ops::linear_fp8_act(x, w, cpu);
   ops::linear(x, w, exact);
   const LinearWeight dw = to_gpu(w);
-  // The tensor-core path wants a 16-byte aligned output with rows a multiple of 4 floats: a
-  // contiguous view with 36 guard floats; the strided view sends the op to the tiled kernel.
-  test::Guarded g = path == Path::kTensorCores ? test::guarded({n, out_f}, DType::F32, 36)
-                                               : test::guarded_strided({n, out_f}, DType::F32);
+  // cuBLASLt writes a 16-byte aligned contiguous output (36 guard floats) in place when the rows
+  // are a multiple of 8; other outputs through a packed copy.
+  test::Guarded g = strided_out ? test::guarded_strided({n, out_f}, DType::F32)
+                                : test::guarded({n, out_f}, DType::F32, 36);
   const Tensor dx = dev_strided(x);
   const bool tc = cuda::linear_fp8_act_uses_tensor_cores(dx, dw, g.view);
   EXPECT_EQ(tc, path == Path::kTensorCores) << what;
@@ -257,17 +257,21 @@ TEST_F(CudaLinearFp8Act, OddShapesMatchTheCpuReference) {
       check_fp8_act(n, out_f, in_f, row0, col0, uint64_t(n * 31 + out_f + in_f));
 }
 
-// Shapes cuBLASLt takes: 4, 8, ... column blocks, a partial last block of rows and of columns.
+// Shapes cuBLASLt takes: 4, 8, ... column blocks, a partial last block of rows and of columns, rows
+// padded to 8 or not, outputs in place or through the packed copy.
 TEST_F(CudaLinearFp8Act, TensorCoreShapesMatchTheCpuReference) {
-  for (int64_t n : {1, 3, 8, 9, 130})
+  for (int64_t n : {1, 3, 8, 9, 16, 130})
     for (auto [out_f, in_f] : std::vector<std::pair<int64_t, int64_t>>{{128, 512}, {200, 512}, {260, 1008}})
-      check_fp8_act(n, out_f, in_f, 0, 0, uint64_t(n * 17 + out_f + in_f), Path::kTensorCores);
+      for (bool strided : {false, true})
+        check_fp8_act(n, out_f, in_f, 0, 0, uint64_t(n * 17 + out_f + in_f), Path::kTensorCores,
+                      strided);
 }
 
 TEST_F(CudaLinearFp8Act, GlmShapes) {
-  check_fp8_act(64, 2048, 6144, 0, 0, 1, Path::kTensorCores);
+  check_fp8_act(64, 2048, 6144, 0, 0, 1, Path::kTensorCores, false);
   check_fp8_act(33, 6144, 2048, 0, 0, 2, Path::kTensorCores);
-  check_fp8_act(33, 6144, 2048, 0, 0, 2);
+  // A TP slice inside the first block (offsets) stays with the tiled kernel.
+  check_fp8_act(33, 3072, 2048, 64, 0, 3);
 }
 
 TEST_F(CudaLinearFp8Act, NanRowAndErrors) {

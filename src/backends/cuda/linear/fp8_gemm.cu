@@ -147,8 +147,8 @@ void quantize_act_fp8(const Tensor& x, int64_t col0, int block, Tensor& q, Tenso
 
 namespace {
 
-// The GEMM's operands for x quantised with the given scale layout.
-Fp8GemmParams gemm_params(const Tensor& x, const LinearWeight& w, Tensor& out, bool group_major) {
+// The GEMM's operands, x's scales in the tiled kernel's row-major layout.
+Fp8GemmParams gemm_params(const Tensor& x, const LinearWeight& w, Tensor& out) {
   Fp8GemmParams gp{};
   gp.w = static_cast<const uint8_t*>(w.weight.raw());
   gp.scale_inv = w.scale_inv.f32();
@@ -162,10 +162,39 @@ Fp8GemmParams gemm_params(const Tensor& x, const LinearWeight& w, Tensor& out, b
   gp.groups = (w.col0 + gp.in + gp.block_in - 1) / gp.block_in;
   gp.row0 = w.row0;
   gp.col0 = w.col0;
-  gp.sx_row = group_major ? 1 : gp.groups;
-  gp.sx_group = group_major ? gp.n : 1;
+  gp.sx_row = gp.groups;
+  gp.sx_group = 1;
   return gp;
 }
+
+// cuBLASLt's form of the product: x padded to a multiple of 8 rows (zero bytes, scale 0; its
+// scales are group-major with one 16-byte aligned run per group), and y written in place when
+// aligned, else into a packed scratch copied out after.
+struct LtForm {
+  Fp8GemmParams gp;
+  int64_t n = 0;       // real rows
+  bool direct = true;  // D is y itself
+};
+
+LtForm lt_form(const Fp8GemmParams& base, const uint8_t* xq, const float* sx, float* packed_y) {
+  LtForm f;
+  f.gp = base;
+  f.n = base.n;
+  f.gp.n = (base.n + 7) / 8 * 8;
+  f.gp.xq = xq;
+  f.gp.sx = sx;
+  f.gp.sx_row = 1;
+  f.gp.sx_group = f.gp.n;
+  f.direct = f.gp.n == base.n && base.ldy % 4 == 0 &&
+             (reinterpret_cast<uintptr_t>(base.y) & 15u) == 0;
+  if (!f.direct) {
+    f.gp.y = packed_y;
+    f.gp.ldy = (base.out + 3) / 4 * 4;
+  }
+  return f;
+}
+
+bool lt_ok(const LtForm& f) { return fp8_gemm_lt_supported(f.gp) && fp8_gemm_lt_available(f.gp); }
 
 void run_linear_fp8_act(const Tensor& x, const LinearWeight& w, Tensor& out, bool allow_lt) {
   const Tensor& wt = w.weight;
@@ -174,15 +203,27 @@ void run_linear_fp8_act(const Tensor& x, const LinearWeight& w, Tensor& out, boo
   check_on(out, x.device(), "linear_fp8_act", "output");
   if (n == 0 || out_f == 0) return;
   DeviceGuard guard(x.device());
-  Scratch q(std::max<size_t>(1, size_t(n * in_f)));
-  const int64_t groups = (w.col0 + in_f + w.block_in - 1) / w.block_in;
-  Scratch sx(std::max<size_t>(1, size_t(n * groups) * sizeof(float)));
-  Fp8GemmParams gp = gemm_params(x, w, out, /*group_major=*/true);
-  gp.xq = q.as<uint8_t>();
-  gp.sx = sx.as<float>();
-  const bool lt = allow_lt && fp8_gemm_lt_supported(gp) && fp8_gemm_lt_available(gp);
-  if (!lt) {
-    gp = gemm_params(x, w, out, /*group_major=*/false);
+  Fp8GemmParams gp = gemm_params(x, w, out);
+  const int64_t n_pad = (n + 7) / 8 * 8;
+  Scratch q(std::max<size_t>(1, size_t(n_pad * in_f)));
+  Scratch sx(std::max<size_t>(1, size_t(n_pad * gp.groups) * sizeof(float)));
+  Scratch stand_in(256);  // an aligned address for the check before the packed output exists
+  LtForm lt = lt_form(gp, q.as<uint8_t>(), sx.as<float>(), stand_in.as<float>());
+  const bool use_lt = allow_lt && lt_ok(lt);
+  Scratch packed;
+  if (use_lt) {
+    if (!lt.direct) {
+      packed = Scratch(size_t(lt.gp.n * lt.gp.ldy) * sizeof(float));
+      lt.gp.y = packed.as<float>();
+    }
+    if (lt.gp.n > n) {  // padding rows: zero bytes and zero scales
+      DSI_CUDA_CHECK(cudaMemsetAsync(q.as<uint8_t>() + n * in_f, 0, size_t((lt.gp.n - n) * in_f),
+                                     stream()));
+      DSI_CUDA_CHECK(cudaMemsetAsync(sx.as<float>(), 0, size_t(lt.gp.n * gp.groups) * sizeof(float),
+                                     stream()));
+    }
+    gp = lt.gp;
+  } else {
     gp.xq = q.as<uint8_t>();
     gp.sx = sx.as<float>();
   }
@@ -195,17 +236,21 @@ void run_linear_fp8_act(const Tensor& x, const LinearWeight& w, Tensor& out, boo
   qp.ldx = x.stride(0);
   qp.n = n;
   qp.in = in_f;
-  qp.groups = groups;
+  qp.groups = gp.groups;
   qp.col0 = w.col0;
   qp.block = w.block_in;
   launch_act_quant_fp8(qp, stream());
-  if (!lt) {
+  if (!use_lt) {
     launch_fp8_gemm(gp, stream());
     return;
   }
   Scratch ws(kFp8GemmLtWorkspace);
   DSI_CHECK(launch_fp8_gemm_lt(gp, ws.as<void>(), stream()),
             "linear_fp8_act: cuBLASLt refused a shape it had an algorithm for");
+  if (!lt.direct)
+    DSI_CUDA_CHECK(cudaMemcpy2DAsync(out.f32(), size_t(out.stride(0)) * sizeof(float), gp.y,
+                                     size_t(gp.ldy) * sizeof(float), size_t(out_f) * sizeof(float),
+                                     size_t(n), cudaMemcpyDeviceToDevice, stream()));
 }
 
 }  // namespace
@@ -222,11 +267,8 @@ void linear_fp8_act_tiled(const Tensor& x, const LinearWeight& w, Tensor& out) {
 bool linear_fp8_act_uses_tensor_cores(const Tensor& x, const LinearWeight& w, Tensor& out) {
   if (x.dim(0) == 0 || w.out_features() == 0) return false;
   DeviceGuard guard(x.device());
-  Scratch buf(size_t(256));  // aligned stand-ins for the operands the op would allocate
-  Fp8GemmParams gp = gemm_params(x, w, out, /*group_major=*/true);
-  gp.xq = buf.as<uint8_t>();
-  gp.sx = buf.as<float>();
-  return fp8_gemm_lt_supported(gp) && fp8_gemm_lt_available(gp);
+  Scratch buf(256);  // aligned stand-ins for the buffers the op would allocate
+  return lt_ok(lt_form(gemm_params(x, w, out), buf.as<uint8_t>(), buf.as<float>(), buf.as<float>()));
 }
 
 }  // namespace dsi::cuda
