@@ -15,11 +15,51 @@ namespace dsi {
 
 #ifdef DSI_WITH_CUDA
 
+namespace {
+
+// The i32 inputs of a step (tokens, then the context's tensors) in one host tensor, in the order
+// input_views cuts them.
+Tensor pack_inputs(const Tensor& tokens, const LayerContext& c) {
+  const Tensor* parts[] = {&tokens, &c.positions, &c.store_slots, &c.local_bounds,
+                           &c.pages.row_seq, &c.pages.block_tables};
+  int64_t total = 0;
+  for (const Tensor* t : parts) total += t->numel();
+  Tensor packed = Tensor::empty({total}, DType::I32);
+  int32_t* dst = packed.i32();
+  for (const Tensor* t : parts) {
+    const Tensor src = t->contiguous();
+    std::copy(src.i32(), src.i32() + src.numel(), dst);
+    dst += src.numel();
+  }
+  return packed;
+}
+
+// Points tokens and ctx's tensors (shaped as in `host`) at their parts of the packed device inputs.
+void input_views(const Tensor& packed, const LayerContext& host, Tensor& tokens, LayerContext& ctx) {
+  ctx = host;
+  int64_t at = 0;
+  auto cut = [&](const Shape& shape) {
+    const int64_t n = shape_numel(shape);
+    Tensor v = packed.narrow(0, at, n).view(shape);
+    at += n;
+    return v;
+  };
+  tokens = cut({host.n});
+  for (Tensor* t : {&ctx.positions, &ctx.store_slots, &ctx.local_bounds, &ctx.pages.row_seq,
+                    &ctx.pages.block_tables})
+    *t = cut(t->shape());
+}
+
+}  // namespace
+
 struct StepGraphs::Entry {
   Entry(Device device, const std::shared_ptr<cuda::BlockPool>& pool) : graph(device, pool) {}
   cuda::StepGraph graph;
-  LayerContext ctx;  // the graph's inputs on the device, rewritten before every replay
-  Tensor tokens;     // [n] i32 on the device
+  // The graph's inputs on the device, rewritten before every replay in one copy: `inputs` holds
+  // them back to back and tokens / ctx's tensors are views of it.
+  Tensor inputs;
+  LayerContext ctx;
+  Tensor tokens;     // [n] i32
   Step out;          // the graph's outputs (tensors of its private pool)
   bool eager = false;  // the step could not be captured: it runs eagerly
 };
@@ -123,8 +163,8 @@ StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
     // First step of this shape: run it eagerly on the graph's own inputs (the warm-up), then
     // record the same calls.
     auto e = std::make_unique<Entry>(model_.device(), pool_);
-    e->ctx = model_.upload_context(host);
-    e->tokens = to_device(tokens_host, model_.device());
+    e->inputs = to_device(pack_inputs(tokens_host, host), model_.device());
+    input_views(e->inputs, host, e->tokens, e->ctx);
     Step warm;
     e->graph.warm_up([&] {
       warm.hidden = model_.forward_planned(e->tokens, e->ctx, cache);
@@ -149,13 +189,7 @@ StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
     return finish(std::move(result));
   }
   Entry& en = *it->second;
-  en.tokens.copy_from(tokens_host);
-  for (auto [dst, src] : {std::pair{&en.ctx.positions, &host.positions},
-                          std::pair{&en.ctx.store_slots, &host.store_slots},
-                          std::pair{&en.ctx.local_bounds, &host.local_bounds},
-                          std::pair{&en.ctx.pages.row_seq, &host.pages.row_seq},
-                          std::pair{&en.ctx.pages.block_tables, &host.pages.block_tables}})
-    dst->copy_from(*src);
+  en.inputs.copy_from(pack_inputs(tokens_host, host));
   en.graph.replay();
   ++replays_;
   result.hidden = copy_rows(en.out.hidden);
