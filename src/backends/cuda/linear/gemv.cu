@@ -160,11 +160,8 @@ __device__ __forceinline__ bool group_params(const GemvParams& p0, GemvParams& p
 
 // The 16-byte vector kernel (gemv_vector_ok holds). Grid: ceil(out / (R * kWarps / k_split)) x
 // n_groups.
-// Small tiles keep to 64 registers (4 blocks, 32 warps per SM: the bytes in flight that cover HBM
-// latency); larger ones get 128.
 template <FloatKind K, int N, int R>
-__global__ void __launch_bounds__(kThreads, N * R <= 8 ? 4 : 2)
-    gemv_vec_kernel(const GemvParams p0, const int k_split) {
+__global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0, const int k_split) {
   GemvParams p;
   if (!group_params(p0, p)) return;
   constexpr int E = elems_per_16b<K>();
