@@ -208,6 +208,32 @@ TEST_P(Consistency, PaddingSequencesLeaveTheRealRowsAlone) {
   }
 }
 
+// A call of padding alone (no real sequence; dummy sequences of 3 rows) runs, selects no key and
+// writes nothing: the shape graphs are captured ahead on.
+TEST_P(Consistency, PaddingAloneSelectsNothingAndWritesNothing) {
+  const DsaModel& model = test::fixture_model(GetParam());
+  const auto pool = std::make_shared<KvPool>(model.config(), 2, false);
+  SequenceKvCache any(pool, DcpLayout{});
+  DsaModel::Padding pad;
+  pad.extra_seqs = 2;
+  pad.extra_rows = 3;
+  pad.min_pages = 4;
+  const LayerContext host = model.plan_context({}, false, pad);
+  ASSERT_EQ(host.n, 6);
+  EXPECT_EQ(host.pages.block_tables.dim(0), 2);
+  EXPECT_EQ(host.pages.block_tables.dim(1), 4);
+  ForwardTrace trace;
+  const Tensor h = model.forward_planned(Tensor::zeros({6}, DType::I32), model.upload_context(host),
+                                         any, &trace);
+  EXPECT_EQ(h.dim(0), 6);
+  for (const Tensor& t : trace.topk)
+    EXPECT_TRUE(std::all_of(t.i32(), t.i32() + t.numel(), [](int32_t v) { return v == -1; }));
+  for (const LayerKvCache& l : pool->layers)
+    EXPECT_EQ(test::max_abs_diff(l.latent, Tensor::zeros(l.latent.shape(), l.latent.dtype())), 0.0);
+  test::expect_error([&] { (void)model.plan_context({}, false, DsaModel::Padding{}); },
+                     {"no sequences"});
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, Consistency, ::testing::ValuesIn(test::fixture_names()));
 
 }  // namespace

@@ -43,10 +43,11 @@ SequenceKvCache DsaModel::make_cache(int64_t capacity, bool with_mtp, KvCacheDty
 LayerContext DsaModel::plan_context(const std::vector<BatchSeq>& seqs, bool mtp,
                                     const Padding& pad) const {
   const DcpLayout& dcp = rank_.dcp;
-  DSI_CHECK(!seqs.empty(), "forward: no sequences");
-  DSI_CHECK(pad.extra_seqs >= 0, "forward: {} padding sequences", pad.extra_seqs);
-  const KvPool* pool = &seqs[0].cache->pool();
-  int64_t n = pad.extra_seqs;
+  DSI_CHECK(!seqs.empty() || pad.extra_seqs > 0, "forward: no sequences");
+  DSI_CHECK(pad.extra_seqs >= 0 && pad.extra_rows >= 1, "forward: {} padding sequences of {} rows",
+            pad.extra_seqs, pad.extra_rows);
+  const KvPool* pool = seqs.empty() ? nullptr : &seqs[0].cache->pool();
+  int64_t n = pad.extra_seqs * pad.extra_rows;
   size_t max_pages = size_t(std::max<int64_t>(1, pad.min_pages));
   for (const BatchSeq& s : seqs) {
     DSI_CHECK(s.cache != nullptr && s.n > 0, "forward: a sequence with {} rows", s.n);
@@ -88,12 +89,13 @@ LayerContext DsaModel::plan_context(const std::vector<BatchSeq>& seqs, bool mtp,
     ctx.local_keys = std::max(ctx.local_keys, dcp.local_len(start + seqs[b].n));
     std::copy(c.pages().begin(), c.pages().end(), tables + int64_t(b) * int64_t(max_pages));
   }
-  for (int64_t b = int64_t(seqs.size()); b < n_seqs; ++b, ++row) {  // the padding
-    ctx.positions.i32()[row] = 0;
-    ctx.local_bounds.i32()[row] = 0;
-    ctx.store_slots.i32()[row] = -1;
-    ctx.pages.row_seq.i32()[row] = int32_t(b);
-  }
+  for (int64_t b = int64_t(seqs.size()); b < n_seqs; ++b)  // the padding
+    for (int64_t i = 0; i < pad.extra_rows; ++i, ++row) {
+      ctx.positions.i32()[row] = 0;
+      ctx.local_bounds.i32()[row] = 0;
+      ctx.store_slots.i32()[row] = -1;
+      ctx.pages.row_seq.i32()[row] = int32_t(b);
+    }
   return ctx;
 }
 

@@ -62,9 +62,11 @@ class DsaModel {
   struct Padding {
     int64_t min_pages = 0;  // block-table columns at least (the extra ones are -1)
     int64_t min_keys = 0;   // logits width at least
-    // Dummy sequences of one row each after the real ones: position 0, no key stored, no key seen
-    // (their attention output is 0), no pages. Their rows' results are to be ignored.
+    // Dummy sequences of extra_rows rows each after the real ones (or alone, with no real one):
+    // position 0, no key stored, no key seen (their attention output is 0), no pages. Their rows'
+    // results are to be ignored.
     int64_t extra_seqs = 0;
+    int64_t extra_rows = 1;
   };
   // Padding leaves the real rows' results as they are, up to the summation order of ops whose
   // blocking depends on the row count (bitwise the same for the attention and cache writes).

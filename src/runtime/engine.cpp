@@ -7,6 +7,7 @@
 // reports the new tokens to each request's sink.
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -106,6 +107,14 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
   sc.n_pages = n_pages;
   sc.dcp = dcp;
   sched_ = std::make_unique<Scheduler>(sc);
+  if (graphs_) {  // decode batches of the smallest context bucket replay from their first step
+    SequenceKvCache any(pools_[0], dcp);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int made = graphs_->capture_batches(any, o.max_num_seqs, 1 + K_);
+    spdlog::info("decode graphs: {} captured for batches of up to {} sequences in {:.0f} ms", made,
+                 o.max_num_seqs,
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
   const int64_t capacity = n_pages * kPageTokens * pc.dcp;
   spdlog::info("KV cache ({}): {} pages of {} tokens per rank ({:.1f} MiB per rank), {} tokens in "
                "all; max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}",

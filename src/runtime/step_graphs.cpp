@@ -110,6 +110,78 @@ int64_t StepGraphs::batch_bucket(int64_t seqs) {
   }
 }
 
+#ifdef DSI_WITH_CUDA
+
+// Runs the step of `host` eagerly on a new graph's own inputs (the warm-up), then records the same
+// calls; returns the warm-up's result (copies of its first `keep` rows).
+StepGraphs::Step StepGraphs::add_graph(const Key& key, const LayerContext& host,
+                                       const Tensor& tokens_host, SequenceKvCache& cache,
+                                       int64_t keep) {
+  auto e = std::make_unique<Entry>(model_.device(), pool_);
+  e->inputs = to_device(pack_inputs(tokens_host, host), model_.device());
+  input_views(e->inputs, host, e->tokens, e->ctx);
+  Step warm, result;
+  e->graph.warm_up([&] {
+    warm.hidden = model_.forward_planned(e->tokens, e->ctx, cache);
+    warm.logits = model_.logits(warm.hidden);
+  });
+  result.hidden = copy_rows(warm.hidden, keep);  // the graph's pool gets its blocks back
+  result.logits = copy_rows(warm.logits, keep);
+  warm = Step{};
+  Entry& en = *e;
+  try {
+    en.graph.capture([&] {
+      en.out.hidden = model_.forward_planned(en.tokens, en.ctx, cache);
+      en.out.logits = model_.logits(en.out.hidden);
+    });
+  } catch (const Error& err) {
+    // The eager run above succeeded, so the inputs are fine: an op of this shape cannot be
+    // captured. The shape keeps running eagerly.
+    spdlog::warn("decode steps with {} rows run without a graph: {}", host.n, err.what());
+    en.eager = true;
+  }
+  entries_.emplace(key, std::move(e));
+  return result;
+}
+
+Tensor StepGraphs::copy_rows(const Tensor& t, int64_t rows) {
+  const Tensor v = t.slice(0, rows);
+  Tensor c = Tensor::empty(v.shape(), v.dtype(), v.device());
+  c.copy_from(v);
+  return c;
+}
+
+#endif
+
+int StepGraphs::capture_batches(SequenceKvCache& cache, int64_t max_seqs, int64_t rows_per_seq) {
+  DSI_CHECK(max_seqs >= 1 && rows_per_seq >= 1, "decode graphs: batches of {} x {} rows", max_seqs,
+            rows_per_seq);
+#ifdef DSI_WITH_CUDA
+  int made = 0;
+  const int64_t top = batch_bucket(max_seqs);
+  for (int64_t b = 1; b <= top && int(entries_.size()) < kMaxGraphs; b = batch_bucket(b + 1)) {
+    Key key;
+    key.rows.assign(size_t(b), rows_per_seq);
+    key.pages = min_pages_bucket_;
+    if (entries_.count(key)) continue;
+    DsaModel::Padding pad;
+    pad.min_pages = key.pages;
+    pad.min_keys = key.pages * int64_t(kPageTokens);
+    pad.extra_seqs = b;
+    pad.extra_rows = rows_per_seq;
+    const LayerContext host = model_.plan_context({}, /*mtp=*/false, pad);
+    const Tensor tokens = Tensor::zeros({host.n}, DType::I32);
+    add_graph(key, host, tokens, cache, /*keep=*/0);
+    if (entries_.at(key)->eager) break;  // larger batches would not capture either
+    ++made;
+  }
+  return made;
+#else
+  (void)cache;
+  fail("decode graphs: this build has no CUDA backend");
+#endif
+}
+
 StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
                                      const std::vector<BatchSeq>& seqs) {
 #ifdef DSI_WITH_CUDA
@@ -125,19 +197,16 @@ StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
   }
   DSI_CHECK(int64_t(tokens.size()) == n_real, "decode graphs: {} tokens for {} rows", tokens.size(),
             n_real);
+  // Dummy sequences fill the batch bucket, with the last sequence's rows: a batch whose sequences
+  // all have r rows pads to r-row sequences (the shape capture_batches makes ahead).
   pad.extra_seqs = batch_bucket(int64_t(seqs.size())) - int64_t(seqs.size());
-  key.rows.resize(key.rows.size() + size_t(pad.extra_seqs), 1);
+  pad.extra_rows = seqs.back().n;
+  key.rows.resize(key.rows.size() + size_t(pad.extra_seqs), pad.extra_rows);
   key.pages = min_pages_bucket_;
   while (key.pages < pages) key.pages *= 2;
   pad.min_pages = key.pages;
   pad.min_keys = key.pages * int64_t(kPageTokens);
   SequenceKvCache& cache = *seqs[0].cache;
-  auto copy_rows = [&](const Tensor& t) {  // the caller's copy of the real rows
-    const Tensor v = t.slice(0, n_real);
-    Tensor c = Tensor::empty(v.shape(), v.dtype(), v.device());
-    c.copy_from(v);
-    return c;
-  };
   auto finish = [&](Step st) {
     for (const BatchSeq& s : seqs) s.cache->set_length(s.cache->length() + s.n);
     return st;
@@ -158,42 +227,14 @@ StepGraphs::Step StepGraphs::forward(const std::vector<int32_t>& tokens,
   std::vector<int32_t> padded = tokens;
   padded.resize(size_t(host.n), 0);
   const Tensor tokens_host = Tensor::from_i32(padded, {host.n});
-  Step result;
-  if (it == entries_.end()) {
-    // First step of this shape: run it eagerly on the graph's own inputs (the warm-up), then
-    // record the same calls.
-    auto e = std::make_unique<Entry>(model_.device(), pool_);
-    e->inputs = to_device(pack_inputs(tokens_host, host), model_.device());
-    input_views(e->inputs, host, e->tokens, e->ctx);
-    Step warm;
-    e->graph.warm_up([&] {
-      warm.hidden = model_.forward_planned(e->tokens, e->ctx, cache);
-      warm.logits = model_.logits(warm.hidden);
-    });
-    result.hidden = copy_rows(warm.hidden);  // the graph's pool gets its blocks back
-    result.logits = copy_rows(warm.logits);
-    warm = Step{};
-    Entry& en = *e;
-    try {
-      en.graph.capture([&] {
-        en.out.hidden = model_.forward_planned(en.tokens, en.ctx, cache);
-        en.out.logits = model_.logits(en.out.hidden);
-      });
-    } catch (const Error& err) {
-      // The eager run above succeeded, so the inputs are fine: an op of this shape cannot be
-      // captured. The shape keeps running eagerly.
-      spdlog::warn("decode steps with {} rows run without a graph: {}", host.n, err.what());
-      en.eager = true;
-    }
-    entries_.emplace(key, std::move(e));
-    return finish(std::move(result));
-  }
+  if (it == entries_.end()) return finish(add_graph(key, host, tokens_host, cache, n_real));
   Entry& en = *it->second;
   en.inputs.copy_from(pack_inputs(tokens_host, host));
   en.graph.replay();
   ++replays_;
-  result.hidden = copy_rows(en.out.hidden);
-  result.logits = copy_rows(en.out.logits);
+  Step result;
+  result.hidden = copy_rows(en.out.hidden, n_real);
+  result.logits = copy_rows(en.out.logits, n_real);
   return finish(std::move(result));
 #else
   (void)tokens;

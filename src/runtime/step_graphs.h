@@ -48,6 +48,11 @@ class StepGraphs {
   // caches. The tensors returned are the caller's (copies of the graph's outputs).
   Step forward(const std::vector<int32_t>& tokens, const std::vector<BatchSeq>& seqs);
 
+  // Captures ahead the graphs of decode batches of every bucket up to max_seqs sequences of
+  // rows_per_seq rows (1, or 1 + K when verifying K drafts) in the smallest block-table bucket, on
+  // dummy sequences only (nothing is written to `cache`'s pool, any sequence of it will do, pages
+  // or not). Returns the graphs made; steps of those shapes then replay from their first.
+  int capture_batches(SequenceKvCache& cache, int64_t max_seqs, int64_t rows_per_seq);
   // The padded batch size of a step over `seqs` sequences.
   static int64_t batch_bucket(int64_t seqs);
 
@@ -64,6 +69,9 @@ class StepGraphs {
     }
   };
   struct Entry;
+  Step add_graph(const Key& key, const LayerContext& host, const Tensor& tokens_host,
+                 SequenceKvCache& cache, int64_t keep);
+  static Tensor copy_rows(const Tensor& t, int64_t rows);
 
   const DsaModel& model_;
   int64_t min_pages_bucket_;

@@ -162,6 +162,47 @@ TEST_P(StepGraphModel, PaddedBatchesReplayLikeEagerPaddedSteps) {
   EXPECT_EQ(graphs.eager_steps(), 0);
 }
 
+// Graphs captured ahead on dummy sequences (StepGraphs::capture_batches, as the engine does at
+// start-up) are the graphs the steps would capture: a batch of 3 replays from its first step,
+// bitwise as lazily captured graphs compute it, and the capture wrote nothing to the pool.
+TEST_P(StepGraphModel, BatchesCapturedAheadReplayFromTheFirstStep) {
+  const DsaModel& model = gpu_model();
+  const auto manifest = test::load_manifest(GetParam());
+  const auto& prompts = manifest.at("prompts");
+  const int n_seqs = 3, steps = 5;
+  const DcpLayout dcp;
+  auto make = [&]() {
+    auto pool = std::make_shared<KvPool>(model.config(), n_seqs * 4, false, test::gpu());
+    std::vector<SequenceKvCache> seqs(size_t(n_seqs), SequenceKvCache(pool, dcp));
+    for (int i = 0; i < n_seqs; ++i) {
+      const auto p = prompts[size_t(i) % prompts.size()].at("ids").get<std::vector<int32_t>>();
+      seqs[size_t(i)].set_pages({4 * i, 4 * i + 1, 4 * i + 2, 4 * i + 3});
+      model.forward(Tensor::from_i32(p, {int64_t(p.size())}), seqs[size_t(i)]);
+    }
+    return seqs;
+  };
+  std::vector<SequenceKvCache> a = make(), b = make();
+  StepGraphs ahead(model), lazy(model);
+  SequenceKvCache any(a[0].shared_pool(), dcp);
+  EXPECT_EQ(ahead.capture_batches(any, n_seqs, 1), 3);  // batches of 1, 2 and 4
+  EXPECT_EQ(ahead.graphs(), 3);
+  expect_same_bits(a[0].layer(0).latent, b[0].layer(0).latent, "the pool after capturing ahead");
+  std::vector<int32_t> tokens = {3, 5, 7};
+  for (int s = 0; s < steps; ++s) {
+    std::vector<BatchSeq> sa, sb;
+    for (int i = 0; i < n_seqs; ++i) {
+      sa.push_back({&a[size_t(i)], 1});
+      sb.push_back({&b[size_t(i)], 1});
+    }
+    const StepGraphs::Step ga = ahead.forward(tokens, sa), gb = lazy.forward(tokens, sb);
+    expect_same_bits(ga.logits, gb.logits, GetParam() + " step " + std::to_string(s));
+    for (int i = 0; i < n_seqs; ++i) tokens[size_t(i)] = argmax_of(ga.logits.slice(i, i + 1));
+  }
+  EXPECT_EQ(ahead.replays(), steps);
+  EXPECT_EQ(ahead.graphs(), 3);
+  EXPECT_EQ(lazy.replays(), steps - 1);
+}
+
 TEST(StepGraphBuckets, BatchBucketsPadByAtMostAThird) {
   const std::vector<int64_t> want = {1, 2, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12, 16, 16, 16, 16, 24};
   for (int64_t n = 1; n <= int64_t(want.size()); ++n)
