@@ -89,7 +89,8 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
   const DcpLayout& dcp = ranks_->context(0).dcp;
   const KvCacheDtype kv_dtype = kv_dtype_;
   const int64_t page_bytes = KvPool::bytes_per_page(cfg_, K_ > 0, kv_dtype);
-  const int64_t budget = pool_budget(o, models_[0]->device());
+  // The graphs captured after the pool exists take their memory out of the budget's share.
+  const int64_t budget = pool_budget(o, models_[0]->device()) - (o.kv_cache_memory > 0 ? 0 : graph_bytes_);
   const int64_t most = int64_t(o.max_num_seqs) * SequenceKvCache::pages_for(dcp, limit + 1 + K_);
   const int64_t n_pages = std::min(budget / page_bytes, most);
   DSI_CHECK(n_pages >= SequenceKvCache::pages_for(dcp, std::min<int64_t>(limit, 2 + K_)),
@@ -157,6 +158,21 @@ void EngineImpl::warm_up(int64_t rows) {
   spdlog::info("warm-up step of {} tokens: rank 0 holds {:.1f} MiB of device memory (weights, "
                "the step's workspace, the warm-up's scratch cache)",
                rows, double(st.reserved_bytes) / 1048576.0);
+  if (graphs_) {
+    // The decode graphs the engine captures once the KV pool exists, captured here once on a
+    // scratch cache to measure their memory (their pool is their own: the warm-up's cached blocks
+    // do not serve them), which the KV budget then leaves free.
+    const DsaModel& m = *models_[0];
+    SequenceKvCache scratch = m.make_cache(kPageTokens, K_ > 0, dtype);
+    const int64_t before = cuda::memory_stats(m.device().index).reserved_bytes;
+    {
+      StepGraphs probe(m);
+      probe.capture_batches(scratch, opt_.max_num_seqs, 1 + K_);
+      graph_bytes_ = cuda::memory_stats(m.device().index).reserved_bytes - before;
+    }
+    spdlog::info("decode graphs for batches of up to {} sequences take {:.1f} MiB", opt_.max_num_seqs,
+                 double(graph_bytes_) / 1048576.0);
+  }
 #endif
 }
 

@@ -58,6 +58,7 @@ class EngineImpl final : public Engine {
   std::unique_ptr<RankWorkers> ranks_;
   std::vector<std::unique_ptr<DsaModel>> models_;  // [rank]
   std::unique_ptr<StepGraphs> graphs_;  // decode-only steps of one CUDA rank, from graphs
+  int64_t graph_bytes_ = 0;  // device memory the graphs captured at start-up take (measured)
   std::vector<std::shared_ptr<KvPool>> pools_;     // [rank]
   std::unique_ptr<Scheduler> sched_;
   std::unordered_map<uint64_t, std::unique_ptr<EngineSequence>> seqs_;  // engine thread only
