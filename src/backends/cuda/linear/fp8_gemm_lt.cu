@@ -13,45 +13,18 @@
 #include <tuple>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/linear/cublas.h"
 #include "backends/cuda/linear/fp8_gemm.h"
-
-#define DSI_CUBLASLT_CHECK(call)                                                              \
-  do {                                                                                        \
-    const cublasStatus_t dsi_st_ = (call);                                                    \
-    if (dsi_st_ != CUBLAS_STATUS_SUCCESS)                                                     \
-      ::dsi::fail("cuBLASLt error {} ({}) in {} at {}:{}", int(dsi_st_),                      \
-                  cublasLt_status_name(dsi_st_), #call, __FILE__, __LINE__);                  \
-  } while (0)
 
 namespace dsi::cuda {
 
 namespace {
-
-const char* cublasLt_status_name(cublasStatus_t s) {
-  switch (s) {
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "not initialised";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "allocation failed";
-    case CUBLAS_STATUS_INVALID_VALUE: return "invalid value";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "architecture mismatch";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "execution failed";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "not supported";
-    default: return "error";
-  }
-}
-
-__global__ void widen_bf16_kernel(const uint16_t* src, float* y, int64_t n, int64_t out,
-                                  int64_t ldy) {
-  const int64_t total = n * out, step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step)
-    y[(i / out) * ldy + i % out] = __uint_as_float(uint32_t(src[i]) << 16);
-}
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // One shape's matmul description and algorithm (or the finding that there is none).
 struct Plan {
   bool ok = false;
-  bool bf16_out = false;  // cuBLASLt wanted a bf16 D: the product is widened into y afterwards
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
@@ -81,13 +54,13 @@ ThreadState& state() {
 
 cublasLtHandle_t handle(int dev) {
   cublasLtHandle_t& h = state().handles[dev];
-  if (h == nullptr) DSI_CUBLASLT_CHECK(cublasLtCreate(&h));
+  if (h == nullptr) DSI_CUBLAS_CHECK(cublasLtCreate(&h));
   return h;
 }
 
 template <typename T>
 void set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const T& v) {
-  DSI_CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
+  DSI_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &v, sizeof v));
 }
 
 const Plan& plan_for(const Fp8GemmParams& p) {
@@ -101,7 +74,7 @@ const Plan& plan_for(const Fp8GemmParams& p) {
   int major = 0;
   DSI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   if (major != 9 || cublasLtGetVersion() < 120900) return pl;
-  DSI_CUBLASLT_CHECK(cublasLtMatmulDescCreate(&pl.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  DSI_CUBLAS_CHECK(cublasLtMatmulDescCreate(&pl.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_attr(pl.desc, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   set_attr(pl.desc, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   set_attr(pl.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
@@ -110,31 +83,24 @@ const Plan& plan_for(const Fp8GemmParams& p) {
   // The heuristic refuses block scale modes without scale pointers; each call sets its own.
   set_attr(pl.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(p.scale_inv));
   set_attr(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(p.sx));
-  DSI_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&pl.a, CUDA_R_8F_E4M3, uint64_t(p.in),
-                                                uint64_t(p.out), int64_t(p.in)));
-  DSI_CUBLASLT_CHECK(
+  DSI_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&pl.a, CUDA_R_8F_E4M3, uint64_t(p.in), uint64_t(p.out), int64_t(p.in)));
+  DSI_CUBLAS_CHECK(
       cublasLtMatrixLayoutCreate(&pl.b, CUDA_R_8F_E4M3, uint64_t(p.in), uint64_t(p.n), int64_t(p.in)));
   cublasLtMatmulPreference_t pref = nullptr;
-  DSI_CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  DSI_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws = kFp8GemmLtWorkspace;
-  DSI_CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(
+  DSI_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  for (bool bf16 : {false, true}) {  // an fp32 D if cuBLASLt has one, else bf16
-    DSI_CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&pl.d, bf16 ? CUDA_R_16BF : CUDA_R_32F,
-                                                  uint64_t(p.out), uint64_t(p.n),
-                                                  bf16 ? int64_t(p.out) : int64_t(p.ldy)));
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle(dev), pl.desc, pl.a, pl.b,
-                                                             pl.d, pl.d, pref, 1, &result, &found);
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-      pl.algo = result.algo;
-      pl.ok = true;
-      pl.bf16_out = bf16;
-      break;
-    }
-    cublasLtMatrixLayoutDestroy(pl.d);
-    pl.d = nullptr;
+  DSI_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&pl.d, CUDA_R_32F, uint64_t(p.out), uint64_t(p.n), int64_t(p.ldy)));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle(dev), pl.desc, pl.a, pl.b, pl.d,
+                                                           pl.d, pref, 1, &result, &found);
+  if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+    pl.algo = result.algo;
+    pl.ok = true;
   }
   cublasLtMatmulPreferenceDestroy(pref);
   return pl;
@@ -161,16 +127,8 @@ bool launch_fp8_gemm_lt(const Fp8GemmParams& p, void* workspace, cudaStream_t st
   set_attr(pl.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, static_cast<const void*>(p.scale_inv));
   set_attr(pl.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, static_cast<const void*>(p.sx));
   const float alpha = 1.0f, beta = 0.0f;
-  Scratch narrow(pl.bf16_out ? size_t(p.n * p.out) * 2 : 0);
-  void* d = pl.bf16_out ? narrow.as<void>() : static_cast<void*>(p.y);
-  DSI_CUBLASLT_CHECK(cublasLtMatmul(handle(dev), pl.desc, &alpha, p.w, pl.a, p.xq, pl.b, &beta, d,
-                                    pl.d, d, pl.d, &pl.algo, workspace, kFp8GemmLtWorkspace, stream));
-  if (pl.bf16_out) {
-    const int64_t total = p.n * p.out;
-    widen_bf16_kernel<<<grid_for(total, 256), 256, 0, stream>>>(
-        static_cast<const uint16_t*>(d), p.y, p.n, p.out, p.ldy);
-    DSI_CUDA_CHECK_LAUNCH();
-  }
+  DSI_CUBLAS_CHECK(cublasLtMatmul(handle(dev), pl.desc, &alpha, p.w, pl.a, p.xq, pl.b, &beta, p.y,
+                                  pl.d, p.y, pl.d, &pl.algo, workspace, kFp8GemmLtWorkspace, stream));
   return true;
 }
 
