@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: install what is missing, build the CPU debug preset with
-# AddressSanitizer + UBSan, and run every test with ctest.
+# AddressSanitizer + UBSan, and run every test with ctest; then the fuzzers; then, where a CUDA
+# toolkit is installed, compile the CUDA build (its tests need a GPU: scripts/gpu_tests.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
@@ -9,3 +10,10 @@ cmake --build --preset debug-asan
 ctest --preset debug-asan -j "$(nproc)"
 # The parsers of untrusted input under libFuzzer (clang, ASan + UBSan), FUZZ_SECONDS (30) per target.
 ./scripts/fuzz.sh
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="$PATH:/usr/local/cuda/bin"
+  cmake --preset cuda -DDSI_SERVER=OFF >/dev/null
+  cmake --build --preset cuda
+else
+  echo "test.sh: no CUDA toolkit (nvcc) here, so the CUDA build was not compiled"
+fi
