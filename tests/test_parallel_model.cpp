@@ -4,7 +4,9 @@
 // with the lockstep guard on. ag_rs and a2a give identical logits.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 
 #include "core/npy.h"
@@ -177,6 +179,89 @@ TEST(ParallelEdge, AgRsAndA2aAgreeBitwise) {
 }
 
 // Layouts that cannot work are refused before any rank starts computing.
+// Forwards every collective to the rank's communicator, counting those of each group.
+class CountingComm final : public Communicator {
+ public:
+  explicit CountingComm(Communicator* inner) : inner_(inner) {}
+  int rank() const override { return inner_->rank(); }
+  int world_size() const override { return inner_->world_size(); }
+  const CommOptions& options() const override { return inner_->options(); }
+  void all_gather(const Group& g, const Tensor& in, Tensor& out) override {
+    ++calls[g.name];
+    inner_->all_gather(g, in, out);
+  }
+  void reduce_scatter(const Group& g, const Tensor& in, Tensor& out) override {
+    ++calls[g.name];
+    inner_->reduce_scatter(g, in, out);
+  }
+  void all_reduce(const Group& g, Tensor& inout) override {
+    ++calls[g.name];
+    inner_->all_reduce(g, inout);
+  }
+  void all_to_all(const Group& g, const Tensor& in, Tensor& out) override {
+    ++calls[g.name];
+    inner_->all_to_all(g, in, out);
+  }
+  void broadcast(const Group& g, Tensor& inout, int root_member) override {
+    ++calls[g.name];
+    inner_->broadcast(g, inout, root_member);
+  }
+  void barrier(const Group& g) override {
+    ++calls[g.name];
+    inner_->barrier(g);
+  }
+  void abort(const std::string& why) override { inner_->abort(why); }
+
+  std::map<std::string, int64_t> calls;  // by group name
+
+ private:
+  Communicator* inner_;
+};
+
+// Collectives per decoder layer at TP2/DCP2: the DCP group exchanges once before attention (the
+// queries, with the top-k candidates on layers with their own indexer) and combines in 2 (ag_rs)
+// or 1 (a2a); the TP group sums the attention and the FFN. A prefill chunk and a decode step alike.
+TEST(ParallelEdge, CollectivesPerLayer) {
+  for (const std::string fixture : {"glm_tiny", "dsv32_tiny"})
+    for (DcpCombine combine : {DcpCombine::kAgRs, DcpCombine::kA2a}) {
+      const ParallelConfig pc{2, 2, 1, combine};
+      CommOptions opts;
+      opts.check_lockstep = true;
+      opts.timeout_seconds = 60;
+      std::mutex mu;
+      std::vector<std::map<std::string, int64_t>> per_step;
+      int layers = 0;
+      run_on_thread_ranks(pc, opts, [&](const RankContext& rank) {
+        CountingComm counting(rank.comm);
+        RankContext mine = rank;
+        mine.comm = &counting;
+        auto model = load_rank_model(test::fixture_dir(fixture), mine);
+        SequenceKvCache cache = model->make_cache(16, false);
+        std::vector<std::map<std::string, int64_t>> mine_steps;
+        for (const std::vector<int32_t>& rows : {std::vector<int32_t>{1, 2, 3, 4, 5}, {6}}) {
+          counting.calls.clear();
+          (void)model->forward(Tensor::from_i32(rows, {int64_t(rows.size())}), cache);
+          mine_steps.push_back(counting.calls);
+        }
+        if (rank.comm->rank() == 0) {
+          std::lock_guard<std::mutex> lock(mu);
+          per_step = mine_steps;
+          layers = model->config().n_layers;
+        }
+      });
+      const int64_t dcp_per_layer = combine == DcpCombine::kAgRs ? 3 : 2;
+      for (const auto& calls : per_step) {
+        ASSERT_EQ(calls.size(), 2u) << fixture;  // the tp group and one dcp group
+        for (const auto& [group, count] : calls) {
+          const bool dcp = group.rfind("dcp", 0) == 0;
+          EXPECT_EQ(count, layers * (dcp ? dcp_per_layer : 2)) << fixture << " group " << group;
+        }
+      }
+      std::printf("[ info ] %s, %s: %lld DCP + 2 TP collectives per layer\n", fixture.c_str(),
+                  combine == DcpCombine::kAgRs ? "ag_rs" : "a2a", static_cast<long long>(dcp_per_layer));
+    }
+}
+
 TEST(ParallelEdge, InvalidLayoutsAreRefused) {
   const std::vector<int32_t> ids = {5, 6};
   GenerationParams gp;

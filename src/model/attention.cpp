@@ -46,13 +46,6 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   else
     ops::scatter_rows(kv_a, ctx.store_slots, kv.latent);
 
-  if (w.indexer && !ctx.reuse_topk) {
-    topk = indexer_topk(ctx, *w.indexer, u, c_q, kv.index_keys);
-  } else {
-    DSI_CHECK(topk.local.defined() && topk.local.dim(0) == n,
-              "shared indexer layer: no top-k from a previous full layer");
-  }
-
   // Absorbed queries [n, H, kv_lora | rope]: W_UK^T q_nope, then q_pe.
   Tensor q_abs = Tensor::empty({n, heads, dk}, DType::F32, dev);
   Tensor q_abs_lat = q_abs.narrow(2, 0, lora);
@@ -60,14 +53,26 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   Tensor q_abs_pe = q_abs.narrow(2, lora, rope);
   ops::copy(q.narrow(2, nope, rope), q_abs_pe);
 
+  // The DCP exchange: the group's queries, and on a layer with its own indexer the exact global
+  // top-k over every member's scores, in one all-gather (runtime/dcp.h).
+  Tensor q_all;
+  if (w.indexer && !ctx.reuse_topk) {
+    const Tensor scores = indexer_scores(ctx, *w.indexer, u, c_q, kv.index_keys);
+    q_all = dcp_exchange(*ctx.rank, q_abs, &scores, ctx.local_bounds, c.index_topk, &topk);
+  } else {
+    DSI_CHECK(topk.local.defined() && topk.local.dim(0) == n,
+              "shared indexer layer: no top-k from a previous full layer");
+    q_all = dcp_exchange(*ctx.rank, q_abs, nullptr, ctx.local_bounds, 0, nullptr);
+  }
+
   // The winners' pool slots: this rank attends to the ones it owns, wherever their pages are.
   if (!topk.slots.defined()) {
     topk.slots = Tensor::empty(topk.local.shape(), DType::I32, dev);
     ops::slots_from_local(topk.local, ctx.pages.block_tables, ctx.pages.row_seq,
                           ctx.pages.page_size, topk.slots);
   }
-  Tensor o_lat = dcp_sparse_attention(*ctx.rank, q_abs, kv.latent, topk.slots,
-                                      float(c.attn_softmax_scale()), int(lora));
+  Tensor o_lat = dcp_attend(*ctx.rank, q_all, kv.latent, topk.slots,
+                            float(c.attn_softmax_scale()), int(lora));
 
   Tensor o = Tensor::empty({n, heads, c.v_head_dim}, DType::F32, dev);
   ops::mla_up_v(o_lat, w.w_uv, o);

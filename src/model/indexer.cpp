@@ -14,8 +14,8 @@
 
 namespace dsi {
 
-DcpTopk indexer_topk(const LayerContext& ctx, const IndexerWeights& w, const Tensor& u,
-                     const Tensor& c_q, Tensor& key_pool) {
+Tensor indexer_scores(const LayerContext& ctx, const IndexerWeights& w, const Tensor& u,
+                      const Tensor& c_q, Tensor& key_pool) {
   const ModelConfig& c = *ctx.cfg;
   const int64_t n = ctx.n, heads = c.n_index_heads, hd = c.index_head_dim;
   const Device dev = u.device();
@@ -50,7 +50,7 @@ DcpTopk indexer_topk(const LayerContext& ctx, const IndexerWeights& w, const Ten
   else
     ops::indexer_logits(q3, weights, key_pool, ctx.local_bounds, 1.0f / std::sqrt(float(hd)),
                         logits, &ctx.pages);
-  return dcp_topk(*ctx.rank, logits, ctx.local_bounds, c.index_topk);
+  return logits;
 }
 
 }  // namespace dsi
