@@ -2,14 +2,16 @@
 // forward and logits over a batch of sequences, captured once per shape and replayed after that.
 //
 // Shape of a graph: the rows of each sequence (1 for plain decoding, 1 + K for MTP verification),
-// padded with one-row dummy sequences (DsaModel::Padding) to a bucket of batch sizes
-// (batch_bucket: 1, 2, 4, 8, 12, 16, 24, 32, 48, ...), and a bucket of block-table width, the next power of two of pages at or above the longest sequence's
-// (at least kMinPagesBucket): inside a bucket the context may grow freely, since the kernels read
-// each row's causal bound from the device and the padded columns of the logits and block tables
-// are ignored. A context of 128K tokens is covered by 6 buckets.
+// padded with dummy sequences of the last sequence's rows (DsaModel::Padding) to a bucket of batch
+// sizes (batch_bucket: 1, 2, 4, 8, 12, 16, 24, 32, 48, ...), and a bucket of block-table width,
+// the next power of two of pages at or above the longest sequence's (at least kMinPagesBucket):
+// inside a bucket the context may grow freely, since the kernels read each row's causal bound from
+// the device and the padded columns of the logits and block tables are ignored. A context of 128K
+// tokens is covered by 6 buckets.
 // The first step of a shape runs eagerly (which also warms every kernel of the step up), then
-// captures; later steps copy their inputs into the graph's input tensors and replay. Results equal
-// the eager forward's bitwise (tests/cuda/test_step_graphs.cpp).
+// captures; later steps copy their inputs (one packed upload) and replay. capture_batches makes the
+// batch buckets of the smallest context bucket ahead (the engine does at start-up). Results equal
+// the eager forward's over the same padded batch bitwise (tests/cuda/test_step_graphs.cpp).
 // The graphs share one memory pool: they replay one at a time on one stream, so each reuses the
 // others' intermediate blocks and the pool holds the largest step's intermediates plus every
 // graph's inputs and outputs. At most kMaxGraphs shapes are captured; steps of further shapes run
