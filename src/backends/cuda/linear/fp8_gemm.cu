@@ -172,14 +172,12 @@ Fp8GemmParams gemm_params(const Tensor& x, const LinearWeight& w, Tensor& out) {
 // aligned, else into a packed scratch copied out after.
 struct LtForm {
   Fp8GemmParams gp;
-  int64_t n = 0;       // real rows
   bool direct = true;  // D is y itself
 };
 
 LtForm lt_form(const Fp8GemmParams& base, const uint8_t* xq, const float* sx, float* packed_y) {
   LtForm f;
   f.gp = base;
-  f.n = base.n;
   f.gp.n = (base.n + 7) / 8 * 8;
   f.gp.xq = xq;
   f.gp.sx = sx;
