@@ -2,26 +2,32 @@
 #include "runtime/kv_cache.h"
 
 #include <numeric>
+#include <string>
+
+#include <fmt/format.h>
 
 #include "ops/kv_fp8.h"
 
 namespace dsi {
 
 namespace {
-bool fp8_geometry(const ModelConfig& cfg) {
+// Why the model cannot use the fp8 caches, or "" when it can.
+std::string fp8_geometry_problem(const ModelConfig& cfg) {
+  if (cfg.kv_lora_rank != ops::kMlaFp8Lora || cfg.head_dim_rope != ops::kMlaFp8Rope)
+    return fmt::format(
+        "the fp8 KV cache holds {} + {} latent values per token (the 656-byte layout), but this "
+        "model has kv_lora_rank {} and qk_rope_head_dim {}: use the f32 cache",
+        ops::kMlaFp8Lora, ops::kMlaFp8Rope, cfg.kv_lora_rank, cfg.head_dim_rope);
   const int64_t d = cfg.index_head_dim;
-  return cfg.kv_lora_rank == ops::kMlaFp8Lora && cfg.head_dim_rope == ops::kMlaFp8Rope && d >= 16 &&
-         d <= 128 && (d & (d - 1)) == 0;
+  if (d < 16 || d > 128 || (d & (d - 1)) != 0)
+    return fmt::format(
+        "the fp8 indexer-key cache needs index_head_dim a power of two in [16, 128], got {}", d);
+  return "";
 }
 
 void check_fp8_geometry(const ModelConfig& cfg) {
-  DSI_CHECK(cfg.kv_lora_rank == ops::kMlaFp8Lora && cfg.head_dim_rope == ops::kMlaFp8Rope,
-            "the fp8 KV cache holds {} + {} latent values per token (the 656-byte layout), but this "
-            "model has kv_lora_rank {} and qk_rope_head_dim {}: use the f32 cache",
-            ops::kMlaFp8Lora, ops::kMlaFp8Rope, cfg.kv_lora_rank, cfg.head_dim_rope);
-  const int64_t d = cfg.index_head_dim;
-  DSI_CHECK(d >= 16 && d <= 128 && (d & (d - 1)) == 0,
-            "the fp8 indexer-key cache needs index_head_dim a power of two in [16, 128], got {}", d);
+  const std::string problem = fp8_geometry_problem(cfg);
+  DSI_CHECK(problem.empty(), "{}", problem);
 }
 
 LayerKvCache make_layer(const ModelConfig& cfg, int64_t n_pages, bool indexer, Device device,
@@ -55,7 +61,7 @@ KvCacheDtype parse_kv_cache_dtype(const std::string& name) {
 KvCacheDtype resolve_kv_cache_dtype(const std::string& name, const ModelConfig& cfg, Device device) {
   if (name != "auto") return parse_kv_cache_dtype(name);
   if (device.is_cpu()) return KvCacheDtype::kF32;
-  return fp8_geometry(cfg) ? KvCacheDtype::kFp8 : KvCacheDtype::kBf16;
+  return fp8_geometry_problem(cfg).empty() ? KvCacheDtype::kFp8 : KvCacheDtype::kBf16;
 }
 
 const char* kv_cache_dtype_name(KvCacheDtype dtype) {
