@@ -11,6 +11,18 @@ namespace dsi::cuda {
 
 namespace {
 constexpr int kMaxChecks = 4096;  // deferred input checks per graph (a 78-layer step has ~1000)
+
+// Makes `state` this thread's warm-up or capture for the scope (memory/memory.h: CaptureState).
+class ScopedCaptureState {
+ public:
+  explicit ScopedCaptureState(CaptureState* state) {
+    DSI_CHECK(capture_state() == nullptr, "a step graph is being captured on this thread already");
+    capture_state() = state;
+  }
+  ~ScopedCaptureState() { capture_state() = nullptr; }
+  ScopedCaptureState(const ScopedCaptureState&) = delete;
+  ScopedCaptureState& operator=(const ScopedCaptureState&) = delete;
+};
 }  // namespace
 
 struct StepGraph::Impl {
@@ -57,17 +69,10 @@ int StepGraph::deferred_checks() const { return int(impl_->checks.what.size()); 
 void StepGraph::warm_up(const std::function<void()>& fn) {
   Impl& g = *impl_;
   DSI_CHECK(g.exec == nullptr, "this step graph is captured already");
-  DSI_CHECK(capture_state() == nullptr, "a step graph is being captured on this thread already");
   DeviceGuard guard(g.device);
   CaptureState state{g.device.index, g.pool, nullptr};
-  capture_state() = &state;
-  try {
-    fn();
-  } catch (...) {
-    capture_state() = nullptr;
-    throw;
-  }
-  capture_state() = nullptr;
+  ScopedCaptureState scope(&state);
+  fn();
 }
 
 void StepGraph::capture(const std::function<void()>& fn) {
@@ -82,19 +87,17 @@ void StepGraph::capture(const std::function<void()>& fn) {
   const cudaStream_t s = stream();
   sync_stream();  // the eager work before it is done: capture sees an idle stream
   DSI_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  capture_state() = &state;
   cudaGraph_t graph = nullptr;
   try {
+    ScopedCaptureState scope(&state);  // ends before the handler or the end of the capture
     DSI_CUDA_CHECK(cudaMemsetAsync(g.flags.raw(), 0xff, g.flags.nbytes(), s));
     fn();
   } catch (...) {
-    capture_state() = nullptr;
     if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
     cudaGetLastError();
     g.checks.what.clear();
     throw;
   }
-  capture_state() = nullptr;
   const cudaError_t e = cudaStreamEndCapture(s, &graph);
   if (e != cudaSuccess) {
     cudaGetLastError();
