@@ -10,7 +10,7 @@
 // graph time / K. It also prints the tensor-core rate against ~790 TFLOP/s (bf16 dense), the plan
 // (heads per CTA, splits, CTAs), and with --sweep every (m_tiles, splits) tiling.
 //
-//   bench_kv_fp8 [--reps N] [--sweep]
+//   bench_kv_fp8 [--reps N] [--sweep] [--only-mla | --only-indexer [--keys 8192|131072]]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -103,6 +103,7 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
   float* q = random_f32(rows * heads * d, 2);
   float* w = random_f32(rows * heads, 3);
   float* q8 = dalloc<float>(size_t(rows * heads * d));
+  uint8_t* q8b = dalloc<uint8_t>(size_t(rows * heads * d));
   float* wq = dalloc<float>(size_t(rows * heads));
   float* logits = dalloc<float>(size_t(rows * n_keys));
   int32_t* idx = dalloc<int32_t>(size_t(rows * k));
@@ -115,10 +116,12 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
   rq.hadamard_scale = float(1.0 / std::sqrt(double(d)));
   rq.weights = w;
   rq.softmax_scale = 1.0f / std::sqrt(float(d));
-  rq.q8 = q8;
+  rq.q8 = q8;  // both forms: the two logits kernels read one each
+  rq.q8_bytes = q8b;
   rq.wq = wq;
   dsi::cuda::IndexerLogitsFp8Params base{};
   base.q8 = q8;
+  base.q8_bytes = q8b;
   base.wq = wq;
   base.pool = pool;
   base.row_seq = upload(row_seq);
@@ -173,7 +176,7 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
               key_bytes / (kPeakGBs * 1e3));
   report(std::string("top-2048 select of the logits ") + tag, t_topk, logit_bytes + idx_bytes);
   report(std::string("logits + top-2048 back to back ") + tag, t_both, key_bytes + q_bytes + idx_bytes);
-  for (void* ptr : {(void*)pool, (void*)dtable, (void*)q, (void*)w, (void*)q8, (void*)wq, (void*)logits,
+  for (void* ptr : {(void*)pool, (void*)dtable, (void*)q, (void*)w, (void*)q8, (void*)q8b, (void*)wq, (void*)logits,
                     (void*)idx, (void*)bad, (void*)base.row_seq, (void*)base.bounds})
     DSI_CUDA_CHECK(cudaFree(ptr));
 }
@@ -309,8 +312,8 @@ void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, 
 
 int main(int argc, char** argv) {
   int reps = 20;
-  bool sweep = false, only_mla = false, sorted = false;
-  int64_t pool_slots = int64_t(1) << 20;
+  bool sweep = false, only_mla = false, only_indexer = false, sorted = false;
+  int64_t pool_slots = int64_t(1) << 20, only_keys = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
@@ -318,13 +321,18 @@ int main(int argc, char** argv) {
       sweep = true;
     } else if (std::strcmp(argv[i], "--only-mla") == 0) {
       only_mla = true;
+    } else if (std::strcmp(argv[i], "--only-indexer") == 0) {
+      only_indexer = true;
+    } else if (std::strcmp(argv[i], "--keys") == 0 && i + 1 < argc) {
+      only_keys = std::atoll(argv[++i]);
     } else if (std::strcmp(argv[i], "--sorted") == 0) {
       sorted = true;
     } else if (std::strcmp(argv[i], "--pool-slots") == 0 && i + 1 < argc) {
       pool_slots = std::atoll(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: bench_kv_fp8 [--reps N] [--sweep] [--only-mla] [--sorted] [--pool-slots N]\n");
+                   "usage: bench_kv_fp8 [--reps N] [--sweep] [--only-mla] [--only-indexer] [--keys N] [--sorted] "
+                   "[--pool-slots N]\n");
       return 2;
     }
   }
@@ -338,9 +346,11 @@ int main(int argc, char** argv) {
     std::printf("%-52s %13s %14s %7s\n", "case", "time", "bandwidth", "of peak");
     for (int64_t keys : {int64_t(8192), int64_t(131072)}) {
       if (only_mla) break;
+      if (only_keys > 0 && keys != only_keys) continue;
       bench_indexer(keys, 1, 1, 64, reps);
       bench_indexer(keys, 4, 4, 64, reps);
     }
+    if (only_indexer) return 0;
     MlaPool mp = make_mla_pool(pool_slots);
     mp.sorted = sorted;
     std::printf("sparse MLA: pool of %lld entries (%.0f MB), %s indices\n", (long long)mp.n_slots,

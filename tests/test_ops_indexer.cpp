@@ -153,9 +153,14 @@ TEST(OpIndexer, ExactTiesFromReluAndDuplicateKeys) {
   std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) {
     return ref.logit[size_t(a)] > ref.logit[size_t(b)];
   });
-  Tensor idx = Tensor::empty({1, n}, DType::I32);
-  ops::topk(logits, Tensor::from_i32(bounds, {1}), int(n), idx, nullptr);
-  for (int64_t j = 0; j < n; ++j) EXPECT_EQ(idx.i32()[j], want[size_t(j)]) << "rank " << j;
+  // The top-k for every k is the first k of that order, listed by position.
+  for (int k = 1; k <= int(n); ++k) {
+    Tensor idx = Tensor::empty({1, k}, DType::I32);
+    ops::topk(logits, Tensor::from_i32(bounds, {1}), k, idx, nullptr);
+    std::vector<int32_t> set(want.begin(), want.begin() + k);
+    std::sort(set.begin(), set.end());
+    for (int j = 0; j < k; ++j) EXPECT_EQ(idx.i32()[j], set[size_t(j)]) << "k " << k << " slot " << j;
+  }
 }
 
 // A bound past the number of keys is an error naming it.

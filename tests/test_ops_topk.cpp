@@ -1,5 +1,5 @@
-// Op tests, top-k: the total order (score descending, then position ascending), ties, bounds, -1
-// padding, NaN safety, guard regions, determinism, and a randomized comparison with a std::sort
+// Op tests, top-k: the total order (score descending, then position ascending) decides the set,
+// which is listed by ascending position; ties, bounds, -1 padding, NaN safety, guard regions, determinism, and a randomized comparison with a std::sort
 // reference over the sizes the engineering guide lists.
 #include <gtest/gtest.h>
 
@@ -19,8 +19,9 @@ namespace {
 
 using test::kNinfF;
 
-// The k best of s[0 : bound) by (score desc, position asc), -1 padded: a full std::sort of the
-// valid positions (those not scoring -inf or NaN) with the total order written out here.
+// The k best of s[0 : bound) by (score desc, position asc), listed by position, -1 padded: a full
+// std::sort of the valid positions (those not scoring -inf or NaN) with the total order written out
+// here, the first k kept and sorted by position.
 std::vector<int32_t> ref_topk(const float* s, int64_t bound, int k) {
   std::vector<int32_t> idx;
   for (int32_t i = 0; i < int32_t(bound); ++i)
@@ -29,6 +30,8 @@ std::vector<int32_t> ref_topk(const float* s, int64_t bound, int k) {
     if (s[a] != s[b]) return s[a] > s[b];
     return a < b;
   });
+  if (idx.size() > size_t(k)) idx.resize(size_t(k));
+  std::sort(idx.begin(), idx.end());
   idx.resize(size_t(k), -1);
   return idx;
 }
@@ -61,19 +64,20 @@ void expect_row(const TopkOut& o, const Tensor& scores, int64_t r, int64_t bound
   EXPECT_EQ(bad, 0) << what << " row " << r;
 }
 
-// A hand-checked row: the three 3s come out in position order, then the 2, then the first 1.
+// A hand-checked row: the three 3s, the 2 and the first of the two 1s (the lower position wins the
+// tie), listed by position.
 TEST(OpTopk, TotalOrderScoreThenPosition) {
   const Tensor s = Tensor::from_f32({1, 3, 3, 2, 3, 1}, {1, 6});
   const TopkOut o = run_topk(s, {6}, 5);
-  const std::vector<int32_t> want = {1, 2, 4, 3, 0};
-  const std::vector<float> want_v = {3, 3, 3, 2, 1};
+  const std::vector<int32_t> want = {0, 1, 2, 3, 4};
+  const std::vector<float> want_v = {1, 3, 3, 2, 3};
   for (int j = 0; j < 5; ++j) {
     EXPECT_EQ(o.idx.i32()[j], want[size_t(j)]) << j;
     EXPECT_EQ(o.val.f32()[j], want_v[size_t(j)]) << j;
   }
 }
 
-// Many exact ties (three interleaved levels over 300 keys): each level comes out in position order.
+// Many exact ties (three interleaved levels over 300 keys): the lowest positions of a level win.
 TEST(OpTopk, ManyExactTies) {
   std::vector<float> v(300);
   for (size_t i = 0; i < v.size(); ++i) v[i] = float(i % 3);
@@ -97,14 +101,14 @@ TEST(OpTopk, AllEqualRows) {
   }
 }
 
-// bound < k: all valid entries (best first), then -1 with value -inf; bound = 0 gives all -1;
+// bound < k: all valid entries (by position), then -1 with value -inf; bound = 0 gives all -1;
 // entries at or past the bound are never selected even when they score higher.
 TEST(OpTopk, BoundsAndPadding) {
   const Tensor s = Tensor::from_f32({0.1f, 0.9f, 0.5f, 9.0f, 8.0f, 0.2f, 0.3f, 0.4f, 7.f,  6.f,
                                      5.0f, 4.0f, 3.0f, 2.0f, 1.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f},
                                     {2, 10});
   const TopkOut o = run_topk(s, {3, 0}, 6);
-  const std::vector<int32_t> want = {1, 2, 0, -1, -1, -1};
+  const std::vector<int32_t> want = {0, 1, 2, -1, -1, -1};
   for (int j = 0; j < 6; ++j) {
     EXPECT_EQ(o.idx.i32()[j], want[size_t(j)]) << j;
     EXPECT_EQ(o.idx.i32()[6 + j], -1) << j;
@@ -113,7 +117,7 @@ TEST(OpTopk, BoundsAndPadding) {
       EXPECT_EQ(o.val.f32()[j], kNinfF) << j;
     }
   }
-  EXPECT_EQ(o.val.f32()[0], 0.9f);
+  EXPECT_EQ(o.val.f32()[1], 0.9f);
 }
 
 // k = 0 writes nothing at all (a zero-size view inside a guard buffer stays intact).
@@ -135,12 +139,15 @@ TEST(OpTopk, NaNNeverRanksAboveFinite) {
   const Tensor s = Tensor::from_f32(v, {1, 10});
   for (int k : {3, 6, 10}) {
     const TopkOut o = run_topk(s, {10}, k);
-    // Only the five finite scores are selectable; NaN and -inf never are.
-    const std::vector<int32_t> finite_order = {1, 5, 7, 3, 8};
+    // Only the five finite scores are selectable; NaN and -inf never are. Best first they are
+    // 1, 5, 7, 3, 8; the k best are listed by position.
+    std::vector<int32_t> want = {1, 5, 7, 3, 8};
+    want.resize(size_t(std::min(k, 5)));
+    std::sort(want.begin(), want.end());
     for (int j = 0; j < k; ++j) {
       const int32_t i = o.idx.i32()[j];
-      if (j < 5) {
-        EXPECT_EQ(i, finite_order[size_t(j)]) << "rank " << j;
+      if (j < int(want.size())) {
+        EXPECT_EQ(i, want[size_t(j)]) << "rank " << j;
         EXPECT_EQ(o.val.f32()[j], v[size_t(i)]) << "value at rank " << j;
       } else {
         EXPECT_EQ(i, -1) << "rank " << j;

@@ -91,12 +91,13 @@ RankRun run_layout(const std::string& fixture, const Layout& l, const std::vecto
   return out;
 }
 
-// Golden top-k file [layers, n, k] as per-layer vectors.
+// Golden top-k file [layers, n, k] as per-layer vectors, each selection listed by position.
 std::vector<std::vector<int32_t>> golden_topk(const std::string& fixture, const std::string& file) {
   const Tensor g = read_npy(test::fixture_dir(fixture) + "/goldens/" + file);
+  const std::vector<int32_t> all = test::golden_topk_by_position(g);
   std::vector<std::vector<int32_t>> out(size_t(g.dim(0)));
-  const int64_t per = g.dim(1) * g.dim(2);
-  for (int64_t l = 0; l < g.dim(0); ++l) out[size_t(l)].assign(g.i32() + l * per, g.i32() + (l + 1) * per);
+  const size_t per = size_t(g.dim(1) * g.dim(2));
+  for (size_t l = 0; l < out.size(); ++l) out[l].assign(all.begin() + std::ptrdiff_t(l * per), all.begin() + std::ptrdiff_t((l + 1) * per));
   return out;
 }
 

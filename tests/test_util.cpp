@@ -1,6 +1,7 @@
 // Shared test helpers; see test_util.h.
 #include "test_util.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <fstream>
@@ -87,6 +88,15 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
     return;
   }
   ADD_FAILURE() << "expected dsi::Error, nothing was thrown";
+}
+
+std::vector<int32_t> golden_topk_by_position(const Tensor& golden) {
+  const int64_t k = golden.dim(golden.ndim() - 1);
+  std::vector<int32_t> out(golden.i32(), golden.i32() + golden.numel());
+  for (size_t r = 0; k > 0 && r < out.size(); r += size_t(k))  // as unsigned, -1 sorts last
+    std::sort(out.begin() + std::ptrdiff_t(r), out.begin() + std::ptrdiff_t(r + size_t(k)),
+              [](int32_t a, int32_t b) { return uint32_t(a) < uint32_t(b); });
+  return out;
 }
 
 std::vector<float> random_floats(size_t n, uint64_t seed) {

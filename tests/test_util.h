@@ -44,4 +44,8 @@ void expect_error(const std::function<void()>& fn, const std::vector<std::string
 // Deterministic pseudo-random floats in [-1, 1).
 std::vector<float> random_floats(size_t n, uint64_t seed);
 
+// Golden top-k selections ([..., k] rows, each best first with -1 padding, as the fixtures store
+// them) listed as the engine lists a selection: positions ascending, then -1.
+std::vector<int32_t> golden_topk_by_position(const Tensor& golden);
+
 }  // namespace dsi::test

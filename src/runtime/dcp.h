@@ -17,7 +17,7 @@ namespace dsi {
 
 struct DcpTopk {
   Tensor local;   // [n, k] i32: this rank's winners as its local token indices, -1 elsewhere
-  Tensor global;  // [n, k] i32: every winner as a global position, best first, -1 padded
+  Tensor global;  // [n, k] i32: every winner as a global position, ascending, -1 padded
   Tensor slots;   // [n, k] i32: `local` as pool slots (every layer's pool pages alike), made by the
                   // first layer that attends with this selection and reused by the "shared" ones
 };

@@ -1,4 +1,5 @@
-// CPU reference: exact top-k per row in the total order (score descending, then position ascending).
+// CPU reference: exact top-k per row in the total order (score descending, then position ascending),
+// the selected set listed by ascending position.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -35,9 +36,10 @@ void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Te
       if (s[i] > ninf) order.push_back(i);
     auto key = [&](int32_t i) { return s[i]; };
     const int64_t take = std::min<int64_t>(k, int64_t(order.size()));
-    std::partial_sort(order.begin(), order.begin() + take, order.end(), [&](int32_t a, int32_t b) {
+    std::nth_element(order.begin(), order.begin() + take, order.end(), [&](int32_t a, int32_t b) {
       return ops::topk_before(key(a), a, key(b), b);
     });
+    std::sort(order.begin(), order.begin() + take);  // the set, by position
     int32_t* idx = indices.i32() + r * k;
     for (int64_t j = 0; j < k; ++j) idx[j] = j < take ? order[size_t(j)] : -1;
     if (values && values->defined()) {
@@ -64,11 +66,12 @@ void topk_merge(const Tensor& scores, const Tensor& positions, int k, Tensor& wi
     for (int32_t j = 0; j < int32_t(m); ++j)
       if (p[j] >= 0 && s[j] > ninf) cand.push_back(j);
     const int64_t take = std::min<int64_t>(k, int64_t(cand.size()));
-    std::partial_sort(cand.begin(), cand.begin() + take, cand.end(), [&](int32_t a, int32_t b) {
+    std::nth_element(cand.begin(), cand.begin() + take, cand.end(), [&](int32_t a, int32_t b) {
       return ops::topk_before(s[a], p[a], s[b], p[b]);
     });
     int32_t* w = winners.i32() + r * k;
     for (int64_t j = 0; j < k; ++j) w[j] = j < take ? p[cand[size_t(j)]] : -1;
+    std::sort(w, w + take);  // the set, by position
   }
 }
 

@@ -104,8 +104,11 @@ __global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantPar
       if (threadIdx.x == 0)
         *reinterpret_cast<float*>(page + int64_t(kPage) * d + off * 4) = pow2f(e);
     } else {
-      for (int c = threadIdx.x; c < d; c += blockDim.x)
-        p.q8[i * d + c] = e4m3_to_float(quantize_e4m3(__fmul_rn(xs[c], inv)));
+      for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        const uint8_t b = quantize_e4m3(__fmul_rn(xs[c], inv));
+        if (p.q8 != nullptr) p.q8[i * d + c] = e4m3_to_float(b);
+        if (p.q8_bytes != nullptr) p.q8_bytes[i * d + c] = b;
+      }
       if (threadIdx.x == 0) p.wq[i] = __fmul_rn(__fmul_rn(p.weights[i], pow2f(e)), p.softmax_scale);
     }
     __syncthreads();  // xs is rewritten by the next vector
@@ -523,7 +526,10 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   DSI_CHECK(heads <= (1 << 20), "indexer_logits_fp8: {} heads", heads);
   DeviceGuard guard(q.device());
   check_aligned(pool.raw(), 16, "indexer_logits_fp8", "pool");
-  Scratch q8(sizeof(float) * size_t(rows * heads * d)), wq(sizeof(float) * size_t(rows * heads));
+  // d = 128 (the models): the tensor-core kernel, which reads the query as e4m3 bytes; other head
+  // dims: the CUDA-core kernel (bitwise the reference), which reads it as f32.
+  const bool mma = indexer_logits_fp8_mma_supported(int(heads), int(d));
+  Scratch q8((mma ? 1 : sizeof(float)) * size_t(rows * heads * d)), wq(sizeof(float) * size_t(rows * heads));
   RotateQuantParams rq{};
   rq.x = q.f32();
   rq.x_stride = d;
@@ -532,13 +538,15 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   rq.hadamard_scale = float(1.0 / std::sqrt(double(d)));
   rq.weights = weights.f32();
   rq.softmax_scale = softmax_scale;
-  rq.q8 = q8.as<float>();
+  rq.q8 = mma ? nullptr : q8.as<float>();
+  rq.q8_bytes = mma ? q8.as<uint8_t>() : nullptr;
   rq.wq = wq.as<float>();
   launch_rotate_quant(rq, stream());
   ErrorFlag bad_row("indexer_logits_fp8: a row's bound outside [0, keys]");
   ErrorFlag bad_page("indexer_logits_fp8: a page outside the pool");
   IndexerLogitsFp8Params p{};
-  p.q8 = q8.as<float>();
+  p.q8 = rq.q8;
+  p.q8_bytes = rq.q8_bytes;
   p.wq = wq.as<float>();
   p.pool = static_cast<const uint8_t*>(pool.raw());
   p.block_tables = block_tables.i32();
@@ -554,8 +562,7 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   p.d = int(d);
   p.bad_row = bad_row.ptr();
   p.bad_page = bad_page.ptr();
-  // d = 128 (the models): the tensor-core kernel; other head dims: the CUDA-core kernel (bitwise).
-  if (indexer_logits_fp8_mma_supported(p.heads, p.d))
+  if (mma)
     launch_indexer_logits_fp8_mma(p, stream());
   else
     launch_indexer_logits_fp8(p, stream());

@@ -4,9 +4,10 @@
 // heads and the key scale.
 //
 // Work split: a block owns a "row group" (up to 4 consecutive rows of one sequence: the MTP
-// verification rows) and walks that sequence's pages (one 64-key page per tile) with a 3-stage
-// cp.async pipeline. Each page is read from HBM once per group and reused for every row and head.
-// Each warp keeps the e4m3 queries of 64 heads of one row in registers (4 m16 tiles x 4 k32 steps)
+// verification rows) and walks that sequence's pages (one 64-key page per tile) with a 4-stage
+// cp.async pipeline whose page ids are read one tile ahead. Each page is read from HBM once per
+// group and reused for every row and head. Each warp loads the e4m3 query bytes of 64 heads of one
+// row (rotate_quant writes them) into registers once (4 m16 tiles x 4 k32 steps)
 // and multiplies them by 8..64 keys of the page (n8 tiles read from shared memory); its partial
 // head sums go through shared memory so the head chunks of one row (heads > 64) add in a fixed order.
 //
@@ -19,8 +20,6 @@
 // largest exponent and keeps a limited number of bits) and the heads are then summed lane-parallel,
 // so logits agree with the CPU's sequential fp32 sums to a small relative error, not bitwise
 // (tests/cuda/test_cuda_kv_fp8.cpp states the bound). Runs are deterministic: fixed orders only.
-#include <cuda_fp8.h>
-
 #include <algorithm>
 #include <cstdint>
 
@@ -36,7 +35,7 @@ constexpr int kPage = ops::kKvPageTokens;  // keys per tile: one page
 constexpr int kD = 128;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kStages = 3;
+constexpr int kStages = 4;
 constexpr int kRowBytes = kD + 16;  // 144: padded key rows, conflict-free 16-byte fragment loads
 constexpr int kGroupRows = 4;       // rows per group (MTP: 1 + 3 drafts)
 constexpr int kHeadsPerWarp = 64;   // 4 m16 tiles
@@ -65,16 +64,6 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Four e4m3 values (given as exact f32) as one word, value i in byte i (the memory order of keys).
-__device__ __forceinline__ uint32_t pack_e4m3x4(float4 v) {
-  const float f[4] = {v.x, v.y, v.z, v.w};
-  uint32_t w = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    w |= uint32_t(static_cast<uint8_t>(__nv_cvt_float_to_fp8(f[i], __NV_SATFINITE, __NV_E4M3))) << (8 * i);
-  return w;
 }
 
 // Row r may start or extend a group when its sequence and bound are valid.
@@ -131,7 +120,8 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
   const int64_t r = r0 + mslice / hc_count;
   const int hc = mslice % hc_count;
 
-  // This warp's queries (e4m3, in registers for the whole block) and head weights.
+  // This warp's queries (e4m3 bytes, in registers for the whole block) and head weights: two
+  // 16-byte loads per m tile and half, all in flight together.
   uint32_t a[4][4][4];  // [m tile][k step][a0..a3]
   float wr[4][2];       // [m tile][head g, head g + 8]
 #pragma unroll
@@ -140,24 +130,36 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
     for (int half = 0; half < 2; ++half) {
       const int h = hc * kHeadsPerWarp + mt * 16 + g + 8 * half;
       const bool on = active && h < p.heads;
-      const float4* src = reinterpret_cast<const float4*>(p.q8 + ((r * p.heads + (on ? h : 0)) * kD + tig * 32));
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (on) {
+        const uint4* src = reinterpret_cast<const uint4*>(p.q8_bytes + (r * p.heads + h) * kD + tig * 32);
+        lo = src[0];
+        hi = src[1];
+      }
+      const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};  // bytes tig*32 + 4m
 #pragma unroll
-      for (int m = 0; m < 8; ++m) a[mt][m / 2][half + 2 * (m % 2)] = on ? pack_e4m3x4(src[m]) : 0u;
+      for (int m = 0; m < 8; ++m) a[mt][m / 2][half + 2 * (m % 2)] = w[m];
       wr[mt][half] = on ? p.wq[r * p.heads + h] : 0.0f;
     }
   }
 
   const int64_t page_bytes = int64_t(kPage) * (kD + 4);
   const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
-  // Queues the loads of tile t (page t of the sequence) into stage s; always commits a group.
-  auto issue = [&](int64_t t, int s) {
-    if (t < n_tiles && t * kPage < gmax) {
-      const int64_t pi = seq * p.max_pages + t;
-      const int32_t page = p.block_tables[pi];
+  const int64_t stride = gridDim.x;
+  // Page id of tile t (page t of the sequence), or kNoTile past the keys any row of the group sees.
+  // The id a stage's copies need is loaded one iteration before it is used, so the block-table
+  // read's latency hides behind a tile instead of stalling every issue.
+  constexpr int32_t kNoTile = INT32_MIN;
+  auto page_id = [&](int64_t t) -> int32_t {
+    return t < n_tiles && t * kPage < gmax ? p.block_tables[seq * p.max_pages + t] : kNoTile;
+  };
+  // Queues the loads of tile t, physical page `page`, into stage s; always commits a group.
+  auto issue = [&](int64_t t, int32_t page, int s) {
+    if (page != kNoTile) {
       const bool ok = page >= 0 && page < p.n_pages;
       if (tid == 0) {
         s_bad[s] = ok ? 0 : 1;
-        if (!ok) atomicMin(p.bad_page, static_cast<unsigned long long>(pi));
+        if (!ok) atomicMin(p.bad_page, static_cast<unsigned long long>(seq * p.max_pages + t));
       }
       if (ok) {
         const uint8_t* pg = p.pool + int64_t(page) * page_bytes;
@@ -171,13 +173,19 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
     cp_async_commit();
   };
 
-  for (int s = 0; s < kStages - 1; ++s) issue(int64_t(blockIdx.x) + int64_t(s) * gridDim.x, s);
+  int32_t first[kStages];  // the ids of the first kStages tiles, loads in flight together
+#pragma unroll
+  for (int s = 0; s < kStages; ++s) first[s] = page_id(int64_t(blockIdx.x) + int64_t(s) * stride);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(int64_t(blockIdx.x) + int64_t(s) * stride, first[s], s);
+  int32_t next = first[kStages - 1];  // id of the tile the next iteration issues
   int it = 0;
-  for (int64_t t = blockIdx.x; t < n_tiles; t += gridDim.x, ++it) {
+  for (int64_t t = blockIdx.x; t < n_tiles; t += stride, ++it) {
     const int s = it % kStages;
     cp_async_wait<kStages - 2>();
     __syncthreads();  // tile t landed for every thread; the stage issued below is no longer read
-    issue(t + int64_t(kStages - 1) * gridDim.x, (it + kStages - 1) % kStages);
+    issue(t + int64_t(kStages - 1) * stride, next, (it + kStages - 1) % kStages);
+    next = page_id(t + int64_t(kStages) * stride);
     const bool has_keys = t * kPage < gmax;
     const bool bad = has_keys && s_bad[s] != 0;
     if (has_keys && !bad && active) {

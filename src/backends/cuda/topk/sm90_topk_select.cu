@@ -1,18 +1,17 @@
 // Exact top-k (k <= 2048) by radix select, one thread-block cluster per row (sm_90 distributed
-// shared memory), in dsinfer's total order (score descending, then position ascending):
-//   1. every CTA of the cluster maps its contiguous chunk of the row to 32-bit order keys (the
-//      float's bits made unsigned-monotone, -0 folded onto +0, 0 = not selectable), caches them in
-//      shared memory and builds a histogram of the top 12 bits;
+// shared memory), in dsinfer's total order (score descending, then position ascending). The result
+// is the selected set listed by ascending position (ops/topk.h):
+//   1. every CTA of the cluster reads its contiguous chunk of the row, caches the scores' bits in
+//      shared memory and builds a histogram of the top 12 bits of their order keys (the float's
+//      bits made unsigned-monotone, -0 folded onto +0, 0 = not selectable);
 //   2. the CTAs read each other's histograms (DSMEM) and all find the same bin holding the k-th key;
 //      two more passes (12 and 8 bits) over the cached keys of that bin give the exact threshold key
 //      T and the count above it;
-//   3. the winners, every key > T and the lowest positions among the keys == T, are compacted in
-//      position order (a prefix over the CTAs, then an ordered block scan) into CTA 0;
-//   4. CTA 0 sorts them descending by key with a stable block radix sort: equal keys keep their
-//      position order, which is the tie order. Bitwise the CPU reference's selection.
-// Four passes over a row instead of a full sort of 64-bit keys; one launch, capturable in a graph.
+//   3. each CTA learns from the others' counts where its winners go (every key > T and the lowest
+//      positions among the keys == T) and writes them straight to the output in position order
+//      (an ordered block scan over its chunk). Bitwise the CPU reference's selection.
+// Three digit passes over a row and one gather, no sort; one launch, capturable in a graph.
 #include <cooperative_groups.h>
-#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -30,20 +29,16 @@ namespace cg = cooperative_groups;
 
 constexpr int kSelThreads = 512;
 constexpr int kBins = 4096;                       // 12-bit digits (passes 1 and 2), 8 bits last
-constexpr int kMaxK = kTopkSelectMaxK;            // 2048
-constexpr int kSortItems = kMaxK / kSelThreads;   // 4
 constexpr int kMaxCluster = 16;                   // non-portable cluster size (Hopper allows 16)
-constexpr int64_t kCacheMax = 32768;              // order keys per CTA kept in shared memory
+constexpr int64_t kCacheMax = 32768;              // scores per CTA kept in shared memory
 constexpr int kGatherItems = 8;                   // consecutive keys per thread in the gather pass
 
 using Scan = cub::BlockScan<uint32_t, kSelThreads>;
 using Reduce = cub::BlockReduce<uint32_t, kSelThreads>;
-using Sort = cub::BlockRadixSort<uint32_t, kSelThreads, kSortItems, int32_t>;
 
 union Temp {
   typename Scan::TempStorage scan;
   typename Reduce::TempStorage reduce;
-  typename Sort::TempStorage sort;
 };
 
 struct Pick {
@@ -58,9 +53,16 @@ __device__ __forceinline__ uint32_t order_key(float v) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+constexpr uint32_t kNoKeyBits = 0xff800000u;  // -inf: what a position at or past the bound caches
+
 constexpr size_t dynamic_smem(int64_t cache_entries) {
-  return sizeof(uint32_t) * (2 * size_t(kBins) + 2 * size_t(kMaxK) + size_t(cache_entries));
+  return sizeof(uint32_t) * (2 * size_t(kBins) + size_t(cache_entries));
 }
+
+// The split cluster barrier: arrive after this CTA's last read of another CTA's shared memory,
+// wait before exiting (a CTA's shared memory must outlive the others' reads of it).
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::); }
 
 // Sums histogram `hist` (NB bins, in every CTA of the cluster) and finds the bin where the count
 // from the top reaches `need` (first pass: need = min(k, total)). Every CTA gets the same bin; also
@@ -92,25 +94,27 @@ __device__ void pick_bin(const cg::cluster_group& cluster, uint32_t* hist, uint3
   tot = Reduce(temp.reduce).Sum(tot);
   if (tid == 0) slice_total = tot;
   cluster.sync();
-  if (tid == 0) {
-    uint32_t t[kMaxCluster], total = 0;
-    for (unsigned q = 0; q < n_ctas; ++q) {
-      t[q] = *cluster.map_shared_rank(&slice_total, q);
-      total += t[q];
+  if (tid < 32) {  // warp 0: lane q reads CTA q's slice total; all lanes see every total by shuffles
+    const unsigned q = unsigned(tid);
+    const uint32_t t = q < n_ctas ? *cluster.map_shared_rank(&slice_total, q) : 0u;
+    uint32_t total = 0, above = 0;  // above: the slices of higher bins (higher CTA ranks)
+#pragma unroll
+    for (int j = 0; j < kMaxCluster; ++j) {
+      const uint32_t tj = __shfl_sync(0xffffffffu, t, j);
+      total += tj;
+      if (unsigned(j) > q) above += tj;
     }
     const uint32_t need = first ? min(need_or_k, total) : need_or_k;
-    cross = -1;
-    above_slices = 0;
-    uint32_t acc = 0;
-    for (int q = int(n_ctas) - 1; q >= 0; --q) {  // high bins first
-      if (need > 0 && acc < need && acc + t[q] >= need) {
-        cross = q;
-        above_slices = acc;
-      }
-      acc += t[q];
+    if (q == 0) {
+      cross = -1;
+      need_s = need;
+      pick.total = total;
     }
-    need_s = need;
-    pick.total = total;
+    __syncwarp();
+    if (q < n_ctas && need > 0 && above < need && above + t >= need) {  // exactly one lane
+      cross = int(q);
+      above_slices = above;
+    }
   }
   __syncthreads();
   if (cross == int(me)) {  // block-uniform
@@ -157,17 +161,38 @@ __device__ void pick_bin(const cg::cluster_group& cluster, uint32_t* hist, uint3
   __syncthreads();
 }
 
+// hist[digit(key)] += 1 for the selectable keys among the cached scores whose key passes `in_bin`,
+// four cached scores per thread per step (one 16-byte shared load).
+template <typename InBin, typename Digit>
+__device__ __forceinline__ void histogram_pass(const uint32_t* cache, int64_t len, uint32_t* hist, InBin in_bin,
+                                               Digit digit) {
+  const int64_t n4 = len / 4;
+  const uint4* c4 = reinterpret_cast<const uint4*>(cache);
+  for (int64_t i = threadIdx.x; i < n4; i += kSelThreads) {
+    const uint4 w = c4[i];
+    const uint32_t b[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t o = order_key(__uint_as_float(b[u]));
+      if (o != 0u && in_bin(o)) atomicAdd(&hist[digit(o)], 1u);
+    }
+  }
+  for (int64_t i = 4 * n4 + threadIdx.x; i < len; i += kSelThreads) {
+    const uint32_t o = order_key(__uint_as_float(cache[i]));
+    if (o != 0u && in_bin(o)) atomicAdd(&hist[digit(o)], 1u);
+  }
+}
+
 template <bool kCached>
 __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectParams p) {
   extern __shared__ __align__(16) uint32_t dyn[];
   uint32_t* hist0 = dyn;                 // [4096] pass 1, then [256] pass 3
   uint32_t* hist1 = dyn + kBins;         // [4096] pass 2
-  uint32_t* win_ord = dyn + 2 * kBins;   // [kMaxK] CTA 0: winners' keys, position order
-  int32_t* win_pos = reinterpret_cast<int32_t*>(win_ord + kMaxK);  // [kMaxK] their positions
-  uint32_t* cache = reinterpret_cast<uint32_t*>(win_pos + kMaxK);  // [chunk] kCached only
+  uint32_t* cache = dyn + 2 * kBins;     // [chunk] the scores' bits (kCached only)
   __shared__ Temp temp;
   __shared__ Pick pick;
-  __shared__ uint32_t s_counts[2];  // this CTA's keys > T and == T
+  __shared__ uint32_t s_counts[2];       // this CTA's keys > T and == T
+  __shared__ uint32_t s_place[2];        // winners in lower CTAs, keys == T this CTA takes
 
   const cg::cluster_group cluster = cg::this_cluster();
   const unsigned crank = cluster.block_rank(), n_ctas = cluster.num_blocks();
@@ -178,33 +203,34 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   const int64_t chunk = (p.n + n_ctas - 1) / n_ctas;
   const int64_t lo = std::min<int64_t>(p.n, int64_t(crank) * chunk);
   const int64_t len = std::min<int64_t>(p.n, lo + chunk) - lo;
-  auto key_at = [&](int64_t i) -> uint32_t {
+  // The score bits at chunk index i (-inf bits at or past the bound).
+  auto bits_at = [&](int64_t i) -> uint32_t {
     if constexpr (kCached) {
       return cache[i];
     } else {
       const int64_t pos = lo + i;
-      return pos < bound ? order_key(srow[pos]) : 0u;
+      return pos < bound ? __float_as_uint(srow[pos]) : kNoKeyBits;
     }
   };
 
   for (int i = tid; i < 2 * kBins; i += kSelThreads) dyn[i] = 0;
   __syncthreads();
-  // Pass 1: keys (cached), histogram of bits 31..20 of the selectable ones.
+  // Pass 1: scores (cached), histogram of bits 31..20 of the selectable keys.
   // 8 loads per thread in flight before their keys are binned (one at a time is latency-bound).
   constexpr int kLoads = 8;
   for (int64_t base = 0; base < len; base += int64_t(kSelThreads) * kLoads) {
-    float v[kLoads];
+    uint32_t v[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int64_t i = base + int64_t(u) * kSelThreads + tid;
-      v[u] = i < len && lo + i < bound ? srow[lo + i] : -INFINITY;  // -inf: key 0
+      v[u] = i < len && lo + i < bound ? __float_as_uint(srow[lo + i]) : kNoKeyBits;
     }
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
       const int64_t i = base + int64_t(u) * kSelThreads + tid;
       if (i >= len) continue;
-      const uint32_t o = order_key(v[u]);
-      if constexpr (kCached) cache[i] = o;
+      if constexpr (kCached) cache[i] = v[u];
+      const uint32_t o = order_key(__uint_as_float(v[u]));
       if (o != 0u) atomicAdd(&hist0[o >> 20], 1u);
     }
   }
@@ -213,21 +239,26 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
   int32_t* out_idx = p.indices + row * p.k;
   float* out_val = p.values != nullptr ? p.values + row * p.k : nullptr;
+  if (crank == 0)  // the padding after the winners
+    for (int j = int(kk) + tid; j < p.k; j += kSelThreads) {
+      out_idx[j] = -1;
+      if (out_val != nullptr) out_val[j] = -INFINITY;
+    }
   if (kk == 0) {
     cluster.sync();  // no CTA reads another's histogram any more
-    if (crank == 0)
-      for (int j = tid; j < p.k; j += kSelThreads) {
-        out_idx[j] = -1;
-        if (out_val != nullptr) out_val[j] = -INFINITY;
-      }
     return;
   }
   const uint32_t b1 = pick.bin;
   uint32_t above = pick.above, local_above = pick.local_above;
   // Pass 2: bits 19..8 of the keys in bin b1.
-  for (int64_t i = tid; i < len; i += kSelThreads) {
-    const uint32_t o = key_at(i);
-    if ((o >> 20) == b1) atomicAdd(&hist1[(o >> 8) & 0xfffu], 1u);
+  if constexpr (kCached) {
+    histogram_pass(cache, len, hist1, [&](uint32_t o) { return (o >> 20) == b1; },
+                   [](uint32_t o) { return (o >> 8) & 0xfffu; });
+  } else {
+    for (int64_t i = tid; i < len; i += kSelThreads) {
+      const uint32_t o = order_key(__uint_as_float(bits_at(i)));
+      if (o != 0u && (o >> 20) == b1) atomicAdd(&hist1[(o >> 8) & 0xfffu], 1u);
+    }
   }
   cluster.sync();  // also: every CTA has finished reading the pass-1 histograms
   pick_bin<kBins>(cluster, hist1, kk - above, false, temp, pick);
@@ -237,9 +268,14 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   // Pass 3: bits 7..0 of the keys with that 24-bit prefix (hist0 is free again).
   for (int i = tid; i < 256; i += kSelThreads) hist0[i] = 0;
   __syncthreads();
-  for (int64_t i = tid; i < len; i += kSelThreads) {
-    const uint32_t o = key_at(i);
-    if ((o >> 8) == prefix24) atomicAdd(&hist0[o & 0xffu], 1u);
+  if constexpr (kCached) {
+    histogram_pass(cache, len, hist0, [&](uint32_t o) { return (o >> 8) == prefix24; },
+                   [](uint32_t o) { return o & 0xffu; });
+  } else {
+    for (int64_t i = tid; i < len; i += kSelThreads) {
+      const uint32_t o = order_key(__uint_as_float(bits_at(i)));
+      if (o != 0u && (o >> 8) == prefix24) atomicAdd(&hist0[o & 0xffu], 1u);
+    }
   }
   cluster.sync();
   pick_bin<256>(cluster, hist0, kk - above, false, temp, pick);
@@ -253,26 +289,42 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   }
   cluster.sync();
   // This CTA's place in the position-ordered winner list: the CTAs before it hold lower positions.
-  uint32_t eq_before = 0, win_before = 0;
-  for (unsigned q = 0; q < crank; ++q) {
-    const uint32_t* c = cluster.map_shared_rank(s_counts, q);
-    const uint32_t gt = c[0], eq = c[1];
-    const uint32_t t = min(eq, take_eq - min(take_eq, eq_before));
-    win_before += gt + t;
-    eq_before += eq;
+  // Warp 0, lane q: CTA q's counts; the keys == thr go to the lowest CTAs first.
+  if (tid < 32) {
+    const unsigned q = unsigned(tid);
+    uint32_t gt = 0, eq = 0;
+    if (q < n_ctas) {
+      const uint32_t* c = cluster.map_shared_rank(s_counts, q);
+      gt = c[0];
+      eq = c[1];
+    }
+    uint32_t eq_before = 0, win_before = 0, my_take = 0;
+#pragma unroll
+    for (int j = 0; j < kMaxCluster; ++j) {  // serial in j, every lane the same: 16 shuffles
+      const uint32_t gj = __shfl_sync(0xffffffffu, gt, j), ej = __shfl_sync(0xffffffffu, eq, j);
+      const uint32_t t = min(ej, take_eq - min(take_eq, eq_before));
+      if (unsigned(j) == crank) my_take = t;
+      if (unsigned(j) < crank) win_before += gj + t;
+      eq_before += ej;
+    }
+    if (q == 0) {
+      s_place[0] = win_before;
+      s_place[1] = my_take;
+    }
   }
-  const uint32_t my_take = min(s_counts[1], take_eq - min(take_eq, eq_before));
-  uint32_t* dst_ord = cluster.map_shared_rank(win_ord, 0);
-  int32_t* dst_pos = cluster.map_shared_rank(win_pos, 0);
+  cluster_arrive();  // this CTA reads no other CTA's shared memory after this point
+  __syncthreads();
+  const uint32_t win_before = s_place[0], my_take = s_place[1];
   if (s_counts[0] + my_take > 0) {  // block-uniform
     uint32_t run_gt = 0, run_eq = 0;
     for (int64_t base = 0; base < len; base += int64_t(kSelThreads) * kGatherItems) {
-      uint32_t o[kGatherItems];
+      uint32_t b[kGatherItems], o[kGatherItems];
       uint32_t cnt = 0;  // (keys > thr) | (keys == thr) << 16: a tile holds < 2^16 keys
 #pragma unroll
       for (int it = 0; it < kGatherItems; ++it) {
         const int64_t i = base + int64_t(tid) * kGatherItems + it;
-        o[it] = i < len ? key_at(i) : 0u;
+        b[it] = i < len ? bits_at(i) : kNoKeyBits;
+        o[it] = order_key(__uint_as_float(b[it]));
         cnt += (o[it] > thr ? 1u : 0u) + (o[it] == thr ? 0x10000u : 0u);
       }
       uint32_t pre = 0, agg = 0;
@@ -281,45 +333,21 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
 #pragma unroll
       for (int it = 0; it < kGatherItems; ++it) {
         const int64_t pos = lo + base + int64_t(tid) * kGatherItems + it;
-        if (o[it] > thr) {
+        const bool win = o[it] > thr || (o[it] == thr && eq_b < my_take);
+        if (win) {
           const uint32_t slot = win_before + gt_b + min(eq_b, my_take);
-          dst_ord[slot] = o[it];
-          dst_pos[slot] = int32_t(pos);
-          ++gt_b;
-        } else if (o[it] == thr) {
-          if (eq_b < my_take) {
-            const uint32_t slot = win_before + gt_b + eq_b;
-            dst_ord[slot] = o[it];
-            dst_pos[slot] = int32_t(pos);
-          }
-          ++eq_b;
+          out_idx[slot] = int32_t(pos);
+          if (out_val != nullptr) out_val[slot] = __uint_as_float(b[it]);
         }
+        gt_b += o[it] > thr ? 1u : 0u;
+        eq_b += o[it] == thr ? 1u : 0u;
       }
       run_gt += agg & 0xffffu;
       run_eq += agg >> 16;
       __syncthreads();  // temp.scan is reused by the next tile
     }
   }
-  cluster.sync();  // every winner is in CTA 0
-  if (crank != 0) return;
-  uint32_t keys[kSortItems];
-  int32_t vals[kSortItems];
-#pragma unroll
-  for (int i = 0; i < kSortItems; ++i) {  // blocked arrangement = position order
-    const uint32_t j = uint32_t(tid * kSortItems + i);
-    keys[i] = j < kk ? win_ord[j] : 0u;
-    vals[i] = j < kk ? win_pos[j] : -1;
-  }
-  // Stable: equal keys stay in position order, the tie order of the total order.
-  Sort(temp.sort).SortDescending(keys, vals);
-#pragma unroll
-  for (int i = 0; i < kSortItems; ++i) {
-    const int j = tid * kSortItems + i;
-    if (j >= p.k) continue;
-    const int32_t pos = uint32_t(j) < kk ? vals[i] : -1;
-    out_idx[j] = pos;
-    if (out_val != nullptr) out_val[j] = pos >= 0 ? srow[pos] : -INFINITY;
-  }
+  cluster_wait();
 }
 
 }  // namespace

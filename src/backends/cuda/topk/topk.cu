@@ -100,13 +100,47 @@ void sort_rows_descending(const unsigned long long* keys_in, unsigned long long*
 
 namespace {
 
-// Keys, sort and decode for rows [0, rows) in chunks that keep each sort inside cub's int sizes.
+// Lists each row's winners by ascending position: a segmented radix sort of the k positions as
+// unsigned keys (-1 becomes the largest, so the padding stays last), carrying the values along.
+void sort_rows_by_position(const int32_t* idx_in, const float* val_in, int32_t* idx_out, float* val_out,
+                           int64_t rows, int64_t k, cudaStream_t s) {
+  if (rows == 0 || k == 0) return;
+  DSI_CHECK(rows * k < kMaxSortItems * 2, "topk: sort of {} x {} winners too large", rows, k);
+  Scratch offsets(size_t(rows + 1) * sizeof(int));
+  segment_offsets_kernel<<<grid_for(rows + 1, 256), 256, 0, s>>>(offsets.as<int>(), rows, k);
+  DSI_CUDA_CHECK_LAUNCH();
+  const int items = int(rows * k), segments = int(rows);
+  const int* begin = offsets.as<int>();
+  const int* end = begin + 1;
+  const auto* kin = reinterpret_cast<const uint32_t*>(idx_in);
+  auto* kout = reinterpret_cast<uint32_t*>(idx_out);
+  size_t temp_bytes = 0;
+  if (val_in != nullptr) {
+    DSI_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairs(nullptr, temp_bytes, kin, kout, val_in, val_out,
+                                                            items, segments, begin, end, 0, 32, s));
+    Scratch temp(std::max<size_t>(temp_bytes, 1));
+    DSI_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairs(temp.as<void>(), temp_bytes, kin, kout, val_in,
+                                                            val_out, items, segments, begin, end, 0, 32, s));
+  } else {
+    DSI_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeys(nullptr, temp_bytes, kin, kout, items, segments,
+                                                           begin, end, 0, 32, s));
+    Scratch temp(std::max<size_t>(temp_bytes, 1));
+    DSI_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeys(temp.as<void>(), temp_bytes, kin, kout, items,
+                                                           segments, begin, end, 0, 32, s));
+  }
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+// Keys, sort and decode for rows [0, rows) in chunks that keep each sort inside cub's int sizes;
+// the decoded winners (best first) are then listed by position.
 void select_rows(const TopkKeysParams& base, const TopkDecodeParams& dbase) {
   const int64_t rows = base.rows, n = std::max<int64_t>(base.n, 1);
   const int64_t chunk = std::max<int64_t>(1, std::min(rows, kMaxSortItems / n));
   DSI_CHECK(base.n <= kMaxSortItems, "topk: rows of {} scores are too long", base.n);
   Scratch keys(size_t(chunk * base.n) * sizeof(unsigned long long));
   Scratch sorted(size_t(chunk * base.n) * sizeof(unsigned long long));
+  Scratch best_idx(size_t(chunk * dbase.k) * sizeof(int32_t));
+  Scratch best_val(dbase.values != nullptr ? size_t(chunk * dbase.k) * sizeof(float) : 0);
   for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
     const int64_t rc = std::min(chunk, rows - r0);
     TopkKeysParams kp = base;
@@ -121,10 +155,13 @@ void select_rows(const TopkKeysParams& base, const TopkDecodeParams& dbase) {
     TopkDecodeParams dp = dbase;
     dp.sorted = sorted.as<unsigned long long>();
     dp.scores = dbase.scores + r0 * dbase.score_stride;
-    dp.indices = dbase.indices + r0 * dbase.k;
-    if (dp.values != nullptr) dp.values = dbase.values + r0 * dbase.k;
+    dp.indices = best_idx.as<int32_t>();
+    dp.values = dbase.values != nullptr ? best_val.as<float>() : nullptr;
     dp.rows = rc;
     launch_topk_decode(dp, stream());
+    sort_rows_by_position(dp.indices, dp.values, dbase.indices + r0 * dbase.k,
+                          dbase.values != nullptr ? dbase.values + r0 * dbase.k : nullptr, rc, dbase.k,
+                          stream());
   }
 }
 

@@ -1,7 +1,8 @@
 // Exact top-k in dsinfer's total order (score descending, then position ascending), as a sort:
 // every candidate becomes one 64-bit key (topk_key in common.cuh; 0 = not selectable), each row's
-// keys are sorted descending with cub's segmented radix sort, and the first k keys are decoded.
-// Keys are unique within a row, so the result is fully determined: bitwise the CPU's selection.
+// keys are sorted descending with cub's segmented radix sort, the first k keys are decoded, and the
+// winners are sorted by position (the op lists a selection by ascending position). Keys are unique
+// within a row, so the result is fully determined: bitwise the CPU's selection.
 // The sort stays for k > 2048 and for topk_merge; topk with k <= 2048 runs the radix select below.
 #pragma once
 
@@ -38,13 +39,13 @@ void launch_topk_check_bounds(const int32_t* bounds, int64_t rows, int64_t n,
                               unsigned long long* bad, cudaStream_t stream);
 
 // Exact top-k by radix select (sm90_topk_select.cu): one thread-block cluster per row, the k-th order
-// key found in three digit passes over the row's keys (cached in shared memory), the winners gathered
-// in position order and sorted stably by key. Same selection as the sort, bitwise; k <= 2048.
+// key found in three digit passes over the row's scores (cached in shared memory), the winners
+// written in position order. Same selection as the sort, bitwise; k <= 2048.
 inline constexpr int kTopkSelectMaxK = 2048;
 struct TopkSelectParams {
   const float* scores;    // [rows, n], row stride score_stride
   const int32_t* bounds;  // [rows] positions [0, bound) selectable (bound <= n, checked by the op)
-  int32_t* indices;       // [rows, k] contiguous, best first, -1 padded
+  int32_t* indices;       // [rows, k] contiguous, ascending positions, -1 padded
   float* values;          // [rows, k] contiguous, -inf padded; null when not wanted
   int64_t score_stride;
   int64_t rows, n;        // n < 2^31
