@@ -1,27 +1,29 @@
 // Indexer decode logits over the paged fp8 key cache on the tensor cores (sm_90; mma.sync
-// m16n8k32 e4m3, fp32 accumulate), after DeepGEMM's fp8_mqa_logits / paged_mqa_logits: the core is
-// the fp8 GEMM [rows * heads, 128] x [128, keys], followed by relu, the head weights, the sum over
-// heads and the key scale.
+// m16n8k16 f16, fp32 accumulate), after DeepGEMM's fp8_mqa_logits / paged_mqa_logits: the core is
+// the GEMM [rows * heads, 128] x [128, keys] of e4m3 values, followed by relu, the head weights, the
+// sum over heads and the key scale. Hopper's mma.sync has no fp8 path (an e4m3 mma.sync compiles to
+// a conversion of both operands to f16 and two f16 MMAs, every time), so the kernel converts the
+// queries to f16 once and each key fragment once per warp; e4m3 -> f16 is exact.
 //
 // Work split: a block owns a "row group" (up to 4 consecutive rows of one sequence: the MTP
-// verification rows) and walks that sequence's pages (one 64-key page per tile) with a 4-stage
-// cp.async pipeline whose page ids are read one tile ahead. Each page is read from HBM once per
-// group and reused for every row and head. Each warp loads the e4m3 query bytes of 64 heads of one
-// row (rotate_quant writes them) into registers once (4 m16 tiles x 4 k32 steps)
-// and multiplies them by 8..64 keys of the page (n8 tiles read from shared memory); its partial
-// head sums go through shared memory so the head chunks of one row (heads > 64) add in a fixed order.
+// verification rows; 2 with more than 64 heads) and walks that sequence's pages (one 64-key page per
+// tile) with a 4-stage cp.async pipeline whose page ids are read one tile ahead. Each page is read
+// from HBM once per group and reused for every row and head. Each warp holds the queries of 32 heads
+// of one row (rotate_quant writes them as e4m3 bytes) in registers (2 m16 tiles x 8 k16 steps) and
+// multiplies them by 8..64 keys of the page (n8 tiles read from shared memory); its partial head
+// sums go through shared memory so the head chunks of one row add in a fixed order.
 //
-// K order: a lane's A and B registers hold bytes tig*32 + 8j + [0, 8) of a query / key row for k
-// step j (two 16-byte loads per row). The dot product's k order is a permutation of the reference's,
-// identical for A and B, so each mma computes the same sum of exact e4m3 products.
+// K order: for k16 step j a lane's A and B registers hold bytes tig*32 + 4j + [0, 4) of a query /
+// key row (two 16-byte loads per row). The dot product's k order is a permutation of the
+// reference's, identical for A and B, so each mma computes the same sum of exact products.
 //
-// Numerics: every product of two e4m3 values is exact in fp32, but the tensor core adds the 32
-// products of a k step in its own order and width (on Hopper the fp8 MMA aligns the products to the
-// largest exponent and keeps a limited number of bits) and the heads are then summed lane-parallel,
-// so logits agree with the CPU's sequential fp32 sums to a small relative error, not bitwise
+// Numerics: every product of two e4m3 values is exact in fp32, but the tensor core adds the
+// products of a k step in its own order and width and the heads are then summed lane-parallel, so
+// logits agree with the CPU's sequential fp32 sums to a small relative error, not bitwise
 // (tests/cuda/test_cuda_kv_fp8.cpp states the bound). Runs are deterministic: fixed orders only.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
@@ -37,10 +39,18 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kStages = 4;
 constexpr int kRowBytes = kD + 16;  // 144: padded key rows, conflict-free 16-byte fragment loads
-constexpr int kGroupRows = 4;       // rows per group (MTP: 1 + 3 drafts)
-constexpr int kHeadsPerWarp = 64;   // 4 m16 tiles
+constexpr int kMaxGroupRows = 4;    // rows per group (MTP: 1 + 3 drafts)
+constexpr int kHeadsPerWarp = 32;   // 2 m16 tiles
+constexpr int kMaxHeads = kWarps / 2 * kHeadsPerWarp;  // 128: a group of 2 rows fills the warps
+constexpr int kSteps = kD / 16;     // k16 steps
 
-static_assert(kGroupRows * kPage == kThreads, "the write phase maps one thread to (row, key)");
+static_assert(kMaxGroupRows * kPage == kThreads, "the write phase maps one thread to (row, key)");
+
+// Rows per group for this head count: every (row, 32-head chunk) of a group gets its own warp.
+__host__ __device__ constexpr int group_rows(int heads) {
+  const int chunks = (heads + kHeadsPerWarp - 1) / kHeadsPerWarp;
+  return kWarps / chunks < kMaxGroupRows ? kWarps / chunks : kMaxGroupRows;
+}
 
 struct Stage {
   uint8_t keys[kPage * kRowBytes];  // [64 keys, 144 B]: 128 e4m3 values + 16 B of padding
@@ -57,49 +67,63 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-// d += a b: a 16x32 e4m3 (row), b 32x8 e4m3 (col), d 16x8 f32.
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+// d += a b: a 16x16 f16 (row), b 16x8 f16 (col), d 16x8 f32.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Row r may start or extend a group when its sequence and bound are valid.
-__device__ __forceinline__ bool row_valid(const IndexerLogitsFp8Params& p, int64_t r, int64_t max_bound) {
-  const int64_t seq = p.row_seq[r], bound = p.bounds[r];
-  return seq >= 0 && seq < p.n_seqs && bound >= 0 && bound <= max_bound;
+// Two e4m3 values (the low and high byte of x) as f16x2 (low half from the low byte); exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(d) : "h"(static_cast<unsigned short>(x)));
+  return d;
 }
-// Group leaders: valid rows at a multiple of 4 or after a row of another sequence (or an invalid
-// one). A group is its leader and the following valid rows of the same sequence up to the next leader.
-__device__ __forceinline__ bool row_leads(const IndexerLogitsFp8Params& p, int64_t r, int64_t max_bound) {
-  if (r % kGroupRows == 0) return true;
-  return !row_valid(p, r - 1, max_bound) || p.row_seq[r - 1] != p.row_seq[r];
+
+// A row may start or extend a group when its sequence and bound are valid.
+__device__ __forceinline__ bool row_valid(int64_t seq, int64_t bound, int64_t n_seqs, int64_t max_bound) {
+  return seq >= 0 && seq < n_seqs && bound >= 0 && bound <= max_bound;
 }
 
 __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(IndexerLogitsFp8Params p) {
   __shared__ __align__(16) Stage st[kStages];
   __shared__ float part[kWarps][kPage];  // [m slice = (row, head chunk)][key] partial head sums
   __shared__ int s_bad[kStages];         // the stage's page id is invalid
-  __shared__ int s_bound[kGroupRows];
+  __shared__ int s_bound[kMaxGroupRows];
+  __shared__ int64_t s_mseq[kMaxGroupRows + 1], s_mbound[kMaxGroupRows + 1];
   __shared__ int s_rows;
   __shared__ int64_t s_seq;
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tig = lane & 3;
   const int64_t r0 = blockIdx.y;
   const int64_t max_bound = p.n_cols < p.max_pages * kPage ? p.n_cols : p.max_pages * kPage;
+  const int G = group_rows(p.heads);
+  // Rows r0 - 1 .. r0 + G - 1 (sequence, bound), loaded in parallel. Group leaders: valid rows at a
+  // multiple of G or after a row of another sequence (or an invalid one). A group is its leader and
+  // the following valid rows of the same sequence up to the next leader.
+  if (tid <= G) {
+    const int64_t rr = r0 - 1 + tid;
+    const bool in = rr >= 0 && rr < p.rows;
+    s_mseq[tid] = in ? p.row_seq[rr] : -1;
+    s_mbound[tid] = in ? p.bounds[rr] : -1;
+  }
+  __syncthreads();
   if (tid == 0) {
+    auto valid = [&](int i) { return row_valid(s_mseq[i], s_mbound[i], p.n_seqs, max_bound); };
+    auto leads = [&](int i) {  // row r0 - 1 + i, i >= 1
+      return (r0 - 1 + i) % G == 0 || !valid(i - 1) || s_mseq[i - 1] != s_mseq[i];
+    };
     int rows = 0;
-    if (!row_valid(p, r0, max_bound)) {
+    if (!valid(1)) {
       if (blockIdx.x == 0) atomicMin(p.bad_row, static_cast<unsigned long long>(r0));
-    } else if (row_leads(p, r0, max_bound)) {
+    } else if (leads(1)) {
       rows = 1;
-      while (rows < kGroupRows && r0 + rows < p.rows && row_valid(p, r0 + rows, max_bound) &&
-             !row_leads(p, r0 + rows, max_bound))
-        ++rows;
-      for (int i = 0; i < rows; ++i) s_bound[i] = p.bounds[r0 + i];
-      s_seq = p.row_seq[r0];
+      while (rows < G && r0 + rows < p.rows && valid(1 + rows) && !leads(1 + rows)) ++rows;
+      for (int i = 0; i < rows; ++i) s_bound[i] = s_mbound[1 + i];
+      s_seq = s_mseq[1];
     }
     s_rows = rows;
   }
@@ -110,8 +134,8 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
   int gmax = 0;
   for (int i = 0; i < R; ++i) gmax = max(gmax, s_bound[i]);
 
-  // Warp roles: m slices (row, head chunk of 64) x k slices (keys of the page).
-  const int hc_count = (p.heads + kHeadsPerWarp - 1) / kHeadsPerWarp;  // 1 or 2
+  // Warp roles: m slices (row, head chunk of 32) x k slices (keys of the page).
+  const int hc_count = (p.heads + kHeadsPerWarp - 1) / kHeadsPerWarp;  // 1..4
   const int mslices = R * hc_count;                                     // 1..8
   const int kslices = kWarps / mslices;
   const int warp_keys = kPage / kslices;  // 8, 16, 32 or 64
@@ -120,12 +144,15 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
   const int64_t r = r0 + mslice / hc_count;
   const int hc = mslice % hc_count;
 
-  // This warp's queries (e4m3 bytes, in registers for the whole block) and head weights: two
-  // 16-byte loads per m tile and half, all in flight together.
-  uint32_t a[4][4][4];  // [m tile][k step][a0..a3]
-  float wr[4][2];       // [m tile][head g, head g + 8]
+  // This warp's queries, in registers for the whole block as f16 (exact): two 16-byte loads of
+  // e4m3 bytes per m tile and half, all in flight together, converted once.
+  // K order: the lane with tig holds bytes tig*32 + 4j + [0, 4) of a row for k16 step j (bytes 0-1
+  // where the m16n8k16 layout has k = 2 tig + [0, 2), bytes 2-3 where it has k = 2 tig + 8 + [0, 2)).
+  // A and B use the same map, so each step sums exact products of matching elements.
+  uint32_t a[2][kSteps][4];  // [m tile][k step][a0..a3] f16x2
+  float wr[2][2];            // [m tile][head g, head g + 8]
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt) {
+  for (int mt = 0; mt < 2; ++mt) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int h = hc * kHeadsPerWarp + mt * 16 + g + 8 * half;
@@ -136,9 +163,12 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
         lo = src[0];
         hi = src[1];
       }
-      const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};  // bytes tig*32 + 4m
+      const uint32_t w[kSteps] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};  // bytes tig*32 + 4j
 #pragma unroll
-      for (int m = 0; m < 8; ++m) a[mt][m / 2][half + 2 * (m % 2)] = w[m];
+      for (int j = 0; j < kSteps; ++j) {
+        a[mt][j][half] = e4m3x2_to_f16x2(w[j]);            // a0 / a1: k = 2 tig + [0, 2)
+        a[mt][j][half + 2] = e4m3x2_to_f16x2(w[j] >> 16);  // a2 / a3: k = 2 tig + 8 + [0, 2)
+      }
       wr[mt][half] = on ? p.wq[r * p.heads + h] : 0.0f;
     }
   }
@@ -188,28 +218,38 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
     next = page_id(t + int64_t(kStages) * stride);
     const bool has_keys = t * kPage < gmax;
     const bool bad = has_keys && s_bad[s] != 0;
-    if (has_keys && !bad && active) {
-      for (int n0 = kslice * warp_keys; n0 < (kslice + 1) * warp_keys; n0 += 8) {
-        const uint8_t* krow = st[s].keys + (n0 + g) * kRowBytes + tig * 32;
+    // NT n8 tiles of keys from n0, their MMA chains interleaved (2 x NT independent accumulators).
+    auto keys_tiles = [&](int n0, auto nt_count) {
+      constexpr int NT = decltype(nt_count)::value;
+      uint32_t bw[NT][kSteps];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint8_t* krow = st[s].keys + (n0 + 8 * nt + g) * kRowBytes + tig * 32;
         const uint4 lo = *reinterpret_cast<const uint4*>(krow);
         const uint4 hi = *reinterpret_cast<const uint4*>(krow + 16);
-        const uint32_t bw[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-        float c[4][4];
+        bw[nt][0] = lo.x, bw[nt][1] = lo.y, bw[nt][2] = lo.z, bw[nt][3] = lo.w;
+        bw[nt][4] = hi.x, bw[nt][5] = hi.y, bw[nt][6] = hi.z, bw[nt][7] = hi.w;
+      }
+      float c[NT][2][4] = {};
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) c[mt][0] = c[mt][1] = c[mt][2] = c[mt][3] = 0.0f;
+      for (int j = 0; j < kSteps; ++j) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int nt = 0; nt < NT; ++nt) {
+          const uint32_t b0 = e4m3x2_to_f16x2(bw[nt][j]), b1 = e4m3x2_to_f16x2(bw[nt][j] >> 16);
 #pragma unroll
-          for (int mt = 0; mt < 4; ++mt) mma_e4m3(c[mt], a[mt][j], bw[2 * j], bw[2 * j + 1]);
+          for (int mt = 0; mt < 2; ++mt) mma_f16(c[nt][mt], a[mt][j], b0, b1);
         }
-        // c[mt]: heads (mt*16 + g, + 8) x keys (n0 + 2 tig, + 1). relu, weight, sum the heads.
+      }
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        // c[nt][mt]: heads (mt*16 + g, + 8) x keys (n0 + 8 nt + 2 tig, + 1). relu, weight, sum the heads.
         float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
-          s0 = fmaf(wr[mt][0], fmaxf(c[mt][0], 0.0f), s0);
-          s1 = fmaf(wr[mt][0], fmaxf(c[mt][1], 0.0f), s1);
-          s0 = fmaf(wr[mt][1], fmaxf(c[mt][2], 0.0f), s0);
-          s1 = fmaf(wr[mt][1], fmaxf(c[mt][3], 0.0f), s1);
+        for (int mt = 0; mt < 2; ++mt) {
+          s0 = fmaf(wr[mt][0], fmaxf(c[nt][mt][0], 0.0f), s0);
+          s1 = fmaf(wr[mt][0], fmaxf(c[nt][mt][1], 0.0f), s1);
+          s0 = fmaf(wr[mt][1], fmaxf(c[nt][mt][2], 0.0f), s0);
+          s1 = fmaf(wr[mt][1], fmaxf(c[nt][mt][3], 0.0f), s1);
         }
 #pragma unroll
         for (int o = 4; o < 32; o <<= 1) {
@@ -217,9 +257,17 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
           s1 += __shfl_xor_sync(0xffffffffu, s1, o);
         }
         if (g == 0) {
-          part[mslice][n0 + 2 * tig] = s0;
-          part[mslice][n0 + 2 * tig + 1] = s1;
+          part[mslice][n0 + 8 * nt + 2 * tig] = s0;
+          part[mslice][n0 + 8 * nt + 2 * tig + 1] = s1;
         }
+      }
+    };
+    if (has_keys && !bad && active) {
+      const int k0 = kslice * warp_keys;
+      if (warp_keys == 8) {
+        keys_tiles(k0, std::integral_constant<int, 1>{});
+      } else {
+        for (int n0 = k0; n0 < k0 + warp_keys; n0 += 16) keys_tiles(n0, std::integral_constant<int, 2>{});
       }
     }
     __syncthreads();  // partial sums complete
@@ -254,7 +302,7 @@ int device_sm_count() {
 }  // namespace
 
 bool indexer_logits_fp8_mma_supported(int heads, int d) {
-  if (d != kD || heads < 1 || heads > 2 * kHeadsPerWarp) return false;
+  if (d != kD || heads < 1 || heads > kMaxHeads) return false;
   int dev = 0, major = 0;
   DSI_CUDA_CHECK(cudaGetDevice(&dev));
   DSI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -263,13 +311,14 @@ bool indexer_logits_fp8_mma_supported(int heads, int d) {
 
 void launch_indexer_logits_fp8_mma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
   if (p.rows == 0) return;
-  DSI_CHECK(p.d == kD && p.heads >= 1 && p.heads <= 2 * kHeadsPerWarp,
+  DSI_CHECK(p.d == kD && p.heads >= 1 && p.heads <= kMaxHeads,
             "indexer_logits_fp8: the tensor-core kernel takes d = 128 and 1..128 heads, got d = {}, {} heads",
             p.d, p.heads);
   DSI_CHECK(p.rows <= 65535, "indexer_logits_fp8: {} rows, at most 65535 per call", p.rows);
   const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
   // About two resident blocks per SM over all groups (a group is up to 4 rows of one sequence).
-  const int64_t groups = (p.rows + kGroupRows - 1) / kGroupRows;
+  const int G = group_rows(p.heads);
+  const int64_t groups = (p.rows + G - 1) / G;
   const int64_t want = std::max<int64_t>(1, 2 * int64_t(device_sm_count()) / groups);
   const unsigned gx = unsigned(std::max<int64_t>(1, std::min(n_tiles, want)));
   indexer_logits_mma_kernel<<<dim3(gx, unsigned(p.rows)), kThreads, 0, s>>>(p);

@@ -35,14 +35,16 @@ constexpr int kGatherItems = 8;                   // consecutive keys per thread
 
 using Scan = cub::BlockScan<uint32_t, kSelThreads>;
 using Reduce = cub::BlockReduce<uint32_t, kSelThreads>;
+using ReduceU64 = cub::BlockReduce<unsigned long long, kSelThreads>;
 
 union Temp {
   typename Scan::TempStorage scan;
   typename Reduce::TempStorage reduce;
+  typename ReduceU64::TempStorage reduce64;
 };
 
 struct Pick {
-  uint32_t bin, above, local_above, total;
+  uint32_t bin, above, total;
 };
 
 // Order key of a score: larger = earlier; 0 for -inf and NaN (never selectable; a selectable score
@@ -55,49 +57,56 @@ __device__ __forceinline__ uint32_t order_key(float v) {
 
 constexpr uint32_t kNoKeyBits = 0xff800000u;  // -inf: what a position at or past the bound caches
 
-constexpr size_t dynamic_smem(int64_t cache_entries) {
-  return sizeof(uint32_t) * (2 * size_t(kBins) + size_t(cache_entries));
+// Dynamic shared memory (words): the local histograms of the three digits (pass 3 reuses the first),
+// this CTA's slices of the cluster-wide histograms, then the cached scores.
+__host__ __device__ constexpr int64_t merged_words(int ctas) { return 2 * (kBins / ctas) + 256 / ctas; }
+constexpr size_t dynamic_smem(int ctas, int64_t cache_entries) {
+  return sizeof(uint32_t) * size_t(2 * kBins + merged_words(ctas) + cache_entries);
 }
 
-// The split cluster barrier: arrive after this CTA's last read of another CTA's shared memory,
-// wait before exiting (a CTA's shared memory must outlive the others' reads of it).
+// The split cluster barrier: arrive, then wait before the first access that needs every CTA past
+// the arrive (the work in between overlaps the barrier).
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::); }
 
-// Sums histogram `hist` (NB bins, in every CTA of the cluster) and finds the bin where the count
-// from the top reaches `need` (first pass: need = min(k, total)). Every CTA gets the same bin; also
-// the cluster-wide count above it and this CTA's own count above it. Block-synchronising.
-// The merge is split: CTA q sums only its slice of NB / C bins over the C histograms (C remote
-// reads per bin instead of every CTA reading every histogram), the slice totals locate the slice
-// holding the k-th key, and that slice's CTA finds the bin and hands it to the others.
+// Cross-CTA traffic of the cluster, written by the other CTAs (pushes: no CTA waits on a remote load).
+struct Mailbox {
+  uint32_t totals[kMaxCluster];     // per CTA: the sum of its slice of the current merged histogram
+  uint32_t found[2];                // the crossing CTA's bin and the count above it
+  uint32_t counts[kMaxCluster][2];  // per CTA: its keys > T and == T
+};
+
+// Finds the bin of the cluster-wide histogram (this CTA holds `hist`, NB bins of its own keys) at
+// which the count from the top reaches `need` (first level: min(k, total)); the cluster-wide count
+// above it and the total. Every CTA gets the same answer. Each CTA owns a slice of NB / C bins: the
+// others add their counts into its `merged` slice (zero on entry), it sums the slice and sends the
+// sum to every CTA, all find the slice holding the k-th key, and its owner finds the bin and sends
+// it. Block-synchronising; three cluster barriers, the first of which the caller has passed.
 template <int NB>
-__device__ void pick_bin(const cg::cluster_group& cluster, uint32_t* hist, uint32_t need_or_k, bool first,
-                         Temp& temp, Pick& pick) {
-  __shared__ uint32_t merged[NB];      // this CTA's slice of the summed histogram
-  __shared__ uint32_t slice_total;     // read by every CTA of the cluster
-  __shared__ Pick found;               // the crossing CTA's answer, read by every CTA
-  __shared__ int cross;                // the CTA whose slice holds the k-th key (-1: none)
-  __shared__ uint32_t above_slices, need_s;
+__device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* hist, uint32_t* merged,
+                             Mailbox& mail, uint32_t need_or_k, bool first, Temp& temp) {
+  __shared__ uint32_t s_tot, s_need, s_total, s_above, s_fbin, s_fabove;
+  __shared__ int s_cross;  // the CTA whose slice holds the k-th key (-1: none)
   const int tid = threadIdx.x;
   const unsigned n_ctas = cluster.num_blocks(), me = cluster.block_rank();
   const int S = NB / int(n_ctas);  // n_ctas is a power of two <= 16 and divides NB
-  const int lo = int(me) * S;
-  uint32_t tot = 0;
-  for (int j = tid; j < S; j += kSelThreads) {
-    uint32_t c = 0;
-#pragma unroll
-    for (unsigned q = 0; q < kMaxCluster; ++q)  // the remote loads are in flight together
-      if (q < n_ctas) c += cluster.map_shared_rank(hist, q)[lo + j];
-    merged[j] = c;
-    tot += c;
+  __syncthreads();                 // this CTA's histogram is complete
+  for (int b = tid; b < NB; b += kSelThreads) {
+    const uint32_t c = hist[b];
+    if (c != 0u) atomicAdd(cluster.map_shared_rank(merged + b % S, unsigned(b / S)), c);
   }
+  cluster.sync();  // every count is in its slice
+  uint32_t tot = 0;
+  for (int j = tid; j < S; j += kSelThreads) tot += merged[j];
   tot = Reduce(temp.reduce).Sum(tot);
-  if (tid == 0) slice_total = tot;
-  cluster.sync();
-  if (tid < 32) {  // warp 0: lane q reads CTA q's slice total; all lanes see every total by shuffles
+  if (tid == 0) s_tot = tot;
+  __syncthreads();
+  if (tid < int(n_ctas)) *cluster.map_shared_rank(&mail.totals[me], unsigned(tid)) = s_tot;
+  cluster.sync();  // every CTA has every slice total
+  if (tid < 32) {  // lane q: CTA q's slice, the bins above it are in the slices of higher ranks
     const unsigned q = unsigned(tid);
-    const uint32_t t = q < n_ctas ? *cluster.map_shared_rank(&slice_total, q) : 0u;
-    uint32_t total = 0, above = 0;  // above: the slices of higher bins (higher CTA ranks)
+    const uint32_t t = q < n_ctas ? mail.totals[q] : 0u;
+    uint32_t total = 0, above = 0;
 #pragma unroll
     for (int j = 0; j < kMaxCluster; ++j) {
       const uint32_t tj = __shfl_sync(0xffffffffu, t, j);
@@ -106,18 +115,18 @@ __device__ void pick_bin(const cg::cluster_group& cluster, uint32_t* hist, uint3
     }
     const uint32_t need = first ? min(need_or_k, total) : need_or_k;
     if (q == 0) {
-      cross = -1;
-      need_s = need;
-      pick.total = total;
+      s_cross = -1;
+      s_need = need;
+      s_total = total;
     }
     __syncwarp();
     if (q < n_ctas && need > 0 && above < need && above + t >= need) {  // exactly one lane
-      cross = int(q);
-      above_slices = above;
+      s_cross = int(q);
+      s_above = above;
     }
   }
   __syncthreads();
-  if (cross == int(me)) {  // block-uniform
+  if (s_cross == int(me)) {  // block-uniform
     constexpr int kPer = NB >= kSelThreads ? NB / kSelThreads : 1;
     const int per = (S + kSelThreads - 1) / kSelThreads;  // <= kPer
     uint32_t cnt[kPer], sum = 0;
@@ -129,36 +138,29 @@ __device__ void pick_bin(const cg::cluster_group& cluster, uint32_t* hist, uint3
     }
     uint32_t before = 0;
     Scan(temp.scan).ExclusiveSum(sum, before);
-    const uint32_t need = need_s - above_slices;
+    const uint32_t need = s_need - s_above;
     uint32_t acc = before;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       if (acc < need && acc + cnt[i] >= need) {  // exactly one (thread, i) crosses
-        found.bin = uint32_t(lo + S - 1 - tid * per - i);
-        found.above = above_slices + acc;
+        s_fbin = uint32_t(int(me) * S + S - 1 - tid * per - i);
+        s_fabove = s_above + acc;
       }
       acc += cnt[i];
     }
-  }
-  cluster.sync();
-  if (tid == 0) {
-    if (cross >= 0) {
-      const Pick f = *cluster.map_shared_rank(&found, unsigned(cross));
-      pick.bin = f.bin;
-      pick.above = f.above;
-    } else {
-      pick.bin = 0;
-      pick.above = 0;
+    __syncthreads();
+    if (tid < int(n_ctas)) {
+      uint32_t* f = cluster.map_shared_rank(mail.found, unsigned(tid));
+      f[0] = s_fbin;
+      f[1] = s_fabove;
     }
   }
-  __syncthreads();
-  const uint32_t bin = pick.bin;
-  uint32_t la = 0;
-  for (int b = tid; b < NB; b += kSelThreads)
-    if (uint32_t(b) > bin) la += hist[b];
-  la = Reduce(temp.reduce).Sum(la);
-  if (tid == 0) pick.local_above = la;
-  __syncthreads();
+  cluster.sync();  // every CTA has the bin
+  Pick r;
+  r.total = s_total;
+  r.bin = s_cross >= 0 ? mail.found[0] : 0u;
+  r.above = s_cross >= 0 ? mail.found[1] : 0u;
+  return r;
 }
 
 // hist[digit(key)] += 1 for the selectable keys among the cached scores whose key passes `in_bin`,
@@ -186,16 +188,18 @@ __device__ __forceinline__ void histogram_pass(const uint32_t* cache, int64_t le
 template <bool kCached>
 __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectParams p) {
   extern __shared__ __align__(16) uint32_t dyn[];
-  uint32_t* hist0 = dyn;                 // [4096] pass 1, then [256] pass 3
-  uint32_t* hist1 = dyn + kBins;         // [4096] pass 2
-  uint32_t* cache = dyn + 2 * kBins;     // [chunk] the scores' bits (kCached only)
   __shared__ Temp temp;
-  __shared__ Pick pick;
-  __shared__ uint32_t s_counts[2];       // this CTA's keys > T and == T
-  __shared__ uint32_t s_place[2];        // winners in lower CTAs, keys == T this CTA takes
+  __shared__ Mailbox mail;
+  __shared__ uint32_t s_place[2];  // winners in lower CTAs, keys == T this CTA takes
 
   const cg::cluster_group cluster = cg::this_cluster();
   const unsigned crank = cluster.block_rank(), n_ctas = cluster.num_blocks();
+  uint32_t* hist0 = dyn;                         // [4096] pass 1, then [256] pass 3
+  uint32_t* hist1 = dyn + kBins;                 // [4096] pass 2
+  uint32_t* merged0 = dyn + 2 * kBins;           // [4096 / C] this CTA's slices of the cluster's
+  uint32_t* merged1 = merged0 + kBins / n_ctas;  //   histograms: passes 1, 2
+  uint32_t* merged2 = merged1 + kBins / n_ctas;  //   and 3 ([256 / C])
+  uint32_t* cache = dyn + 2 * kBins + merged_words(int(n_ctas));  // [chunk] scores' bits (kCached)
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.y;
   const float* srow = p.scores + row * p.score_stride;
@@ -213,8 +217,9 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     }
   };
 
-  for (int i = tid; i < 2 * kBins; i += kSelThreads) dyn[i] = 0;
+  for (int64_t i = tid; i < 2 * kBins + merged_words(int(n_ctas)); i += kSelThreads) dyn[i] = 0;
   __syncthreads();
+  cluster_arrive();  // this CTA's slices are zero: the others may add into them after the wait
   // Pass 1: scores (cached), histogram of bits 31..20 of the selectable keys.
   // 8 loads per thread in flight before their keys are binned (one at a time is latency-bound).
   constexpr int kLoads = 8;
@@ -234,8 +239,8 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       if (o != 0u) atomicAdd(&hist0[o >> 20], 1u);
     }
   }
-  cluster.sync();
-  pick_bin<kBins>(cluster, hist0, uint32_t(p.k), true, temp, pick);
+  cluster_wait();
+  Pick pick = cluster_pick<kBins>(cluster, hist0, merged0, mail, uint32_t(p.k), true, temp);
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
   int32_t* out_idx = p.indices + row * p.k;
   float* out_val = p.values != nullptr ? p.values + row * p.k : nullptr;
@@ -244,12 +249,9 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       out_idx[j] = -1;
       if (out_val != nullptr) out_val[j] = -INFINITY;
     }
-  if (kk == 0) {
-    cluster.sync();  // no CTA reads another's histogram any more
-    return;
-  }
+  if (kk == 0) return;  // no CTA touches another's shared memory any more
   const uint32_t b1 = pick.bin;
-  uint32_t above = pick.above, local_above = pick.local_above;
+  uint32_t above = pick.above;
   // Pass 2: bits 19..8 of the keys in bin b1.
   if constexpr (kCached) {
     histogram_pass(cache, len, hist1, [&](uint32_t o) { return (o >> 20) == b1; },
@@ -260,12 +262,11 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       if (o != 0u && (o >> 20) == b1) atomicAdd(&hist1[(o >> 8) & 0xfffu], 1u);
     }
   }
-  cluster.sync();  // also: every CTA has finished reading the pass-1 histograms
-  pick_bin<kBins>(cluster, hist1, kk - above, false, temp, pick);
+  pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, kk - above, false, temp);
   const uint32_t prefix24 = (b1 << 12) | pick.bin;
   above += pick.above;
-  local_above += pick.local_above;
-  // Pass 3: bits 7..0 of the keys with that 24-bit prefix (hist0 is free again).
+  // Pass 3: bits 7..0 of the keys with that 24-bit prefix (hist0 is free again: every CTA's pushes
+  // from it ended before the last barrier).
   for (int i = tid; i < 256; i += kSelThreads) hist0[i] = 0;
   __syncthreads();
   if constexpr (kCached) {
@@ -277,77 +278,104 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       if (o != 0u && (o >> 8) == prefix24) atomicAdd(&hist0[o & 0xffu], 1u);
     }
   }
-  cluster.sync();
-  pick_bin<256>(cluster, hist0, kk - above, false, temp, pick);
+  pick = cluster_pick<256>(cluster, hist0, merged2, mail, kk - above, false, temp);
   const uint32_t thr = (prefix24 << 8) | pick.bin;  // the k-th key (>= 1: selectable)
   above += pick.above;
-  local_above += pick.local_above;
   const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
-  if (tid == 0) {
-    s_counts[0] = local_above;
-    s_counts[1] = hist0[pick.bin];
+  // This CTA's keys > thr and == thr (the histograms only hold the keys of the threshold's bins).
+  uint32_t gt = 0, eq = 0;
+  if constexpr (kCached) {
+    const int64_t n4 = len / 4;
+    const uint4* c4 = reinterpret_cast<const uint4*>(cache);
+    for (int64_t i = tid; i < n4; i += kSelThreads) {
+      const uint4 w = c4[i];
+      const uint32_t b[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const uint32_t o = order_key(__uint_as_float(b[u]));
+        gt += o > thr ? 1u : 0u;
+        eq += o == thr ? 1u : 0u;
+      }
+    }
+    for (int64_t i = 4 * n4 + tid; i < len; i += kSelThreads) {
+      const uint32_t o = order_key(__uint_as_float(cache[i]));
+      gt += o > thr ? 1u : 0u;
+      eq += o == thr ? 1u : 0u;
+    }
+  } else {
+    for (int64_t i = tid; i < len; i += kSelThreads) {
+      const uint32_t o = order_key(__uint_as_float(bits_at(i)));
+      gt += o > thr ? 1u : 0u;
+      eq += o == thr ? 1u : 0u;
+    }
   }
-  cluster.sync();
+  const unsigned long long both =
+      ReduceU64(temp.reduce64).Sum((static_cast<unsigned long long>(eq) << 32) | gt);
+  if (tid == 0) {
+    s_place[0] = uint32_t(both);
+    s_place[1] = uint32_t(both >> 32);
+  }
+  __syncthreads();
+  if (tid < int(n_ctas)) {
+    uint32_t* c = cluster.map_shared_rank(mail.counts[crank], unsigned(tid));
+    c[0] = s_place[0];
+    c[1] = s_place[1];
+  }
+  cluster.sync();  // every CTA has every CTA's counts; no shared memory is touched remotely after this
+  const uint32_t my_gt = mail.counts[crank][0];
   // This CTA's place in the position-ordered winner list: the CTAs before it hold lower positions.
   // Warp 0, lane q: CTA q's counts; the keys == thr go to the lowest CTAs first.
   if (tid < 32) {
     const unsigned q = unsigned(tid);
-    uint32_t gt = 0, eq = 0;
-    if (q < n_ctas) {
-      const uint32_t* c = cluster.map_shared_rank(s_counts, q);
-      gt = c[0];
-      eq = c[1];
-    }
+    const uint32_t cgt = q < n_ctas ? mail.counts[q][0] : 0u, ceq = q < n_ctas ? mail.counts[q][1] : 0u;
     uint32_t eq_before = 0, win_before = 0, my_take = 0;
 #pragma unroll
-    for (int j = 0; j < kMaxCluster; ++j) {  // serial in j, every lane the same: 16 shuffles
-      const uint32_t gj = __shfl_sync(0xffffffffu, gt, j), ej = __shfl_sync(0xffffffffu, eq, j);
+    for (int j = 0; j < kMaxCluster; ++j) {  // serial in j, every lane the same: 32 shuffles
+      const uint32_t gj = __shfl_sync(0xffffffffu, cgt, j), ej = __shfl_sync(0xffffffffu, ceq, j);
       const uint32_t t = min(ej, take_eq - min(take_eq, eq_before));
       if (unsigned(j) == crank) my_take = t;
       if (unsigned(j) < crank) win_before += gj + t;
       eq_before += ej;
     }
+    __syncwarp();
     if (q == 0) {
       s_place[0] = win_before;
       s_place[1] = my_take;
     }
   }
-  cluster_arrive();  // this CTA reads no other CTA's shared memory after this point
   __syncthreads();
   const uint32_t win_before = s_place[0], my_take = s_place[1];
-  if (s_counts[0] + my_take > 0) {  // block-uniform
-    uint32_t run_gt = 0, run_eq = 0;
-    for (int64_t base = 0; base < len; base += int64_t(kSelThreads) * kGatherItems) {
-      uint32_t b[kGatherItems], o[kGatherItems];
-      uint32_t cnt = 0;  // (keys > thr) | (keys == thr) << 16: a tile holds < 2^16 keys
+  if (my_gt + my_take == 0) return;  // block-uniform
+  uint32_t run_gt = 0, run_eq = 0;
+  for (int64_t base = 0; base < len; base += int64_t(kSelThreads) * kGatherItems) {
+    uint32_t b[kGatherItems], o[kGatherItems];
+    uint32_t cnt = 0;  // (keys > thr) | (keys == thr) << 16: a tile holds < 2^16 keys
 #pragma unroll
-      for (int it = 0; it < kGatherItems; ++it) {
-        const int64_t i = base + int64_t(tid) * kGatherItems + it;
-        b[it] = i < len ? bits_at(i) : kNoKeyBits;
-        o[it] = order_key(__uint_as_float(b[it]));
-        cnt += (o[it] > thr ? 1u : 0u) + (o[it] == thr ? 0x10000u : 0u);
-      }
-      uint32_t pre = 0, agg = 0;
-      Scan(temp.scan).ExclusiveSum(cnt, pre, agg);
-      uint32_t gt_b = run_gt + (pre & 0xffffu), eq_b = run_eq + (pre >> 16);
-#pragma unroll
-      for (int it = 0; it < kGatherItems; ++it) {
-        const int64_t pos = lo + base + int64_t(tid) * kGatherItems + it;
-        const bool win = o[it] > thr || (o[it] == thr && eq_b < my_take);
-        if (win) {
-          const uint32_t slot = win_before + gt_b + min(eq_b, my_take);
-          out_idx[slot] = int32_t(pos);
-          if (out_val != nullptr) out_val[slot] = __uint_as_float(b[it]);
-        }
-        gt_b += o[it] > thr ? 1u : 0u;
-        eq_b += o[it] == thr ? 1u : 0u;
-      }
-      run_gt += agg & 0xffffu;
-      run_eq += agg >> 16;
-      __syncthreads();  // temp.scan is reused by the next tile
+    for (int it = 0; it < kGatherItems; ++it) {
+      const int64_t i = base + int64_t(tid) * kGatherItems + it;
+      b[it] = i < len ? bits_at(i) : kNoKeyBits;
+      o[it] = order_key(__uint_as_float(b[it]));
+      cnt += (o[it] > thr ? 1u : 0u) + (o[it] == thr ? 0x10000u : 0u);
     }
+    uint32_t pre = 0, agg = 0;
+    Scan(temp.scan).ExclusiveSum(cnt, pre, agg);
+    uint32_t gt_b = run_gt + (pre & 0xffffu), eq_b = run_eq + (pre >> 16);
+#pragma unroll
+    for (int it = 0; it < kGatherItems; ++it) {
+      const int64_t pos = lo + base + int64_t(tid) * kGatherItems + it;
+      const bool win = o[it] > thr || (o[it] == thr && eq_b < my_take);
+      if (win) {
+        const uint32_t slot = win_before + gt_b + min(eq_b, my_take);
+        out_idx[slot] = int32_t(pos);
+        if (out_val != nullptr) out_val[slot] = __uint_as_float(b[it]);
+      }
+      gt_b += o[it] > thr ? 1u : 0u;
+      eq_b += o[it] == thr ? 1u : 0u;
+    }
+    run_gt += agg & 0xffffu;
+    run_eq += agg >> 16;
+    __syncthreads();  // temp.scan is reused by the next tile
   }
-  cluster_wait();
 }
 
 }  // namespace
@@ -364,7 +392,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
   if (p.rows == 0 || p.k == 0) return;
   DSI_CHECK(p.k >= 1 && p.k <= kTopkSelectMaxK, "topk: the select kernel takes k <= {}, got {}",
             kTopkSelectMaxK, p.k);
-  const size_t max_smem = dynamic_smem(kCacheMax);
+  const size_t max_smem = dynamic_smem(1, kCacheMax);
   for (auto kernel : {topk_select_kernel<true>, topk_select_kernel<false>}) {
     DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(max_smem)));
@@ -396,7 +424,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
   while (ctas > 2 && p.rows * ctas > sms / 2) ctas /= 2;
   const int64_t chunk = (p.n + ctas - 1) / ctas;
   const bool cached = chunk <= kCacheMax;
-  const size_t smem = dynamic_smem(cached ? chunk : 0);
+  const size_t smem = dynamic_smem(ctas, cached ? chunk : 0);
   auto kernel = cached ? topk_select_kernel<true> : topk_select_kernel<false>;
   for (int64_t r0 = 0; r0 < p.rows; r0 += 65535) {
     TopkSelectParams q = p;
