@@ -1,6 +1,8 @@
-// The serving engine; see include/dsinfer/engine.h. One engine thread owns the model (all ranks,
-// through RankWorkers), the page pools and every sequence; the command queue between submitters
-// and that thread is the only shared state. Each step: the scheduler plans rows (decode rounds,
+// The serving engine; see include/dsinfer/engine.h. One engine thread owns the model (its ranks,
+// through a RankGroup), the page pools and every sequence; the command queue between submitters
+// and that thread is the only shared state. With ranks in several processes (mpirun), every process
+// runs the same steps: the leader (rank 0's process) takes the requests, samples and verifies, and
+// hands its decisions to the others (RankGroup::share) at fixed points of each step. Each step: the scheduler plans rows (decode rounds,
 // prefill chunks); the MTP layer drafts for the decoding sequences (batched, chained K steps); the
 // model runs every planned row in one batched forward; the engine samples or verifies per
 // sequence, exactly as the single-sequence generator does (same random draws for a seed), and
@@ -8,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 
 #include <spdlog/spdlog.h>
@@ -57,7 +60,9 @@ int64_t pool_budget(const EngineOptions& o, Device device) {
 
 }  // namespace
 
-EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
+EngineImpl::EngineImpl(const EngineOptions& o) : EngineImpl(o, nullptr) {}
+
+EngineImpl::EngineImpl(const EngineOptions& o, std::unique_ptr<RankGroup> ranks) : opt_(o) {
   DSI_CHECK(!o.model_dir.empty(), "no model directory given");
   cfg_ = load_config(o.model_dir + "/config.json");
   K_ = o.speculative_tokens;
@@ -73,20 +78,23 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
             "max_model_len = {} exceeds the model's context length {}", limit,
             cfg_.max_position_embeddings);
 
-  ranks_ = std::make_unique<RankWorkers>(pc, CommOptions{}, /*cuda=*/o.device == "cuda");
-  models_.resize(size_t(pc.tp));
+  ranks_ = ranks ? std::move(ranks)
+                 : std::make_unique<RankWorkers>(pc, CommOptions{}, /*cuda=*/o.device == "cuda");
+  DSI_CHECK(ranks_->size() == pc.tp, "the engine's {} ranks do not match tp = {}", ranks_->size(), pc.tp);
+  models_.resize(ranks_->local().size());
   ranks_->run([&](int r) {
-    models_[size_t(r)] = load_rank_model(o.model_dir, ranks_->context(r), {}, rank_device(o.device, r));
+    models_[size_t(ranks_->slot(r))] =
+        load_rank_model(o.model_dir, ranks_->context(r), {}, rank_device(o.device, r));
   });
   DSI_CHECK(K_ == 0 || models_[0]->has_mtp(),
             "speculative decoding needs an MTP layer, and this checkpoint has none");
-  if (o.cuda_graphs && models_.size() == 1 && StepGraphs::supported(*models_[0]))
+  if (o.cuda_graphs && ranks_->size() == 1 && StepGraphs::supported(*models_[0]))
     graphs_ = std::make_unique<StepGraphs>(*models_[0]);
   kv_dtype_ = resolve_kv_cache_dtype(o.kv_cache_dtype, cfg_, models_[0]->device());
   if (!models_[0]->device().is_cpu()) warm_up(std::min<int64_t>(o.max_num_batched_tokens, limit));
 
   // The pool: what the budget buys, but no more than max_num_seqs full-length sequences need.
-  const DcpLayout& dcp = ranks_->context(0).dcp;
+  const DcpLayout& dcp = ranks_->context(ranks_->local().front()).dcp;
   const KvCacheDtype kv_dtype = kv_dtype_;
   const int64_t page_bytes = KvPool::bytes_per_page(cfg_, K_ > 0, kv_dtype);
   // The graphs captured after the pool exists take their memory out of the budget's share.
@@ -96,10 +104,10 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
   DSI_CHECK(n_pages >= SequenceKvCache::pages_for(dcp, std::min<int64_t>(limit, 2 + K_)),
             "the KV cache budget of {} bytes holds {} pages of {} bytes: too few for one request",
             budget, n_pages, page_bytes);
-  pools_.resize(size_t(pc.tp));
+  pools_.resize(models_.size());
   ranks_->run([&](int r) {
-    pools_[size_t(r)] =
-        std::make_shared<KvPool>(cfg_, n_pages, K_ > 0, models_[size_t(r)]->device(), kv_dtype);
+    const size_t i = size_t(ranks_->slot(r));
+    pools_[i] = std::make_shared<KvPool>(cfg_, n_pages, K_ > 0, models_[i]->device(), kv_dtype);
   });
   SchedulerConfig sc;
   sc.max_num_seqs = o.max_num_seqs;
@@ -134,7 +142,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
   stats_.kv_capacity_tokens = capacity;
   stats_.accepted_per_pos.assign(size_t(K_), 0);
   metrics_ = stats_;
-  thread_ = std::thread([this] { loop(); });
+  if (ranks_->leader()) thread_ = std::thread([this] { loop(); });
 }
 
 // The largest step the scheduler makes, a prefill chunk of `rows` tokens (and its logits), runs once
@@ -144,7 +152,7 @@ EngineImpl::EngineImpl(const EngineOptions& o) : opt_(o) {
 void EngineImpl::warm_up(int64_t rows) {
   const KvCacheDtype dtype = kv_dtype_;
   ranks_->run([&](int r) {
-    const DsaModel& m = *models_[size_t(r)];
+    const DsaModel& m = *models_[size_t(ranks_->slot(r))];
 #ifdef DSI_WITH_CUDA
     // Blocks cached from loading (or from an engine before this one) go back to the device first.
     cuda::empty_cache(m.device().index);
@@ -186,6 +194,7 @@ EngineImpl::~EngineImpl() {
 }
 
 uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
+  DSI_CHECK(ranks_->leader(), "only the process of rank 0 takes requests");
   validate_prompt(cfg_, r.prompt);
   const int64_t P = int64_t(r.prompt.size());
   DSI_CHECK(r.max_new_tokens >= 1, "max_new_tokens = {} must be >= 1", r.max_new_tokens);
@@ -241,18 +250,40 @@ EngineMetrics EngineImpl::metrics() const {
 }
 
 void EngineImpl::loop() {
+  // With other processes, the leader sends a control message at least every second, so that theirs
+  // never time out while it has nothing to do.
+  const bool others = !ranks_->single_process();
   for (;;) {
     std::deque<std::unique_ptr<EngineSequence>> incoming;
     std::vector<uint64_t> cancels;
-    {
+    bool stop = false;
+    if (ranks_->leader()) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
-        return stop_ || !incoming_.empty() || !cancels_.empty() || !seqs_.empty();
-      });
-      if (stop_) break;
+      auto ready = [&] { return stop_ || !incoming_.empty() || !cancels_.empty() || !seqs_.empty(); };
+      if (others)
+        cv_.wait_for(lock, std::chrono::seconds(1), ready);
+      else
+        cv_.wait(lock, ready);
+      stop = stop_;
       incoming.swap(incoming_);
       cancels.swap(cancels_);
     }
+    if (others) {
+      try {
+        stop = share_control(stop, incoming, cancels);
+      } catch (const std::exception& e) {  // another process is gone: no step can run any more
+        spdlog::error("engine: {}", e.what());
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          failed_ = e.what();
+        }
+        for (auto& s : incoming) s->sink(RequestEvent{{}, true, "error", e.what(), s->prompt_len, 0});
+        fail_all(e.what());
+        if (!ranks_->leader()) throw;
+        break;
+      }
+    }
+    if (stop) break;
     for (auto& s : incoming) {
       EngineSequence* p = s.get();
       seqs_[p->sched.id] = std::move(s);
@@ -269,6 +300,7 @@ void EngineImpl::loop() {
       } catch (const std::exception& e) {
         spdlog::error("engine step failed: {}", e.what());
         fail_all(e.what());
+        if (!ranks_->leader()) throw;  // the leader's steps need this process's rank
       }
       sweep();
     }
@@ -279,6 +311,114 @@ void EngineImpl::loop() {
   for (EngineSequence* s : left) finish(*s, "abort");
   seqs_.clear();
   publish_metrics();
+}
+
+void EngineImpl::follow() {
+  DSI_CHECK(!ranks_->leader(), "follow() is for the processes other than rank 0's");
+  loop();
+}
+
+namespace {
+
+// The control messages' encoding: little-endian fixed-size fields and counted i32 vectors.
+class Writer {
+ public:
+  template <typename T>
+  void put(T v) {
+    const size_t at = bytes.size();
+    bytes.resize(at + sizeof(T));
+    std::memcpy(bytes.data() + at, &v, sizeof(T));
+  }
+  void put_ids(const std::vector<int32_t>& v) {
+    put(uint64_t(v.size()));
+    for (int32_t x : v) put(x);
+  }
+  std::vector<uint8_t> bytes;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::vector<uint8_t>& b) : b_(b) {}
+  template <typename T>
+  T get() {
+    DSI_CHECK(at_ + sizeof(T) <= b_.size(), "engine control message: truncated at byte {}", at_);
+    T v;
+    std::memcpy(&v, b_.data() + at_, sizeof(T));
+    at_ += sizeof(T);
+    return v;
+  }
+  std::vector<int32_t> get_ids() {
+    const uint64_t n = get<uint64_t>();
+    DSI_CHECK(n <= (b_.size() - at_) / 4, "engine control message: {} ids past its end", n);
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (auto& x : v) x = get<int32_t>();
+    return v;
+  }
+
+ private:
+  const std::vector<uint8_t>& b_;
+  size_t at_ = 0;
+};
+
+}  // namespace
+
+bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSequence>>& incoming,
+                               std::vector<uint64_t>& cancels) {
+  Writer w;
+  if (ranks_->leader()) {
+    w.put(uint8_t(stop));
+    w.put(uint64_t(incoming.size()));
+    for (const auto& s : incoming) {
+      const EngineRequest& r = s->request;
+      w.put(s->sched.id);
+      w.put_ids(r.prompt);
+      w.put(int32_t(r.max_new_tokens));
+      w.put(uint8_t(r.ignore_eos));
+      w.put(r.sampling.temperature);
+      w.put(r.sampling.top_p);
+      w.put(r.sampling.seed);
+      w.put_ids(r.stop_token_ids);
+    }
+    w.put(uint64_t(cancels.size()));
+    for (uint64_t id : cancels) w.put(id);
+  }
+  ranks_->share(w.bytes);
+  if (ranks_->leader()) return stop;
+  Reader rd(w.bytes);
+  stop = rd.get<uint8_t>() != 0;
+  const uint64_t n = rd.get<uint64_t>();
+  for (uint64_t i = 0; i < n; ++i) {
+    auto s = std::make_unique<EngineSequence>();
+    s->sched.id = rd.get<uint64_t>();
+    EngineRequest& r = s->request;
+    r.prompt = rd.get_ids();
+    r.max_new_tokens = rd.get<int32_t>();
+    r.ignore_eos = rd.get<uint8_t>() != 0;
+    r.sampling.temperature = rd.get<float>();
+    r.sampling.top_p = rd.get<float>();
+    r.sampling.seed = rd.get<uint64_t>();
+    r.stop_token_ids = rd.get_ids();
+    s->tokens = r.prompt;
+    s->prompt_len = int64_t(r.prompt.size());
+    s->rng.seed(r.sampling.seed);
+    s->sink = [](RequestEvent&&) {};  // the leader reports to the clients
+    s->sched.n_tokens = s->prompt_len;
+    s->sched.max_drafts = K_;
+    incoming.push_back(std::move(s));
+  }
+  const uint64_t c = rd.get<uint64_t>();
+  for (uint64_t i = 0; i < c; ++i) cancels.push_back(rd.get<uint64_t>());
+  return stop;
+}
+
+void EngineImpl::share_tokens(std::vector<int32_t>& tokens) {
+  if (ranks_->single_process()) return;
+  Writer w;
+  if (ranks_->leader()) w.put_ids(tokens);
+  ranks_->share(w.bytes);
+  if (ranks_->leader()) return;
+  Reader rd(w.bytes);
+  tokens = rd.get_ids();
 }
 
 std::unique_ptr<Engine> Engine::start(const EngineOptions& options) {

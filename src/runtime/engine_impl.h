@@ -23,8 +23,16 @@ namespace dsi {
 
 class EngineImpl final : public Engine {
  public:
+  // On thread ranks of this process.
   explicit EngineImpl(const EngineOptions& o);
+  // On `ranks` (e.g. one rank per MPI process). The leader's engine (rank 0's process) takes the
+  // requests and runs its engine thread; every other process calls follow().
+  EngineImpl(const EngineOptions& o, std::unique_ptr<RankGroup> ranks);
   ~EngineImpl() override;
+
+  // A process other than the leader: runs the leader's steps on this process's ranks until the
+  // leader's engine stops. A failure here ends the whole job (the leader would wait for this rank).
+  void follow();
 
   uint64_t submit(EngineRequest request, EventSink sink) override;
   void cancel(uint64_t id) override;
@@ -34,6 +42,11 @@ class EngineImpl final : public Engine {
 
  private:
   void loop();
+  // One round of the loop's control message: the leader sends whether it stops, the new requests
+  // and the cancelled ids; the other processes receive them.
+  bool share_control(bool stop, std::deque<std::unique_ptr<EngineSequence>>& incoming,
+                     std::vector<uint64_t>& cancels);
+  void share_tokens(std::vector<int32_t>& tokens);  // the leader's decisions, on every process
   // engine_step.cpp
   void step();
   void prepare(EngineSequence& s);
@@ -55,11 +68,11 @@ class EngineImpl final : public Engine {
   ModelConfig cfg_;
   int K_ = 0;
   KvCacheDtype kv_dtype_ = KvCacheDtype::kF32;  // options.kv_cache_dtype resolved for the device
-  std::unique_ptr<RankWorkers> ranks_;
-  std::vector<std::unique_ptr<DsaModel>> models_;  // [rank]
+  std::unique_ptr<RankGroup> ranks_;
+  std::vector<std::unique_ptr<DsaModel>> models_;  // [slot of a local rank]
   std::unique_ptr<StepGraphs> graphs_;  // decode-only steps of one CUDA rank, from graphs
   int64_t graph_bytes_ = 0;  // device memory the graphs captured at start-up take (measured)
-  std::vector<std::shared_ptr<KvPool>> pools_;     // [rank]
+  std::vector<std::shared_ptr<KvPool>> pools_;     // [slot of a local rank]
   std::unique_ptr<Scheduler> sched_;
   std::unordered_map<uint64_t, std::unique_ptr<EngineSequence>> seqs_;  // engine thread only
   EngineMetrics stats_;  // engine thread's counters, published into metrics_

@@ -1,5 +1,6 @@
 // One request inside the serving engine: its tokens, its random stream, the scheduler's view, and
-// on every rank its cache (in that rank's page pool) and the MTP drafter's pending rows.
+// on every rank of this process its cache (in that rank's page pool) and the MTP drafter's pending
+// rows.
 #pragma once
 
 #include <random>
@@ -29,7 +30,7 @@ struct EngineSequence {
   std::vector<int32_t> tokens;  // the prompt, then the generated tokens
   int64_t prompt_len = 0;
   std::mt19937_64 rng;
-  std::vector<EngineRankState> ranks;  // [rank]; empty until the sequence first runs
+  std::vector<EngineRankState> ranks;  // [slot of a local rank]; empty until the sequence first runs
   std::vector<int32_t> pending_next;   // [m]: the token after each pending row
   int64_t pending_start = 0;
   Draft draft;  // this round's drafts

@@ -53,11 +53,11 @@ void EngineImpl::reset(EngineSequence& s) {
   s.draft = Draft{};
 }
 
-// Gives the sequence its per-rank caches (first run) and its current pages.
+// Gives the sequence its caches on this process's ranks (first run) and its current pages.
 void EngineImpl::prepare(EngineSequence& s) {
   if (s.ranks.empty())
-    for (int r = 0; r < ranks_->size(); ++r)
-      s.ranks.emplace_back(SequenceKvCache(pools_[size_t(r)], ranks_->context(r).dcp));
+    for (int r : ranks_->local())
+      s.ranks.emplace_back(SequenceKvCache(pools_[size_t(ranks_->slot(r))], ranks_->context(r).dcp));
   for (EngineRankState& st : s.ranks) st.cache.set_pages(s.sched.pages);
 }
 
@@ -68,7 +68,8 @@ void EngineImpl::append_pending(EngineSequence& s, int64_t first_row, int64_t n)
 }
 
 // The MTP drafter of speculative.cpp, batched: step 1 consumes every sequence's pending rows (its
-// last row drafts the first token), then chained steps of one row per sequence.
+// last row drafts the first token), then chained steps of one row per sequence. The leader draws
+// the draft tokens; every process appends them.
 void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
   const int64_t V = cfg_.vocab_size;
   int64_t most = 0;
@@ -83,13 +84,14 @@ void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
     for (EngineSequence* s : seqs)
       if (s->drafts > j) active.push_back(s);
     ranks_->run([&](int r) {
-      const DsaModel& m = *models_[size_t(r)];
+      const size_t slot = size_t(ranks_->slot(r));
+      const DsaModel& m = *models_[slot];
       std::vector<BatchSeq> batch;
       std::vector<DcpTopk*> shares;
       std::vector<int32_t> next;
       std::vector<Tensor> inputs;
       for (EngineSequence* s : active) {
-        EngineRankState& st = s->ranks[size_t(r)];
+        EngineRankState& st = s->ranks[slot];
         if (j == 0) {
           DSI_CHECK(st.cache.mtp_length() == s->pending_start,
                     "MTP drafter: its cache holds {} positions but the pending rows start at {}",
@@ -113,23 +115,30 @@ void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
       for (const BatchSeq& b : batch) lasts.push_back((row += b.n) - 1);
       Tensor last = gather_rows(y, lasts);
       for (size_t i = 0; i < active.size(); ++i)
-        active[i]->ranks[size_t(r)].last = last.slice(int64_t(i), int64_t(i) + 1);
+        active[i]->ranks[slot].last = last.slice(int64_t(i), int64_t(i) + 1);
       Tensor l = m.mtp_logits(last);
       if (r == 0) logits = to_host(l);
     });
-    std::uniform_real_distribution<double> uniform(0.0, 1.0);
-    for (size_t i = 0; i < active.size(); ++i) {
-      EngineSequence& s = *active[i];
-      const Tensor row = logits.slice(int64_t(i), int64_t(i) + 1).view({V});
-      const SamplingParams& sp = s.request.sampling;
-      if (sp.temperature > 0.0f) {
-        std::vector<double> q = ops::token_distribution(row, sp.temperature, sp.top_p);
-        s.draft.tokens.push_back(ops::draw_token(q, uniform(s.rng)));
-        s.draft.dists.push_back(std::move(q));
-      } else {
-        s.draft.tokens.push_back(ops::sample(row, 0.0f, 1.0f, 0.0));
+    std::vector<int32_t> drawn;
+    if (ranks_->leader()) {
+      std::uniform_real_distribution<double> uniform(0.0, 1.0);
+      for (size_t i = 0; i < active.size(); ++i) {
+        EngineSequence& s = *active[i];
+        const Tensor row = logits.slice(int64_t(i), int64_t(i) + 1).view({V});
+        const SamplingParams& sp = s.request.sampling;
+        if (sp.temperature > 0.0f) {
+          std::vector<double> q = ops::token_distribution(row, sp.temperature, sp.top_p);
+          drawn.push_back(ops::draw_token(q, uniform(s.rng)));
+          s.draft.dists.push_back(std::move(q));
+        } else {
+          drawn.push_back(ops::sample(row, 0.0f, 1.0f, 0.0));
+        }
       }
     }
+    share_tokens(drawn);
+    DSI_CHECK(drawn.size() == active.size(), "draft step: {} tokens for {} sequences", drawn.size(),
+              active.size());
+    for (size_t i = 0; i < active.size(); ++i) active[i]->draft.tokens.push_back(drawn[i]);
   }
   for (EngineSequence* s : seqs) {  // the drafter consumed the pending rows
     for (EngineRankState& st : s->ranks) st.pending_hidden = Tensor();
@@ -158,9 +167,10 @@ Tensor EngineImpl::run_forward(const std::vector<StepPlan::Rows>& rows,
                                    [](const StepPlan::Rows& p) { return p.seq->decoding(); });
   Tensor logits;
   ranks_->run([&](int r) {
-    const DsaModel& m = *models_[size_t(r)];
+    const size_t slot = size_t(ranks_->slot(r));
+    const DsaModel& m = *models_[slot];
     std::vector<BatchSeq> batch;
-    for (const StepPlan::Rows& p : rows) batch.push_back({&seq_of(p.seq).ranks[size_t(r)].cache, p.n});
+    for (const StepPlan::Rows& p : rows) batch.push_back({&seq_of(p.seq).ranks[slot].cache, p.n});
     if (graphed) {
       const int64_t replays = graphs_->replays();
       const StepGraphs::Step st = graphs_->forward(tokens, batch);
@@ -176,7 +186,7 @@ Tensor EngineImpl::run_forward(const std::vector<StepPlan::Rows>& rows,
     Tensor h = m.forward(Tensor::from_i32(tokens, {int64_t(tokens.size())}), batch);
     int64_t row = 0;
     for (const StepPlan::Rows& p : rows) {
-      seq_of(p.seq).ranks[size_t(r)].step_hidden = h.slice(row, row + p.n);
+      seq_of(p.seq).ranks[slot].step_hidden = h.slice(row, row + p.n);
       row += p.n;
     }
     Tensor l = m.logits(gather_rows(h, keep));
@@ -221,45 +231,70 @@ void EngineImpl::step() {
     }
     row += p.n;
   }
-  const Tensor logits = run_forward(rows, keep);
+  const Tensor logits = run_forward(rows, keep);  // the leader's (host); undefined elsewhere
   const int64_t V = cfg_.vocab_size;
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
 
+  // The leader samples and verifies: per row group, the number of tokens it emits, then them.
+  std::vector<int32_t> decided;
+  if (ranks_->leader()) {
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const SchedSeq& sch = *rows[i].seq;
+      EngineSequence& s = seq_of(&sch);
+      const int64_t n = rows[i].n;
+      const SamplingParams& sp = s.request.sampling;
+      if (i < plan.decode.size()) {  // verify [last token, drafts]
+        const Verdict v = verify_drafts(logits.slice(first_kept[i], first_kept[i] + n), s.draft, sp, s.rng);
+        decided.push_back(int32_t(v.accepted + 1));
+        decided.insert(decided.end(), s.draft.tokens.begin(), s.draft.tokens.begin() + v.accepted);
+        decided.push_back(v.next);
+      } else if (sch.computed + n < sch.n_tokens) {  // more prefill chunks to come
+        decided.push_back(0);
+      } else {
+        const Tensor last = logits.slice(first_kept[i], first_kept[i] + 1).view({V});
+        decided.push_back(1);
+        decided.push_back(ops::sample(last, sp.temperature, sp.top_p, uniform(s.rng)));
+      }
+    }
+  }
+  share_tokens(decided);
+
+  // Every process applies the decisions.
+  size_t at = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     SchedSeq& sch = *rows[i].seq;
     EngineSequence& s = seq_of(&sch);
     const int64_t n = rows[i].n;
-    const SamplingParams& sp = s.request.sampling;
+    DSI_CHECK(at < decided.size(), "engine step: no decision for row group {}", i);
+    const int64_t count = decided[at++];
+    DSI_CHECK(count >= 0 && at + size_t(count) <= decided.size(), "engine step: bad decision for row group {}", i);
+    const std::vector<int32_t> emitted(decided.begin() + std::ptrdiff_t(at),
+                                       decided.begin() + std::ptrdiff_t(at + size_t(count)));
+    at += size_t(count);
     if (i < plan.decode.size()) {
-      // Verify [last token, drafts]; cut every cache back to the accepted tokens.
-      const int64_t L = sch.computed, k = n - 1;
-      const Tensor round = logits.slice(first_kept[i], first_kept[i] + n);
-      const Verdict v = verify_drafts(round, s.draft, sp, s.rng);
-      std::vector<int32_t> emitted(s.draft.tokens.begin(), s.draft.tokens.begin() + v.accepted);
-      emitted.push_back(v.next);
+      // Cut every cache back to the accepted tokens.
+      const int64_t L = sch.computed, k = n - 1, accepted = count - 1;
       if (k > 0) {
         ++stats_.num_drafts;
         stats_.num_draft_tokens += k;
-        stats_.num_accepted_tokens += v.accepted;
-        for (int j = 0; j < v.accepted; ++j) ++stats_.accepted_per_pos[size_t(j)];
+        stats_.num_accepted_tokens += accepted;
+        for (int64_t j = 0; j < accepted; ++j) ++stats_.accepted_per_pos[size_t(j)];
       }
       for (EngineRankState& st : s.ranks) {
-        st.cache.set_length(L + v.accepted + 1);
+        st.cache.set_length(L + accepted + 1);
         if (k > 0) st.cache.set_mtp_length(L);  // the chained draft steps are dropped
       }
       if (k > 0) s.pending_start = L;
-      sch.computed = L + v.accepted + 1;
-      if (emit(s, emitted, logits, first_kept[i]) && K_ > 0) append_pending(s, 0, v.accepted + 1);
+      sch.computed = L + accepted + 1;
+      if (emit(s, emitted, logits, first_kept[i]) && K_ > 0) append_pending(s, 0, accepted + 1);
     } else {
       sch.computed += n;
       stats_.prompt_tokens += n;
-      if (sch.computed < sch.n_tokens) {  // more chunks to come
+      if (count == 0) {  // more chunks to come
         if (K_ > 0) append_pending(s, 0, n);
         continue;
       }
-      const Tensor last = logits.slice(first_kept[i], first_kept[i] + 1).view({V});
-      const int32_t tok = ops::sample(last, sp.temperature, sp.top_p, uniform(s.rng));
-      if (emit(s, {tok}, logits, first_kept[i]) && K_ > 0) append_pending(s, 0, n);
+      if (emit(s, emitted, logits, first_kept[i]) && K_ > 0) append_pending(s, 0, n);
     }
   }
   ++stats_.steps;
@@ -284,7 +319,7 @@ bool EngineImpl::emit(EngineSequence& s, const std::vector<int32_t>& tokens, con
     ++stats_.generation_tokens;
     GeneratedToken g;
     g.id = tok;
-    if (r.logprobs >= 0) {
+    if (r.logprobs >= 0 && logits.defined()) {  // the leader's: it reports to the client
       const int64_t V = logits.dim(1);
       const std::vector<float> lp = log_softmax(logits.f32() + (row0 + int64_t(j)) * V, V);
       g.logprob = lp[size_t(tok)];

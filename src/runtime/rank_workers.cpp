@@ -11,8 +11,25 @@
 
 namespace dsi {
 
-RankWorkers::RankWorkers(const ParallelConfig& cfg, const CommOptions& options, bool cuda) {
-  DSI_CHECK(cfg.tp >= 1, "tp = {} must be >= 1", cfg.tp);
+namespace {
+
+std::vector<int> all_ranks(int tp) {
+  DSI_CHECK(tp >= 1, "tp = {} must be >= 1", tp);
+  std::vector<int> r(static_cast<size_t>(tp));
+  for (int i = 0; i < tp; ++i) r[size_t(i)] = i;
+  return r;
+}
+
+}  // namespace
+
+int RankGroup::slot(int rank) const {
+  for (size_t i = 0; i < local_.size(); ++i)
+    if (local_[i] == rank) return int(i);
+  ::dsi::fail("rank {} is not run by this process", rank);
+}
+
+RankWorkers::RankWorkers(const ParallelConfig& cfg, const CommOptions& options, bool cuda)
+    : RankGroup(cfg.tp, all_ranks(cfg.tp)) {
   if (cfg.tp > 1) world_ = std::make_unique<LocalWorld>(cfg.tp, options);
   for (int r = 0; r < cfg.tp; ++r)
     contexts_.push_back(RankContext::make(cfg, r, world_ ? &world_->comm(r) : nullptr));

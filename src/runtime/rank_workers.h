@@ -19,21 +19,50 @@
 
 namespace dsi {
 
-class RankWorkers {
+// The ranks an engine runs on: all of them as threads of this process (RankWorkers), or one per
+// process started by mpirun (MpiRanks, mpi_ranks.h). The engine keeps per-rank state for the local
+// ranks only, indexed by slot(rank); every process runs the same engine steps, and the process of
+// rank 0 (the leader) takes the requests and makes the decisions, which share() hands to the others.
+class RankGroup {
+ public:
+  virtual ~RankGroup() = default;
+  int size() const { return size_; }  // ranks of the layout (tp)
+  // The ranks this process runs, ascending; slot(rank) is a local rank's index in that list.
+  const std::vector<int>& local() const { return local_; }
+  int slot(int rank) const;
+  bool leader() const { return local_.front() == 0; }
+  virtual const RankContext& context(int rank) const = 0;  // a local rank's
+  // Runs fn(rank) on every local rank and waits for all.
+  virtual void run(const std::function<void(int)>& fn) = 0;
+  // Set once a rank has failed: every later run() rethrows the first error at once.
+  virtual bool failed() const = 0;
+  // The leader's bytes, on every process: the leader's call sends them, the others' calls replace
+  // theirs with them. Every process calls it at the same point of the same step. One process: a
+  // no-op.
+  virtual void share(std::vector<uint8_t>& bytes) { (void)bytes; }
+  bool single_process() const { return int(local_.size()) == size_; }
+
+ protected:
+  RankGroup(int size, std::vector<int> local) : size_(size), local_(std::move(local)) {}
+
+ private:
+  int size_ = 1;
+  std::vector<int> local_;
+};
+
+class RankWorkers final : public RankGroup {
  public:
   // With `cuda` and several ranks, rank r computes on GPU r and moves device tensors through NCCL
   // (the thread world stays the host-side group).
   RankWorkers(const ParallelConfig& cfg, const CommOptions& options, bool cuda = false);
-  ~RankWorkers();
+  ~RankWorkers() override;
   RankWorkers(const RankWorkers&) = delete;
   RankWorkers& operator=(const RankWorkers&) = delete;
 
-  int size() const { return int(contexts_.size()); }
-  const RankContext& context(int rank) const { return contexts_.at(size_t(rank)); }
+  const RankContext& context(int rank) const override { return contexts_.at(size_t(rank)); }
   // Runs fn(rank) on every rank (rank 0 on the calling thread) and waits for all.
-  void run(const std::function<void(int)>& fn);
-  // Set once a rank has failed: every later run() rethrows the first error at once.
-  bool failed() const {
+  void run(const std::function<void(int)>& fn) override;
+  bool failed() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return bool(failure_);
   }

@@ -12,11 +12,13 @@
 
 #include "../test_comm_util.h"
 #include "comm/mpi_comm.h"
+#include "mpi_session.h"
 
 namespace dsi::test {
-namespace {
 
 MpiSession* g_session = nullptr;  // set by main before the tests run
+
+namespace {
 
 const Group kWorld{"world", 0, 4};
 

@@ -10,6 +10,10 @@ namespace CLI {
 class App;
 }
 
+namespace dsi {
+class MpiSession;
+}
+
 namespace dsi::cli {
 
 struct EngineFlags {
@@ -19,8 +23,10 @@ struct EngineFlags {
 };
 
 void add_engine_flags(CLI::App* cmd, EngineFlags& flags);
-// Engine::start with the flags; throws dsi::Error on a bad model, option or device.
-std::unique_ptr<Engine> start_engine(const EngineFlags& flags);
+// Engine::start with the flags; throws dsi::Error on a bad model, option or device. Under mpirun
+// (`mpi` with several processes: one rank each) the engine's ranks are the processes: rank 0's
+// process gets the engine, the others run its steps until it stops and get null.
+std::unique_ptr<Engine> start_engine(const EngineFlags& flags, MpiSession* mpi = nullptr);
 // "512M" -> bytes; throws dsi::Error naming the flag.
 int64_t parse_bytes(const std::string& text);
 

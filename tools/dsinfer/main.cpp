@@ -393,15 +393,21 @@ int main(int argc, char** argv) {
   }
   dsi::MpiSessionPtr mpi;
   try {
-#ifdef DSI_WITH_SERVER
-    if (serve.parsed()) return serve.run();
-    if (chat.parsed()) return chat.run();
-    if (bench.parsed()) return bench.run();
-#endif
 #ifdef DSI_WITH_MPI
     if (launched_by_mpi()) mpi = std::make_unique<dsi::MpiSession>(&argc, &argv);
 #else
     if (launched_by_mpi()) fail("started by mpirun, but this build has no MPI support");
+#endif
+#ifdef DSI_WITH_SERVER
+#ifdef DSI_WITH_MPI
+    if (serve.parsed()) return serve.run(mpi.get());
+#else
+    if (serve.parsed()) return serve.run();
+#endif
+    if ((chat.parsed() || bench.parsed()) && mpi && mpi->size() > 1)
+      fail("chat and bench run as one process (under mpirun, run `serve`)");
+    if (chat.parsed()) return chat.run();
+    if (bench.parsed()) return bench.run();
 #endif
     if (gen->parsed()) {
       if (ids_opt->count() == 0 && text_opt->count() == 0)

@@ -12,6 +12,11 @@
 #include "engine_flags.h"
 #include "server/serve.h"
 
+#ifdef DSI_WITH_MPI
+#include "comm/mpi_comm.h"
+#include "runtime/engine_processes.h"
+#endif
+
 namespace dsi::cli {
 
 int64_t parse_bytes(const std::string& text) {
@@ -74,10 +79,15 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f) {
                 "--device cuda: run decode steps eagerly instead of replaying CUDA graphs");
 }
 
-std::unique_ptr<Engine> start_engine(const EngineFlags& f) {
+std::unique_ptr<Engine> start_engine(const EngineFlags& f, MpiSession* mpi) {
   EngineOptions o = f.engine;
   if (!f.kv_cache_memory.empty()) o.kv_cache_memory = parse_bytes(f.kv_cache_memory);
   o.cuda_graphs = !f.no_cuda_graphs;
+#ifdef DSI_WITH_MPI
+  if (mpi != nullptr && mpi->size() > 1) return start_engine_processes(o, *mpi);
+#else
+  (void)mpi;
+#endif
   return Engine::start(o);
 }
 
@@ -104,11 +114,12 @@ ServeCommand::ServeCommand(CLI::App& app) : options_(std::make_unique<ServeOptio
 ServeCommand::~ServeCommand() = default;
 bool ServeCommand::parsed() const { return sub_->parsed(); }
 
-int ServeCommand::run() const {
+int ServeCommand::run(MpiSession* mpi) const {
   const ServeOptions& o = *options_;
   Tokenizer tokenizer = Tokenizer::load(o.flags.engine.model_dir + "/tokenizer.json");
   std::optional<ChatTemplate> chat_template = server::load_chat_template(o.flags.engine.model_dir);
-  std::unique_ptr<Engine> engine = start_engine(o.flags);
+  std::unique_ptr<Engine> engine = start_engine(o.flags, mpi);
+  if (!engine) return 0;  // a process of rank > 0: it ran rank 0's engine steps until they stopped
   const int rc = server::serve(*engine, std::move(tokenizer), std::move(chat_template), o.http, o.service);
   engine.reset();  // finishes what is left with "abort", joins the engine thread
   return rc;

@@ -8,6 +8,10 @@ namespace CLI {
 class App;
 }
 
+namespace dsi {
+class MpiSession;
+}
+
 namespace dsi::cli {
 
 struct ServeOptions;
@@ -21,7 +25,9 @@ class ServeCommand {
   ServeCommand(const ServeCommand&) = delete;
   ServeCommand& operator=(const ServeCommand&) = delete;
   bool parsed() const;
-  int run() const;  // throws dsi::Error (one line) on a bad model, option or port
+  // Throws dsi::Error (one line) on a bad model, option or port. Under mpirun (`mpi` with several
+  // processes) rank 0 serves and the other processes run the engine's ranks.
+  int run(MpiSession* mpi = nullptr) const;
 
  private:
   std::unique_ptr<ServeOptions> options_;

@@ -1,0 +1,105 @@
+// Ranks as MPI processes; see mpi_ranks.h.
+#include "runtime/mpi_ranks.h"
+
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "model/config.h"
+#include "runtime/engine_impl.h"
+#include "runtime/engine_processes.h"
+
+#ifdef DSI_WITH_NCCL
+#include "backends/cuda/device.h"
+#include "comm/nccl_comm.h"
+#endif
+
+namespace dsi {
+
+namespace {
+
+int world_rank(MpiSession& session, const ParallelConfig& cfg) {
+  DSI_CHECK(cfg.tp == session.size(), "--tp {} does not match the {} processes mpirun started", cfg.tp,
+            session.size());
+  return session.rank();
+}
+
+}  // namespace
+
+MpiRanks::MpiRanks(MpiSession& session, const ParallelConfig& cfg, const CommOptions& options, bool cuda)
+    : RankGroup(cfg.tp, {world_rank(session, cfg)}) {
+  host_ = std::make_unique<MpiComm>(session, options);
+  Communicator* data = host_.get();
+  if (cuda) {
+#ifdef DSI_WITH_NCCL
+    const RankContext layout = RankContext::make(cfg, host_->rank(), host_.get());
+    int local = local_rank_from_env();
+    if (local < 0) local = host_->rank();
+    device_ = NcclComm::create(*host_, NcclSetup{local % cuda::device_count(),
+                                                 {layout.tp_group, layout.dcp_group},
+                                                 NcclSumOrder::kMemberOrder, nullptr});
+    data = device_.get();
+#else
+    ::dsi::fail("ranks on CUDA devices need NCCL, and this build has none");
+#endif
+  }
+  context_ = RankContext::make(cfg, host_->rank(), data);
+}
+
+MpiRanks::~MpiRanks() = default;
+
+const RankContext& MpiRanks::context(int rank) const {
+  DSI_CHECK(rank == context_.tp_rank, "rank {} is not run by this process (rank {})", rank,
+            context_.tp_rank);
+  return context_;
+}
+
+void MpiRanks::run(const std::function<void(int)>& fn) {
+  DSI_CHECK(!failed_, "this rank failed before; it cannot run another step");
+  try {
+    fn(context_.tp_rank);
+  } catch (...) {
+    failed_ = true;
+    throw;
+  }
+}
+
+void MpiRanks::share(std::vector<uint8_t>& bytes) {
+  const Group world{"world", 0, size()};
+  // The size first (two i32 words), then the bytes padded to whole words.
+  const uint64_t n = bytes.size();
+  Tensor head = Tensor::from_i32({int32_t(n & 0xffffffffu), int32_t(n >> 32)}, {2});
+  host_->broadcast(world, head, 0);
+  const uint64_t m = uint64_t(uint32_t(head.i32()[0])) | (uint64_t(uint32_t(head.i32()[1])) << 32);
+  Tensor body = Tensor::zeros({int64_t((m + 3) / 4)}, DType::I32);
+  if (leader() && m > 0) std::memcpy(body.raw(), bytes.data(), m);
+  host_->broadcast(world, body, 0);
+  bytes.resize(size_t(m));
+  if (m > 0) std::memcpy(bytes.data(), body.raw(), m);
+}
+
+std::unique_ptr<Engine> start_engine_processes(const EngineOptions& o, MpiSession& session) {
+  ParallelConfig pc;
+  pc.tp = o.tp;
+  pc.dcp = o.dcp;
+  pc.dcp_interleave = o.dcp_interleave;
+  pc.combine = parse_dcp_combine(o.dcp_comm);
+  try {
+    auto engine = std::make_unique<EngineImpl>(
+        o, std::make_unique<MpiRanks>(session, pc, CommOptions{}, o.device == "cuda"));
+    if (session.rank() == 0) return engine;
+    engine->follow();
+  } catch (const std::exception& e) {
+    if (session.rank() == 0) throw;  // the leader's caller reports it; the others time out
+    // This rank cannot go on and the leader's steps need it: end the job.
+    std::fprintf(stderr, "dsinfer: rank %d aborted: %s\n", session.rank(), e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::_Exit(1);
+  }
+  return nullptr;
+}
+
+}  // namespace dsi
