@@ -10,13 +10,20 @@
 // graph time / K. It also prints the tensor-core rate against ~790 TFLOP/s (bf16 dense), the plan
 // (heads per CTA, splits, CTAs), and with --sweep every (m_tiles, splits) tiling.
 //
+// With --torch FILE (written by bench/torch_baseline.py in the same session on the same GPU) each
+// case also prints the PyTorch implementation's time and dsinfer's speed-up over it.
+//
 //   bench_kv_fp8 [--reps N] [--sweep] [--only-mla | --only-indexer [--keys 8192|131072]]
+//                [--torch FILE]
 #include <cuda_runtime.h>
+
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +39,16 @@
 namespace {
 
 constexpr int64_t kPage = dsi::ops::kKvPageTokens;
+
+// PyTorch's times of the same cases (bench/torch_baseline.py), by case name; empty without --torch.
+nlohmann::json g_torch;
+
+// "  PyTorch 120.0 us, 3.1x faster" for a case the baseline file has.
+void report_torch(const std::string& name, double us) {
+  if (!g_torch.contains(name)) return;
+  const double t = g_torch.at(name).get<double>();
+  std::printf("%-56s %10.1f us (PyTorch, same GPU): dsinfer %.1fx faster\n", ("  " + name).c_str(), t, t / us);
+}
 
 __device__ uint32_t mix(uint64_t i, uint32_t seed) {
   uint64_t z = i * 0x9e3779b97f4a7c15ull + seed;
@@ -176,6 +193,9 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
               key_bytes / (kPeakGBs * 1e3));
   report(std::string("top-2048 select of the logits ") + tag, t_topk, logit_bytes + idx_bytes);
   report(std::string("logits + top-2048 back to back ") + tag, t_both, key_bytes + q_bytes + idx_bytes);
+  char tname[96];
+  std::snprintf(tname, sizeof(tname), "indexer keys=%lld rows=%dx%d", (long long)n_keys, n_seqs, rows_per_seq);
+  report_torch(tname, t_both);
   for (void* ptr : {(void*)pool, (void*)dtable, (void*)q, (void*)w, (void*)q8, (void*)q8b, (void*)wq, (void*)logits,
                     (void*)idx, (void*)bad, (void*)base.row_seq, (void*)base.bounds})
     DSI_CUDA_CHECK(cudaFree(ptr));
@@ -276,6 +296,11 @@ void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, 
     std::snprintf(name, sizeof(name), "%ssparse_mla_fp8 topk=%lld heads=%d rows=%lld", tag, (long long)topk,
                   heads, (long long)rows);
     report(name, us, bytes);
+    if (tag[0] == '\0') {
+      char tname[96];
+      std::snprintf(tname, sizeof(tname), "sparse_mla heads=%d rows=%lld", heads, (long long)rows);
+      report_torch(tname, us);
+    }
     std::printf("%-52s %10.1f TFLOP/s (%.1f %% of 790), %d heads/CTA x %d splits x %d tiles = %lld CTAs\n",
                 "", flops / (us * 1e-6) / 1e12, 100.0 * flops / (us * 1e-6) / 790e12, 16 * plan.m_tiles,
                 plan.n_splits, plan.tiles_per_split,
@@ -325,6 +350,17 @@ int main(int argc, char** argv) {
       only_indexer = true;
     } else if (std::strcmp(argv[i], "--keys") == 0 && i + 1 < argc) {
       only_keys = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--torch") == 0 && i + 1 < argc) {
+      std::ifstream f(argv[++i]);
+      if (!f) {
+        std::fprintf(stderr, "bench_kv_fp8: cannot open %s\n", argv[i]);
+        return 2;
+      }
+      g_torch = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+      if (g_torch.is_discarded() || !g_torch.is_object()) {
+        std::fprintf(stderr, "bench_kv_fp8: %s is not a JSON object of case timings\n", argv[i]);
+        return 2;
+      }
     } else if (std::strcmp(argv[i], "--sorted") == 0) {
       sorted = true;
     } else if (std::strcmp(argv[i], "--pool-slots") == 0 && i + 1 < argc) {
@@ -332,7 +368,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_kv_fp8 [--reps N] [--sweep] [--only-mla] [--only-indexer] [--keys N] [--sorted] "
-                   "[--pool-slots N]\n");
+                   "[--pool-slots N] [--torch FILE]\n");
       return 2;
     }
   }
