@@ -90,5 +90,22 @@ TEST(MpiEngine, ProcessRanksMatchThreadRanksAndGoldens) {
   for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
 }
 
+// Run by the ctest entry MpiEngine.FailingRankEndsTheJob: rank 2's process cannot load the model;
+// it ends the job with a message naming itself instead of leaving the leader waiting.
+TEST(MpiEngineFailure, DISABLED_RankThatCannotLoadEndsTheJob) {
+  EngineOptions o;
+  o.model_dir = g_session->rank() == 2 ? "/nonexistent/model" : fixture_dir("glm_tiny");
+  o.tp = 4;
+  o.kv_cache_memory = int64_t(8) << 20;
+  std::unique_ptr<Engine> engine = start_engine_processes(o, *g_session);
+  if (engine) {
+    EngineRequest r;
+    r.prompt = {1, 2, 3};
+    r.max_new_tokens = 4;
+    run_all(*engine, {r});  // never completes: the job ends first
+  }
+  ADD_FAILURE() << "rank " << g_session->rank() << " went on after rank 2 failed";
+}
+
 }  // namespace
 }  // namespace dsi::test
