@@ -17,7 +17,7 @@ namespace dsi {
 struct EngineOptions {
   std::string model_dir;
   std::string device = "cpu";  // "cpu" or "cuda"
-  int tp = 1;                  // tensor-parallel ranks (threads of this process)
+  int tp = 1;                  // tensor-parallel ranks (threads of this process, or MPI processes)
   int dcp = 1;                 // decode-context-parallel group size (divides tp)
   int dcp_interleave = 1;
   std::string dcp_comm = "ag_rs";  // "ag_rs" or "a2a"
@@ -31,6 +31,10 @@ struct EngineOptions {
   // "fp8" (656-byte MLA entries, e4m3 indexer keys).
   std::string kv_cache_dtype = "auto";
   bool cuda_graphs = true;              // one CUDA rank: decode-only steps replay CUDA graphs
+  // Collectives between ranks: verify that every rank issues the same ones (debugging), and how
+  // long one may wait before it fails with an error naming the rank and the operation.
+  bool check_lockstep = false;
+  double comm_timeout_seconds = 60.0;
 };
 
 // One request: a prompt of token ids and how to continue it.

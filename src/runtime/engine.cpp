@@ -28,6 +28,8 @@
 
 namespace dsi {
 
+CommOptions comm_options(const EngineOptions& o) { return CommOptions{o.check_lockstep, o.comm_timeout_seconds}; }
+
 namespace {
 
 Device rank_device(const std::string& name, int rank) {
@@ -78,8 +80,9 @@ EngineImpl::EngineImpl(const EngineOptions& o, std::unique_ptr<RankGroup> ranks)
             "max_model_len = {} exceeds the model's context length {}", limit,
             cfg_.max_position_embeddings);
 
+  DSI_CHECK(o.comm_timeout_seconds > 0.0, "comm_timeout_seconds = {} must be > 0", o.comm_timeout_seconds);
   ranks_ = ranks ? std::move(ranks)
-                 : std::make_unique<RankWorkers>(pc, CommOptions{}, /*cuda=*/o.device == "cuda");
+                 : std::make_unique<RankWorkers>(pc, comm_options(o), /*cuda=*/o.device == "cuda");
   DSI_CHECK(ranks_->size() == pc.tp, "the engine's {} ranks do not match tp = {}", ranks_->size(), pc.tp);
   models_.resize(ranks_->local().size());
   ranks_->run([&](int r) {
@@ -250,9 +253,10 @@ EngineMetrics EngineImpl::metrics() const {
 }
 
 void EngineImpl::loop() {
-  // With other processes, the leader sends a control message at least every second, so that theirs
-  // never time out while it has nothing to do.
+  // With other processes, the leader sends a control message at least every second (and four times
+  // per collective timeout), so that theirs never time out while it has nothing to do.
   const bool others = !ranks_->single_process();
+  const auto beat = std::chrono::duration<double>(std::min(1.0, opt_.comm_timeout_seconds / 4));
   for (;;) {
     std::deque<std::unique_ptr<EngineSequence>> incoming;
     std::vector<uint64_t> cancels;
@@ -261,7 +265,7 @@ void EngineImpl::loop() {
       std::unique_lock<std::mutex> lock(mu_);
       auto ready = [&] { return stop_ || !incoming_.empty() || !cancels_.empty() || !seqs_.empty(); };
       if (others)
-        cv_.wait_for(lock, std::chrono::seconds(1), ready);
+        cv_.wait_for(lock, beat, ready);
       else
         cv_.wait(lock, ready);
       stop = stop_;

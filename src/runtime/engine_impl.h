@@ -21,6 +21,9 @@
 
 namespace dsi {
 
+// The options of the engine's collectives (lockstep check, timeout).
+CommOptions comm_options(const EngineOptions& o);
+
 class EngineImpl final : public Engine {
  public:
   // On thread ranks of this process.

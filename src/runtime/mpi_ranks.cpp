@@ -88,7 +88,7 @@ std::unique_ptr<Engine> start_engine_processes(const EngineOptions& o, MpiSessio
   pc.combine = parse_dcp_combine(o.dcp_comm);
   try {
     auto engine = std::make_unique<EngineImpl>(
-        o, std::make_unique<MpiRanks>(session, pc, CommOptions{}, o.device == "cuda"));
+        o, std::make_unique<MpiRanks>(session, pc, comm_options(o), o.device == "cuda"));
     if (session.rank() == 0) return engine;
     engine->follow();
   } catch (const std::exception& e) {

@@ -53,6 +53,7 @@ TEST(MpiEngine, ProcessRanksMatchThreadRanksAndGoldens) {
   o.max_num_seqs = 4;
   o.max_num_batched_tokens = 16;  // the 40-token prompt is prefilled in chunks
   o.kv_cache_memory = int64_t(8) << 20;
+  o.check_lockstep = true;  // every process issues the same collectives, checked on each
   const auto manifest = load_manifest("glm_tiny");
   std::vector<EngineRequest> requests;
   std::vector<std::vector<int32_t>> greedy;

@@ -50,13 +50,19 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f) {
                   "default: the bundled model");
   cmd->add_option("--device", f.engine.device, "compute device: cpu (default) or cuda")
       ->check(CLI::IsMember({"cpu", "cuda"}));
-  cmd->add_option("--tp", f.engine.tp, "tensor-parallel ranks (threads)")->check(CLI::PositiveNumber);
+  cmd->add_option("--tp", f.engine.tp, "tensor-parallel ranks (threads, or the mpirun processes)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--dcp", f.engine.dcp, "decode-context-parallel group size (divides --tp)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--dcp-interleave", f.engine.dcp_interleave, "consecutive tokens per DCP rank")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--dcp-comm", f.engine.dcp_comm, "DCP attention combine: ag_rs (default) or a2a")
       ->check(CLI::IsMember({"ag_rs", "a2a"}));
+  cmd->add_flag("--check-lockstep", f.engine.check_lockstep,
+                "verify that every rank issues the same collectives (debugging)");
+  cmd->add_option("--comm-timeout", f.engine.comm_timeout_seconds,
+                  "seconds a collective may wait before failing (default 60)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--speculative-tokens", f.engine.speculative_tokens,
                   "MTP speculative decoding: drafts per round (0 = off)")
       ->check(CLI::NonNegativeNumber);
