@@ -79,13 +79,23 @@ void launch_topk_check_bounds(const int32_t* bounds, int64_t rows, int64_t n,
   DSI_CUDA_CHECK_LAUNCH();
 }
 
-void sort_rows_descending(const unsigned long long* keys_in, unsigned long long* keys_out,
-                          int64_t rows, int64_t n, cudaStream_t s) {
-  if (rows == 0 || n == 0) return;
-  DSI_CHECK(rows * n < kMaxSortItems * 2, "topk: sort of {} x {} keys too large", rows, n);
+namespace {
+
+// The segment offsets r * n (r = 0..rows) of a segmented sort of rows of n items.
+Scratch row_offsets(int64_t rows, int64_t n, cudaStream_t s) {
+  DSI_CHECK(rows * n < kMaxSortItems * 2, "topk: sort of {} x {} items too large", rows, n);
   Scratch offsets(size_t(rows + 1) * sizeof(int));
   segment_offsets_kernel<<<grid_for(rows + 1, 256), 256, 0, s>>>(offsets.as<int>(), rows, n);
   DSI_CUDA_CHECK_LAUNCH();
+  return offsets;
+}
+
+}  // namespace
+
+void sort_rows_descending(const unsigned long long* keys_in, unsigned long long* keys_out,
+                          int64_t rows, int64_t n, cudaStream_t s) {
+  if (rows == 0 || n == 0) return;
+  const Scratch offsets = row_offsets(rows, n, s);
   const int items = int(rows * n), segments = int(rows);
   size_t temp_bytes = 0;
   DSI_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(
@@ -105,10 +115,7 @@ namespace {
 void sort_rows_by_position(const int32_t* idx_in, const float* val_in, int32_t* idx_out, float* val_out,
                            int64_t rows, int64_t k, cudaStream_t s) {
   if (rows == 0 || k == 0) return;
-  DSI_CHECK(rows * k < kMaxSortItems * 2, "topk: sort of {} x {} winners too large", rows, k);
-  Scratch offsets(size_t(rows + 1) * sizeof(int));
-  segment_offsets_kernel<<<grid_for(rows + 1, 256), 256, 0, s>>>(offsets.as<int>(), rows, k);
-  DSI_CUDA_CHECK_LAUNCH();
+  const Scratch offsets = row_offsets(rows, k, s);
   const int items = int(rows * k), segments = int(rows);
   const int* begin = offsets.as<int>();
   const int* end = begin + 1;
