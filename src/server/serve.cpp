@@ -51,8 +51,8 @@ int serve(Engine& engine, Tokenizer tokenizer, std::optional<ChatTemplate> chat_
   OpenAiService api(engine, std::move(tokenizer), std::move(chat_template), service);
   HttpServer server(api.router(), http);
   const int port = server.bind();
-  spdlog::info("serving {} on http://{}:{} (max_model_len {})", api.limits().id, http.host, port,
-               api.limits().max_model_len);
+  spdlog::info("serving {} on http://{}:{} (max_model_len {}; pid {} stops on SIGINT / SIGTERM)",
+               api.limits().id, http.host, port, api.limits().max_model_len, int(getpid()));
 
   // The signal thread: waits for SIGINT / SIGTERM (or the wake-up byte 0 when serving ends alone).
   if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) fail("cannot create the signal pipe");

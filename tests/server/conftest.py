@@ -4,6 +4,7 @@
 double (its outputs do not depend on the sampling temperature's randomness in the same way).
 """
 import os
+import re
 import shlex
 import signal
 import socket
@@ -17,6 +18,9 @@ import pytest
 def pytest_addoption(parser):
     parser.addoption("--server-cmd", required=True, help="server command line, without --port")
     parser.addoption("--fake-engine", action="store_true", help="the server runs the test double")
+    parser.addoption("--stop-logged-pid", action="store_true",
+                     help="stop the process whose pid the server logs (rank 0 under mpirun), not the "
+                          "command's own process")
 
 
 def free_port():
@@ -77,7 +81,13 @@ def server(request, tmp_path_factory):
             raise RuntimeError(f"the server did not come up:\n{log_path.read_text()}")
         time.sleep(0.2)
     yield Server(url, proc, request.config.getoption("--fake-engine"))
-    proc.send_signal(signal.SIGTERM)
+    if request.config.getoption("--stop-logged-pid"):
+        # mpirun would end the job on a signal of its own; rank 0 stops the others itself.
+        m = re.search(r"\(max_model_len \d+; pid (\d+) ", log_path.read_text())
+        assert m, f"the server logged no pid:\n{log_path.read_text()}"
+        os.kill(int(m.group(1)), signal.SIGTERM)
+    else:
+        proc.send_signal(signal.SIGTERM)
     try:
         rc = proc.wait(timeout=60)
     except subprocess.TimeoutExpired:

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cctype>
+#include <csignal>
 
 #include "dsinfer/engine.h"
 #include "dsinfer/error.h"
@@ -90,7 +91,15 @@ std::unique_ptr<Engine> start_engine(const EngineFlags& f, MpiSession* mpi) {
   if (!f.kv_cache_memory.empty()) o.kv_cache_memory = parse_bytes(f.kv_cache_memory);
   o.cuda_graphs = !f.no_cuda_graphs;
 #ifdef DSI_WITH_MPI
-  if (mpi != nullptr && mpi->size() > 1) return start_engine_processes(o, *mpi);
+  if (mpi != nullptr && mpi->size() > 1) {
+    // mpirun passes a SIGINT / SIGTERM on to every process: rank 0's server stops on it and stops
+    // the engine, which ends the other processes' step loops. They must not die of it first.
+    if (mpi->rank() != 0) {
+      signal(SIGINT, SIG_IGN);
+      signal(SIGTERM, SIG_IGN);
+    }
+    return start_engine_processes(o, *mpi);
+  }
 #else
   (void)mpi;
 #endif
