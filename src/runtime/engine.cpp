@@ -1,12 +1,12 @@
 // The serving engine; see include/dsinfer/engine.h. One engine thread owns the model (its ranks,
 // through a RankGroup), the page pools and every sequence; the command queue between submitters
-// and that thread is the only shared state. With ranks in several processes (mpirun), every process
-// runs the same steps: the leader (rank 0's process) takes the requests, samples and verifies, and
-// hands its decisions to the others (RankGroup::share) at fixed points of each step. Each step: the scheduler plans rows (decode rounds,
+// and that thread is the only shared state. Each step: the scheduler plans rows (decode rounds,
 // prefill chunks); the MTP layer drafts for the decoding sequences (batched, chained K steps); the
 // model runs every planned row in one batched forward; the engine samples or verifies per
 // sequence, exactly as the single-sequence generator does (same random draws for a seed), and
-// reports the new tokens to each request's sink.
+// reports the new tokens to each request's sink. With ranks in several processes (mpirun), every
+// process runs the same steps: the leader (rank 0's process) takes the requests, samples and
+// verifies, and hands its decisions to the others (RankGroup::share) at fixed points of each step.
 #include <algorithm>
 #include <cmath>
 #include <chrono>
@@ -28,7 +28,9 @@
 
 namespace dsi {
 
-CommOptions comm_options(const EngineOptions& o) { return CommOptions{o.check_lockstep, o.comm_timeout_seconds}; }
+CommOptions comm_options(const EngineOptions& o) {
+  return CommOptions{o.check_lockstep, o.comm_timeout_seconds};
+}
 
 namespace {
 
@@ -287,7 +289,10 @@ void EngineImpl::loop() {
         break;
       }
     }
-    if (stop) break;
+    if (stop) {
+      for (auto& s : incoming) s->sink(RequestEvent{{}, true, "abort", {}, s->prompt_len, 0});
+      break;
+    }
     for (auto& s : incoming) {
       EngineSequence* p = s.get();
       seqs_[p->sched.id] = std::move(s);
