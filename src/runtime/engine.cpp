@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -278,15 +279,10 @@ void EngineImpl::loop() {
       try {
         stop = share_control(stop, incoming, cancels);
       } catch (const std::exception& e) {  // another process is gone: no step can run any more
-        spdlog::error("engine: {}", e.what());
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          failed_ = e.what();
-        }
         for (auto& s : incoming) s->sink(RequestEvent{{}, true, "error", e.what(), s->prompt_len, 0});
         fail_all(e.what());
-        if (!ranks_->leader()) throw;
-        break;
+        ranks_->abort_job(fmt::format("engine: {}", e.what()));
+        break;  // (a group whose abort_job returns: the engine takes no more work)
       }
     }
     if (stop) {
@@ -309,7 +305,8 @@ void EngineImpl::loop() {
       } catch (const std::exception& e) {
         spdlog::error("engine step failed: {}", e.what());
         fail_all(e.what());
-        if (!ranks_->leader()) throw;  // the leader's steps need this process's rank
+        // Processes: the others' steps went on or wait in a collective; they cannot agree any more.
+        ranks_->abort_job(fmt::format("engine step failed: {}", e.what()));
       }
       sweep();
     }

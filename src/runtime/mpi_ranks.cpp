@@ -20,6 +20,14 @@ namespace dsi {
 
 namespace {
 
+// Prints why this rank cannot go on and ends the whole job (the others would wait for it).
+[[noreturn]] void abort_mpi_job(int rank, const std::string& why) {
+  std::fprintf(stderr, "dsinfer: rank %d aborted: %s\n", rank, why.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return in practice; the standard does not promise it
+}
+
 int world_rank(MpiSession& session, const ParallelConfig& cfg) {
   DSI_CHECK(cfg.tp == session.size(), "--tp {} does not match the {} processes mpirun started", cfg.tp,
             session.size());
@@ -49,6 +57,8 @@ MpiRanks::MpiRanks(MpiSession& session, const ParallelConfig& cfg, const CommOpt
 }
 
 MpiRanks::~MpiRanks() = default;
+
+void MpiRanks::abort_job(const std::string& why) { abort_mpi_job(context_.tp_rank, why); }
 
 const RankContext& MpiRanks::context(int rank) const {
   DSI_CHECK(rank == context_.tp_rank, "rank {} is not run by this process (rank {})", rank,
@@ -93,11 +103,7 @@ std::unique_ptr<Engine> start_engine_processes(const EngineOptions& o, MpiSessio
     engine->follow();
   } catch (const std::exception& e) {
     if (session.rank() == 0) throw;  // the leader's caller reports it; the others time out
-    // This rank cannot go on and the leader's steps need it: end the job.
-    std::fprintf(stderr, "dsinfer: rank %d aborted: %s\n", session.rank(), e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);
+    abort_mpi_job(session.rank(), e.what());  // the leader's steps need this rank
   }
   return nullptr;
 }

@@ -24,6 +24,7 @@ class MpiRanks final : public RankGroup {
   void run(const std::function<void(int)>& fn) override;
   bool failed() const override { return failed_; }
   void share(std::vector<uint8_t>& bytes) override;
+  [[noreturn]] void abort_job(const std::string& why) override;
 
  private:
   std::unique_ptr<MpiComm> host_;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -40,6 +41,9 @@ class RankGroup {
   // theirs with them. Every process calls it at the same point of the same step. One process: a
   // no-op.
   virtual void share(std::vector<uint8_t>& bytes) { (void)bytes; }
+  // Processes: ends every process of the job with `why` (after a failure the processes' steps can
+  // no longer agree). Threads of one process: does nothing (the engine reports the failure).
+  virtual void abort_job(const std::string& why) { (void)why; }
   bool single_process() const { return int(local_.size()) == size_; }
 
  protected:
