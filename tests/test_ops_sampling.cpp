@@ -1,5 +1,6 @@
 // Op tests, sampling: argmax tie order, greedy limits of sample(), the exact inverse-CDF mapping of
-// u over the nucleus, and a chi-square goodness-of-fit test of temperature + top-p sampling.
+// u over the nucleus, a chi-square goodness-of-fit test of temperature + top-p sampling, and the
+// top_k / min_p filters against a written-out reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -164,6 +165,88 @@ TEST(OpSampling, BadTopPThrows) {
   const Tensor l = Tensor::from_f32(kLogits6, {6});
   test::expect_error([&] { ops::sample(l, 0.7f, 0.0f, 0.5); }, {"top_p"});
   test::expect_error([&] { ops::sample(l, 0.7f, 1.5f, 0.5); }, {"1.5"});
+}
+
+// The filtered distribution in float64 (the op rounds logit - max in float: agreement to ~1e-8),
+// written out independently: softmax(logits / T), the
+// top_k most likely (0: all; ties by id), the nucleus of top_p of what is left, then the tokens at
+// least min_p times as likely as the top one; renormalised. Returns the full vocab vector.
+std::vector<double> ref_filtered(const std::vector<float>& logits, double T, int top_k, double top_p,
+                                 double min_p) {
+  const double m = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p;
+  for (float l : logits) p.push_back(std::exp((l - m) / T));
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return p[size_t(a)] > p[size_t(b)]; });
+  if (top_k > 0 && size_t(top_k) < order.size()) order.resize(size_t(top_k));
+  double total = 0;
+  for (int32_t id : order) total += p[size_t(id)];
+  std::vector<int32_t> kept;
+  double mass = 0;
+  for (int32_t id : order) {
+    kept.push_back(id);
+    mass += p[size_t(id)];
+    if (mass >= top_p * total) break;
+  }
+  const double top = p[size_t(kept[0])];
+  std::vector<double> out(logits.size(), 0.0);
+  double z = 0;
+  for (int32_t id : kept)
+    if (p[size_t(id)] >= min_p * top) z += p[size_t(id)];
+  for (int32_t id : kept)
+    if (p[size_t(id)] >= min_p * top) out[size_t(id)] = p[size_t(id)] / z;
+  return out;
+}
+
+// top_k and min_p: the distribution equals the written-out reference over a grid of settings
+// (alone and together with top_p), top_k = 1 is greedy at any temperature, and tokens outside the
+// kept set are never drawn.
+TEST(OpSampling, TopKAndMinP) {
+  std::mt19937_64 rng(4242);
+  std::vector<float> v(40);
+  for (float& x : v) x = float(std::normal_distribution<double>(0.0, 2.0)(rng));
+  v[7] = v[11];  // a tie, broken by id
+  const Tensor l = Tensor::from_f32(v, {40});
+  for (int top_k : {0, 1, 2, 5, 40, 100})
+    for (double top_p : {1.0, 0.6})
+      for (double min_p : {0.0, 0.05, 0.5}) {
+        SamplingParams sp;
+        sp.temperature = 0.8f;
+        sp.top_k = top_k;
+        sp.top_p = float(top_p);
+        sp.min_p = float(min_p);
+        const std::vector<double> got = ops::token_distribution(l, sp);
+        const std::vector<double> want = ref_filtered(v, double(sp.temperature), top_k, double(sp.top_p),
+                                                      double(sp.min_p));
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_EQ(got[i] == 0.0, want[i] == 0.0) << "k " << top_k << " p " << top_p << " min_p " << min_p << " id " << i;
+          EXPECT_NEAR(got[i], want[i], 1e-7) << "k " << top_k << " p " << top_p << " min_p " << min_p << " id " << i;
+        }
+        for (int i = 0; i < 200; ++i) {
+          const int32_t t = ops::sample(l, sp, (i + 0.5) / 200.0);
+          EXPECT_GT(want[size_t(t)], 0.0) << "drew token " << t << " outside the kept set";
+        }
+      }
+  SamplingParams one;
+  one.temperature = 1.7f;
+  one.top_k = 1;
+  for (double u : {0.0, 0.3, 0.999999})
+    EXPECT_EQ(ops::sample(l, one, u), ref_argmax(v.data(), 40)) << u;
+}
+
+// top_k below 0 or min_p outside [0, 1] is an error naming it.
+TEST(OpSampling, BadTopKOrMinPThrows) {
+  const Tensor l = Tensor::from_f32(kLogits6, {6});
+  SamplingParams sp;
+  sp.temperature = 0.7f;
+  sp.top_k = -1;
+  test::expect_error([&] { ops::sample(l, sp, 0.5); }, {"top_k", "-1"});
+  sp.top_k = 0;
+  sp.min_p = 1.5f;
+  test::expect_error([&] { ops::sample(l, sp, 0.5); }, {"min_p", "1.5"});
 }
 
 }  // namespace

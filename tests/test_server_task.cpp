@@ -46,6 +46,8 @@ TEST(ServerTask, CompletionDefaultsAndFields) {
   EXPECT_FALSE(r.max_tokens.has_value());
   EXPECT_FLOAT_EQ(r.temperature, 1.0f);
   EXPECT_FLOAT_EQ(r.top_p, 1.0f);
+  EXPECT_EQ(r.top_k, 0);
+  EXPECT_FLOAT_EQ(r.min_p, 0.0f);
   EXPECT_FALSE(r.seed.has_value());
   EXPECT_FALSE(r.stream);
   EXPECT_EQ(r.logprobs, -1);
@@ -54,12 +56,14 @@ TEST(ServerTask, CompletionDefaultsAndFields) {
     "seed": 7, "stop": ["a", "bc"], "stop_token_ids": [9], "stream": true,
     "stream_options": {"include_usage": true}, "logprobs": 3, "n": 1, "best_of": 1,
     "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "user": "u",
-    "ignore_eos": true})");
+    "ignore_eos": true, "top_k": 20, "min_p": 0.05})");
   EXPECT_TRUE(r.prompt_is_ids);
   EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(r.max_tokens, 5);
   EXPECT_FLOAT_EQ(r.temperature, 0.0f);
   EXPECT_FLOAT_EQ(r.top_p, 0.5f);
+  EXPECT_EQ(r.top_k, 20);
+  EXPECT_FLOAT_EQ(r.min_p, 0.05f);
   EXPECT_EQ(r.seed, 7u);
   EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "bc"}));
   EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{9}));
@@ -174,6 +178,10 @@ TEST(ServerTask, OutOfRange) {
   expect_error(cmpl(R"("temperature": 2.5)"), 400, "temperature", "[0, 2]");
   expect_error(cmpl(R"("top_p": 0)"), 400, "top_p", "(0, 1]");
   expect_error(cmpl(R"("top_p": 1.01)"), 400, "top_p", "(0, 1]");
+  expect_error(cmpl(R"("top_k": -2)"), 400, "top_k", "-1, 0 or positive");
+  expect_error(cmpl(R"("top_k": 1.5)"), 400, "top_k", "must be an integer");
+  expect_error(cmpl(R"("min_p": 1.5)"), 400, "min_p", "[0, 1]");
+  expect_error(cmpl(R"("min_p": -0.1)"), 400, "min_p", "[0, 1]");
   expect_error(cmpl(R"("logprobs": 21)"), 400, "logprobs", "[0, 20]");
   expect_error(cmpl(R"("logprobs": -1)"), 400, "logprobs", "[0, 20]");
   expect_error(cmpl(R"("n": 0)"), 400, "n", "at least 1");
@@ -217,12 +225,14 @@ EngineRequest ok_engine(const ParsedRequest& r, std::vector<int32_t> prompt) {
 
 TEST(ServerTask, EngineRequestDefaults) {
   ParsedRequest c = ok_completion(R"({"prompt": [1, 2, 3], "temperature": 0.5, "top_p": 0.9,
-                                      "stop_token_ids": [7], "logprobs": 2})");
+                                      "top_k": -1, "min_p": 0.1, "stop_token_ids": [7], "logprobs": 2})");
   EngineRequest e = ok_engine(c, c.prompt_ids);
   EXPECT_EQ(e.prompt, c.prompt_ids);
   EXPECT_EQ(e.max_new_tokens, 16);  // the legacy completions default
   EXPECT_FLOAT_EQ(e.sampling.temperature, 0.5f);
   EXPECT_FLOAT_EQ(e.sampling.top_p, 0.9f);
+  EXPECT_EQ(e.sampling.top_k, 0);  // -1: every token
+  EXPECT_FLOAT_EQ(e.sampling.min_p, 0.1f);
   EXPECT_EQ(e.sampling.seed, 42u);  // no seed: the server's
   EXPECT_EQ(e.stop_token_ids, std::vector<int32_t>{7});
   EXPECT_EQ(e.logprobs, 2);

@@ -277,46 +277,52 @@ ChiSquare goodness_of_fit(const std::map<int32_t, int>& observed, const std::vec
 
 // The acceptance rule is exact: whatever the draft distribution q, the first emitted token of a
 // round is distributed as the target's p_0, and given that the first draft was accepted, the second
-// emitted token as p_1. 40000 seeded rounds over a 6-token vocabulary (temperature 0.8, top_p 0.9),
-// chi-square goodness of fit at alpha = 0.001. Fails when acceptance uses 2 p/q instead of p/q, or
-// when a rejection draws from p instead of the residual max(p - q, 0).
+// emitted token as p_1. 40000 seeded rounds over a 6-token vocabulary (temperature 0.8 with top_p
+// 0.9, with top_k 3, with min_p 0.3), chi-square goodness of fit at alpha = 0.001. Fails when
+// acceptance uses 2 p/q instead of p/q, or when a rejection draws from p instead of the residual
+// max(p - q, 0).
 TEST(SpeculativeSampling, RejectionSamplingEmitsTheTargetDistribution) {
   const int64_t vocab = 6;
   const Tensor logits = Tensor::from_f32({2.0f, 1.5f, 0.3f, -1.0f, 0.8f, 0.0f,    // p_0
                                           0.1f, -0.5f, 1.9f, 0.4f, 1.2f, -2.0f,   // p_1
                                           0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f},    // p_2
                                          {3, vocab});
-  SamplingParams sp;
-  sp.temperature = 0.8f;
-  sp.top_p = 0.9f;
-  auto row = [&](int j) { return logits.slice(j, j + 1).view({vocab}); };
-  const std::vector<double> p0 = ops::token_distribution(row(0), sp.temperature, sp.top_p);
-  const std::vector<double> p1 = ops::token_distribution(row(1), sp.temperature, sp.top_p);
-  // Draft distributions that overlap the targets only partly.
-  const std::vector<double> q0 = {0.05, 0.10, 0.40, 0.05, 0.30, 0.10};
-  const std::vector<double> q1 = {0.30, 0.05, 0.20, 0.05, 0.10, 0.30};
-  std::mt19937_64 rng(2024);
-  std::uniform_real_distribution<double> uniform(0.0, 1.0);
-  const int n = 40000;
-  std::map<int32_t, int> first, second;
-  int accepted_first = 0;
-  for (int i = 0; i < n; ++i) {
-    Draft d;
-    d.tokens = {ops::draw_token(q0, uniform(rng)), ops::draw_token(q1, uniform(rng))};
-    d.dists = {q0, q1};
-    const Verdict v = verify_drafts(logits, d, sp, rng);
-    ++first[v.accepted >= 1 ? d.tokens[0] : v.next];
-    if (v.accepted >= 1) {
-      ++accepted_first;
-      ++second[v.accepted >= 2 ? d.tokens[1] : v.next];
+  for (int setting = 0; setting < 3; ++setting) {
+    SCOPED_TRACE("setting " + std::to_string(setting));
+    SamplingParams sp;
+    sp.temperature = 0.8f;
+    if (setting == 0) sp.top_p = 0.9f;
+    if (setting == 1) sp.top_k = 3;
+    if (setting == 2) sp.min_p = 0.3f;
+    auto row = [&](int j) { return logits.slice(j, j + 1).view({vocab}); };
+    const std::vector<double> p0 = ops::token_distribution(row(0), sp);
+    const std::vector<double> p1 = ops::token_distribution(row(1), sp);
+    // Draft distributions that overlap the targets only partly.
+    const std::vector<double> q0 = {0.05, 0.10, 0.40, 0.05, 0.30, 0.10};
+    const std::vector<double> q1 = {0.30, 0.05, 0.20, 0.05, 0.10, 0.30};
+    std::mt19937_64 rng(2024 + uint64_t(setting));
+    std::uniform_real_distribution<double> uniform(0.0, 1.0);
+    const int n = 40000;
+    std::map<int32_t, int> first, second;
+    int accepted_first = 0;
+    for (int i = 0; i < n; ++i) {
+      Draft d;
+      d.tokens = {ops::draw_token(q0, uniform(rng)), ops::draw_token(q1, uniform(rng))};
+      d.dists = {q0, q1};
+      const Verdict v = verify_drafts(logits, d, sp, rng);
+      ++first[v.accepted >= 1 ? d.tokens[0] : v.next];
+      if (v.accepted >= 1) {
+        ++accepted_first;
+        ++second[v.accepted >= 2 ? d.tokens[1] : v.next];
+      }
     }
+    const ChiSquare a = goodness_of_fit(first, p0, n);
+    EXPECT_LT(a.chi2, a.critical) << "first token: chi2 " << a.chi2 << " df " << a.df;
+    const ChiSquare b = goodness_of_fit(second, p1, accepted_first);
+    EXPECT_LT(b.chi2, b.critical) << "second token: chi2 " << b.chi2 << " df " << b.df;
+    EXPECT_GT(accepted_first, n / 10);  // both paths (accept and reject) are exercised
+    EXPECT_LT(accepted_first, n * 9 / 10);
   }
-  const ChiSquare a = goodness_of_fit(first, p0, n);
-  EXPECT_LT(a.chi2, a.critical) << "first token: chi2 " << a.chi2 << " df " << a.df;
-  const ChiSquare b = goodness_of_fit(second, p1, accepted_first);
-  EXPECT_LT(b.chi2, b.critical) << "second token: chi2 " << b.chi2 << " df " << b.df;
-  EXPECT_GT(accepted_first, n / 10);  // both paths (accept and reject) are exercised
-  EXPECT_LT(accepted_first, n * 9 / 10);
 }
 
 // End to end: sampling with speculation gives the same token distribution as without. 400 seeded

@@ -214,6 +214,8 @@ uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
   DSI_CHECK(std::isfinite(sp.temperature) && sp.temperature >= 0.0f,
             "temperature = {} must be >= 0", sp.temperature);
   DSI_CHECK(sp.top_p > 0.0f && sp.top_p <= 1.0f, "top_p = {} must be in (0, 1]", sp.top_p);
+  DSI_CHECK(sp.top_k >= 0, "top_k = {} must be >= 0 (0 keeps every token)", sp.top_k);
+  DSI_CHECK(sp.min_p >= 0.0f && sp.min_p <= 1.0f, "min_p = {} must be in [0, 1]", sp.min_p);
   DSI_CHECK(r.logprobs <= 20, "logprobs = {} must be at most 20", r.logprobs);
   for (int32_t t : r.stop_token_ids)
     DSI_CHECK(t >= 0 && t < cfg_.vocab_size, "stop token id {} is outside the vocabulary [0, {})", t,
@@ -383,6 +385,8 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
       w.put(r.sampling.temperature);
       w.put(r.sampling.top_p);
       w.put(r.sampling.seed);
+      w.put(int32_t(r.sampling.top_k));
+      w.put(r.sampling.min_p);
       w.put_ids(r.stop_token_ids);
     }
     w.put(uint64_t(cancels.size()));
@@ -403,6 +407,8 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
     r.sampling.temperature = rd.get<float>();
     r.sampling.top_p = rd.get<float>();
     r.sampling.seed = rd.get<uint64_t>();
+    r.sampling.top_k = rd.get<int32_t>();
+    r.sampling.min_p = rd.get<float>();
     r.stop_token_ids = rd.get_ids();
     s->tokens = r.prompt;
     s->prompt_len = int64_t(r.prompt.size());

@@ -127,7 +127,7 @@ void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
         const Tensor row = logits.slice(int64_t(i), int64_t(i) + 1).view({V});
         const SamplingParams& sp = s.request.sampling;
         if (sp.temperature > 0.0f) {
-          std::vector<double> q = ops::token_distribution(row, sp.temperature, sp.top_p);
+          std::vector<double> q = ops::token_distribution(row, sp);
           drawn.push_back(ops::draw_token(q, uniform(s.rng)));
           s.draft.dists.push_back(std::move(q));
         } else {
@@ -253,7 +253,7 @@ void EngineImpl::step() {
       } else {
         const Tensor last = logits.slice(first_kept[i], first_kept[i] + 1).view({V});
         decided.push_back(1);
-        decided.push_back(ops::sample(last, sp.temperature, sp.top_p, uniform(s.rng)));
+        decided.push_back(ops::sample(last, sp, uniform(s.rng)));
       }
     }
   }

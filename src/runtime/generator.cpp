@@ -146,8 +146,7 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
   if (params.max_new_tokens == 0) return res;
 
   const auto t1 = Clock::now();
-  std::vector<int32_t> first = {ops::sample(logits.view({cfg.vocab_size}), sp.temperature, sp.top_p,
-                                            uniform(rng))};
+  std::vector<int32_t> first = {ops::sample(logits.view({cfg.vocab_size}), sp, uniform(rng))};
   agree_on_tokens(model.rank(), model.device(), first, K + 1);
   Pending pending;
   if (drafter) pending.append(hidden, std::vector<int32_t>(prompt.begin() + 1, prompt.end()));

@@ -31,7 +31,7 @@ Verdict verify_drafts(const Tensor& logits, const Draft& draft, const SamplingPa
   // Rejection sampling: accept draft d with probability min(1, p(d) / q(d)); on rejection draw from
   // the residual max(p - q, 0). The emitted tokens are then distributed exactly as p.
   for (int j = 0; j < k; ++j) {
-    const std::vector<double> p = ops::token_distribution(row(j), sp.temperature, sp.top_p);
+    const std::vector<double> p = ops::token_distribution(row(j), sp);
     const int32_t d = draft.tokens[size_t(j)];
     std::vector<double> q(p.size(), 0.0);
     if (draft.dists.empty()) {
@@ -45,7 +45,7 @@ Verdict verify_drafts(const Tensor& logits, const Draft& draft, const SamplingPa
     for (size_t i = 0; i < p.size(); ++i) mass += residual[i] = std::max(p[i] - q[i], 0.0);
     return {j, ops::draw_token(mass > 0.0 ? residual : p, uniform(rng))};
   }
-  return {k, ops::draw_token(ops::token_distribution(row(k), sp.temperature, sp.top_p),
+  return {k, ops::draw_token(ops::token_distribution(row(k), sp),
                              uniform(rng))};
 }
 
@@ -72,8 +72,7 @@ Draft MtpDrafter::propose(const DraftContext& ctx) {
     }
     const Tensor logits = model_.mtp_logits(last).view({cfg.vocab_size});
     if (sample) {
-      std::vector<double> q = ops::token_distribution(logits, ctx.sampling.temperature,
-                                                      ctx.sampling.top_p);
+      std::vector<double> q = ops::token_distribution(logits, ctx.sampling);
       d.tokens.push_back(ops::draw_token(q, uniform(ctx.rng)));
       d.dists.push_back(std::move(q));
     } else {

@@ -58,7 +58,7 @@ struct Verdict {
 // last accepted token, then the drafts). Greedy (temperature 0): accept while the draft is the
 // argmax. Sampling: accept draft d with probability min(1, p(d) / q(d)) and on rejection draw from
 // the residual max(p - q, 0), so the emitted tokens are distributed exactly as p (p and q after
-// temperature and top-p, ops::token_distribution). Draws its uniforms from `rng`.
+// sampling parameters, ops::token_distribution). Draws its uniforms from `rng`.
 Verdict verify_drafts(const Tensor& logits, const Draft& draft, const SamplingParams& sampling,
                       std::mt19937_64& rng);
 

@@ -138,6 +138,14 @@ void parse_common(const Json& j, ParsedRequest& r) {
     if (!(*p > 0.0 && *p <= 1.0)) bad("top_p", fmt::format("'top_p' must be in (0, 1], got {}", *p));
     r.top_p = float(*p);
   }
+  if (auto k = get_int(j, "top_k")) {  // vLLM's extension: -1 (or 0) keeps every token
+    if (*k < -1 || *k > int64_t(1) << 30) bad("top_k", fmt::format("'top_k' must be -1, 0 or positive, got {}", *k));
+    r.top_k = *k < 0 ? 0 : int(*k);
+  }
+  if (const auto m = get_number(j, "min_p")) {  // vLLM's extension
+    if (!(*m >= 0.0 && *m <= 1.0)) bad("min_p", fmt::format("'min_p' must be in [0, 1], got {}", *m));
+    r.min_p = float(*m);
+  }
   if (const Json* s = field(j, "seed")) r.seed = uint64_t(as_int(*s, "seed"));
   r.ignore_eos = get_bool(j, "ignore_eos", false);
   r.skip_special_tokens = get_bool(j, "skip_special_tokens", true);
@@ -350,6 +358,8 @@ std::variant<EngineRequest, ApiError> make_engine_request(const ParsedRequest& r
   e.ignore_eos = r.ignore_eos;
   e.sampling.temperature = r.temperature;
   e.sampling.top_p = r.top_p;
+  e.sampling.top_k = r.top_k;
+  e.sampling.min_p = r.min_p;
   e.sampling.seed = r.seed.value_or(default_seed);
   e.stop_token_ids = r.stop_token_ids;
   e.logprobs = r.logprobs;

@@ -49,6 +49,8 @@ struct ParsedRequest {
   std::optional<int64_t> max_tokens;  // max_tokens / max_completion_tokens; none: the default
   float temperature = 1.0f;
   float top_p = 1.0f;
+  int top_k = 0;       // vLLM's extension; -1 or 0: every token
+  float min_p = 0.0f;  // vLLM's extension
   std::optional<uint64_t> seed;
   bool ignore_eos = false;
   std::vector<std::string> stop;        // stop strings (cut from the text)

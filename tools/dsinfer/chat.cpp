@@ -23,6 +23,8 @@ struct ChatOptions {
   int max_tokens = 256;
   float temperature = 0.0f;
   float top_p = 1.0f;
+  int top_k = 0;
+  float min_p = 0.0f;
   uint64_t seed = 0;
   std::string system;
   std::vector<std::string> stop;
@@ -37,6 +39,10 @@ ChatCommand::ChatCommand(CLI::App& app) : options_(std::make_unique<ChatOptions>
       ->check(CLI::PositiveNumber);
   sub_->add_option("--temperature", o.temperature, "0 = greedy (default)")->check(CLI::Range(0.0, 2.0));
   sub_->add_option("--top-p", o.top_p, "nucleus mass in (0, 1] (default 1)")->check(CLI::Range(0.0, 1.0));
+  sub_->add_option("--top-k", o.top_k, "keep the k most likely tokens (default 0: all)")
+      ->check(CLI::NonNegativeNumber);
+  sub_->add_option("--min-p", o.min_p, "drop tokens below min-p x the most likely one's probability")
+      ->check(CLI::Range(0.0, 1.0));
   sub_->add_option("--seed", o.seed, "random seed for sampling (default 0)");
   sub_->add_option("--system", o.system, "a system message that starts the conversation");
   sub_->add_option("--stop", o.stop, "stop strings (repeatable)");
@@ -83,7 +89,7 @@ int ChatCommand::run() const {
       continue;
     }
     req.max_new_tokens = int(std::min<int64_t>(o.max_tokens, room));
-    req.sampling = SamplingParams{o.temperature, o.top_p, o.seed};
+    req.sampling = SamplingParams{o.temperature, o.top_p, o.seed, o.top_k, o.min_p};
     auto queue = std::make_shared<server::EventQueue>();
     const uint64_t id = engine->submit(std::move(req), server::EventQueue::sink_for(queue));
     server::OutputText out(tokenizer, /*skip_special_tokens=*/true, o.stop, false);

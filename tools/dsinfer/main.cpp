@@ -345,6 +345,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   gen->add_option("--top-p", params.sampling.top_p, "nucleus mass in (0, 1] (default 1)")
       ->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--top-k", params.sampling.top_k, "keep the k most likely tokens (default 0: all)")
+      ->check(CLI::NonNegativeNumber);
+  gen->add_option("--min-p", params.sampling.min_p,
+                  "drop tokens below min-p x the most likely one's probability (default 0)")
+      ->check(CLI::Range(0.0, 1.0));
   gen->add_option("--seed", params.sampling.seed, "random seed for sampling (default 0)");
   gen->add_flag("--ignore-eos", params.ignore_eos, "do not stop at the config's eos_token_id");
   gen->add_option("--speculative-tokens", params.speculative_tokens,

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dsinfer/sampling.h"
 #include "model/config.h"
 
 namespace dsi {
@@ -58,8 +59,7 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
 
 void argmax(const Tensor& logits, Tensor& out);
-std::vector<double> token_distribution(const Tensor& logits, float temperature, float top_p);
+std::vector<double> token_distribution(const Tensor& logits, const SamplingParams& sp);
 int32_t draw_token(const std::vector<double>& p, double u);
-int32_t sample(const Tensor& logits, float temperature, float top_p, double u);
 
 }  // namespace dsi::cpu

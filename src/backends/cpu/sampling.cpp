@@ -1,4 +1,5 @@
-// CPU reference: argmax (lowest id wins ties) and temperature / top-p sampling from a given uniform.
+// CPU reference: argmax (lowest id wins ties) and temperature / top-k / top-p / min-p sampling from a
+// given uniform.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -33,35 +34,45 @@ void argmax(const Tensor& logits, Tensor& out) {
   }
 }
 
-std::vector<double> token_distribution(const Tensor& logits, float temperature, float top_p) {
+std::vector<double> token_distribution(const Tensor& logits, const SamplingParams& sp) {
   DSI_CHECK(logits.ndim() == 1, "sampling: logits must be [vocab], got {}", logits.desc());
   check_dtype(logits, DType::F32, "sampling logits");
   const int64_t v = logits.dim(0);
   DSI_CHECK(v > 0, "sampling: empty vocabulary");
   const float* l = logits.f32();
   std::vector<double> p(static_cast<size_t>(v), 0.0);
-  if (temperature <= 0.0f) {
+  if (sp.temperature <= 0.0f) {
     Tensor out = Tensor::empty({1}, DType::I32);
     argmax(logits.view({1, v}), out);
     p[size_t(out.i32()[0])] = 1.0;
     return p;
   }
-  DSI_CHECK(top_p > 0.0f && top_p <= 1.0f, "sampling: top_p = {} outside (0, 1]", top_p);
+  DSI_CHECK(sp.top_p > 0.0f && sp.top_p <= 1.0f, "sampling: top_p = {} outside (0, 1]", sp.top_p);
+  DSI_CHECK(sp.top_k >= 0, "sampling: top_k = {} must be >= 0 (0 keeps every token)", sp.top_k);
+  DSI_CHECK(sp.min_p >= 0.0f && sp.min_p <= 1.0f, "sampling: min_p = {} outside [0, 1]", sp.min_p);
   const float m = *std::max_element(l, l + v);
-  double total = 0.0;
-  for (int64_t i = 0; i < v; ++i) {
-    p[size_t(i)] = std::exp(double(l[i] - m) / double(temperature));
-    total += p[size_t(i)];
-  }
+  for (int64_t i = 0; i < v; ++i) p[size_t(i)] = std::exp(double(l[i] - m) / double(sp.temperature));
   std::vector<int32_t> order = ranked(p);
-  // Keep the smallest prefix whose mass reaches top_p; zero the rest and renormalise.
-  size_t keep = 0;
-  double mass = 0.0;
-  while (keep < order.size()) {
-    mass += p[size_t(order[keep])];
-    ++keep;
-    if (mass >= double(top_p) * total) break;
+  // top_k: the k most likely tokens.
+  size_t keep = sp.top_k > 0 ? std::min(order.size(), size_t(sp.top_k)) : order.size();
+  double total = 0.0;
+  if (keep == order.size()) {
+    for (double x : p) total += x;  // (in id order)
+  } else {
+    for (size_t i = 0; i < keep; ++i) total += p[size_t(order[i])];
   }
+  // top_p: the smallest prefix of those whose mass reaches top_p of theirs.
+  size_t nucleus = 0;
+  double mass = 0.0;
+  while (nucleus < keep) {
+    mass += p[size_t(order[nucleus])];
+    ++nucleus;
+    if (mass >= double(sp.top_p) * total) break;
+  }
+  keep = nucleus;
+  // min_p: the tokens at least min_p times as likely as the most likely one (always kept).
+  const double floor = double(sp.min_p) * p[size_t(order[0])];
+  while (keep > 1 && p[size_t(order[keep - 1])] < floor) mass -= p[size_t(order[--keep])];
   for (size_t i = keep; i < order.size(); ++i) p[size_t(order[i])] = 0.0;
   for (double& x : p) x /= mass;
   return p;
@@ -84,8 +95,6 @@ int32_t draw_token(const std::vector<double>& p, double u) {
   return last;  // u * mass rounded past the total: the last token with mass
 }
 
-int32_t sample(const Tensor& logits, float temperature, float top_p, double u) {
-  return draw_token(token_distribution(logits, temperature, top_p), u);
-}
+
 
 }  // namespace dsi::cpu

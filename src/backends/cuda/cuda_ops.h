@@ -70,7 +70,6 @@ void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
 void argmax(const Tensor& logits, Tensor& out);
 // Sampling is host logic: the logits row is copied to the host and the CPU code runs on it, so the
 // result is bitwise the CPU's.
-std::vector<double> token_distribution(const Tensor& logits, float temperature, float top_p);
-int32_t sample(const Tensor& logits, float temperature, float top_p, double u);
+std::vector<double> token_distribution(const Tensor& logits, const SamplingParams& sp);
 
 }  // namespace dsi::cuda

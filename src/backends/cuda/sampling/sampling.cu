@@ -78,12 +78,8 @@ void argmax(const Tensor& logits, Tensor& out) {
   launch_argmax(p, stream());
 }
 
-std::vector<double> token_distribution(const Tensor& logits, float temperature, float top_p) {
-  return cpu::token_distribution(to_host(logits), temperature, top_p);
-}
-
-int32_t sample(const Tensor& logits, float temperature, float top_p, double u) {
-  return cpu::sample(to_host(logits), temperature, top_p, u);
+std::vector<double> token_distribution(const Tensor& logits, const SamplingParams& sp) {
+  return cpu::token_distribution(to_host(logits), sp);
 }
 
 }  // namespace dsi::cuda
