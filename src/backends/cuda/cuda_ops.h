@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "dsinfer/sampling.h"
 #include "model/config.h"
 
 namespace dsi {
