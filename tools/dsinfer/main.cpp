@@ -31,6 +31,7 @@
 #endif
 #ifdef DSI_WITH_MPI
 #include "comm/mpi_comm.h"
+#include "runtime/mpi_ranks.h"
 #endif
 #ifdef DSI_WITH_CUDA
 #include "backends/cuda/device.h"
@@ -184,26 +185,8 @@ void on_ranks(const CommonOptions& o, dsi::MpiSessionPtr& mpi,
   cfg.combine = dsi::parse_dcp_combine(o.dcp_comm);
 #ifdef DSI_WITH_MPI
   if (mpi && mpi->size() > 1) {
-    if (cfg.tp != mpi->size())
-      fail("--tp {} does not match the {} processes mpirun started", cfg.tp, mpi->size());
-    dsi::MpiComm comm(*mpi, o.comm);
-    dsi::Communicator* data = &comm;
-#ifdef DSI_WITH_NCCL
-    // GPU ranks move device tensors through NCCL, bootstrapped over MPI; each process takes the
-    // GPU of its node-local rank.
-    std::unique_ptr<dsi::NcclComm> nccl;
-    if (o.device == "cuda") {
-      const dsi::RankContext layout = dsi::RankContext::make(cfg, comm.rank(), &comm);
-      int local = dsi::local_rank_from_env();
-      if (local < 0) local = comm.rank();
-      nccl = dsi::NcclComm::create(comm, dsi::NcclSetup{local % dsi::cuda::device_count(),
-                                                        {layout.tp_group, layout.dcp_group},
-                                                        dsi::NcclSumOrder::kMemberOrder, nullptr});
-      data = nccl.get();
-    }
-#endif
-    const dsi::RankContext rank = dsi::RankContext::make(cfg, comm.rank(), data);
-    work(*load_model(o, rank));
+    const dsi::MpiRanks ranks(*mpi, cfg, o.comm, /*cuda=*/o.device == "cuda");
+    work(*load_model(o, ranks.context(mpi->rank())));
     return;
   }
 #endif
