@@ -217,6 +217,15 @@ TEST(Engine, BadRequestsAreRefused) {
   r.sampling.top_p = 0.0f;
   test::expect_error([&] { engine->submit(r, c.sink()); }, {"top_p"});
   r.sampling.top_p = 1.0f;
+  r.sampling.top_k = -2;
+  test::expect_error([&] { engine->submit(r, c.sink()); }, {"top_k", "-2"});
+  r.sampling.top_k = 0;
+  r.sampling.min_p = 2.0f;
+  test::expect_error([&] { engine->submit(r, c.sink()); }, {"min_p", "2"});
+  r.sampling.min_p = 0.0f;
+  r.sampling.logit_bias = {{100000, 1.0f}};
+  test::expect_error([&] { engine->submit(r, c.sink()); }, {"logit_bias", "100000", "vocabulary"});
+  r.sampling.logit_bias.clear();
   r.stop_token_ids = {-1};
   test::expect_error([&] { engine->submit(r, c.sink()); }, {"stop token id -1"});
   EXPECT_EQ(c.events, 0);

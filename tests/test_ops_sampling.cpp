@@ -237,6 +237,31 @@ TEST(OpSampling, TopKAndMinP) {
     EXPECT_EQ(ops::sample(l, one, u), ref_argmax(v.data(), 40)) << u;
 }
 
+// logit_bias is added to the logits before everything else: -100 removes the argmax from greedy and
+// sampled choices, +100 forces a token, and the distribution is softmax((logits + bias) / T).
+TEST(OpSampling, LogitBias) {
+  std::vector<float> v = {0.5f, 2.0f, -1.0f, 1.5f, 0.0f, 1.9f};
+  const Tensor l = Tensor::from_f32(v, {6});
+  SamplingParams greedy;
+  EXPECT_EQ(ops::sample(l, greedy, 0.0), 1);
+  greedy.logit_bias = {{1, -100.0f}};
+  EXPECT_EQ(ops::sample(l, greedy, 0.0), 5);
+  greedy.logit_bias = {{2, 100.0f}};
+  EXPECT_EQ(ops::sample(l, greedy, 0.0), 2);
+  SamplingParams sp;
+  sp.temperature = 0.7f;
+  sp.logit_bias = {{1, -100.0f}, {4, 0.75f}};
+  std::vector<float> biased = v;
+  biased[1] -= 100.0f;
+  biased[4] += 0.75f;
+  const std::vector<double> got = ops::token_distribution(l, sp);
+  const std::vector<double> want = ref_filtered(biased, 0.7, 0, 1.0, 0.0);
+  for (size_t i = 0; i < v.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-7) << i;
+  EXPECT_LT(got[1], 1e-40);
+  sp.logit_bias = {{6, 1.0f}};
+  test::expect_error([&] { ops::sample(l, sp, 0.5); }, {"logit_bias", "6"});
+}
+
 // top_k below 0 or min_p outside [0, 1] is an error naming it.
 TEST(OpSampling, BadTopKOrMinPThrows) {
   const Tensor l = Tensor::from_f32(kLogits6, {6});

@@ -182,6 +182,10 @@ TEST(ServerTask, OutOfRange) {
   expect_error(cmpl(R"("top_k": 1.5)"), 400, "top_k", "must be an integer");
   expect_error(cmpl(R"("min_p": 1.5)"), 400, "min_p", "[0, 1]");
   expect_error(cmpl(R"("min_p": -0.1)"), 400, "min_p", "[0, 1]");
+  expect_error(cmpl(R"("logit_bias": {"x": 1})"), 400, "logit_bias", "token ids");
+  expect_error(cmpl(R"("logit_bias": {"-3": 1})"), 400, "logit_bias", "token ids");
+  expect_error(cmpl(R"("logit_bias": {"5": 101})"), 400, "logit_bias", "[-100, 100]");
+  expect_error(cmpl(R"("logit_bias": {"5": "a"})"), 400, "logit_bias", "number");
   expect_error(cmpl(R"("logprobs": 21)"), 400, "logprobs", "[0, 20]");
   expect_error(cmpl(R"("logprobs": -1)"), 400, "logprobs", "[0, 20]");
   expect_error(cmpl(R"("n": 0)"), 400, "n", "at least 1");
@@ -202,7 +206,6 @@ TEST(ServerTask, UnsupportedFeatures) {
   expect_error(cmpl(R"("best_of": 3)"), 400, "best_of", "not supported", "unsupported");
   expect_error(cmpl(R"("presence_penalty": 0.5)"), 400, "presence_penalty", "not supported", "unsupported");
   expect_error(cmpl(R"("frequency_penalty": -1)"), 400, "frequency_penalty", "not supported", "unsupported");
-  expect_error(cmpl(R"("logit_bias": {"5": 1})"), 400, "logit_bias", "not supported", "unsupported");
   expect_error(cmpl(R"("suffix": "end")"), 400, "suffix", "not supported", "unsupported");
   expect_error(cmpl(R"("echo": true, "logprobs": 1)"), 400, "logprobs", "not supported", "unsupported");
   expect_error(cmpl(R"("stream_options": {"include_usage": true})"), 400, "stream_options", "only allowed when");
@@ -225,7 +228,8 @@ EngineRequest ok_engine(const ParsedRequest& r, std::vector<int32_t> prompt) {
 
 TEST(ServerTask, EngineRequestDefaults) {
   ParsedRequest c = ok_completion(R"({"prompt": [1, 2, 3], "temperature": 0.5, "top_p": 0.9,
-                                      "top_k": -1, "min_p": 0.1, "stop_token_ids": [7], "logprobs": 2})");
+                                      "top_k": -1, "min_p": 0.1, "logit_bias": {"3": -100, "7": 2.5},
+                                      "stop_token_ids": [7], "logprobs": 2})");
   EngineRequest e = ok_engine(c, c.prompt_ids);
   EXPECT_EQ(e.prompt, c.prompt_ids);
   EXPECT_EQ(e.max_new_tokens, 16);  // the legacy completions default
@@ -233,6 +237,7 @@ TEST(ServerTask, EngineRequestDefaults) {
   EXPECT_FLOAT_EQ(e.sampling.top_p, 0.9f);
   EXPECT_EQ(e.sampling.top_k, 0);  // -1: every token
   EXPECT_FLOAT_EQ(e.sampling.min_p, 0.1f);
+  EXPECT_EQ(e.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{3, -100.0f}, {7, 2.5f}}));
   EXPECT_EQ(e.sampling.seed, 42u);  // no seed: the server's
   EXPECT_EQ(e.stop_token_ids, std::vector<int32_t>{7});
   EXPECT_EQ(e.logprobs, 2);

@@ -3,18 +3,22 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dsi {
 
-// With temperature > 0 a token is drawn from softmax(logits / temperature), cut (in this order, as
-// HF transformers' warpers) to the top_k most likely tokens, then to the nucleus of mass top_p, then
-// to the tokens at least min_p times as likely as the most likely one, and renormalised.
+// logit_bias is added to the logits first (greedy included). With temperature > 0 a token is then
+// drawn from softmax(logits / temperature), cut (in this order, as HF transformers' warpers) to the
+// top_k most likely tokens, then to the nucleus of mass top_p, then to the tokens at least min_p
+// times as likely as the most likely one, and renormalised.
 struct SamplingParams {
   float temperature = 0.0f;  // 0 = greedy (argmax, lowest id on ties)
   float top_p = 1.0f;        // nucleus sampling mass, (0, 1]
   uint64_t seed = 0;         // seeds the request's random stream: same seed, same tokens
   int top_k = 0;             // keep the k most likely tokens (ties: lower id first); 0 = all
   float min_p = 0.0f;        // in [0, 1]: drop tokens below min_p x the top token's probability
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
 };
 
 struct GenerationParams {

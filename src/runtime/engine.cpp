@@ -216,6 +216,11 @@ uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
   DSI_CHECK(sp.top_p > 0.0f && sp.top_p <= 1.0f, "top_p = {} must be in (0, 1]", sp.top_p);
   DSI_CHECK(sp.top_k >= 0, "top_k = {} must be >= 0 (0 keeps every token)", sp.top_k);
   DSI_CHECK(sp.min_p >= 0.0f && sp.min_p <= 1.0f, "min_p = {} must be in [0, 1]", sp.min_p);
+  for (const auto& [id, b] : sp.logit_bias) {
+    DSI_CHECK(id >= 0 && id < cfg_.vocab_size, "logit_bias token {} is outside the vocabulary [0, {})", id,
+              cfg_.vocab_size);
+    DSI_CHECK(std::isfinite(b), "logit_bias of token {} is not finite", id);
+  }
   DSI_CHECK(r.logprobs <= 20, "logprobs = {} must be at most 20", r.logprobs);
   for (int32_t t : r.stop_token_ids)
     DSI_CHECK(t >= 0 && t < cfg_.vocab_size, "stop token id {} is outside the vocabulary [0, {})", t,
@@ -387,6 +392,11 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
       w.put(r.sampling.seed);
       w.put(int32_t(r.sampling.top_k));
       w.put(r.sampling.min_p);
+      w.put(uint64_t(r.sampling.logit_bias.size()));
+      for (const auto& [id, b] : r.sampling.logit_bias) {
+        w.put(id);
+        w.put(b);
+      }
       w.put_ids(r.stop_token_ids);
     }
     w.put(uint64_t(cancels.size()));
@@ -409,6 +419,11 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
     r.sampling.seed = rd.get<uint64_t>();
     r.sampling.top_k = rd.get<int32_t>();
     r.sampling.min_p = rd.get<float>();
+    const uint64_t n_bias = rd.get<uint64_t>();
+    for (uint64_t b = 0; b < n_bias; ++b) {
+      const int32_t id = rd.get<int32_t>();
+      r.sampling.logit_bias.emplace_back(id, rd.get<float>());
+    }
     r.stop_token_ids = rd.get_ids();
     s->tokens = r.prompt;
     s->prompt_len = int64_t(r.prompt.size());

@@ -131,7 +131,7 @@ void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
           drawn.push_back(ops::draw_token(q, uniform(s.rng)));
           s.draft.dists.push_back(std::move(q));
         } else {
-          drawn.push_back(ops::sample(row, 0.0f, 1.0f, 0.0));
+          drawn.push_back(ops::sample(row, sp, 0.0));  // greedy (with its logit bias)
         }
       }
     }

@@ -23,10 +23,10 @@ Verdict verify_drafts(const Tensor& logits, const Draft& draft, const SamplingPa
   auto row = [&](int j) { return logits.slice(j, j + 1).view({vocab}); };
   if (sp.temperature <= 0.0f) {  // greedy: accept while the draft is the target's argmax
     for (int j = 0; j < k; ++j) {
-      const int32_t target = ops::sample(row(j), 0.0f, 1.0f, 0.0);
+      const int32_t target = ops::sample(row(j), sp, 0.0);
       if (draft.tokens[size_t(j)] != target) return {j, target};
     }
-    return {k, ops::sample(row(k), 0.0f, 1.0f, 0.0)};
+    return {k, ops::sample(row(k), sp, 0.0)};
   }
   // Rejection sampling: accept draft d with probability min(1, p(d) / q(d)); on rejection draw from
   // the residual max(p - q, 0). The emitted tokens are then distributed exactly as p.
@@ -76,7 +76,7 @@ Draft MtpDrafter::propose(const DraftContext& ctx) {
       d.tokens.push_back(ops::draw_token(q, uniform(ctx.rng)));
       d.dists.push_back(std::move(q));
     } else {
-      d.tokens.push_back(ops::sample(logits, 0.0f, 1.0f, 0.0));
+      d.tokens.push_back(ops::sample(logits, ctx.sampling, 0.0));  // greedy (with its logit bias)
     }
   }
   return d;

@@ -2,6 +2,7 @@
 #include "server/task.h"
 
 #include <cmath>
+#include <cstdint>
 #include <fmt/format.h>
 #include <limits>
 
@@ -125,9 +126,24 @@ void parse_common(const Json& j, ParsedRequest& r) {
     if (v && (*v < -2.0 || *v > 2.0)) bad(p, fmt::format("'{}' must be in [-2, 2], got {}", p, *v));
     if (v && *v != 0.0) unsupported(p, fmt::format("a non-zero {}", p));
   }
-  if (const Json* lb = field(j, "logit_bias")) {
+  if (const Json* lb = field(j, "logit_bias")) {  // {"token id": bias in [-100, 100]}
     if (!lb->is_object()) bad("logit_bias", "'logit_bias' must be an object");
-    if (!lb->empty()) unsupported("logit_bias", "logit_bias");
+    for (const auto& [key, value] : lb->items()) {
+      size_t end = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(key, &end);
+      } catch (const std::exception&) {
+        end = 0;
+      }
+      if (end == 0 || end != key.size() || id < 0 || id > INT32_MAX)
+        bad("logit_bias", fmt::format("'logit_bias' keys must be token ids, got '{}'", key));
+      if (!value.is_number()) bad("logit_bias", fmt::format("'logit_bias.{}' must be a number", key));
+      const double b = value.get<double>();
+      if (!(b >= -100.0 && b <= 100.0))
+        bad("logit_bias", fmt::format("'logit_bias.{}' must be in [-100, 100], got {}", key, b));
+      r.logit_bias.emplace_back(int32_t(id), float(b));
+    }
   }
   if (const auto t = get_number(j, "temperature")) {
     if (!(*t >= 0.0 && *t <= 2.0))
@@ -360,6 +376,7 @@ std::variant<EngineRequest, ApiError> make_engine_request(const ParsedRequest& r
   e.sampling.top_p = r.top_p;
   e.sampling.top_k = r.top_k;
   e.sampling.min_p = r.min_p;
+  e.sampling.logit_bias = r.logit_bias;
   e.sampling.seed = r.seed.value_or(default_seed);
   e.stop_token_ids = r.stop_token_ids;
   e.logprobs = r.logprobs;

@@ -51,6 +51,7 @@ struct ParsedRequest {
   float top_p = 1.0f;
   int top_k = 0;       // vLLM's extension; -1 or 0: every token
   float min_p = 0.0f;  // vLLM's extension
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100])
   std::optional<uint64_t> seed;
   bool ignore_eos = false;
   std::vector<std::string> stop;        // stop strings (cut from the text)

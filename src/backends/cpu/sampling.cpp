@@ -39,6 +39,18 @@ std::vector<double> token_distribution(const Tensor& logits, const SamplingParam
   check_dtype(logits, DType::F32, "sampling logits");
   const int64_t v = logits.dim(0);
   DSI_CHECK(v > 0, "sampling: empty vocabulary");
+  if (!sp.logit_bias.empty()) {  // the biased logits, then the rest as without a bias
+    Tensor biased = Tensor::empty({v}, DType::F32);
+    std::copy(logits.f32(), logits.f32() + v, biased.f32());
+    for (const auto& [id, b] : sp.logit_bias) {
+      DSI_CHECK(id >= 0 && id < v, "sampling: logit_bias token {} outside the vocabulary [0, {})", id, v);
+      DSI_CHECK(std::isfinite(b), "sampling: logit_bias of token {} is not finite", id);
+      biased.f32()[id] += b;
+    }
+    SamplingParams rest = sp;
+    rest.logit_bias.clear();
+    return token_distribution(biased, rest);
+  }
   const float* l = logits.f32();
   std::vector<double> p(static_cast<size_t>(v), 0.0);
   if (sp.temperature <= 0.0f) {
