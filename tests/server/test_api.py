@@ -70,6 +70,23 @@ def test_completion(server):
     assert tok.usage.prompt_tokens == r.usage.prompt_tokens
 
 
+def test_logit_bias(server):
+    if server.fake:
+        pytest.skip("the test double does not sample from logits")
+    body = {"model": MODEL, "prompt": "In the beginning God created", "temperature": 0,
+            "ignore_eos": True}
+    plain = httpx.post(server.url + "/v1/completions", json=dict(body, max_tokens=3), timeout=600).json()
+    # +100 on token 400 ("eth" in the bundled model's vocabulary) makes it every greedy choice.
+    forced = dict(body, logit_bias={"400": 100})
+    one = httpx.post(server.url + "/v1/completions", json=dict(forced, max_tokens=1), timeout=600).json()
+    three = httpx.post(server.url + "/v1/completions", json=dict(forced, max_tokens=3), timeout=600).json()
+    t = one["choices"][0]["text"]
+    assert t and three["choices"][0]["text"] == t * 3 != plain["choices"][0]["text"]
+    bad = httpx.post(server.url + "/v1/completions", json=dict(body, max_tokens=1, logit_bias={"9999999": 1}),
+                     timeout=600)
+    assert bad.status_code == 400 and "logit_bias" in bad.json()["error"]["message"]
+
+
 def test_completion_stream_matches_non_stream(server):
     body = {"model": MODEL, "prompt": "And the earth was without form", "max_tokens": 24,
             "temperature": 0, "ignore_eos": True}
