@@ -9,7 +9,12 @@
 // runs it; without it every op is launched from the host.
 //   bench_decode --config configs/glm-5.2.json [--layers 4] [--first-layer 6] [--context 131072]
 //                [--iters 20] [--weights fp8|bf16] [--kv-cache fp8|bf16|f32] [--tp T] [--dcp W]
-//                [--rows R] [--graphs]
+//                [--rows R] [--graphs] [--profile-step]
+// --profile-step runs one more step after the timed ones between cudaProfilerStart and
+// cudaProfilerStop, for a kernel profiler started with profiling from the start off (ncu
+// --profile-from-start off): its per-kernel table is where a layer's time goes.
+#include <cuda_profiler_api.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -41,6 +46,7 @@ struct Args {
   std::string kv_cache = "fp8";
   int tp = 1, dcp = 1, rows = 1;
   bool graphs = false;
+  bool profile_step = false;
 };
 
 // Forwards every collective to `inner` and adds up the wall time spent in them (the collectives
@@ -99,6 +105,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--dcp") a.dcp = std::stoi(next());
     else if (k == "--rows") a.rows = std::stoi(next());
     else if (k == "--graphs") a.graphs = true;
+    else if (k == "--profile-step") a.profile_step = true;
     else dsi::fail("unknown option {}", k);
   }
   if (a.config.empty()) dsi::fail("--config FILE is required");
@@ -217,6 +224,13 @@ int run(const Args& a) {
           else dsi::to_host(model->forward(tokens, cache));  // waits for the step
           const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
           if (it >= 2 && rank.is_root()) times.push_back(dt);
+        }
+        if (a.profile_step) {
+          cache.set_length(C);
+          cudaProfilerStart();
+          if (graph) graph->replay();
+          else dsi::to_host(model->forward(tokens, cache));
+          cudaProfilerStop();
         }
         if (rank.is_root()) {
           comm_seconds = timed.seconds;

@@ -6,7 +6,8 @@
 // (graph time / K). Prints microseconds, GB/s (weight + scale + x + y bytes), % of 4.3 TB/s and
 // TFLOP/s. --sweep also times every GEMV plan and prints the best, to tune gemv_plan().
 //
-//   bench_linear [--sweep] [--reps N] [--gemm-only | --gemv-only]
+// The MoE rows time the grouped GEMVs of one token's experts as the MoE layer launches them.
+//   bench_linear [--sweep] [--reps N] [--gemm-only | --gemv-only | --moe-only]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -112,6 +113,32 @@ dsi::cuda::GemvParams gemv_params(const Shape& sh, bool fp8, int n, const float*
   return p;
 }
 
+std::string plan_name(const dsi::cuda::GemvPlan& plan) {
+  return "R" + std::to_string(plan.rows_per_warp) + " ks" + std::to_string(plan.k_split);
+}
+
+// Times every plan and names the fastest: "; best R4 ks2 30.1 us (77.0%)".
+template <typename Run>
+std::string sweep_plans(const dsi::cuda::GemvPlan& plan, double us, double bytes, Run&& run_plan) {
+  double best = us;
+  std::string best_name = "heuristic";
+  for (int r : {1, 2, 4})
+    for (int ks : {1, 2, 4, 8}) {
+      dsi::cuda::GemvPlan alt = plan;
+      alt.rows_per_warp = r;
+      alt.k_split = ks;
+      const double t = run_plan(alt);
+      if (t < best) {
+        best = t;
+        best_name = plan_name(alt);
+      }
+    }
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "; best %s %.2f us (%.1f%%)", best_name.c_str(), best,
+                100.0 * bytes / (best * 1e-6) / 1e9 / kPeakGBs);
+  return buf;
+}
+
 void print_row(const Shape& sh, const char* dt, int n, const char* kernel, double us, double bytes,
                const std::string& extra) {
   const double gbs = bytes / (us * 1e-6) / 1e9;
@@ -121,18 +148,65 @@ void print_row(const Shape& sh, const char* dt, int n, const char* kernel, doubl
               us, gbs, 100.0 * gbs / kPeakGBs, tflops, extra.c_str());
 }
 
+// The MoE decode launches of one token, fp8: gate and up of 8 routed and 1 shared expert in one
+// grouped GEMV (18 groups of [inter, hidden]), then down (9 groups of [hidden, inter]). Each group
+// reads its own weight; `copies` sets of them rotate through the graph.
+void bench_grouped(const char* model, int64_t hidden, int64_t inter, int sms, int64_t l2, int reps,
+                   bool sweep, const float* x, float* y) {
+  for (int proj = 0; proj < 2; ++proj) {
+    const Shape sh = proj == 0 ? Shape{model, "moe_gate_up", inter, hidden}
+                               : Shape{model, "moe_down", hidden, inter};
+    const int n_groups = proj == 0 ? 18 : 9;
+    Weights ws = make_weights(Shape{model, "", sh.out * n_groups, sh.in}, true, l2);
+    const int copies = int(ws.w.size());
+    const int64_t per_w = sh.out * sh.in, per_s = ((sh.out + 127) / 128) * ((sh.in + 127) / 128);
+    std::vector<dsi::cuda::GemvGroup*> tables(static_cast<size_t>(copies));
+    for (int c = 0; c < copies; ++c) {
+      std::vector<dsi::cuda::GemvGroup> g(static_cast<size_t>(n_groups));
+      for (int i = 0; i < n_groups; ++i)
+        g[size_t(i)] = {x + i * sh.in, static_cast<const uint8_t*>(ws.w[size_t(c)]) + i * per_w,
+                        ws.s[size_t(c)] + i * per_s, y + i * sh.out, sh.out, sh.in,
+                        (sh.in + 127) / 128, 0, 0};
+      DSI_CUDA_CHECK(cudaMalloc(&tables[size_t(c)], g.size() * sizeof(g[0])));
+      DSI_CUDA_CHECK(cudaMemcpy(tables[size_t(c)], g.data(), g.size() * sizeof(g[0]), cudaMemcpyHostToDevice));
+    }
+    dsi::cuda::GemvParams p = gemv_params(sh, true, 1, x, y);
+    p.w = ws.w[0];
+    p.scale_inv = ws.s[0];
+    p.n_groups = n_groups;
+    const double bytes = double(ws.bytes + ws.scale_bytes) + 4.0 * n_groups * (sh.in + sh.out);
+    auto run_plan = [&](const dsi::cuda::GemvPlan& plan) {
+      return time_graph(copies, reps, [&](int c, cudaStream_t st) {
+        dsi::cuda::GemvParams q = p;
+        q.groups = tables[size_t(c)];
+        dsi::cuda::launch_gemv(q, plan, st);
+      });
+    };
+    const dsi::cuda::GemvPlan plan = dsi::cuda::gemv_plan(p, sms);
+    const double us = run_plan(plan);
+    std::string extra = plan_name(plan);
+    if (sweep) extra += sweep_plans(plan, us, bytes, run_plan);
+    Shape all = sh;
+    all.out = sh.out * n_groups;
+    print_row(all, "fp8", 1, "grouped", us, bytes, extra + " (" + std::to_string(n_groups) + " groups)");
+    for (auto* t : tables) cudaFree(t);
+    free_weights(ws);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool sweep = false, gemv = true, gemm = true;
+  bool sweep = false, gemv = true, gemm = true, moe_only = false;
   int reps = 30;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sweep")) sweep = true;
     else if (!std::strcmp(argv[i], "--gemm-only")) gemv = false;
     else if (!std::strcmp(argv[i], "--gemv-only")) gemm = false;
+    else if (!std::strcmp(argv[i], "--moe-only")) gemm = false, moe_only = true;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(3, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--gemm-only | --gemv-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--gemm-only | --gemv-only | --moe-only]\n", argv[0]);
       return 2;
     }
   }
@@ -168,7 +242,11 @@ int main(int argc, char** argv) {
     fill_f32<<<1024, 256>>>(x, max_n * max_in, 7, -1.0f, 1.0f);
     DSI_CUDA_CHECK(cudaDeviceSynchronize());
 
-    for (const Shape& sh : shapes)
+    if (gemv) {
+      bench_grouped("GLM-5", 6144, 2048, sms, l2, reps, sweep, x, y);
+      bench_grouped("DSV3.2", 7168, 2048, sms, l2, reps, sweep, x, y);
+    }
+    for (const Shape& sh : moe_only ? std::vector<Shape>{} : shapes)
       for (bool fp8 : {true, false}) {
         Weights ws = make_weights(sh, fp8, l2);
         const int copies = int(ws.w.size());
@@ -189,26 +267,8 @@ int main(int argc, char** argv) {
             p.scale_inv = fp8 ? ws.s[0] : nullptr;
             const dsi::cuda::GemvPlan plan = dsi::cuda::gemv_plan(p, sms);
             const double us = run_plan(plan);
-            std::string extra = "R" + std::to_string(plan.rows_per_warp) + " ks" + std::to_string(plan.k_split);
-            if (sweep) {
-              double best = us;
-              std::string best_name = "heuristic";
-              for (int r : {1, 2, 4})
-                for (int ks : {1, 2, 4, 8}) {
-                  dsi::cuda::GemvPlan alt = plan;
-                  alt.rows_per_warp = r;
-                  alt.k_split = ks;
-                  const double t = run_plan(alt);
-                  if (t < best) {
-                    best = t;
-                    best_name = "R" + std::to_string(r) + " ks" + std::to_string(ks);
-                  }
-                }
-              char buf[96];
-              std::snprintf(buf, sizeof buf, "; best %s %.2f us (%.1f%%)", best_name.c_str(), best,
-                            100.0 * bytes / (best * 1e-6) / 1e9 / kPeakGBs);
-              extra += buf;
-            }
+            std::string extra = plan_name(plan);
+            if (sweep) extra += sweep_plans(plan, us, bytes, run_plan);
             print_row(sh, dt, n, "gemv", us, bytes, extra);
           }
         if (gemm && fp8)

@@ -263,7 +263,7 @@ TEST(OpMoe, MlpMatchesFloat64) {
 
 // moe_experts = sum_k w[t, k] * Expert_{ids[t, k]}(x[t]): several tokens share experts, one token
 // lists the same expert twice, expert 3 is unused, expert 4 has a bf16 down_proj; the output is a
-// view inside a guard buffer.
+// view inside a guard buffer. Then the same with a shared expert.
 TEST(OpMoe, ExpertsMatchFloat64) {
   const int64_t hidden = 16, inter = 12, n = 6, k = 2;
   std::vector<MlpWeights> experts;
@@ -289,6 +289,18 @@ TEST(OpMoe, ExpertsMatchFloat64) {
         want[size_t(t * hidden + c)] += w[size_t(t * k + j)] * y[size_t(c)];
     }
   test::expect_reduction_near(out, want, {}, "moe_experts");
+
+  // With a shared expert of another width: its output is added to every token's.
+  const MlpWeights shared = make_mlp(hidden, 20, 999);
+  ops::moe_experts(x, Tensor::from_i32(ids, {n, k}), Tensor::from_f32(w, {n, k}), experts, 0,
+                   int(experts.size()), out, &shared);
+  test::expect_guard_intact(buf, out, "moe_experts with a shared expert");
+  for (int64_t t = 0; t < n; ++t) {
+    const std::vector<double> y =
+        ref_mlp_row({xv.begin() + t * hidden, xv.begin() + (t + 1) * hidden}, shared);
+    for (int64_t c = 0; c < hidden; ++c) want[size_t(t * hidden + c)] += y[size_t(c)];
+  }
+  test::expect_reduction_near(out, want, {}, "moe_experts with a shared expert");
 }
 
 // An expert id outside the expert list is an error naming it.

@@ -134,10 +134,8 @@ void DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, Ten
     rp.norm_topk_prob = cfg_.norm_topk_prob;
     rp.routed_scaling_factor = float(cfg_.routed_scaling_factor);
     ops::moe_route(router_logits, w.moe.e_score_correction_bias, rp, ids, weights);
-    ops::moe_experts(x, ids, weights, w.moe.experts, w.moe.first_expert, cfg_.n_experts, ffn);
-    Tensor shared = Tensor::empty({n, d}, DType::F32, h.device());
-    ops::mlp(x, w.moe.shared_experts, shared);
-    ops::add_inplace(ffn, shared);
+    ops::moe_experts(x, ids, weights, w.moe.experts, w.moe.first_expert, cfg_.n_experts, ffn,
+                     &w.moe.shared_experts);
   }
   rank_.all_reduce_tp(ffn);  // column/row-split MLPs and this rank's experts: partial sums
   ops::add_inplace(h, ffn);

@@ -11,9 +11,9 @@ void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterPara
 }
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
-                 Tensor& out) {
+                 Tensor& out, const MlpWeights* shared) {
   DSI_DISPATCH(x.device(), moe_experts, x, expert_ids, weights, experts, first_expert, n_experts,
-               out);
+               out, shared);
 }
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out) { DSI_DISPATCH(x.device(), mlp, x, w, out); }
 

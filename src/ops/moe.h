@@ -33,14 +33,17 @@ namespace ops {
 void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterParams& p,
                Tensor& expert_ids, Tensor& weights);
 
-// out = sum_k weights[t, k] * Expert_{ids[t, k]}(x[t]) over the experts this rank holds:
-// experts[j] is expert first_expert + j; routed ids outside that range contribute nothing (another
-// rank adds them: expert parallelism). Expert(x) = down(silu(gate x) * up x).
+// out = sum_k weights[t, k] * Expert_{ids[t, k]}(x[t]) over the experts this rank holds, in
+// ascending (expert id, k), then + Shared(x[t]) when shared is not null: experts[j] is expert
+// first_expert + j; routed ids outside that range contribute nothing (another rank adds them:
+// expert parallelism). Expert(x) = down(silu(gate x) * up x), the shared expert's likewise (its
+// own width; tensor parallelism may split it). The backends may run the shared expert with the
+// routed ones (one launch per projection on the GPU).
 // x: [n, hidden] f32; expert_ids: [n, k] i32 in [0, n_experts); weights: [n, k] f32;
 // out: [n, hidden] f32.
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
-                 Tensor& out);
+                 Tensor& out, const MlpWeights* shared = nullptr);
 
 // Dense SwiGLU MLP (dense layers and the shared expert). x: [n, hidden]; out: [n, hidden].
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);

@@ -74,33 +74,42 @@ MlpWeights mlp_of(DType dt, int64_t hidden, int64_t inter, uint64_t seed, bool o
 }
 
 // Decode batches (up to kMoeDeviceRoutedPairs pairs) route on the device; n = 100 (300 pairs) and
-// a hidden size that breaks 16-byte row alignment (66) take the host-routed path.
+// a hidden size that breaks 16-byte row alignment (66) take the host-routed path. The shared
+// expert: none, as wide as the routed ones or narrower (both fused into the device launches), or
+// wider (added after them). n = 5 repeats an expert within a token's slots.
 TEST_F(CudaMoe, ExpertsOnARankSlice) {
   const int64_t inter = 32, k = 3;
   const int n_experts = 8, first = 2, held = 4;  // this rank holds experts [2, 6)
   for (int64_t hidden : {64, 66})
-  for (DType dt : {DType::F32, DType::BF16}) {
+  for (DType dt : {DType::F32, DType::BF16})
+  for (int64_t shared_inter : {0, 32, 16, 48}) {
     std::vector<MlpWeights> cpu_experts, gpu_experts;
     for (int e = 0; e < held; ++e) {
       cpu_experts.push_back(mlp_of(dt, hidden, inter, uint64_t(e) * 10, false));
       gpu_experts.push_back(mlp_of(dt, hidden, inter, uint64_t(e) * 10, true));
     }
+    const MlpWeights cpu_shared = mlp_of(dt, hidden, std::max<int64_t>(shared_inter, 1), 77, false);
+    const MlpWeights gpu_shared = mlp_of(dt, hidden, std::max<int64_t>(shared_inter, 1), 77, true);
+    const MlpWeights* cs = shared_inter ? &cpu_shared : nullptr;
+    const MlpWeights* gs = shared_inter ? &gpu_shared : nullptr;
     for (int64_t n : {0, 1, 5, 33, 100}) {
       const std::string what = std::string("moe_experts ") + std::string(dtype_name(dt)) +
-                               sz("n", n) + sz("hidden", hidden);
+                               sz("n", n) + sz("hidden", hidden) + sz("shared inter", shared_inter);
       const Tensor x = test::rand_tensor({n, hidden}, uint64_t(n) + 1);
       std::vector<int32_t> ids(static_cast<size_t>(n * k));
       for (int64_t t = 0; t < n; ++t)
-        for (int64_t j = 0; j < k; ++j) ids[size_t(t * k + j)] = int32_t((t * 3 + j * 5 + 1) % n_experts);
+        for (int64_t j = 0; j < k; ++j)
+          ids[size_t(t * k + j)] = n == 5 && j == 2 ? ids[size_t(t * k)]
+                                                    : int32_t((t * 3 + j * 5 + 1) % n_experts);
       const Tensor hid = n ? Tensor::from_i32(ids, {n, k}) : Tensor::empty({0, k}, DType::I32);
       const Tensor hw = test::rand_tensor({n, k}, uint64_t(n) + 2);
       Tensor cpu = Tensor::empty({n, hidden}, DType::F32);
-      ops::moe_experts(x, hid, hw, cpu_experts, first, n_experts, cpu);
+      ops::moe_experts(x, hid, hw, cpu_experts, first, n_experts, cpu, cs);
       test::Guarded g = test::guarded({n, hidden}, DType::F32);
-      ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, first, n_experts, g.view);
+      ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, first, n_experts, g.view, gs);
       const Tensor got = g.check(what);
       test::expect_nmse_close(got, cpu, tol::kCudaGemmNmse, what);
-      ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, first, n_experts, g.view);
+      ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, first, n_experts, g.view, gs);
       test::expect_bitwise(g.check(what), got, what + " repeat");
     }
   }

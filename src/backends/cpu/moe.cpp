@@ -91,7 +91,7 @@ void mlp(const Tensor& x, const MlpWeights& w, Tensor& out) {
 
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
-                 Tensor& out) {
+                 Tensor& out, const MlpWeights* shared) {
   DSI_CHECK(x.ndim() == 2 && x.is_contiguous(), "moe_experts: x {}", x.desc());
   const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
   check_shape(weights, {n, k}, "moe_experts weights");
@@ -127,6 +127,11 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
       const float wt = toks[size_t(i)].second;
       for (int64_t c = 0; c < d; ++c) o[c] += y[c] * wt;
     }
+  }
+  if (shared != nullptr && n * d > 0) {
+    Tensor s = Tensor::empty({n, d}, DType::F32);
+    mlp(x, *shared, s);
+    for (int64_t i = 0; i < n * d; ++i) out.f32()[i] += s.f32()[i];
   }
 }
 

@@ -155,6 +155,11 @@ __device__ __forceinline__ bool group_params(const GemvParams& p0, GemvParams& p
   p.w = g.w;
   p.scale_inv = g.scale_inv;
   p.y = g.y;
+  p.out = g.out;
+  p.in = g.in;
+  p.scale_cols = g.scale_cols;
+  p.row0 = g.row0;
+  p.col0 = g.col0;
   return g.w != nullptr;
 }
 
@@ -167,6 +172,7 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
   constexpr int E = elems_per_16b<K>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
+  if (int64_t(blockIdx.x) * groups * R >= p.out) return;  // past this group's rows (grouped form)
   const int64_t row_base = (int64_t(blockIdx.x) * groups + group) * R;
   const int64_t chunks = p.in / E;  // 16-byte chunks per row
   const uint4* wrow[R];
@@ -210,6 +216,7 @@ __global__ void __launch_bounds__(kThreads) gemv_any_kernel(const GemvParams p0)
   GemvParams p;
   if (!group_params(p0, p)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (int64_t(blockIdx.x) * kWarps >= p.out) return;  // past this group's rows (grouped form)
   const int64_t row_base = int64_t(blockIdx.x) * kWarps + warp;
   const int64_t row = row_base < p.out ? row_base : p.out - 1;
   const bool fp8 = p.kind == FloatKind::kE4M3;
@@ -275,17 +282,15 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   GemvPlan plan;
   plan.vec = gemv_vector_ok(p);
   if (!plan.vec) return plan;
-  // Split a row between warps while each still streams >= 2 KB of it (4 loads per lane): long rows
-  // with few of them (o_proj) would otherwise leave most of the GPU idle.
-  const int64_t row_bytes = p.in * elem_bytes(p.kind);
-  while (plan.k_split < kWarps && row_bytes / (2 * plan.k_split) >= 2048) plan.k_split *= 2;
-  // Four rows per warp reuse each x load 4 times; fewer when that leaves under 32 warps per SM
-  // (too few bytes in flight to cover HBM latency).
+  // Four rows per warp (each x load serves 4 rows; measured fastest on every GLM-5 / DeepSeek-V3.2
+  // shape, one row or several, bench_linear --sweep). Rows are split between warps (split-K) while
+  // the GPU has under 16 warps per SM and each warp still streams >= 1 KB of a row.
   plan.rows_per_warp = 4;
-  while (plan.rows_per_warp > 1 &&
-         (p.out + plan.rows_per_warp - 1) / plan.rows_per_warp * plan.k_split * p.n_groups <
-             int64_t(num_sms) * 32)
-    plan.rows_per_warp /= 2;
+  const int64_t row_bytes = p.in * elem_bytes(p.kind);
+  const int64_t row_groups = (p.out + 3) / 4 * p.n_groups;
+  while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 16 &&
+         row_bytes / (2 * plan.k_split) >= 1024)
+    plan.k_split *= 2;
   return plan;
 }
 

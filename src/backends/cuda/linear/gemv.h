@@ -18,12 +18,16 @@ namespace dsi::cuda {
 
 inline constexpr int kGemvMaxRows = 8;  // x rows handled by the GEMV path (ops::linear, n <= 8)
 
-// One product of a grouped GEMV: its own input, weight and output (shape and dtype shared).
+// One product of a grouped GEMV: its own input, weight, output and shape (dtype and scale blocks
+// shared). Its shape may be smaller than the launch's (GemvParams::out, in): a shared expert split
+// by tensor parallelism next to whole routed experts.
 struct GemvGroup {
   const float* x;          // [1, in] (grouped GEMVs take one row per group)
   const void* w;           // [out, in]; null: the group is skipped and y left as it is
   const float* scale_inv;  // fp8 only
   float* y;                // [1, out]
+  int64_t out, in;         // out <= GemvParams::out
+  int64_t scale_cols, row0, col0;
 };
 
 struct GemvParams {
@@ -38,9 +42,9 @@ struct GemvParams {
   int block_out, block_in;
   int n;                   // 1..kGemvMaxRows
   FloatKind kind;
-  // Grouped form (null: one product): block row blockIdx.y computes groups[blockIdx.y], whose x, w,
-  // scale_inv and y replace the ones above (those then only serve the alignment checks, which every
-  // group must pass as well); n must be 1.
+  // Grouped form (null: one product): block row blockIdx.y computes groups[blockIdx.y], whose
+  // pointers and shape replace the ones above (those then size the grid and serve the alignment
+  // checks, which every group must pass as well); n must be 1.
   const GemvGroup* groups = nullptr;
   int n_groups = 1;
 };

@@ -110,60 +110,80 @@ __global__ void moe_scatter_add_kernel(MoeScatterParams p) {
 
 __global__ void moe_pairs_kernel(MoePairParams p) {
   const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (q >= p.pairs) return;
-  const int64_t t = q / p.k;
-  const int32_t e = p.ids[q];
-  if (e < 0 || e >= p.n_experts) atomicMin(p.bad, static_cast<unsigned long long>(q));
-  const int64_t local = int64_t(e) - p.first_expert;
-  const bool held = e >= 0 && e < p.n_experts && local >= 0 && local < p.n_local;
-  GemvGroup* gate = p.groups;
-  GemvGroup* up = p.groups + p.pairs;
-  GemvGroup* down = p.groups + 2 * p.pairs;
-  const MoeExpertPtrs* ex = held ? p.experts + local : nullptr;
-  gate[q] = {p.x + t * p.d, held ? ex->w[0] : nullptr, held ? ex->scale[0] : nullptr,
-             p.gate + q * p.inter};
-  up[q] = {p.x + t * p.d, held ? ex->w[1] : nullptr, held ? ex->scale[1] : nullptr,
-           p.up + q * p.inter};
-  down[q] = {p.gate + q * p.inter, held ? ex->w[2] : nullptr, held ? ex->scale[2] : nullptr,
-             p.ys + q * p.d};
+  if (q >= p.slots) return;
+  const bool routed = q < p.pairs;
+  const int64_t t = routed ? q / p.k : q - p.pairs;
+  bool held = true;
+  const MoeExpertPtrs* ex = p.experts + p.n_local;  // the shared expert
+  if (routed) {
+    const int32_t e = p.ids[q];
+    if (e < 0 || e >= p.n_experts) atomicMin(p.bad, static_cast<unsigned long long>(q));
+    const int64_t local = int64_t(e) - p.first_expert;
+    held = e >= 0 && e < p.n_experts && local >= 0 && local < p.n_local;
+    ex = held ? p.experts + local : nullptr;
+  }
+  const GemvGroup(&shape)[3] = p.shape[routed ? 0 : 1];
+  const float* x = p.x + t * p.d;
+  float* gate = p.gate + q * p.inter;
+  const float* in[3] = {x, x, gate};
+  float* out[3] = {gate, p.up + q * p.inter, p.ys + q * p.d};
+  for (int i = 0; i < 3; ++i) {
+    GemvGroup g = shape[i];
+    g.x = in[i];
+    g.w = held ? ex->w[i] : nullptr;
+    g.scale_inv = held ? ex->scale[i] : nullptr;
+    g.y = out[i];
+    p.groups[i * p.slots + q] = g;
+  }
 }
 
+// A block per (token, column range): the token's held slots are ordered once, by rank counting
+// in (expert id, slot) order, then each thread sums its columns in that order.
 __global__ void moe_combine_kernel(MoeCombineParams p) {
-  const int64_t total = p.n * p.d;
-  const int64_t step = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
-    const int64_t t = i / p.d, c = i % p.d;
-    const int32_t* ids = p.ids + t * p.k;
-    float acc = 0.0f;
-    // The held slots in ascending expert id (ids of one token are distinct), as the CPU adds.
-    int32_t prev = -1;
-    for (int64_t n = 0; n < p.k; ++n) {
-      int64_t best = -1;
-      for (int64_t j = 0; j < p.k; ++j) {
-        const int32_t e = ids[j];
-        const int64_t local = int64_t(e) - p.first_expert;
-        if (e <= prev || local < 0 || local >= p.n_local) continue;
-        if (best < 0 || e < ids[best]) best = j;
-      }
-      if (best < 0) break;
-      prev = ids[best];
-      acc = __fadd_rn(acc, __fmul_rn(p.ys[(t * p.k + best) * p.d + c], p.w[t * p.k + best]));
+  extern __shared__ int order[];  // [k]
+  __shared__ int held;
+  const int64_t t = blockIdx.y;
+  const int32_t* ids = p.ids + t * p.k;
+  if (threadIdx.x == 0) held = 0;
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < p.k; j += blockDim.x) {
+    const int32_t e = ids[j];
+    const int64_t local = int64_t(e) - p.first_expert;
+    if (local < 0 || local >= p.n_local) continue;
+    int rank = 0;
+    for (int64_t i = 0; i < p.k; ++i) {
+      const int64_t li = int64_t(ids[i]) - p.first_expert;
+      rank += li >= 0 && li < p.n_local && (ids[i] < e || (ids[i] == e && i < j));
     }
-    p.out[i] = acc;
+    order[rank] = int(j);
+    atomicAdd(&held, 1);
   }
+  __syncthreads();
+  const int count = held;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= p.d) return;
+  float acc = 0.0f;
+  for (int r = 0; r < count; ++r) {
+    const int64_t q = t * p.k + order[r];
+    acc = __fadd_rn(acc, __fmul_rn(p.ys[q * p.d + c], p.w[q]));  // CPU: o[c] += y[c] * wt
+  }
+  if (p.shared != nullptr) acc = __fadd_rn(acc, p.shared[t * p.d + c]);  // CPU: ffn += shared
+  p.out[t * p.d + c] = acc;
 }
 
 }  // namespace
 
 void launch_moe_pairs(const MoePairParams& p, cudaStream_t s) {
-  if (p.pairs == 0) return;
-  moe_pairs_kernel<<<unsigned((p.pairs + 127) / 128), 128, 0, s>>>(p);
+  if (p.slots == 0) return;
+  moe_pairs_kernel<<<unsigned((p.slots + 127) / 128), 128, 0, s>>>(p);
   DSI_CUDA_CHECK_LAUNCH();
 }
 
 void launch_moe_combine(const MoeCombineParams& p, cudaStream_t s) {
   if (p.n * p.d == 0) return;
-  moe_combine_kernel<<<grid_for(p.n * p.d, 256), 256, 0, s>>>(p);
+  DSI_CHECK(p.n <= 65535, "moe_combine: {} tokens", p.n);
+  const dim3 grid(unsigned((p.d + 255) / 256), unsigned(p.n));
+  moe_combine_kernel<<<grid, 256, size_t(std::max<int64_t>(p.k, 1)) * sizeof(int), s>>>(p);
   DSI_CUDA_CHECK_LAUNCH();
 }
 
@@ -241,14 +261,17 @@ void mlp(const Tensor& x, const MlpWeights& w, Tensor& out) {
 
 namespace {
 
-// The device-routed path's view of one layer's local experts: their pointers on the device and the
-// shape of each projection. Built on first use (a host-to-device copy, so before any capture) and
-// kept per experts vector; rebuilt if that vector's weights changed.
+// The device-routed path's view of one layer's local experts (and its shared expert): their
+// pointers on the device and the shape of each projection. Built on first use (a host-to-device
+// copy, so before any capture) and kept per experts vector; rebuilt if the weights changed.
 struct ExpertTable {
-  std::vector<MoeExpertPtrs> host;
-  Tensor device;      // [n_local * sizeof(MoeExpertPtrs)] u8
-  GemvParams proj[3]; // the shared shape, dtype and blocks of gate, up, down
-  bool uniform = false;
+  std::vector<MoeExpertPtrs> key;   // what it was built for: the experts, then the shared one
+  std::vector<MoeExpertPtrs> host;  // the local experts, then the shared expert when fused
+  Tensor device;                    // host's bytes on the device
+  GemvParams proj[3];               // the routed experts' shape, dtype and blocks of gate, up, down
+  GemvParams shared_proj[3];        // the shared expert's, when fused
+  bool uniform = false;             // the routed experts can take the device path
+  bool shared = false;              // the shared expert is fused into it
 };
 
 bool same_shape(const GemvParams& a, const GemvParams& b) {
@@ -261,93 +284,137 @@ const LinearWeight& projection(const MlpWeights& m, int i) {
   return i == 0 ? m.gate_proj : i == 1 ? m.up_proj : m.down_proj;
 }
 
-const ExpertTable& expert_table(const std::vector<MlpWeights>& experts, Device dev) {
+MoeExpertPtrs expert_ptrs(const MlpWeights& m) {
+  MoeExpertPtrs e{};
+  for (int i = 0; i < 3; ++i) {
+    const LinearWeight& w = projection(m, i);
+    e.w[i] = w.weight.raw();
+    e.scale[i] = w.weight.dtype() == DType::F8_E4M3 ? w.scale_inv.f32() : nullptr;
+  }
+  return e;
+}
+
+// The three projections of m as one-row GEMVs over the pair buffers (16-byte aligned rows), or
+// false when one of them cannot take the vector kernel on `dev`.
+bool expert_shape(const MlpWeights& m, Device dev, GemvParams (&proj)[3]) {
+  for (int i = 0; i < 3; ++i) {
+    const LinearWeight& w = projection(m, i);
+    validate_weight(w, 0, w.out_features());
+    GemvParams q = gemv_weight_params(w);
+    q.x = nullptr;
+    q.ldx = q.in;
+    q.n = 1;
+    if (!(w.weight.device() == dev) || !gemv_vector_ok(q)) return false;
+    proj[i] = q;
+  }
+  return proj[0].out == proj[1].out && proj[2].in == proj[0].out;
+}
+
+const ExpertTable& expert_table(const std::vector<MlpWeights>& experts, const MlpWeights* shared,
+                                Device dev) {
   static std::mutex mu;
   static std::map<const void*, ExpertTable> tables;
   std::lock_guard<std::mutex> lock(mu);
-  std::vector<MoeExpertPtrs> host(experts.size());
-  for (size_t e = 0; e < experts.size(); ++e)
-    for (int i = 0; i < 3; ++i) {
-      const LinearWeight& w = projection(experts[e], i);
-      host[e].w[i] = w.weight.raw();
-      host[e].scale[i] = w.weight.dtype() == DType::F8_E4M3 ? w.scale_inv.f32() : nullptr;
-    }
+  std::vector<MoeExpertPtrs> host;
+  for (const MlpWeights& m : experts) host.push_back(expert_ptrs(m));
+  if (shared != nullptr) host.push_back(expert_ptrs(*shared));
   ExpertTable& t = tables[&experts];
   const auto same = [](const MoeExpertPtrs& a, const MoeExpertPtrs& b) {
     return std::equal(a.w, a.w + 3, b.w) && std::equal(a.scale, a.scale + 3, b.scale);
   };
-  if (t.device.defined() && t.host.size() == host.size() &&
-      std::equal(host.begin(), host.end(), t.host.begin(), same))
+  if (t.device.defined() && t.key.size() == host.size() &&
+      std::equal(host.begin(), host.end(), t.key.begin(), same))
     return t;
   DSI_CHECK(capture_state() == nullptr,
             "moe_experts: the experts' table is built by an eager run before a step is captured");
   t = ExpertTable{};
-  t.host = host;
-  t.uniform = !experts.empty();
-  for (int i = 0; i < 3 && t.uniform; ++i) {
-    t.proj[i] = gemv_weight_params(projection(experts[0], i));
-    for (const MlpWeights& m : experts) {
-      const LinearWeight& w = projection(m, i);
-      validate_weight(w, 0, w.out_features());
-      GemvParams q = gemv_weight_params(w);
-      q.x = nullptr;  // the pair buffers are 16-byte aligned rows
-      q.ldx = q.in;
-      q.n = 1;
-      t.uniform = t.uniform && same_shape(q, t.proj[i]) && w.weight.device() == dev &&
-                  gemv_vector_ok(q);
+  t.uniform = !experts.empty() && expert_shape(experts[0], dev, t.proj);
+  for (size_t e = 1; e < experts.size() && t.uniform; ++e) {
+    GemvParams q[3];
+    t.uniform = expert_shape(experts[e], dev, q);
+    for (int i = 0; i < 3 && t.uniform; ++i) t.uniform = same_shape(q[i], t.proj[i]);
+  }
+  // The shared expert joins the routed experts' launches when it has their dtype and scale blocks
+  // and is no larger (tensor parallelism narrows it; the launches are sized by the routed shape).
+  if (t.uniform && shared != nullptr && expert_shape(*shared, dev, t.shared_proj)) {
+    t.shared = true;
+    for (int i = 0; i < 3; ++i) {
+      const GemvParams &a = t.proj[i], &b = t.shared_proj[i];
+      t.shared = t.shared && a.kind == b.kind && a.block_out == b.block_out &&
+                 a.block_in == b.block_in && b.out <= a.out && b.in <= a.in;
     }
   }
-  t.uniform = t.uniform && t.proj[0].out == t.proj[1].out && t.proj[2].in == t.proj[0].out;
-  const size_t bytes = host.size() * sizeof(MoeExpertPtrs);
+  t.key = host;
+  t.host = host;
+  if (!t.shared && shared != nullptr) t.host.pop_back();
+  const size_t bytes = t.host.size() * sizeof(MoeExpertPtrs);
   t.device = Tensor::empty({int64_t(std::max<size_t>(bytes, 1))}, DType::U8, dev);
-  if (bytes > 0) t.device.copy_from(Tensor::wrap(host.data(), {int64_t(bytes)}, DType::U8));
+  if (bytes > 0) t.device.copy_from(Tensor::wrap(t.host.data(), {int64_t(bytes)}, DType::U8));
   return t;
 }
 
-// The experts of a decode batch, routed on the device (moe.h).
+GemvGroup group_shape(const GemvParams& p) {
+  GemvGroup g{};
+  g.out = p.out;
+  g.in = p.in;
+  g.scale_cols = p.scale_cols;
+  g.row0 = p.row0;
+  g.col0 = p.col0;
+  return g;
+}
+
+// The experts of a decode batch, routed on the device (moe.h); with table.shared, the shared
+// expert's output is added too.
 void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                            const ExpertTable& table, int first_expert, int n_experts, Tensor& out) {
   const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1), pairs = n * k;
-  const int64_t inter = table.proj[0].out;
-  Scratch buf(size_t(pairs * (2 * inter + d)) * sizeof(float));
-  Scratch groups(size_t(3 * pairs) * sizeof(GemvGroup));
+  const int64_t slots = pairs + (table.shared ? n : 0);
+  const int64_t inter = table.proj[0].out;  // the shared expert's is no larger
+  Scratch buf(size_t(slots * (2 * inter + d)) * sizeof(float));
+  Scratch groups(size_t(3 * slots) * sizeof(GemvGroup));
   ErrorFlag bad("moe_experts: an expert id outside [0, experts)");
   MoePairParams pp{};
   pp.ids = expert_ids.i32();
   pp.experts = static_cast<const MoeExpertPtrs*>(table.device.raw());
   pp.x = x.f32();
   pp.gate = buf.as<float>();
-  pp.up = pp.gate + pairs * inter;
-  pp.ys = pp.up + pairs * inter;
+  pp.up = pp.gate + slots * inter;
+  pp.ys = pp.up + slots * inter;
   pp.groups = groups.as<GemvGroup>();
+  for (int i = 0; i < 3; ++i) {
+    pp.shape[0][i] = group_shape(table.proj[i]);
+    pp.shape[1][i] = group_shape(table.shared ? table.shared_proj[i] : table.proj[i]);
+  }
   pp.bad = bad.ptr();
   pp.pairs = pairs;
+  pp.slots = slots;
   pp.k = k;
   pp.d = d;
   pp.inter = inter;
   pp.first_expert = first_expert;
-  pp.n_local = int(table.host.size());
+  pp.n_local = int(table.host.size()) - (table.shared ? 1 : 0);
   pp.n_experts = n_experts;
   launch_moe_pairs(pp, stream());
   const int sms = sm_count();
-  for (int i = 0; i < 3; ++i) {
+  // Gate and up of every slot in one launch (groups [0, 2 slots)), then down.
+  for (int i : {0, 2}) {
     GemvParams g = table.proj[i];
     g.x = i == 2 ? pp.gate : pp.x;  // representative operands for the alignment checks
-    g.y = i == 0 ? pp.gate : i == 1 ? pp.up : pp.ys;
+    g.y = i == 0 ? pp.gate : pp.ys;
     g.ldx = g.in;
     g.ldy = g.out;
     g.n = 1;
-    g.groups = pp.groups + i * pairs;
-    g.n_groups = int(pairs);
+    g.groups = pp.groups + i * slots;
+    g.n_groups = int(i == 0 ? 2 * slots : slots);
     launch_gemv(g, gemv_plan(g, sms), stream());
-    if (i == 1) {
-      Tensor gate = Tensor::wrap(pp.gate, {pairs, inter}, DType::F32, x.device());
-      Tensor up = Tensor::wrap(pp.up, {pairs, inter}, DType::F32, x.device());
+    if (i == 0) {
+      Tensor gate = Tensor::wrap(pp.gate, {slots, inter}, DType::F32, x.device());
+      Tensor up = Tensor::wrap(pp.up, {slots, inter}, DType::F32, x.device());
       silu_mul(gate, up, gate);
     }
   }
-  launch_moe_combine({expert_ids.i32(), weights.f32(), pp.ys, out.f32(), n, k, d, first_expert,
-                      pp.n_local},
+  launch_moe_combine({expert_ids.i32(), weights.f32(), pp.ys, table.shared ? pp.ys + pairs * d : nullptr,
+                      out.f32(), n, k, d, first_expert, pp.n_local},
                      stream());
   const unsigned long long first = bad.read();
   if (first != ErrorFlag::kNone)
@@ -355,11 +422,83 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
          n_experts);
 }
 
+// out += SharedExpert(x) (ops::moe_experts' last step) when shared is not null.
+void add_shared(const Tensor& x, const MlpWeights* shared, Tensor& out) {
+  if (shared == nullptr || x.numel() == 0) return;
+  Tensor s = Tensor::empty(out.shape(), DType::F32, x.device());
+  mlp(x, *shared, s);
+  add_inplace(out, s);
+}
+
+// Larger batches: the routing table on the host (a synchronising read), tokens grouped per expert.
+void moe_experts_on_host(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
+                         const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
+                         Tensor& out) {
+  const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
+  if (n * d > 0) DSI_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), stream()));
+  const Tensor ids_h = to_host(expert_ids), w_h = to_host(weights);
+  std::vector<std::vector<std::pair<int32_t, float>>> routed(experts.size());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids_h.i32()[t * k + j];
+      DSI_CHECK(e >= 0 && e < n_experts, "moe_experts: expert id {} outside [0, {})", e, n_experts);
+      const int64_t local = int64_t(e) - first_expert;
+      if (local < 0 || local >= int64_t(experts.size())) continue;  // held by another rank
+      routed[size_t(local)].push_back({int32_t(t), w_h.f32()[t * k + j]});
+    }
+  }
+  // One upload of every expert's token lists and weights. A token that lists an expert twice
+  // appears in two lists of it (rounds), so no list repeats a token (the scatter-add does not
+  // race) and each token still adds its slots in the CPU's order.
+  struct Batch {
+    size_t expert;
+    int64_t begin, end;
+  };
+  std::vector<Batch> batches;
+  std::vector<int32_t> tokens;
+  std::vector<float> tw;
+  int64_t max_m = 0;
+  for (size_t e = 0; e < experts.size(); ++e) {
+    std::vector<std::vector<std::pair<int32_t, float>>> rounds;
+    size_t round = 0;
+    for (size_t i = 0; i < routed[e].size(); ++i) {
+      round = i > 0 && routed[e][i - 1].first == routed[e][i].first ? round + 1 : 0;
+      if (round == rounds.size()) rounds.emplace_back();
+      rounds[round].push_back(routed[e][i]);
+    }
+    for (const auto& r : rounds) {
+      const int64_t b = int64_t(tokens.size());
+      for (const auto& [t, wt] : r) {
+        tokens.push_back(t);
+        tw.push_back(wt);
+      }
+      batches.push_back({e, b, int64_t(tokens.size())});
+      max_m = std::max<int64_t>(max_m, int64_t(r.size()));
+    }
+  }
+  if (tokens.empty() || d == 0) return;
+  Scratch tok_d(tokens.size() * sizeof(int32_t)), tw_d(tw.size() * sizeof(float));
+  DSI_CUDA_CHECK(cudaMemcpyAsync(tok_d.as<void>(), tokens.data(), tokens.size() * sizeof(int32_t),
+                                 cudaMemcpyHostToDevice, stream()));
+  DSI_CUDA_CHECK(cudaMemcpyAsync(tw_d.as<void>(), tw.data(), tw.size() * sizeof(float),
+                                 cudaMemcpyHostToDevice, stream()));
+  Scratch xy(size_t(2 * max_m * d) * sizeof(float));
+  for (const Batch& bt : batches) {
+    const int64_t m = bt.end - bt.begin;
+    const int32_t* tok = tok_d.as<int32_t>() + bt.begin;
+    Tensor xe = Tensor::wrap(xy.as<float>(), {m, d}, DType::F32, x.device());
+    Tensor ye = Tensor::wrap(xy.as<float>() + max_m * d, {m, d}, DType::F32, x.device());
+    launch_moe_gather({x.f32(), tok, xe.f32(), m, d}, stream());
+    mlp(xe, experts[bt.expert], ye);
+    launch_moe_scatter_add({ye.f32(), tok, tw_d.as<float>() + bt.begin, out.f32(), m, d}, stream());
+  }
+}
+
 }  // namespace
 
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
-                 Tensor& out) {
+                 Tensor& out, const MlpWeights* shared) {
   DSI_CHECK(x.ndim() == 2 && x.is_contiguous(), "moe_experts: x {}", x.desc());
   const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
   check_shape(weights, {n, k}, "moe_experts weights");
@@ -376,59 +515,19 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
   check_on(out, x.device(), "moe_experts", "out");
   DeviceGuard guard(x.device());
   if (n * k > 0 && n * k <= kMoeDeviceRoutedPairs && d > 0) {
-    const ExpertTable& table = expert_table(experts, x.device());
+    const ExpertTable& table = expert_table(experts, shared, x.device());
     // Every pair's rows (x rows, gate rows) must keep the GEMV's 16-byte alignment.
     const bool aligned = d % 4 == 0 && table.proj[0].out % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
     if (table.uniform && aligned) {
       moe_experts_on_device(x, expert_ids, weights, table, first_expert, n_experts, out);
+      if (table.shared) return;
+      add_shared(x, shared, out);
       return;
     }
   }
-  if (n * d > 0) DSI_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), stream()));
-  // Routing table on the host (a synchronising read; the performance work keeps it on the device).
-  const Tensor ids_h = to_host(expert_ids), w_h = to_host(weights);
-  std::vector<std::vector<std::pair<int32_t, float>>> routed(experts.size());
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = ids_h.i32()[t * k + j];
-      DSI_CHECK(e >= 0 && e < n_experts, "moe_experts: expert id {} outside [0, {})", e, n_experts);
-      const int64_t local = int64_t(e) - first_expert;
-      if (local < 0 || local >= int64_t(experts.size())) continue;  // held by another rank
-      routed[size_t(local)].push_back({int32_t(t), w_h.f32()[t * k + j]});
-    }
-  }
-  // One upload of every expert's token list and weights, laid out expert after expert.
-  std::vector<int32_t> tokens;
-  std::vector<float> tw;
-  std::vector<int64_t> begin(experts.size() + 1, 0);
-  int64_t max_m = 0;
-  for (size_t e = 0; e < experts.size(); ++e) {
-    for (const auto& [t, wt] : routed[e]) {
-      tokens.push_back(t);
-      tw.push_back(wt);
-    }
-    begin[e + 1] = int64_t(tokens.size());
-    max_m = std::max<int64_t>(max_m, int64_t(routed[e].size()));
-  }
-  if (tokens.empty() || d == 0) return;
-  Scratch tok_d(tokens.size() * sizeof(int32_t)), tw_d(tw.size() * sizeof(float));
-  DSI_CUDA_CHECK(cudaMemcpyAsync(tok_d.as<void>(), tokens.data(), tokens.size() * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice, stream()));
-  DSI_CUDA_CHECK(cudaMemcpyAsync(tw_d.as<void>(), tw.data(), tw.size() * sizeof(float),
-                                 cudaMemcpyHostToDevice, stream()));
-  Scratch xy(size_t(2 * max_m * d) * sizeof(float));
-  for (size_t e = 0; e < experts.size(); ++e) {
-    const int64_t m = begin[e + 1] - begin[e];
-    if (m == 0) continue;
-    Tensor xe = Tensor::wrap(xy.as<float>(), {m, d}, DType::F32, x.device());
-    Tensor ye = Tensor::wrap(xy.as<float>() + max_m * d, {m, d}, DType::F32, x.device());
-    launch_moe_gather({x.f32(), tok_d.as<int32_t>() + begin[e], xe.f32(), m, d}, stream());
-    mlp(xe, experts[e], ye);
-    launch_moe_scatter_add(
-        {ye.f32(), tok_d.as<int32_t>() + begin[e], tw_d.as<float>() + begin[e], out.f32(), m, d},
-        stream());
-  }
+  moe_experts_on_host(x, expert_ids, weights, experts, first_expert, n_experts, out);
+  add_shared(x, shared, out);
 }
 
 }  // namespace dsi::cuda

@@ -3,8 +3,10 @@
 // the CPU's. Experts, two ways:
 // - Decode batches (at most kMoeDeviceRoutedPairs (token, expert) pairs) stay on the device, so a
 //   step can be captured into a graph: a kernel turns the ids into one grouped-GEMV product per pair
-//   and projection (gate, up, down; expert weights through a per-layer pointer table built once),
-//   then the weighted sum per token in ascending expert order, as the CPU reference adds.
+//   and projection (expert weights through a per-layer pointer table built once), the shared
+//   expert as one more product per token; gate and up of all of them are one launch, down another;
+//   then the weighted sum per token in ascending expert order, as the CPU reference adds, and the
+//   shared expert's output.
 // - Larger batches group tokens per expert on the host (ids and weights are read back), then per
 //   expert a gather, the SwiGLU MLP through linear(), and a weighted scatter-add in expert order.
 #pragma once
@@ -57,28 +59,33 @@ struct MoeExpertPtrs {
   const float* scale[3];    // null unless fp8
 };
 
-// Per (token t, slot j) pair q = t * k + j: the GEMV groups of its expert's three projections
-// (skipped, w = null, when another rank holds the expert) over gate/up/act buffers [pairs, inter]
-// and ys [pairs, d]. Ids outside [0, n_experts) lower *bad to q.
+// The products of a decode batch, one slot each: routed pair q = t * k + j (q < pairs) computes
+// its expert (skipped, w = null, when another rank holds it); with a shared expert, slot
+// pairs + t computes the shared expert of token t. Per slot: gate and up rows [slots, inter] (inter
+// the larger of the two experts' widths), ys [slots, d]. Groups: gate of every slot, then up of
+// every slot (one launch), then down of every slot. Ids outside [0, n_experts) lower *bad to q.
 struct MoePairParams {
   const int32_t* ids;             // [n, k]
-  const MoeExpertPtrs* experts;   // [n_local]
+  const MoeExpertPtrs* experts;   // [n_local], then the shared expert when shared
   const float* x;                 // [n, d]
-  float* gate;                    // [pairs, inter]
-  float* up;                      // [pairs, inter]
-  float* ys;                      // [pairs, d]
-  GemvGroup* groups;              // [3, pairs]: gate, up, down
+  float* gate;                    // [slots, inter]
+  float* up;                      // [slots, inter]
+  float* ys;                      // [slots, d]
+  GemvGroup* groups;              // [3, slots]: gate, up, down
+  GemvGroup shape[2][3];          // shapes of the routed [0] and shared [1] projections
   unsigned long long* bad;
-  int64_t pairs, k, d, inter;
+  int64_t pairs, slots, k, d, inter;
   int first_expert, n_local, n_experts;
 };
 void launch_moe_pairs(const MoePairParams& p, cudaStream_t stream);
 
-// out[t] = sum over its slots of held experts, ascending expert id: w[t, j] * ys[t * k + j].
+// out[t] = sum over its slots of held experts in ascending (expert id, slot), as the CPU adds:
+// w[t, j] * ys[t * k + j]; then + shared[t] when shared is not null.
 struct MoeCombineParams {
   const int32_t* ids;   // [n, k]
   const float* w;       // [n, k]
   const float* ys;      // [n * k, d]
+  const float* shared;  // [n, d] or null
   float* out;           // [n, d]
   int64_t n, k, d;
   int first_expert, n_local;

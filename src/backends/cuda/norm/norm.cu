@@ -1,4 +1,6 @@
 // Normalisation ops of the CUDA backend; see norm.h and ops/norm.h (HF GlmMoeDsaRMSNorm, nn.LayerNorm).
+#include <algorithm>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/norm/norm.h"
@@ -7,43 +9,151 @@ namespace dsi::cuda {
 
 namespace {
 
-constexpr int kNormThreads = 256;
+// A block per row, as many threads as the row has vectors (V floats each, up to 1024 threads).
+// Decode normalises one row of a few thousand floats, so the kernel is one memory round trip
+// long: every thread issues the loads of its kCached vectors of x and of the weights (and bias)
+// before it adds anything, keeps them in registers for the second pass, and only rows longer
+// than kCached vectors per thread loop over the rest (re-reading x).
+constexpr int kNormMaxThreads = 1024;
+constexpr int kCached = 4;
 
-__global__ void __launch_bounds__(kNormThreads) rms_norm_kernel(NormParams p) {
+template <int V>
+__device__ __forceinline__ void load_vec(const float* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 t = __ldg(reinterpret_cast<const float4*>(p));
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else {
+    v[0] = __ldg(p);
+  }
+}
+
+template <int V>
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[V]) {
+  if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+  else p[0] = v[0];
+}
+
+// The vectors of one row a thread owns: j = threadIdx.x + i * blockDim.x, the first kCached of
+// them in registers.
+template <int V>
+struct RowSlice {
+  float x[kCached][V], w[kCached][V], b[kCached][V];
+  int64_t nv;  // vectors per row
+
+  __device__ __forceinline__ int64_t index(int i) const { return threadIdx.x + int64_t(i) * blockDim.x; }
+  __device__ __forceinline__ void load(const NormParams& p, const float* xr) {
+    nv = p.d / V;
+#pragma unroll
+    for (int i = 0; i < kCached; ++i)
+      if (index(i) < nv) {
+        load_vec<V>(xr + index(i) * V, x[i]);
+        load_vec<V>(p.weight + index(i) * V, w[i]);
+        if (p.bias != nullptr) load_vec<V>(p.bias + index(i) * V, b[i]);
+      }
+  }
+  // fn(values of x, weights, bias, element offset) over every vector of the row, the cached ones
+  // first; `reload` re-reads the uncached ones.
+  template <typename Fn>
+  __device__ __forceinline__ void each(const NormParams& p, const float* xr, Fn&& fn) const {
+#pragma unroll
+    for (int i = 0; i < kCached; ++i)
+      if (index(i) < nv) fn(x[i], w[i], b[i], index(i) * V);
+    for (int64_t j = index(kCached); j < nv; j += blockDim.x) {
+      float xv[V], wv[V], bv[V] = {};
+      load_vec<V>(xr + j * V, xv);
+      load_vec<V>(p.weight + j * V, wv);
+      if (p.bias != nullptr) load_vec<V>(p.bias + j * V, bv);
+      fn(xv, wv, bv, j * V);
+    }
+  }
+};
+
+template <int V>
+__global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(NormParams p) {
   __shared__ float red[33];
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const float* x = p.x + r * p.x_stride;
     float* o = p.out + r * p.out_stride;
+    RowSlice<V> row;
+    row.load(p, x);
     float ss = 0.0f;
-    for (int64_t j = threadIdx.x; j < p.d; j += blockDim.x) ss = __fadd_rn(ss, __fmul_rn(x[j], x[j]));
+    row.each(p, x, [&](const float(&xv)[V], const float(&)[V], const float(&)[V], int64_t) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) ss = __fadd_rn(ss, __fmul_rn(xv[e], xv[e]));
+    });
     ss = block_sum(ss, red);
     // CPU: 1 / sqrt(ss / d + eps), then w * (x * inv)
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, float(p.d)), p.eps)));
-    for (int64_t j = threadIdx.x; j < p.d; j += blockDim.x)
-      o[j] = __fmul_rn(p.weight[j], __fmul_rn(x[j], inv));
+    row.each(p, x, [&](const float(&xv)[V], const float(&wv)[V], const float(&)[V], int64_t j) {
+      float ov[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e) ov[e] = __fmul_rn(wv[e], __fmul_rn(xv[e], inv));
+      store_vec<V>(o + j, ov);
+    });
   }
 }
 
-__global__ void __launch_bounds__(kNormThreads) layer_norm_kernel(NormParams p) {
+template <int V>
+__global__ void __launch_bounds__(kNormMaxThreads) layer_norm_kernel(NormParams p) {
   __shared__ float red[33];
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const float* x = p.x + r * p.x_stride;
     float* o = p.out + r * p.out_stride;
+    RowSlice<V> row;
+    row.load(p, x);
     float s = 0.0f;
-    for (int64_t j = threadIdx.x; j < p.d; j += blockDim.x) s = __fadd_rn(s, x[j]);
+    row.each(p, x, [&](const float(&xv)[V], const float(&)[V], const float(&)[V], int64_t) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) s = __fadd_rn(s, xv[e]);
+    });
     const float mean = __fdiv_rn(block_sum(s, red), float(p.d));
     float v = 0.0f;
-    for (int64_t j = threadIdx.x; j < p.d; j += blockDim.x) {
-      const float c = __fsub_rn(x[j], mean);
-      v = __fadd_rn(v, __fmul_rn(c, c));
-    }
+    row.each(p, x, [&](const float(&xv)[V], const float(&)[V], const float(&)[V], int64_t) {
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        const float c = __fsub_rn(xv[e], mean);
+        v = __fadd_rn(v, __fmul_rn(c, c));
+      }
+    });
     const float var = __fdiv_rn(block_sum(v, red), float(p.d));
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, p.eps)));
     // CPU: (x - mean) * inv * w + b
-    for (int64_t j = threadIdx.x; j < p.d; j += blockDim.x)
-      o[j] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[j], mean), inv), p.weight[j]), p.bias[j]);
+    row.each(p, x, [&](const float(&xv)[V], const float(&wv)[V], const float(&bv)[V], int64_t j) {
+      float ov[V];
+#pragma unroll
+      for (int e = 0; e < V; ++e)
+        ov[e] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(xv[e], mean), inv), wv[e]), bv[e]);
+      store_vec<V>(o + j, ov);
+    });
   }
 }
+
+// Rows of float4s when every row start and the weights are 16-byte aligned.
+bool vectorizable(const NormParams& p) {
+  const auto aligned = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+  return p.d % 4 == 0 && p.x_stride % 4 == 0 && p.out_stride % 4 == 0 && aligned(p.x) &&
+         aligned(p.out) && aligned(p.weight) && aligned(p.bias);
+}
+
+template <template <int> class Kernel>
+void launch_norm(const NormParams& p, cudaStream_t s) {
+  if (p.rows == 0) return;
+  const bool vec = vectorizable(p);
+  const int64_t nv = vec ? p.d / 4 : p.d;
+  const int threads = int(std::clamp<int64_t>((nv + 31) / 32 * 32, 32, kNormMaxThreads));
+  if (vec) Kernel<4>::launch(grid_items(p.rows), threads, s, p);
+  else Kernel<1>::launch(grid_items(p.rows), threads, s, p);
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+template <int V>
+struct RmsNorm {
+  static void launch(unsigned g, int t, cudaStream_t s, const NormParams& p) { rms_norm_kernel<V><<<g, t, 0, s>>>(p); }
+};
+template <int V>
+struct LayerNorm {
+  static void launch(unsigned g, int t, cudaStream_t s, const NormParams& p) { layer_norm_kernel<V><<<g, t, 0, s>>>(p); }
+};
 
 void check_rows(const Tensor& x, const Tensor& weight, const Tensor& out, const char* op) {
   DSI_CHECK(x.ndim() == 2 && x.stride(1) == 1, "{}: x must be [n, d] with contiguous rows, got {}",
@@ -73,17 +183,9 @@ NormParams params(const Tensor& x, const Tensor& weight, const Tensor& out, floa
 
 }  // namespace
 
-void launch_rms_norm(const NormParams& p, cudaStream_t s) {
-  if (p.rows == 0) return;
-  rms_norm_kernel<<<grid_items(p.rows), kNormThreads, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
-}
+void launch_rms_norm(const NormParams& p, cudaStream_t s) { launch_norm<RmsNorm>(p, s); }
 
-void launch_layer_norm(const NormParams& p, cudaStream_t s) {
-  if (p.rows == 0) return;
-  layer_norm_kernel<<<grid_items(p.rows), kNormThreads, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
-}
+void launch_layer_norm(const NormParams& p, cudaStream_t s) { launch_norm<LayerNorm>(p, s); }
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_rows(x, weight, out, "rms_norm");

@@ -1,5 +1,6 @@
-// RMSNorm and LayerNorm kernels: one block per row, fp32 block reductions (fixed tree, so run-to-run
-// deterministic), the rest of the arithmetic in the CPU reference's order with _rn intrinsics.
+// RMSNorm and LayerNorm kernels: one block per row, its values held in registers (see norm.cu), fp32
+// block reductions (fixed tree, so run-to-run deterministic), the rest of the arithmetic in the CPU
+// reference's order with _rn intrinsics.
 #pragma once
 
 #include <cuda_runtime.h>
