@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops/linear.h"
 #include "ops/mla.h"
 #include "test_ops_common.h"
 #include "test_util.h"
@@ -115,39 +116,87 @@ RefAttn ref_sparse_mla(const Tensor& q, const Tensor& kv, const std::vector<int3
   return r;
 }
 
-// absorb_q on the model's views: q_nope = q.narrow(2, 0, nope) of [rows, H, nope + rope], written
-// into q_abs.narrow(2, 0, lora) of a NaN-filled [rows, H, lora + rope]: the rope slots of q_abs
-// stay untouched, every latent slot is written and matches float64.
-TEST(OpMla, AbsorbQOnStridedViews) {
-  for (int64_t rows : {1, 5}) {
-    const int64_t H = 3, nope = 24, rope = 8, lora = 40;
-    const Tensor q = test::rand_tensor({rows, H, nope + rope}, 800 + uint64_t(rows));
-    const Tensor q_nope = q.narrow(2, 0, nope);
-    const Tensor w_uk = test::rand_tensor({H, nope, lora}, 810);
-    Tensor q_abs = test::guard_filled({rows, H, lora + rope}, DType::F32);
-    Tensor out = q_abs.narrow(2, 0, lora);
-    ops::mla_absorb_q(q_nope, w_uk, out);
-    test::expect_guard_intact(q_abs, out, "mla_absorb_q");
-    const Ref want = ref_absorb_q(q_nope, w_uk);
-    test::expect_reduction_near(out, want.v, want.abs_sum,
-                                "mla_absorb_q rows=" + std::to_string(rows));
-  }
+// kv_b_proj [H * per, lora] as fp32 (dequantised when fp8) and rows [begin, begin + count) of each
+// head as [H, count, lora]: W_UK (begin 0, count nope) or W_UV (begin per - v, count v).
+Tensor head_part(const LinearWeight& kv_b, int64_t H, int64_t begin, int64_t count) {
+  const Tensor w = ops::dequantize_rows(kv_b, 0, kv_b.out_features());
+  const int64_t per = kv_b.out_features() / H, lora = kv_b.in_features();
+  Tensor part = Tensor::empty({H, count, lora}, DType::F32);
+  for (int64_t h = 0; h < H; ++h)
+    std::copy_n(w.f32() + (h * per + begin) * lora, count * lora, part.f32() + h * count * lora);
+  return part;
 }
 
-// up_v: out[h] = W_UV[h] o_lat[h] with o_lat a strided view (the latent part of a wider buffer).
-TEST(OpMla, UpVMatchesFloat64) {
-  for (int64_t rows : {1, 7}) {
-    const int64_t H = 4, lora = 32, dv = 20;
-    const Tensor wide = test::rand_tensor({rows, H, lora + 6}, 820 + uint64_t(rows));
-    const Tensor o_lat = wide.narrow(2, 3, lora);
-    const Tensor w_uv = test::rand_tensor({H, dv, lora}, 830);
-    Tensor buf = test::guard_filled({rows, H, dv + 4}, DType::F32);
-    Tensor out = buf.narrow(2, 4, dv);
-    ops::mla_up_v(o_lat, w_uv, out);
-    test::expect_guard_intact(buf, out, "mla_up_v");
-    const Ref want = ref_up_v(o_lat, w_uv);
-    test::expect_reduction_near(out, want.v, want.abs_sum, "mla_up_v rows=" + std::to_string(rows));
+// fp8 e4m3fn bytes (no NaN patterns) with 16x16 block scales in [0.5, 2) * 2^-6.
+LinearWeight fp8_kv_b(int64_t rows, int64_t lora, uint64_t seed) {
+  std::vector<float> r = test::random_floats(size_t(rows * lora + (rows / 16 + 1) * (lora / 16 + 1)), seed);
+  Tensor w = Tensor::empty({rows, lora}, DType::F8_E4M3);
+  for (int64_t i = 0; i < rows * lora; ++i) {
+    uint8_t b = uint8_t(int(std::fabs(r[size_t(i)]) * 255.0f) & 0xff);
+    if ((b & 0x7f) == 0x7f) b = 0x3f;
+    static_cast<uint8_t*>(w.raw())[i] = b;
   }
+  const int64_t so = (rows + 15) / 16, si = (lora + 15) / 16;
+  std::vector<float> sc(size_t(so * si));
+  for (int64_t i = 0; i < so * si; ++i)
+    sc[size_t(i)] = (1.25f + 0.75f * r[size_t(rows * lora + i)]) * 0x1.0p-6f;
+  return {w, Tensor::from_f32(sc, {so, si}), 16, 16};
+}
+
+// absorb_q on the model's views: q_nope = q.narrow(2, 0, nope) of [rows, H, nope + rope], written
+// into q_abs.narrow(2, 0, lora) of a NaN-filled [rows, H, lora + rope]: the rope slots of q_abs
+// stay untouched, every latent slot is written and matches float64. W_UK[h] is read in place from
+// kv_b_proj (fp32, and fp8 with block scales).
+TEST(OpMla, AbsorbQOnStridedViews) {
+  const int64_t H = 3, nope = 24, v = 16, rope = 8, lora = 48;
+  for (bool fp8 : {false, true})
+    for (int64_t rows : {1, 5}) {
+      const LinearWeight kv_b = fp8 ? fp8_kv_b(H * (nope + v), lora, 811)
+                                    : LinearWeight{test::rand_tensor({H * (nope + v), lora}, 810)};
+      const Tensor q = test::rand_tensor({rows, H, nope + rope}, 800 + uint64_t(rows));
+      const Tensor q_nope = q.narrow(2, 0, nope);
+      Tensor q_abs = test::guard_filled({rows, H, lora + rope}, DType::F32);
+      Tensor out = q_abs.narrow(2, 0, lora);
+      ops::mla_absorb_q(q_nope, kv_b, out);
+      const std::string what = std::string("mla_absorb_q ") + (fp8 ? "fp8" : "f32") + " rows=" +
+                               std::to_string(rows);
+      test::expect_guard_intact(q_abs, out, what);
+      const Ref want = ref_absorb_q(q_nope, head_part(kv_b, H, 0, nope));
+      test::expect_reduction_near(out, want.v, want.abs_sum, what);
+    }
+}
+
+// up_v: out[h] = W_UV[h] o_lat[h] with o_lat a strided view (the latent part of a wider buffer);
+// W_UV[h] is the last v rows of head h in kv_b_proj (fp32, and fp8 with block scales).
+TEST(OpMla, UpVMatchesFloat64) {
+  const int64_t H = 4, lora = 32, nope = 12, dv = 20;
+  for (bool fp8 : {false, true})
+    for (int64_t rows : {1, 7}) {
+      const LinearWeight kv_b = fp8 ? fp8_kv_b(H * (nope + dv), lora, 831)
+                                    : LinearWeight{test::rand_tensor({H * (nope + dv), lora}, 830)};
+      const Tensor wide = test::rand_tensor({rows, H, lora + 6}, 820 + uint64_t(rows));
+      const Tensor o_lat = wide.narrow(2, 3, lora);
+      Tensor buf = test::guard_filled({rows, H, dv + 4}, DType::F32);
+      Tensor out = buf.narrow(2, 4, dv);
+      ops::mla_up_v(o_lat, kv_b, out);
+      const std::string what =
+          std::string("mla_up_v ") + (fp8 ? "fp8" : "f32") + " rows=" + std::to_string(rows);
+      test::expect_guard_intact(buf, out, what);
+      const Ref want = ref_up_v(o_lat, head_part(kv_b, H, nope, dv));
+      test::expect_reduction_near(out, want.v, want.abs_sum, what);
+    }
+}
+
+// kv_b_proj whose rows are not heads x (nope + v), or another kv_lora, is an error naming the op.
+TEST(OpMla, KvBShapeMismatchThrows) {
+  const LinearWeight kv_b{test::rand_tensor({3 * 40 + 1, 48}, 840)};
+  Tensor out = Tensor::empty({1, 3, 48}, DType::F32);
+  test::expect_error([&] { ops::mla_absorb_q(test::rand_tensor({1, 3, 24}, 841), kv_b, out); },
+                     {"mla_absorb_q", "kv_b_proj"});
+  const LinearWeight ok{test::rand_tensor({3 * 40, 48}, 842)};
+  Tensor v = Tensor::empty({1, 3, 16}, DType::F32);
+  test::expect_error([&] { ops::mla_up_v(test::rand_tensor({1, 3, 40}, 843), ok, v); },
+                     {"mla_up_v", "kv_b_proj"});
 }
 
 struct AttnCase {

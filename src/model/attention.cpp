@@ -18,7 +18,7 @@ namespace dsi {
 Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const Tensor& u,
                      LayerKvCache& kv, DcpTopk& topk) {
   const ModelConfig& c = *ctx.cfg;
-  const int64_t n = ctx.n, heads = w.w_uk.dim(0), nope = c.head_dim_nope, rope = c.head_dim_rope;
+  const int64_t n = ctx.n, heads = w.kv_b_proj.out_features() / (c.head_dim_nope + c.v_head_dim), nope = c.head_dim_nope, rope = c.head_dim_rope;
   const int64_t lora = c.kv_lora_rank, dk = lora + rope;
   const float eps = float(c.rms_norm_eps);
   const Device dev = u.device();
@@ -49,7 +49,7 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   // Absorbed queries [n, H, kv_lora | rope]: W_UK^T q_nope, then q_pe.
   Tensor q_abs = Tensor::empty({n, heads, dk}, DType::F32, dev);
   Tensor q_abs_lat = q_abs.narrow(2, 0, lora);
-  ops::mla_absorb_q(q.narrow(2, 0, nope), w.w_uk, q_abs_lat);
+  ops::mla_absorb_q(q.narrow(2, 0, nope), w.kv_b_proj, q_abs_lat);
   Tensor q_abs_pe = q_abs.narrow(2, lora, rope);
   ops::copy(q.narrow(2, nope, rope), q_abs_pe);
 
@@ -75,7 +75,7 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
                             float(c.attn_softmax_scale()), int(lora));
 
   Tensor o = Tensor::empty({n, heads, c.v_head_dim}, DType::F32, dev);
-  ops::mla_up_v(o_lat, w.w_uv, o);
+  ops::mla_up_v(o_lat, w.kv_b_proj, o);
   Tensor out = Tensor::empty({n, c.hidden_size}, DType::F32, dev);
   ops::linear(o.view({n, heads * c.v_head_dim}), w.o_proj, out);
   return out;

@@ -122,7 +122,7 @@ class Loader {
 
   AttentionWeights attention(const std::string& p, bool full_indexer) const {
     const ModelConfig& c = cfg_;
-    const int64_t d = c.hidden_size, h = c.n_heads, hl = h / shard_.size;
+    const int64_t d = c.hidden_size, h = c.n_heads;
     AttentionWeights w;
     w.q_a_proj = linear(p, "self_attn.q_a_proj", c.q_lora_rank, d);
     w.q_a_layernorm = vec(p + ".self_attn.q_a_layernorm.weight", c.q_lora_rank);
@@ -133,18 +133,6 @@ class Loader {
     w.kv_b_proj = linear(p, "self_attn.kv_b_proj", h * (c.head_dim_nope + c.v_head_dim),
                          c.kv_lora_rank);
     w.o_proj = linear(p, "self_attn.o_proj", d, h * c.v_head_dim);
-    // Absorbed form: kv_b_proj viewed [H, nope + v, kv_lora]; rows [0, nope) are W_UK, the rest W_UV.
-    const int64_t per_head = c.head_dim_nope + c.v_head_dim, lora = c.kv_lora_rank;
-    Tensor kvb = ops::dequantize_rows(w.kv_b_proj, 0, hl * per_head);
-    w.w_uk = Tensor::empty({hl, c.head_dim_nope, lora}, DType::F32);
-    w.w_uv = Tensor::empty({hl, c.v_head_dim, lora}, DType::F32);
-    for (int64_t i = 0; i < hl; ++i) {
-      const float* src = kvb.f32() + i * per_head * lora;
-      std::memcpy(w.w_uk.f32() + i * c.head_dim_nope * lora, src,
-                  sizeof(float) * size_t(c.head_dim_nope * lora));
-      std::memcpy(w.w_uv.f32() + i * c.v_head_dim * lora, src + c.head_dim_nope * lora,
-                  sizeof(float) * size_t(c.v_head_dim * lora));
-    }
     const std::string wk = p + ".self_attn.indexer.wk.weight";
     if (full_indexer) {
       w.indexer = indexer(p);
@@ -308,7 +296,7 @@ void visit_layer(LayerWeights& l, F&& fn) {
   AttentionWeights& a = l.self_attn;
   for (LinearWeight* lw : {&a.q_a_proj, &a.q_b_proj, &a.kv_a_proj_with_mqa, &a.kv_b_proj, &a.o_proj})
     visit_linear(*lw, fn);
-  for (Tensor* t : {&a.q_a_layernorm, &a.kv_a_layernorm, &a.w_uk, &a.w_uv}) fn(*t);
+  for (Tensor* t : {&a.q_a_layernorm, &a.kv_a_layernorm}) fn(*t);
   if (a.indexer) {
     IndexerWeights& ix = *a.indexer;
     for (LinearWeight* lw : {&ix.wq_b, &ix.wk, &ix.weights_proj}) visit_linear(*lw, fn);

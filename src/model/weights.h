@@ -31,11 +31,8 @@ struct AttentionWeights {
   LinearWeight q_b_proj;            // [n_heads * (nope + rope), q_lora]
   LinearWeight kv_a_proj_with_mqa;  // [kv_lora + rope, hidden]
   Tensor kv_a_layernorm;            // [kv_lora] f32
-  LinearWeight kv_b_proj;           // [n_heads * (nope + v), kv_lora]
+  LinearWeight kv_b_proj;           // [n_heads * (nope + v), kv_lora]: W_UK and W_UV (ops/mla.h)
   LinearWeight o_proj;              // [hidden, n_heads * v]
-  // kv_b_proj split for the absorbed form (fp32): W_UK [H, nope, kv_lora], W_UV [H, v, kv_lora].
-  Tensor w_uk;
-  Tensor w_uv;
   std::optional<IndexerWeights> indexer;  // absent on "shared" layers
 };
 

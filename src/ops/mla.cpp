@@ -5,11 +5,23 @@
 
 namespace dsi::ops {
 
-void mla_absorb_q(const Tensor& q_nope, const Tensor& w_uk, Tensor& out) {
-  DSI_DISPATCH(q_nope.device(), mla_absorb_q, q_nope, w_uk, out);
+void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
+  DSI_DISPATCH(q_nope.device(), mla_absorb_q, q_nope, kv_b, out);
 }
-void mla_up_v(const Tensor& o_lat, const Tensor& w_uv, Tensor& out) {
-  DSI_DISPATCH(o_lat.device(), mla_up_v, o_lat, w_uv, out);
+void mla_up_v(const Tensor& o_lat, const LinearWeight& kv_b, Tensor& out) {
+  DSI_DISPATCH(o_lat.device(), mla_up_v, o_lat, kv_b, out);
+}
+int64_t mla_rows_per_head(const LinearWeight& kv_b, int64_t heads, int64_t lora, int64_t part,
+                          const char* op) {
+  DSI_CHECK(kv_b.defined() && kv_b.weight.ndim() == 2 && kv_b.weight.is_contiguous(),
+            "{}: kv_b_proj must be a contiguous [heads * (nope + v), kv_lora] weight", op);
+  const int64_t rows = kv_b.out_features();
+  DSI_CHECK(heads > 0 && rows % heads == 0 && kv_b.in_features() == lora,
+            "{}: kv_b_proj [{}, {}] does not hold {} heads of kv_lora {}", op, rows,
+            kv_b.in_features(), heads, lora);
+  DSI_CHECK(part >= 0 && part <= rows / heads, "{}: {} of a head's {} kv_b_proj rows", op, part,
+            rows / heads);
+  return rows / heads;
 }
 void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float softmax_scale,
                 int dv, Tensor& out, Tensor& lse) {

@@ -5,17 +5,30 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/linear.h"
 
 namespace dsi::ops {
 
+// The absorbed form reads its per-head matrices in place from kv_b_proj, in the checkpoint's dtype
+// (fp8 with block scales, bf16, f32): kv_b [H * (nope + v), kv_lora], where head h's rows
+// [h (nope + v), h (nope + v) + nope) are W_UK[h] ([nope, kv_lora]) and the next v rows W_UV[h]
+// ([v, kv_lora]) (HF's kv_b_proj viewed [H, nope + v, kv_lora]; a tensor-parallel slice holds its
+// rank's heads). Products and sums in fp32 over exactly dequantised weights.
+
 // out[r, h, :] = W_UK[h]^T q_nope[r, h, :].
-// q_nope: [rows, H, nope] f32 (strided ok, last dim contiguous); w_uk: [H, nope, kv_lora] f32;
-// out: [rows, H, kv_lora] f32 (strided ok, last dim contiguous).
-void mla_absorb_q(const Tensor& q_nope, const Tensor& w_uk, Tensor& out);
+// q_nope: [rows, H, nope] f32 (strided ok, last dim contiguous); out: [rows, H, kv_lora] f32
+// (strided ok, last dim contiguous); nope < kv_b rows per head.
+void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out);
 
 // out[r, h, :] = W_UV[h] o_lat[r, h, :].
-// o_lat: [rows, H, kv_lora] f32; w_uv: [H, v_head_dim, kv_lora] f32; out: [rows, H, v_head_dim] f32.
-void mla_up_v(const Tensor& o_lat, const Tensor& w_uv, Tensor& out);
+// o_lat: [rows, H, kv_lora] f32 (strided ok, last dim contiguous); out: [rows, H, v] f32 (strided
+// ok, last dim contiguous); v <= kv_b rows per head (W_UV[h] is the last v rows of head h).
+void mla_up_v(const Tensor& o_lat, const LinearWeight& kv_b, Tensor& out);
+
+// kv_b's rows per head for `heads` heads, checked: kv_b is defined and [heads * per, lora], and
+// part (nope or v) fits in a head; throws naming `op` otherwise.
+int64_t mla_rows_per_head(const LinearWeight& kv_b, int64_t heads, int64_t lora, int64_t part,
+                          const char* op);
 
 // Sparse attention over selected cache entries, returning the natural-log LSE of each (row, head).
 // q: [rows, H, dk] f32 (absorbed queries, dk = kv_lora + rope); kv: [n_keys, dk] f32 latent cache

@@ -200,31 +200,48 @@ TEST_F(CudaTopk, MergeCandidateLists) {
 
 // ---------------------------------------------------------------- MLA
 
+// W_UK^T q and W_UV o read in place from kv_b_proj in each dtype (fp8 also as a tensor-parallel
+// slice starting inside a scale block), GLM-5's head geometry and a smaller one, decode row counts
+// (the GEMV paths) and more (the dequantise + sgemm path).
 TEST_F(CudaMla, AbsorbAndUpProjection) {
-  const int64_t nope = 128, rope = 64, lora = 512, dv = 128;
-  for (int64_t heads : {1, 3, 8}) {
-    for (int64_t rows : {0, 1, 5}) {
-      const std::string what = "mla" + sz("heads", heads) + sz("rows", rows);
-      // q_nope: the first `nope` dims of [rows, heads, nope + rope] (strided).
-      const Tensor qfull = test::rand_tensor({rows, heads, nope + rope}, uint64_t(heads * 10 + rows));
-      const Tensor w_uk = test::rand_tensor({heads, nope, lora}, uint64_t(heads) + 1, 0.1f);
-      Tensor cpu = Tensor::empty({rows, heads, lora}, DType::F32);
-      ops::mla_absorb_q(qfull.narrow(2, 0, nope), w_uk, cpu);
-      test::Guarded g = test::guarded_strided({rows, heads, lora}, DType::F32);
-      const Tensor dq = dev(qfull).narrow(2, 0, nope), dw = dev(w_uk);
-      ops::mla_absorb_q(dq, dw, g.view);
-      const Tensor got = g.check("absorb " + what);
-      test::expect_nmse_close(got, cpu, tol::kCudaGemmNmse, "absorb " + what);
-      ops::mla_absorb_q(dq, dw, g.view);
-      test::expect_bitwise(g.check("absorb " + what), got, "absorb repeat " + what);
+  struct Geometry {
+    int64_t nope, dv, lora;
+  };
+  const int64_t rope = 64;
+  for (const Geometry& ge : {Geometry{128, 128, 512}, Geometry{192, 256, 512}})
+  for (DType dt : {DType::F32, DType::BF16, DType::F8_E4M3})
+  for (int64_t row0 : {int64_t(0), int64_t(64)}) {
+    if (row0 != 0 && dt != DType::F8_E4M3) continue;
+    for (int64_t heads : {1, 3, 8}) {
+      const int64_t per = ge.nope + ge.dv;
+      const LinearWeight kv_b = test::make_weight(dt, heads * per, ge.lora, uint64_t(heads + per), row0);
+      const LinearWeight dkv_b = test::to_gpu(kv_b);
+      for (int64_t rows : {0, 1, 3, 5, 8, 17}) {
+        const std::string what = std::string("mla ") + std::string(dtype_name(dt)) + sz("row0", row0) +
+                                 sz("nope", ge.nope) + sz("heads", heads) + sz("rows", rows);
+        // q_nope: the first `nope` dims of [rows, heads, nope + rope] (strided).
+        const Tensor qfull =
+            test::rand_tensor({rows, heads, ge.nope + rope}, uint64_t(heads * 10 + rows));
+        Tensor cpu = Tensor::empty({rows, heads, ge.lora}, DType::F32);
+        ops::mla_absorb_q(qfull.narrow(2, 0, ge.nope), kv_b, cpu);
+        test::Guarded g = test::guarded_strided({rows, heads, ge.lora}, DType::F32);
+        const Tensor dq = dev(qfull).narrow(2, 0, ge.nope);
+        ops::mla_absorb_q(dq, dkv_b, g.view);
+        const Tensor got = g.check("absorb " + what);
+        test::expect_nmse_close(got, cpu, tol::kCudaGemmNmse, "absorb " + what);
+        ops::mla_absorb_q(dq, dkv_b, g.view);
+        test::expect_bitwise(g.check("absorb " + what), got, "absorb repeat " + what);
 
-      const Tensor o_lat = test::rand_tensor({rows, heads, lora}, uint64_t(heads * 10 + rows) + 5);
-      const Tensor w_uv = test::rand_tensor({heads, dv, lora}, uint64_t(heads) + 2, 0.1f);
-      Tensor cpu_v = Tensor::empty({rows, heads, dv}, DType::F32);
-      ops::mla_up_v(o_lat, w_uv, cpu_v);
-      test::Guarded gv = test::guarded_strided({rows, heads, dv}, DType::F32);
-      ops::mla_up_v(dev_strided(o_lat), dev(w_uv), gv.view);
-      test::expect_nmse_close(gv.check("up_v " + what), cpu_v, tol::kCudaGemmNmse, "up_v " + what);
+        const Tensor o_lat = test::rand_tensor({rows, heads, ge.lora}, uint64_t(heads * 10 + rows) + 5);
+        Tensor cpu_v = Tensor::empty({rows, heads, ge.dv}, DType::F32);
+        ops::mla_up_v(o_lat, kv_b, cpu_v);
+        test::Guarded gv = test::guarded_strided({rows, heads, ge.dv}, DType::F32);
+        ops::mla_up_v(dev_strided(o_lat), dkv_b, gv.view);
+        const Tensor got_v = gv.check("up_v " + what);
+        test::expect_nmse_close(got_v, cpu_v, tol::kCudaGemmNmse, "up_v " + what);
+        ops::mla_up_v(dev_strided(o_lat), dkv_b, gv.view);
+        test::expect_bitwise(gv.check("up_v " + what), got_v, "up_v repeat " + what);
+      }
     }
   }
 }

@@ -45,41 +45,8 @@ std::string case_name(const char* kind, DType dt, int64_t n, int64_t out, int64_
          std::to_string(in) + "] W[" + std::to_string(out) + ", " + std::to_string(in) + "]";
 }
 
-// A weight of dtype dt [out, in] with values of unit order after dequantisation; fp8 gets block
-// scales of bo x bi for the slice offsets (row0, col0).
-LinearWeight make_weight(DType dt, int64_t out, int64_t in, uint64_t seed, int64_t row0 = 0,
-                         int64_t col0 = 0, int bo = 128, int bi = 128) {
-  const std::vector<float> v = test::random_floats(size_t(out * in), seed);
-  LinearWeight w;
-  if (dt == DType::F32) {
-    w.weight = Tensor::from_f32(v, {out, in});
-    return w;
-  }
-  w.weight = Tensor::empty({out, in}, dt);
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (dt == DType::BF16) w.weight.data<uint16_t>()[i] = f32_to_bf16(v[i]);
-    if (dt == DType::F16) w.weight.data<uint16_t>()[i] = f32_to_f16(v[i]);
-    if (dt == DType::F8_E4M3) w.weight.data<uint8_t>()[i] = f32_to_e4m3(v[i] * 448.0f);
-  }
-  if (dt == DType::F8_E4M3) {
-    w.row0 = row0;
-    w.col0 = col0;
-    w.block_out = bo;
-    w.block_in = bi;
-    const int64_t so = (row0 + out + bo - 1) / bo, si = (col0 + in + bi - 1) / bi;
-    std::vector<float> s = test::random_floats(size_t(so * si), seed + 1);
-    for (float& x : s) x = (1.5f + x) / 448.0f;
-    w.scale_inv = Tensor::from_f32(s, {so, si});
-  }
-  return w;
-}
-
-LinearWeight to_gpu(const LinearWeight& w) {
-  LinearWeight d = w;
-  d.weight = dev(w.weight);
-  if (w.scale_inv.defined()) d.scale_inv = dev(w.scale_inv);
-  return d;
-}
+using test::make_weight;
+using test::to_gpu;
 
 // ops::linear on the CPU and the GPU; x contiguous (the aligned vector path when the weight allows)
 // and row-strided (unaligned rows: packed first), outputs guarded, a repeat bitwise equal.

@@ -8,43 +8,52 @@
 
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cpu/paging.h"
+#include "ops/mla.h"
 
 namespace dsi::cpu {
 
-void mla_absorb_q(const Tensor& q_nope, const Tensor& w_uk, Tensor& out) {
+namespace {
+
+// Rows [begin, begin + count) of kv_b as fp32 [count, lora]: the weight itself when it is fp32,
+// else dequantised.
+Tensor head_rows(const LinearWeight& kv_b, int64_t begin, int64_t count) {
+  if (kv_b.weight.dtype() == DType::F32) return kv_b.weight.narrow(0, begin, count);
+  return dequantize_rows(kv_b, begin, begin + count);
+}
+
+}  // namespace
+
+void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
   DSI_CHECK(q_nope.ndim() == 3 && q_nope.stride(2) == 1, "mla_absorb_q: q_nope {}", q_nope.desc());
   const int64_t rows = q_nope.dim(0), heads = q_nope.dim(1), nope = q_nope.dim(2);
-  DSI_CHECK(w_uk.ndim() == 3 && w_uk.dim(0) == heads && w_uk.dim(1) == nope && w_uk.is_contiguous(),
-            "mla_absorb_q: w_uk {} for q_nope {}", w_uk.desc(), q_nope.desc());
-  const int64_t lora = w_uk.dim(2);
-  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.dim(2) == lora &&
-                out.stride(2) == 1,
-            "mla_absorb_q: out {}", out.desc());
+  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.stride(2) == 1,
+            "mla_absorb_q: out {} for q_nope {}", out.desc(), q_nope.desc());
+  const int64_t lora = out.dim(2);
+  const int64_t per = ops::mla_rows_per_head(kv_b, heads, lora, nope, "mla_absorb_q");
   if (rows == 0) return;
   for (int64_t h = 0; h < heads; ++h) {
     // out[:, h, :] (rows x lora) = q_nope[:, h, :] (rows x nope) * W_UK[h] (nope x lora)
+    const Tensor w_uk = head_rows(kv_b, h * per, nope);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(rows), int(lora), int(nope), 1.0f,
-                q_nope.f32() + h * q_nope.stride(1), int(q_nope.stride(0)),
-                w_uk.f32() + h * nope * lora, int(lora), 0.0f, out.f32() + h * out.stride(1),
-                int(out.stride(0)));
+                q_nope.f32() + h * q_nope.stride(1), int(q_nope.stride(0)), w_uk.f32(), int(lora),
+                0.0f, out.f32() + h * out.stride(1), int(out.stride(0)));
   }
 }
 
-void mla_up_v(const Tensor& o_lat, const Tensor& w_uv, Tensor& out) {
+void mla_up_v(const Tensor& o_lat, const LinearWeight& kv_b, Tensor& out) {
   DSI_CHECK(o_lat.ndim() == 3 && o_lat.stride(2) == 1, "mla_up_v: o_lat {}", o_lat.desc());
   const int64_t rows = o_lat.dim(0), heads = o_lat.dim(1), lora = o_lat.dim(2);
-  DSI_CHECK(w_uv.ndim() == 3 && w_uv.dim(0) == heads && w_uv.dim(2) == lora && w_uv.is_contiguous(),
-            "mla_up_v: w_uv {} for o_lat {}", w_uv.desc(), o_lat.desc());
-  const int64_t dv = w_uv.dim(1);
-  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.dim(2) == dv &&
-                out.stride(2) == 1,
-            "mla_up_v: out {}", out.desc());
+  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.stride(2) == 1,
+            "mla_up_v: out {} for o_lat {}", out.desc(), o_lat.desc());
+  const int64_t dv = out.dim(2);
+  const int64_t per = ops::mla_rows_per_head(kv_b, heads, lora, dv, "mla_up_v");
   if (rows == 0) return;
   for (int64_t h = 0; h < heads; ++h) {
     // out[:, h, :] (rows x dv) = o_lat[:, h, :] (rows x lora) * W_UV[h]^T (lora x dv)
+    const Tensor w_uv = head_rows(kv_b, h * per + per - dv, dv);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(rows), int(dv), int(lora), 1.0f,
-                o_lat.f32() + h * o_lat.stride(1), int(o_lat.stride(0)), w_uv.f32() + h * dv * lora,
-                int(lora), 0.0f, out.f32() + h * out.stride(1), int(out.stride(0)));
+                o_lat.f32() + h * o_lat.stride(1), int(o_lat.stride(0)), w_uv.f32(), int(lora),
+                0.0f, out.f32() + h * out.stride(1), int(out.stride(0)));
   }
 }
 

@@ -56,8 +56,8 @@ void slots_from_local(const Tensor& local, const Tensor& block_tables, const Ten
 void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Tensor* values);
 void topk_merge(const Tensor& scores, const Tensor& positions, int k, Tensor& winners);
 
-void mla_absorb_q(const Tensor& q_nope, const Tensor& w_uk, Tensor& out);
-void mla_up_v(const Tensor& o_lat, const Tensor& w_uv, Tensor& out);
+void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out);
+void mla_up_v(const Tensor& o_lat, const LinearWeight& kv_b, Tensor& out);
 void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float softmax_scale,
                 int dv, Tensor& out, Tensor& lse);
 

@@ -21,6 +21,10 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 
+int64_t elem_bytes(FloatKind k) {
+  return k == FloatKind::kF32 ? 4 : k == FloatKind::kE4M3 ? 1 : 2;
+}
+
 template <FloatKind K>
 constexpr int elems_per_16b() {
   return K == FloatKind::kF32 ? 4 : K == FloatKind::kE4M3 ? 16 : 8;
@@ -149,7 +153,17 @@ __device__ __forceinline__ void reduce_store(const GemvParams& p, float (&acc)[N
 // false when the group is skipped.
 __device__ __forceinline__ bool group_params(const GemvParams& p0, GemvParams& p) {
   p = p0;
-  if (p0.groups == nullptr) return true;
+  if (p0.groups == nullptr) {
+    if (p0.n_groups > 1) {  // strided batch
+      const int64_t g = blockIdx.y;
+      const int64_t eb = p0.kind == FloatKind::kF32 ? 4 : p0.kind == FloatKind::kE4M3 ? 1 : 2;
+      p.x += g * p0.batch_x;
+      p.y += g * p0.batch_y;
+      p.w = static_cast<const char*>(p0.w) + g * p0.batch_rows * p0.in * eb;
+      p.row0 += g * p0.batch_rows;
+    }
+    return true;
+  }
   const GemvGroup g = p0.groups[blockIdx.y];
   p.x = g.x;
   p.w = g.w;
@@ -233,6 +247,100 @@ __global__ void __launch_bounds__(kThreads) gemv_any_kernel(const GemvParams p0)
   reduce_store<N, 1>(p, acc, row_base, 1);
 }
 
+// The transposed kernel (gemv_t_ok holds): y = x W with W stored [in, out]. Block (column slice,
+// batch item): thread (rg, chunk) owns one 16-byte column chunk of W and sums the rows
+// d = rg (mod RG) of it for every x row; the RG partial sums of a column are then added in rg order
+// through shared memory (bitwise reproducible). x rows sit in shared memory.
+template <FloatKind K, int N>
+__global__ void __launch_bounds__(kThreads) gemv_t_kernel(const GemvParams p, const int cpb) {
+  constexpr int E = elems_per_16b<K>();
+  constexpr bool kFp8 = K == FloatKind::kE4M3;
+  extern __shared__ float smem[];
+  float* xs = smem;                 // [N][in]
+  float* red = smem + N * p.in;     // [RG][cpb * E]
+  const int64_t g = blockIdx.y;
+  const float* x = p.x + g * p.batch_x;
+  float* y = p.y + g * p.batch_y;
+  const int64_t chunks = p.out / E;  // 16-byte chunks per W row
+  const uint4* w = reinterpret_cast<const uint4*>(static_cast<const char*>(p.w) +
+                                                  g * p.batch_rows * chunks * 16);
+  const int64_t row0 = p.row0 + g * p.batch_rows;
+  const int cl = threadIdx.x % cpb, rg = threadIdx.x / cpb, n_rg = kThreads / cpb;
+  const int64_t chunk = int64_t(blockIdx.x) * cpb + cl;
+  for (int i = 0; i < N; ++i)
+    for (int64_t d = threadIdx.x; d < p.in; d += kThreads)
+      xs[i * p.in + d] = i < p.n ? x[i * p.ldx + d] : 0.0f;
+  __syncthreads();
+  float acc[N][E];
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[i][e] = 0.0f;
+  if (chunk < chunks) {
+    const float* scol = nullptr;
+    if constexpr (kFp8) scol = p.scale_inv + ((p.col0 + chunk * E) >> (__ffs(p.block_in) - 1));
+#pragma unroll 4
+    for (int64_t d = rg; d < p.in; d += n_rg) {
+      const uint4 v = load_stream(w + d * chunks + chunk);
+      const float s = kFp8 ? __ldg(scol + ((row0 + d) / p.block_out) * p.scale_cols) : 1.0f;
+      float xd[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) xd[i] = kFp8 ? xs[i * p.in + d] * s : xs[i * p.in + d];
+#pragma unroll
+      for (int sub = 0; sub < E / 4; ++sub) {
+        float f[4];
+        decode4<K>(v, sub, f);
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[i][sub * 4 + e] = fmaf(xd[i], f[e], acc[i][sub * 4 + e]);
+      }
+    }
+  }
+  const int width = cpb * E;  // columns of this block
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) red[rg * width + cl * E + e] = acc[i][e];
+    __syncthreads();
+    for (int c = threadIdx.x; c < width; c += kThreads) {
+      const int64_t col = int64_t(blockIdx.x) * width + c;
+      if (i < p.n && col < p.out) {
+        float v = 0.0f;
+        for (int r = 0; r < n_rg; ++r) v += red[r * width + c];
+        y[i * p.ldy + col] = v;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Column chunks per block of the transposed kernel: up to 8 (so each column is split over at least
+// 32 row groups), never more than a row has.
+int gemv_t_chunks_per_block(const GemvParams& p) {
+  const int64_t chunks = p.out * elem_bytes(p.kind) / 16;
+  int cpb = 1;
+  while (cpb < 8 && cpb < chunks) cpb *= 2;
+  return cpb;
+}
+
+size_t gemv_t_smem_bytes(const GemvParams& p) {
+  const int64_t e = 16 / elem_bytes(p.kind);
+  return size_t(kGemvTRows * p.in + int64_t(kThreads) * e) * sizeof(float);
+}
+
+template <FloatKind K>
+void launch_t(const GemvParams& p, cudaStream_t s) {
+  const int cpb = gemv_t_chunks_per_block(p);
+  const int64_t chunks = p.out * elem_bytes(p.kind) / 16;
+  const dim3 grid(unsigned((chunks + cpb - 1) / cpb), unsigned(p.n_groups));
+  const size_t smem = gemv_t_smem_bytes(p);
+  switch (p.n) {
+    case 1: gemv_t_kernel<K, 1><<<grid, kThreads, smem, s>>>(p, cpb); break;
+    case 2: gemv_t_kernel<K, 2><<<grid, kThreads, smem, s>>>(p, cpb); break;
+    default: gemv_t_kernel<K, 4><<<grid, kThreads, smem, s>>>(p, cpb); break;
+  }
+}
+
 template <FloatKind K, int N>
 void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   const int64_t rows_per_block = int64_t(plan.rows_per_warp) * (kWarps / plan.k_split);
@@ -259,16 +367,13 @@ void launch_n(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   }
 }
 
-int64_t elem_bytes(FloatKind k) {
-  return k == FloatKind::kF32 ? 4 : k == FloatKind::kE4M3 ? 1 : 2;
-}
-
 }  // namespace
 
 bool gemv_vector_ok(const GemvParams& p) {
   const int64_t eb = elem_bytes(p.kind);
   if (reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || (p.in * eb) % 16 != 0) return false;
   if (reinterpret_cast<uintptr_t>(p.x) % 16 != 0 || (p.n > 1 && p.ldx % 4 != 0)) return false;
+  if (p.groups == nullptr && p.n_groups > 1 && p.batch_x % 4 != 0) return false;
   if (p.kind == FloatKind::kE4M3) {
     // A 16-element chunk must sit in one column block: power-of-two blocks of >= 16 columns and a
     // slice offset that is a multiple of 16.
@@ -313,6 +418,29 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
     case 6: launch_n<6>(p, plan, stream); break;
     case 7: launch_n<7>(p, plan, stream); break;
     default: launch_n<8>(p, plan, stream); break;
+  }
+  DSI_CUDA_CHECK_LAUNCH();
+}
+
+bool gemv_t_ok(const GemvParams& p) {
+  const int64_t eb = elem_bytes(p.kind);
+  if (p.groups != nullptr || p.n < 1 || p.n > kGemvTRows || p.in <= 0 || p.out <= 0) return false;
+  if (reinterpret_cast<uintptr_t>(p.w) % 16 != 0 || (p.out * eb) % 16 != 0) return false;
+  if (p.kind == FloatKind::kE4M3) {
+    const int b = p.block_in;
+    if (b < 16 || (b & (b - 1)) != 0 || p.col0 % 16 != 0) return false;
+  }
+  return gemv_t_smem_bytes(p) <= 48 * 1024;
+}
+
+void launch_gemv_t(const GemvParams& p, cudaStream_t stream) {
+  DSI_CHECK(gemv_t_ok(p), "gemv_t: {} rows x [{}, {}] outside the transposed kernel", p.n, p.in, p.out);
+  DSI_CHECK(p.n_groups >= 1 && p.n_groups <= 65535, "gemv_t: {} batch items", p.n_groups);
+  switch (p.kind) {
+    case FloatKind::kF32: launch_t<FloatKind::kF32>(p, stream); break;
+    case FloatKind::kBF16: launch_t<FloatKind::kBF16>(p, stream); break;
+    case FloatKind::kF16: launch_t<FloatKind::kF16>(p, stream); break;
+    default: launch_t<FloatKind::kE4M3>(p, stream); break;
   }
   DSI_CUDA_CHECK_LAUNCH();
 }

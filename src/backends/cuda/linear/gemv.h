@@ -17,6 +17,7 @@
 namespace dsi::cuda {
 
 inline constexpr int kGemvMaxRows = 8;  // x rows handled by the GEMV path (ops::linear, n <= 8)
+inline constexpr int kGemvTRows = 4;    // x rows per launch of the transposed GEMV
 
 // One product of a grouped GEMV: its own input, weight, output and shape (dtype and scale blocks
 // shared). Its shape may be smaller than the launch's (GemvParams::out, in): a shared expert split
@@ -47,6 +48,10 @@ struct GemvParams {
   // checks, which every group must pass as well); n must be 1.
   const GemvGroup* groups = nullptr;
   int n_groups = 1;
+  // Strided batch (groups null, n_groups > 1): product g reads x + g * batch_x, the out rows of w
+  // from row g * batch_rows on (scale rows follow: row0 + g * batch_rows) and writes y + g * batch_y;
+  // any n. The per-head matrices of MLA's absorbed form, read in place from kv_b_proj.
+  int64_t batch_x = 0, batch_y = 0, batch_rows = 0;
 };
 
 // A launch plan: rows of W per warp, warps sharing one row group (split-K inside a block), and
@@ -64,5 +69,14 @@ bool gemv_vector_ok(const GemvParams& p);
 GemvPlan gemv_plan(const GemvParams& p, int num_sms);
 // Runs y = x W^T (p.n in 1..kGemvMaxRows, p.out > 0, p.in > 0) with the given plan.
 void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream);
+
+// The transposed product y = x W for W stored [in, out] row-major (the reduced dimension along W's
+// rows; MLA's W_UK^T q): the same params, with in = W's rows and out = W's row length; fp8 scale
+// rows follow W's rows (row0, block_out) and scale columns its columns (col0, block_in). Single or
+// strided batch (batch_rows counts W's rows), 1..kGemvTRows x rows. gemv_t_ok: the transposed
+// kernel applies (16-byte aligned W rows, fp8 column blocks that never split a 16-element chunk,
+// x rows that fit in shared memory).
+bool gemv_t_ok(const GemvParams& p);
+void launch_gemv_t(const GemvParams& p, cudaStream_t stream);
 
 }  // namespace dsi::cuda

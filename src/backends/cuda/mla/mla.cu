@@ -5,8 +5,12 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/cublas.h"
+#include "backends/cuda/linear/gemv.h"
+#include "backends/cuda/linear/linear.h"
 #include "backends/cuda/memory/memory.h"
 #include "backends/cuda/mla/mla.h"
+#include "ops/linear.h"
+#include "ops/mla.h"
 
 namespace dsi::cuda {
 
@@ -119,60 +123,113 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t s) {
   DSI_CUDA_CHECK_LAUNCH();
 }
 
-void mla_absorb_q(const Tensor& q_nope, const Tensor& w_uk, Tensor& out) {
+namespace {
+
+// kv_b dequantised to fp32 [heads * per, lora] in scratch (the many-row fallback: prefill).
+Tensor dequantized_kv_b(const LinearWeight& kv_b, Scratch& buf) {
+  const int64_t rows = kv_b.out_features(), lora = kv_b.in_features();
+  buf = Scratch(size_t(rows * lora) * sizeof(float));
+  Tensor t = Tensor::wrap(buf.as<float>(), {rows, lora}, DType::F32, kv_b.weight.device());
+  dequantize_rows_to(kv_b, 0, rows, t);
+  return t;
+}
+
+// The checks both ops share: a [rows, heads, *] f32 input and output on kv_b's device.
+void check_head_tensors(const Tensor& in, const Tensor& out, const LinearWeight& kv_b, const char* op) {
+  check_dtype(in, DType::F32, op);
+  check_dtype(out, DType::F32, op);
+  check_on(in, kv_b.weight.device(), op, "input");
+  check_on(out, kv_b.weight.device(), op, "out");
+  validate_weight(kv_b, 0, kv_b.out_features());
+}
+
+}  // namespace
+
+void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
   DSI_CHECK(q_nope.ndim() == 3 && q_nope.stride(2) == 1, "mla_absorb_q: q_nope {}", q_nope.desc());
   const int64_t rows = q_nope.dim(0), heads = q_nope.dim(1), nope = q_nope.dim(2);
-  DSI_CHECK(w_uk.ndim() == 3 && w_uk.dim(0) == heads && w_uk.dim(1) == nope && w_uk.is_contiguous(),
-            "mla_absorb_q: w_uk {} for q_nope {}", w_uk.desc(), q_nope.desc());
-  const int64_t lora = w_uk.dim(2);
-  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.dim(2) == lora &&
-                out.stride(2) == 1,
-            "mla_absorb_q: out {}", out.desc());
-  check_dtype(q_nope, DType::F32, "mla_absorb_q q_nope");
-  check_dtype(w_uk, DType::F32, "mla_absorb_q w_uk");
-  check_dtype(out, DType::F32, "mla_absorb_q out");
-  check_on(w_uk, q_nope.device(), "mla_absorb_q", "w_uk");
-  check_on(out, q_nope.device(), "mla_absorb_q", "out");
-  if (rows == 0 || heads == 0 || lora == 0) return;
+  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.stride(2) == 1,
+            "mla_absorb_q: out {} for q_nope {}", out.desc(), q_nope.desc());
+  const int64_t lora = out.dim(2);
+  const int64_t per = ops::mla_rows_per_head(kv_b, heads, lora, nope, "mla_absorb_q");
+  check_head_tensors(q_nope, out, kv_b, "mla_absorb_q");
+  if (rows == 0 || lora == 0) return;
   DeviceGuard guard(q_nope.device());
   if (nope == 0) {
     fill_f32(out, 0.0f);
     return;
   }
+  // Decode: W_UK[h] ([nope, lora], rows h * per.. of kv_b) read in place, transposed product.
+  GemvParams g = gemv_weight_params(kv_b);
+  g.in = nope;
+  g.out = lora;
+  g.n_groups = int(heads);
+  g.batch_rows = per;
+  g.batch_x = q_nope.stride(1);
+  g.batch_y = out.stride(1);
+  g.ldx = q_nope.stride(0);
+  g.ldy = out.stride(0);
+  g.n = int(std::min<int64_t>(rows, kGemvTRows));
+  if (rows <= 4 * kGemvTRows && heads <= 65535 && gemv_t_ok(g)) {
+    for (int64_t r = 0; r < rows; r += kGemvTRows) {
+      g.x = q_nope.f32() + r * q_nope.stride(0);
+      g.y = out.f32() + r * out.stride(0);
+      g.n = int(std::min<int64_t>(rows - r, kGemvTRows));
+      launch_gemv_t(g, stream());
+    }
+    return;
+  }
   // Per head, row-major out[:, h, :] (rows x lora) = q_nope[:, h, :] (rows x nope) W_UK[h] (nope x
   // lora); column-major: out^T (lora x rows) = W_UK[h]^T-as-stored (lora x nope) q^T (nope x rows).
+  Scratch buf;
+  const Tensor w = dequantized_kv_b(kv_b, buf);
   const int64_t ldq = rows == 1 ? std::max(q_nope.stride(0), nope) : q_nope.stride(0);
   const int64_t ldo = rows == 1 ? std::max(out.stride(0), lora) : out.stride(0);
-  batched_sgemm(CUBLAS_OP_N, lora, rows, nope, w_uk.f32(), lora, nope * lora, q_nope.f32(), ldq,
+  batched_sgemm(CUBLAS_OP_N, lora, rows, nope, w.f32(), lora, per * lora, q_nope.f32(), ldq,
                 q_nope.stride(1), out.f32(), ldo, out.stride(1), heads);
 }
 
-void mla_up_v(const Tensor& o_lat, const Tensor& w_uv, Tensor& out) {
+void mla_up_v(const Tensor& o_lat, const LinearWeight& kv_b, Tensor& out) {
   DSI_CHECK(o_lat.ndim() == 3 && o_lat.stride(2) == 1, "mla_up_v: o_lat {}", o_lat.desc());
   const int64_t rows = o_lat.dim(0), heads = o_lat.dim(1), lora = o_lat.dim(2);
-  DSI_CHECK(w_uv.ndim() == 3 && w_uv.dim(0) == heads && w_uv.dim(2) == lora && w_uv.is_contiguous(),
-            "mla_up_v: w_uv {} for o_lat {}", w_uv.desc(), o_lat.desc());
-  const int64_t dv = w_uv.dim(1);
-  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.dim(2) == dv &&
-                out.stride(2) == 1,
-            "mla_up_v: out {}", out.desc());
-  check_dtype(o_lat, DType::F32, "mla_up_v o_lat");
-  check_dtype(w_uv, DType::F32, "mla_up_v w_uv");
-  check_dtype(out, DType::F32, "mla_up_v out");
-  check_on(w_uv, o_lat.device(), "mla_up_v", "w_uv");
-  check_on(out, o_lat.device(), "mla_up_v", "out");
-  if (rows == 0 || heads == 0 || dv == 0) return;
+  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.stride(2) == 1,
+            "mla_up_v: out {} for o_lat {}", out.desc(), o_lat.desc());
+  const int64_t dv = out.dim(2);
+  const int64_t per = ops::mla_rows_per_head(kv_b, heads, lora, dv, "mla_up_v");
+  check_head_tensors(o_lat, out, kv_b, "mla_up_v");
+  if (rows == 0 || dv == 0) return;
   DeviceGuard guard(o_lat.device());
   if (lora == 0) {
     fill_f32(out, 0.0f);
     return;
   }
+  // Decode: W_UV[h] ([dv, lora], the last dv rows of head h) read in place, one strided batch.
+  if (rows <= kGemvMaxRows && heads <= 65535) {
+    GemvParams g = gemv_weight_params(kv_b);
+    const int64_t skip = per - dv;  // W_UK's rows of the head
+    g.w = static_cast<const char*>(g.w) + skip * lora * int64_t(dtype_size(kv_b.weight.dtype()));
+    g.row0 += skip;
+    g.out = dv;
+    g.n_groups = int(heads);
+    g.batch_rows = per;
+    g.x = o_lat.f32();
+    g.y = out.f32();
+    g.batch_x = o_lat.stride(1);
+    g.batch_y = out.stride(1);
+    g.ldx = o_lat.stride(0);
+    g.ldy = out.stride(0);
+    g.n = int(rows);
+    launch_gemv(g, gemv_plan(g, sm_count()), stream());
+    return;
+  }
   // Per head, row-major out[:, h, :] (rows x dv) = o_lat[:, h, :] (rows x lora) W_UV[h]^T (lora x
   // dv); column-major: out^T (dv x rows) = op_T(W_UV[h] stored lora x dv) o_lat^T (lora x rows).
+  Scratch buf;
+  const Tensor w = dequantized_kv_b(kv_b, buf);
   const int64_t ldo_lat = rows == 1 ? std::max(o_lat.stride(0), lora) : o_lat.stride(0);
   const int64_t ldo = rows == 1 ? std::max(out.stride(0), dv) : out.stride(0);
-  batched_sgemm(CUBLAS_OP_T, dv, rows, lora, w_uv.f32(), lora, dv * lora, o_lat.f32(), ldo_lat,
-                o_lat.stride(1), out.f32(), ldo, out.stride(1), heads);
+  batched_sgemm(CUBLAS_OP_T, dv, rows, lora, w.f32() + (per - dv) * lora, lora, per * lora,
+                o_lat.f32(), ldo_lat, o_lat.stride(1), out.f32(), ldo, out.stride(1), heads);
 }
 
 void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float softmax_scale,
