@@ -314,12 +314,12 @@ __global__ void __launch_bounds__(kThreads) gemv_t_kernel(const GemvParams p, co
   }
 }
 
-// Column chunks per block of the transposed kernel: up to 8 (so each column is split over at least
-// 32 row groups), never more than a row has.
+// Column chunks per block of the transposed kernel: up to 4, so each column is split over at least
+// 64 row groups and a thread has few rows to load (all in flight at once for MLA's 128-192).
 int gemv_t_chunks_per_block(const GemvParams& p) {
   const int64_t chunks = p.out * elem_bytes(p.kind) / 16;
   int cpb = 1;
-  while (cpb < 8 && cpb < chunks) cpb *= 2;
+  while (cpb < 4 && cpb < chunks) cpb *= 2;
   return cpb;
 }
 
@@ -389,11 +389,11 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   if (!plan.vec) return plan;
   // Four rows per warp (each x load serves 4 rows; measured fastest on every GLM-5 / DeepSeek-V3.2
   // shape, one row or several, bench_linear --sweep). Rows are split between warps (split-K) while
-  // the GPU has under 16 warps per SM and each warp still streams >= 1 KB of a row.
+  // the GPU has under 32 warps per SM and each warp still streams >= 1 KB of a row.
   plan.rows_per_warp = 4;
   const int64_t row_bytes = p.in * elem_bytes(p.kind);
   const int64_t row_groups = (p.out + 3) / 4 * p.n_groups;
-  while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 16 &&
+  while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 32 &&
          row_bytes / (2 * plan.k_split) >= 1024)
     plan.k_split *= 2;
   return plan;
