@@ -389,12 +389,12 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   if (!plan.vec) return plan;
   // Four rows per warp (each x load serves 4 rows; measured fastest on every GLM-5 / DeepSeek-V3.2
   // shape, one row or several, bench_linear --sweep). Rows are split between warps (split-K) while
-  // the GPU has under 32 warps per SM and each warp still streams >= 1 KB of a row.
+  // the GPU has under 32 warps per SM and each warp still streams >= 2 KB of a row.
   plan.rows_per_warp = 4;
   const int64_t row_bytes = p.in * elem_bytes(p.kind);
   const int64_t row_groups = (p.out + 3) / 4 * p.n_groups;
   while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 32 &&
-         row_bytes / (2 * plan.k_split) >= 1024)
+         row_bytes / (2 * plan.k_split) >= 2048)
     plan.k_split *= 2;
   return plan;
 }
