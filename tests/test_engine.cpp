@@ -1,7 +1,7 @@
 // The serving engine: many requests at once through continuous batching over paged caches give
 // each request exactly the tokens the single-sequence generator gives it (greedy, and sampled with
-// a seed), whatever the batch, the chunking, the preemptions or the parallel layout; cancellation,
-// bad requests and the bookkeeping (no page or request left behind).
+// a seed, with and without penalties), whatever the batch, the chunking, the preemptions or the
+// parallel layout; cancellation, bad requests and the bookkeeping (no page or request left behind).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -54,6 +54,7 @@ struct Case {
   int max_new = 0;
   float temperature = 0.0f;
   uint64_t seed = 0;
+  float presence = 0.0f, frequency = 0.0f, repetition = 1.0f;  // sampling's penalties
 };
 
 std::vector<Case> make_cases(int vocab, int count, uint64_t seed, int min_new, bool sampled) {
@@ -67,6 +68,11 @@ std::vector<Case> make_cases(int vocab, int count, uint64_t seed, int min_new, b
     c.max_new = min_new + i % 9;
     c.temperature = (sampled && i % 3 == 2) ? 0.9f : 0.0f;
     c.seed = 1000 + uint64_t(i);
+    if (i % 4 == 1) {  // penalties over the prompt and the output, greedy and sampled
+      c.presence = 0.6f;
+      c.frequency = 0.4f;
+      c.repetition = 1.3f;
+    }
     cases.push_back(c);
   }
   return cases;
@@ -80,6 +86,9 @@ GenerationResult reference(const std::string& dir, const Case& c, int K) {
   gp.speculative_tokens = K;
   gp.sampling.temperature = c.temperature;
   gp.sampling.seed = c.seed;
+  gp.sampling.presence_penalty = c.presence;
+  gp.sampling.frequency_penalty = c.frequency;
+  gp.sampling.repetition_penalty = c.repetition;
   return generate(*model, c.prompt, gp);
 }
 
@@ -90,6 +99,9 @@ EngineRequest request_of(const Case& c) {
   r.ignore_eos = true;
   r.sampling.temperature = c.temperature;
   r.sampling.seed = c.seed;
+  r.sampling.presence_penalty = c.presence;
+  r.sampling.frequency_penalty = c.frequency;
+  r.sampling.repetition_penalty = c.repetition;
   return r;
 }
 
@@ -226,6 +238,12 @@ TEST(Engine, BadRequestsAreRefused) {
   r.sampling.logit_bias = {{100000, 1.0f}};
   test::expect_error([&] { engine->submit(r, c.sink()); }, {"logit_bias", "100000", "vocabulary"});
   r.sampling.logit_bias.clear();
+  r.sampling.repetition_penalty = 0.0f;
+  test::expect_error([&] { engine->submit(r, c.sink()); }, {"repetition_penalty", "(0, 10]"});
+  r.sampling.repetition_penalty = 1.0f;
+  r.sampling.presence_penalty = 2.5f;
+  test::expect_error([&] { engine->submit(r, c.sink()); }, {"presence_penalty", "[-2, 2]"});
+  r.sampling.presence_penalty = 0.0f;
   r.stop_token_ids = {-1};
   test::expect_error([&] { engine->submit(r, c.sink()); }, {"stop token id -1"});
   EXPECT_EQ(c.events, 0);

@@ -127,6 +127,12 @@ Tensor head_part(const LinearWeight& kv_b, int64_t H, int64_t begin, int64_t cou
   return part;
 }
 
+LinearWeight f32_kv_b(int64_t rows, int64_t lora, uint64_t seed) {
+  LinearWeight w;
+  w.weight = test::rand_tensor({rows, lora}, seed);
+  return w;
+}
+
 // fp8 e4m3fn bytes (no NaN patterns) with 16x16 block scales in [0.5, 2) * 2^-6.
 LinearWeight fp8_kv_b(int64_t rows, int64_t lora, uint64_t seed) {
   std::vector<float> r = test::random_floats(size_t(rows * lora + (rows / 16 + 1) * (lora / 16 + 1)), seed);
@@ -140,7 +146,11 @@ LinearWeight fp8_kv_b(int64_t rows, int64_t lora, uint64_t seed) {
   std::vector<float> sc(size_t(so * si));
   for (int64_t i = 0; i < so * si; ++i)
     sc[size_t(i)] = (1.25f + 0.75f * r[size_t(rows * lora + i)]) * 0x1.0p-6f;
-  return {w, Tensor::from_f32(sc, {so, si}), 16, 16};
+  LinearWeight lw;
+  lw.weight = w;
+  lw.scale_inv = Tensor::from_f32(sc, {so, si});
+  lw.block_out = lw.block_in = 16;
+  return lw;
 }
 
 // absorb_q on the model's views: q_nope = q.narrow(2, 0, nope) of [rows, H, nope + rope], written
@@ -152,7 +162,7 @@ TEST(OpMla, AbsorbQOnStridedViews) {
   for (bool fp8 : {false, true})
     for (int64_t rows : {1, 5}) {
       const LinearWeight kv_b = fp8 ? fp8_kv_b(H * (nope + v), lora, 811)
-                                    : LinearWeight{test::rand_tensor({H * (nope + v), lora}, 810)};
+                                    : f32_kv_b(H * (nope + v), lora, 810);
       const Tensor q = test::rand_tensor({rows, H, nope + rope}, 800 + uint64_t(rows));
       const Tensor q_nope = q.narrow(2, 0, nope);
       Tensor q_abs = test::guard_filled({rows, H, lora + rope}, DType::F32);
@@ -173,7 +183,7 @@ TEST(OpMla, UpVMatchesFloat64) {
   for (bool fp8 : {false, true})
     for (int64_t rows : {1, 7}) {
       const LinearWeight kv_b = fp8 ? fp8_kv_b(H * (nope + dv), lora, 831)
-                                    : LinearWeight{test::rand_tensor({H * (nope + dv), lora}, 830)};
+                                    : f32_kv_b(H * (nope + dv), lora, 830);
       const Tensor wide = test::rand_tensor({rows, H, lora + 6}, 820 + uint64_t(rows));
       const Tensor o_lat = wide.narrow(2, 3, lora);
       Tensor buf = test::guard_filled({rows, H, dv + 4}, DType::F32);
@@ -189,11 +199,11 @@ TEST(OpMla, UpVMatchesFloat64) {
 
 // kv_b_proj whose rows are not heads x (nope + v), or another kv_lora, is an error naming the op.
 TEST(OpMla, KvBShapeMismatchThrows) {
-  const LinearWeight kv_b{test::rand_tensor({3 * 40 + 1, 48}, 840)};
+  const LinearWeight kv_b = f32_kv_b(3 * 40 + 1, 48, 840);
   Tensor out = Tensor::empty({1, 3, 48}, DType::F32);
   test::expect_error([&] { ops::mla_absorb_q(test::rand_tensor({1, 3, 24}, 841), kv_b, out); },
                      {"mla_absorb_q", "kv_b_proj"});
-  const LinearWeight ok{test::rand_tensor({3 * 40, 48}, 842)};
+  const LinearWeight ok = f32_kv_b(3 * 40, 48, 842);
   Tensor v = Tensor::empty({1, 3, 16}, DType::F32);
   test::expect_error([&] { ops::mla_up_v(test::rand_tensor({1, 3, 40}, 843), ok, v); },
                      {"mla_up_v", "kv_b_proj"});

@@ -262,6 +262,40 @@ TEST(OpSampling, LogitBias) {
   test::expect_error([&] { ops::sample(l, sp, 0.5); }, {"logit_bias", "6"});
 }
 
+// Penalties, against their formulas written out per token: the prompt holds 1 (logit 2.0) and 2
+// (logit -1.0); 3 was generated twice and 5 once before, and a pending draft adds 5 again.
+// repetition r: 1 -> 2.0 / r, 2 -> -1.0 * r, 3 -> 1.5 / r, 5 -> 1.9 / r; then frequency f and
+// presence q: 3 -= 2 f + q, 5 -= 2 f + q. Tokens 0 and 4 keep their logits.
+TEST(OpSampling, PenaltiesFollowTheirFormulas) {
+  const std::vector<float> v = {0.5f, 2.0f, -1.0f, 1.5f, 0.0f, 1.9f};
+  const Tensor l = Tensor::from_f32(v, {6});
+  const ops::TokenHistory h({1, 2, 1, 3, 3, 5}, 3);
+  EXPECT_EQ(h.prompt.size(), 2u);
+  EXPECT_EQ(h.generated.at(3), 2);
+  SamplingParams sp;
+  sp.repetition_penalty = 1.25f;
+  sp.frequency_penalty = 0.5f;
+  sp.presence_penalty = -0.25f;
+  const std::vector<int32_t> pending = {5};
+  const Tensor got = ops::penalized(l, sp, h, pending);
+  const float r = 1.25f, f = 0.5f, q = -0.25f;
+  const std::vector<float> want = {0.5f, 2.0f / r, -1.0f * r, 1.5f / r - (2 * f + q), 0.0f,
+                                   1.9f / r - (2 * f + q)};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got.f32()[i], want[i], 1e-6) << i;
+  EXPECT_EQ(l.f32()[3], 1.5f) << "the input logits are left as they are";
+  // Without penalties the logits come back untouched (the same tensor).
+  EXPECT_EQ(ops::penalized(l, SamplingParams{}, h).raw(), l.raw());
+  // Out of range: an error naming the penalty; a history token outside the vocabulary too.
+  sp.repetition_penalty = 0.0f;
+  test::expect_error([&] { ops::penalized(l, sp, h); }, {"repetition_penalty"});
+  sp.repetition_penalty = 1.0f;
+  sp.frequency_penalty = 3.0f;
+  test::expect_error([&] { ops::penalized(l, sp, h); }, {"frequency_penalty", "[-2, 2]"});
+  sp.frequency_penalty = 0.5f;
+  const ops::TokenHistory outside({1, 9}, 1);
+  test::expect_error([&] { ops::penalized(l, sp, outside); }, {"9", "vocabulary"});
+}
+
 // top_k below 0 or min_p outside [0, 1] is an error naming it.
 TEST(OpSampling, BadTopKOrMinPThrows) {
   const Tensor l = Tensor::from_f32(kLogits6, {6});

@@ -190,6 +190,9 @@ TEST(ServerTask, OutOfRange) {
   expect_error(cmpl(R"("logprobs": -1)"), 400, "logprobs", "[0, 20]");
   expect_error(cmpl(R"("n": 0)"), 400, "n", "at least 1");
   expect_error(cmpl(R"("presence_penalty": 3)"), 400, "presence_penalty", "[-2, 2]");
+  expect_error(cmpl(R"("frequency_penalty": -2.5)"), 400, "frequency_penalty", "[-2, 2]");
+  expect_error(cmpl(R"("repetition_penalty": 0)"), 400, "repetition_penalty", "(0, 10]");
+  expect_error(cmpl(R"("repetition_penalty": "a")"), 400, "repetition_penalty", "must be a number");
   expect_error(cmpl(R"("stop": ["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"])"),
                400, "stop", "at most 16");
   const std::string m = R"({"messages": [{"role": "user", "content": "x"}], )";
@@ -204,8 +207,6 @@ TEST(ServerTask, UnsupportedFeatures) {
   };
   expect_error(cmpl(R"("n": 2)"), 400, "n", "not supported", "unsupported");
   expect_error(cmpl(R"("best_of": 3)"), 400, "best_of", "not supported", "unsupported");
-  expect_error(cmpl(R"("presence_penalty": 0.5)"), 400, "presence_penalty", "not supported", "unsupported");
-  expect_error(cmpl(R"("frequency_penalty": -1)"), 400, "frequency_penalty", "not supported", "unsupported");
   expect_error(cmpl(R"("suffix": "end")"), 400, "suffix", "not supported", "unsupported");
   expect_error(cmpl(R"("echo": true, "logprobs": 1)"), 400, "logprobs", "not supported", "unsupported");
   expect_error(cmpl(R"("stream_options": {"include_usage": true})"), 400, "stream_options", "only allowed when");
@@ -229,7 +230,8 @@ EngineRequest ok_engine(const ParsedRequest& r, std::vector<int32_t> prompt) {
 TEST(ServerTask, EngineRequestDefaults) {
   ParsedRequest c = ok_completion(R"({"prompt": [1, 2, 3], "temperature": 0.5, "top_p": 0.9,
                                       "top_k": -1, "min_p": 0.1, "logit_bias": {"3": -100, "7": 2.5},
-                                      "stop_token_ids": [7], "logprobs": 2})");
+                                      "stop_token_ids": [7], "logprobs": 2, "presence_penalty": 0.5,
+                                      "frequency_penalty": -1, "repetition_penalty": 1.1})");
   EngineRequest e = ok_engine(c, c.prompt_ids);
   EXPECT_EQ(e.prompt, c.prompt_ids);
   EXPECT_EQ(e.max_new_tokens, 16);  // the legacy completions default
@@ -238,6 +240,9 @@ TEST(ServerTask, EngineRequestDefaults) {
   EXPECT_EQ(e.sampling.top_k, 0);  // -1: every token
   EXPECT_FLOAT_EQ(e.sampling.min_p, 0.1f);
   EXPECT_EQ(e.sampling.logit_bias, (std::vector<std::pair<int32_t, float>>{{3, -100.0f}, {7, 2.5f}}));
+  EXPECT_FLOAT_EQ(e.sampling.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(e.sampling.frequency_penalty, -1.0f);
+  EXPECT_FLOAT_EQ(e.sampling.repetition_penalty, 1.1f);
   EXPECT_EQ(e.sampling.seed, 42u);  // no seed: the server's
   EXPECT_EQ(e.stop_token_ids, std::vector<int32_t>{7});
   EXPECT_EQ(e.logprobs, 2);

@@ -4,6 +4,7 @@
 // equal to a teacher-forced MTP run; and sampling with speculation distributed as without it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -70,6 +71,66 @@ TEST_P(SpeculativeGreedy, SameTokensAsPlainDecoding) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculativeGreedy,
                          ::testing::Combine(::testing::Values("glm_tiny", "dsv32_tiny"),
                                             ::testing::Range(0, 3)));
+
+// Greedy decoding with penalties (presence, frequency, repetition): each token is the argmax of
+// the teacher-forced logits penalised by this test's own reading of the formulas (prompt set,
+// counts of the tokens generated before it), penalties change some choices, and speculative
+// decoding with K = 1..3 (the drafts penalised over the drafts before them) emits the same tokens,
+// also at tp 2 / dcp 2.
+TEST(SpeculativePenalties, GreedyFollowsTheFormulasAndStaysLossless) {
+  for (const std::string fixture : {"glm_tiny", "dsv32_tiny"}) {
+    const DsaModel& model = test::fixture_model(fixture);
+    const std::vector<int32_t> prompt = prompt_of(fixture, 4);
+    // A repetition penalty below 1 and a negative presence penalty favour tokens already seen (the
+    // tiny models' greedy output rarely repeats one), the frequency penalty then holds repeats back.
+    const float presence = -1.5f, frequency = 1.0f, repetition = 0.7f;
+    GenerationParams gp = greedy_params(24, 0);
+    gp.sampling.presence_penalty = presence;
+    gp.sampling.frequency_penalty = frequency;
+    gp.sampling.repetition_penalty = repetition;
+    const std::vector<int32_t> out = generate(model, prompt, gp).output_ids;
+    ASSERT_EQ(out.size(), 24u);
+
+    std::vector<int32_t> seq = prompt;
+    seq.insert(seq.end(), out.begin(), out.end() - 1);
+    const Tensor logits = prompt_logits(model, seq, 0, false).logits;
+    const int64_t V = logits.dim(1), P = int64_t(prompt.size());
+    int changed = 0;
+    for (size_t i = 0; i < out.size(); ++i) {
+      const float* l = logits.f32() + (P - 1 + int64_t(i)) * V;
+      std::vector<double> pen(l, l + V);
+      std::map<int32_t, int> count;
+      for (size_t j = 0; j < i; ++j) ++count[out[j]];
+      for (int64_t t = 0; t < V; ++t) {
+        const bool seen = count.count(int32_t(t)) ||
+                          std::find(prompt.begin(), prompt.end(), int32_t(t)) != prompt.end();
+        if (seen) pen[size_t(t)] = l[t] > 0 ? double(l[t]) / repetition : double(l[t]) * repetition;
+        if (count.count(int32_t(t))) pen[size_t(t)] -= double(frequency) * count[int32_t(t)] + presence;
+      }
+      const auto argmax = [&](auto&& x) {
+        return int32_t(std::max_element(x.begin(), x.end()) - x.begin());
+      };
+      EXPECT_EQ(out[i], argmax(pen)) << fixture << " token " << i;
+      changed += argmax(std::vector<float>(l, l + V)) != out[i];
+    }
+    EXPECT_GT(changed, 0) << fixture << ": the penalties never changed a choice; the test is vacuous";
+
+    for (int k : {1, 2, 3}) {
+      gp.speculative_tokens = k;
+      EXPECT_EQ(generate(model, prompt, gp).output_ids, out) << fixture << " K " << k;
+    }
+    ParallelConfig pc{2, 2, 1, DcpCombine::kAgRs};
+    GenerationResult got;
+    std::mutex mu;
+    run_on_thread_ranks(pc, CommOptions{true, 60}, [&](const RankContext& rank) {
+      auto m = load_rank_model(test::fixture_dir(fixture), rank);
+      GenerationResult r = generate(*m, prompt, gp);
+      std::lock_guard<std::mutex> lock(mu);
+      if (rank.is_root()) got = std::move(r);
+    });
+    EXPECT_EQ(got.output_ids, out) << fixture << " tp 2 dcp 2 K 3";
+  }
+}
 
 // Proposes the target's own greedy continuation, optionally wrong at one draft position.
 class ScriptedDrafter final : public Drafter {

@@ -19,6 +19,11 @@ struct SamplingParams {
   int top_k = 0;             // keep the k most likely tokens (ties: lower id first); 0 = all
   float min_p = 0.0f;        // in [0, 1]: drop tokens below min_p x the top token's probability
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, added to its logit)
+  // Penalties over the sequence so far (ops::penalized): OpenAI's presence and frequency penalties
+  // on generated tokens, and the multiplicative repetition penalty (1 = none) on prompt and output.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
 };
 
 struct GenerationParams {

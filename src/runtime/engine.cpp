@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "dsinfer/error.h"
+#include "ops/sampling.h"
 #include "runtime/engine_impl.h"
 #include "runtime/generator.h"
 #include "runtime/kv_cache.h"
@@ -216,6 +217,7 @@ uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
   DSI_CHECK(sp.top_p > 0.0f && sp.top_p <= 1.0f, "top_p = {} must be in (0, 1]", sp.top_p);
   DSI_CHECK(sp.top_k >= 0, "top_k = {} must be >= 0 (0 keeps every token)", sp.top_k);
   DSI_CHECK(sp.min_p >= 0.0f && sp.min_p <= 1.0f, "min_p = {} must be in [0, 1]", sp.min_p);
+  ops::check_penalties(sp);
   for (const auto& [id, b] : sp.logit_bias) {
     DSI_CHECK(id >= 0 && id < cfg_.vocab_size, "logit_bias token {} is outside the vocabulary [0, {})", id,
               cfg_.vocab_size);
@@ -392,6 +394,9 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
       w.put(r.sampling.seed);
       w.put(int32_t(r.sampling.top_k));
       w.put(r.sampling.min_p);
+      w.put(r.sampling.presence_penalty);
+      w.put(r.sampling.frequency_penalty);
+      w.put(r.sampling.repetition_penalty);
       w.put(uint64_t(r.sampling.logit_bias.size()));
       for (const auto& [id, b] : r.sampling.logit_bias) {
         w.put(id);
@@ -419,6 +424,9 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
     r.sampling.seed = rd.get<uint64_t>();
     r.sampling.top_k = rd.get<int32_t>();
     r.sampling.min_p = rd.get<float>();
+    r.sampling.presence_penalty = rd.get<float>();
+    r.sampling.frequency_penalty = rd.get<float>();
+    r.sampling.repetition_penalty = rd.get<float>();
     const uint64_t n_bias = rd.get<uint64_t>();
     for (uint64_t b = 0; b < n_bias; ++b) {
       const int32_t id = rd.get<int32_t>();

@@ -3,10 +3,12 @@
 // rows.
 #pragma once
 
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "dsinfer/engine.h"
+#include "ops/sampling.h"
 #include "runtime/dcp.h"
 #include "runtime/kv_cache.h"
 #include "runtime/scheduler.h"
@@ -37,7 +39,15 @@ struct EngineSequence {
   int64_t drafts = 0;  // drafts planned this round
   bool finished = false;
 
+  std::optional<ops::TokenHistory> history;  // built on first use (penalties), then kept by emit
+
   int64_t generated() const { return int64_t(tokens.size()) - prompt_len; }
+  // The sequence as sampling's penalties see it; null when the request asks for none.
+  const ops::TokenHistory* penalty_history() {
+    if (!ops::has_penalties(request.sampling)) return nullptr;
+    if (!history) history.emplace(tokens, prompt_len);
+    return &*history;
+  }
 };
 
 }  // namespace dsi

@@ -124,8 +124,9 @@ void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
       std::uniform_real_distribution<double> uniform(0.0, 1.0);
       for (size_t i = 0; i < active.size(); ++i) {
         EngineSequence& s = *active[i];
-        const Tensor row = logits.slice(int64_t(i), int64_t(i) + 1).view({V});
+        Tensor row = logits.slice(int64_t(i), int64_t(i) + 1).view({V});
         const SamplingParams& sp = s.request.sampling;
+        if (const ops::TokenHistory* h = s.penalty_history()) row = ops::penalized(row, sp, *h, s.draft.tokens);
         if (sp.temperature > 0.0f) {
           std::vector<double> q = ops::token_distribution(row, sp);
           drawn.push_back(ops::draw_token(q, uniform(s.rng)));
@@ -244,14 +245,16 @@ void EngineImpl::step() {
       const int64_t n = rows[i].n;
       const SamplingParams& sp = s.request.sampling;
       if (i < plan.decode.size()) {  // verify [last token, drafts]
-        const Verdict v = verify_drafts(logits.slice(first_kept[i], first_kept[i] + n), s.draft, sp, s.rng);
+        const Verdict v = verify_drafts(logits.slice(first_kept[i], first_kept[i] + n), s.draft, sp,
+                                        s.rng, s.penalty_history());
         decided.push_back(int32_t(v.accepted + 1));
         decided.insert(decided.end(), s.draft.tokens.begin(), s.draft.tokens.begin() + v.accepted);
         decided.push_back(v.next);
       } else if (sch.computed + n < sch.n_tokens) {  // more prefill chunks to come
         decided.push_back(0);
       } else {
-        const Tensor last = logits.slice(first_kept[i], first_kept[i] + 1).view({V});
+        Tensor last = logits.slice(first_kept[i], first_kept[i] + 1).view({V});
+        if (const ops::TokenHistory* h = s.penalty_history()) last = ops::penalized(last, sp, *h);
         decided.push_back(1);
         decided.push_back(ops::sample(last, sp, uniform(s.rng)));
       }
@@ -316,6 +319,7 @@ bool EngineImpl::emit(EngineSequence& s, const std::vector<int32_t>& tokens, con
       break;
     }
     s.tokens.push_back(tok);
+    if (s.history) s.history->add(tok);
     ++stats_.generation_tokens;
     GeneratedToken g;
     g.id = tok;

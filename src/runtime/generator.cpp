@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <random>
 
 #include "ops/sampling.h"
@@ -101,6 +102,7 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
   const SamplingParams& sp = params.sampling;
   DSI_CHECK(sp.temperature >= 0.0f, "temperature = {} must be >= 0", sp.temperature);
   DSI_CHECK(sp.top_p > 0.0f && sp.top_p <= 1.0f, "top_p = {} must be in (0, 1]", sp.top_p);
+  ops::check_penalties(sp);
 
   const int K = make_drafter ? params.speculative_tokens : 0;
   GenerationResult res;
@@ -121,12 +123,16 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
 
   std::vector<int32_t> sequence = prompt;
+  std::optional<ops::TokenHistory> history;  // for sampling's penalties
+  if (ops::has_penalties(sp)) history.emplace(prompt, int64_t(prompt.size()));
+  const ops::TokenHistory* hist = history ? &*history : nullptr;
   // Emits tokens in order; false once generation must stop (eos, or max_new_tokens reached).
   auto emit = [&](const std::vector<int32_t>& tokens) {
     for (int32_t tok : tokens) {
       if (int64_t(res.output_ids.size()) >= params.max_new_tokens) return false;
       res.output_ids.push_back(tok);
       sequence.push_back(tok);
+      if (history) history->add(tok);
       const bool eos = std::find(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end(), tok) !=
                        cfg.eos_token_ids.end();
       if (eos && !params.ignore_eos) {
@@ -146,7 +152,9 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
   if (params.max_new_tokens == 0) return res;
 
   const auto t1 = Clock::now();
-  std::vector<int32_t> first = {ops::sample(logits.view({cfg.vocab_size}), sp, uniform(rng))};
+  Tensor last = logits.view({cfg.vocab_size});
+  if (hist) last = ops::penalized(last, sp, *hist);
+  std::vector<int32_t> first = {ops::sample(last, sp, uniform(rng))};
   agree_on_tokens(model.rank(), model.device(), first, K + 1);
   Pending pending;
   if (drafter) pending.append(hidden, std::vector<int32_t>(prompt.begin() + 1, prompt.end()));
@@ -166,7 +174,7 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
     const int k = int(std::min<int64_t>(K, std::max<int64_t>(room, 0)));
     Draft draft;
     if (k > 0) {
-      const DraftContext ctx{sequence, pending.hidden, pending.next, pending.start, k, sp, rng};
+      const DraftContext ctx{sequence, pending.hidden, pending.next, pending.start, k, sp, rng, hist};
       draft = drafter->propose(ctx);
       DSI_CHECK(int(draft.tokens.size()) == k, "the drafter proposed {} tokens, {} wanted",
                 draft.tokens.size(), k);
@@ -182,7 +190,7 @@ GenerationResult generate_with(const DsaModel& model, const std::vector<int32_t>
       step.logits = model.logits(step.hidden);
     }
     const Tensor& h = step.hidden;
-    const Verdict v = verify_drafts(step.logits, draft, sp, rng);
+    const Verdict v = verify_drafts(step.logits, draft, sp, rng, hist);
     std::vector<int32_t> emitted(draft.tokens.begin(), draft.tokens.begin() + v.accepted);
     emitted.push_back(v.next);
     agree_on_tokens(model.rank(), model.device(), emitted, K + 1);

@@ -16,11 +16,15 @@ std::vector<double> SpeculativeStats::per_position_rates() const {
 }
 
 Verdict verify_drafts(const Tensor& logits, const Draft& draft, const SamplingParams& sp,
-                      std::mt19937_64& rng) {
+                      std::mt19937_64& rng, const ops::TokenHistory* history) {
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   const int k = int(draft.tokens.size());
   const int64_t vocab = logits.dim(1);
-  auto row = [&](int j) { return logits.slice(j, j + 1).view({vocab}); };
+  auto row = [&](int j) {
+    const Tensor r = logits.slice(j, j + 1).view({vocab});
+    if (history == nullptr) return r;
+    return ops::penalized(r, sp, *history, std::span<const int32_t>(draft.tokens).first(size_t(j)));
+  };
   if (sp.temperature <= 0.0f) {  // greedy: accept while the draft is the target's argmax
     for (int j = 0; j < k; ++j) {
       const int32_t target = ops::sample(row(j), sp, 0.0);
@@ -70,7 +74,8 @@ Draft MtpDrafter::propose(const DraftContext& ctx) {
     if (j > 0) {  // chained step: the previous draft and the previous step's post-norm state
       last = model_.mtp_forward(last, Tensor::from_i32({d.tokens.back()}, {1}), cache_, nullptr, share);
     }
-    const Tensor logits = model_.mtp_logits(last).view({cfg.vocab_size});
+    Tensor logits = model_.mtp_logits(last).view({cfg.vocab_size});
+    if (ctx.history) logits = ops::penalized(logits, ctx.sampling, *ctx.history, d.tokens);
     if (sample) {
       std::vector<double> q = ops::token_distribution(logits, ctx.sampling);
       d.tokens.push_back(ops::draw_token(q, uniform(ctx.rng)));

@@ -11,6 +11,7 @@
 
 #include "dsinfer/sampling.h"
 #include "model/dsa_model.h"
+#include "ops/sampling.h"
 
 namespace dsi {
 
@@ -38,6 +39,7 @@ struct DraftContext {
   int k;                            // drafts wanted, >= 1
   const SamplingParams& sampling;   // temperature > 0: sample drafts, return their distributions
   std::mt19937_64& rng;
+  const ops::TokenHistory* history = nullptr;  // the sequence so far, for sampling's penalties
 };
 
 struct Draft {
@@ -58,9 +60,10 @@ struct Verdict {
 // last accepted token, then the drafts). Greedy (temperature 0): accept while the draft is the
 // argmax. Sampling: accept draft d with probability min(1, p(d) / q(d)) and on rejection draw from
 // the residual max(p - q, 0), so the emitted tokens are distributed exactly as p (p and q after
-// sampling parameters, ops::token_distribution). Draws its uniforms from `rng`.
+// sampling parameters, ops::token_distribution). With a history, row j is penalised over it plus
+// the drafts before j (ops::penalized). Draws its uniforms from `rng`.
 Verdict verify_drafts(const Tensor& logits, const Draft& draft, const SamplingParams& sampling,
-                      std::mt19937_64& rng);
+                      std::mt19937_64& rng, const ops::TokenHistory* history = nullptr);
 
 class Drafter {
  public:

@@ -121,10 +121,17 @@ void parse_common(const Json& j, ParsedRequest& r) {
     unsupported("n", fmt::format("n = {} (more than one choice per request)", *n));
   }
   if (auto b = get_int(j, "best_of"); b && *b != 1) unsupported("best_of", "best_of other than 1");
-  for (const char* p : {"presence_penalty", "frequency_penalty"}) {
-    const auto v = get_number(j, p);
-    if (v && (*v < -2.0 || *v > 2.0)) bad(p, fmt::format("'{}' must be in [-2, 2], got {}", p, *v));
-    if (v && *v != 0.0) unsupported(p, fmt::format("a non-zero {}", p));
+  for (const auto& [name, value] : {std::pair{"presence_penalty", &r.presence_penalty},
+                                     std::pair{"frequency_penalty", &r.frequency_penalty}}) {
+    if (const auto v = get_number(j, name)) {
+      if (!(*v >= -2.0 && *v <= 2.0)) bad(name, fmt::format("'{}' must be in [-2, 2], got {}", name, *v));
+      *value = float(*v);
+    }
+  }
+  if (const auto v = get_number(j, "repetition_penalty")) {  // vLLM's extension
+    if (!(*v > 0.0 && *v <= 10.0))
+      bad("repetition_penalty", fmt::format("'repetition_penalty' must be in (0, 10], got {}", *v));
+    r.repetition_penalty = float(*v);
   }
   if (const Json* lb = field(j, "logit_bias")) {  // {"token id": bias in [-100, 100]}
     if (!lb->is_object()) bad("logit_bias", "'logit_bias' must be an object");
@@ -376,6 +383,9 @@ std::variant<EngineRequest, ApiError> make_engine_request(const ParsedRequest& r
   e.sampling.top_p = r.top_p;
   e.sampling.top_k = r.top_k;
   e.sampling.min_p = r.min_p;
+  e.sampling.presence_penalty = r.presence_penalty;
+  e.sampling.frequency_penalty = r.frequency_penalty;
+  e.sampling.repetition_penalty = r.repetition_penalty;
   e.sampling.logit_bias = r.logit_bias;
   e.sampling.seed = r.seed.value_or(default_seed);
   e.stop_token_ids = r.stop_token_ids;

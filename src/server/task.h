@@ -51,6 +51,9 @@ struct ParsedRequest {
   float top_p = 1.0f;
   int top_k = 0;       // vLLM's extension; -1 or 0: every token
   float min_p = 0.0f;  // vLLM's extension
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;  // vLLM's extension
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100])
   std::optional<uint64_t> seed;
   bool ignore_eos = false;

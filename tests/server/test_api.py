@@ -87,6 +87,21 @@ def test_logit_bias(server):
     assert bad.status_code == 400 and "logit_bias" in bad.json()["error"]["message"]
 
 
+def test_penalties(server):
+    if server.fake:
+        pytest.skip("the test double does not sample from logits")
+    body = {"model": MODEL, "prompt": "In the beginning God created", "temperature": 0,
+            "ignore_eos": True, "max_tokens": 24}
+    plain = httpx.post(server.url + "/v1/completions", json=body, timeout=600).json()
+    # Strong penalties on what was already said change a greedy continuation of 24 tokens.
+    pen = httpx.post(server.url + "/v1/completions", timeout=600,
+                     json=dict(body, presence_penalty=2, frequency_penalty=2, repetition_penalty=2)).json()
+    assert pen["usage"]["completion_tokens"] == 24
+    assert pen["choices"][0]["text"] != plain["choices"][0]["text"]
+    bad = httpx.post(server.url + "/v1/completions", json=dict(body, repetition_penalty=0), timeout=600)
+    assert bad.status_code == 400 and "repetition_penalty" in bad.json()["error"]["message"]
+
+
 def test_completion_stream_matches_non_stream(server):
     body = {"model": MODEL, "prompt": "And the earth was without form", "max_tokens": 24,
             "temperature": 0, "ignore_eos": True}

@@ -21,11 +21,7 @@ namespace dsi::cli {
 struct ChatOptions {
   EngineFlags flags;
   int max_tokens = 256;
-  float temperature = 0.0f;
-  float top_p = 1.0f;
-  int top_k = 0;
-  float min_p = 0.0f;
-  uint64_t seed = 0;
+  SamplingParams sampling;
   std::string system;
   std::vector<std::string> stop;
   std::string template_kwargs = "{}";
@@ -37,13 +33,7 @@ ChatCommand::ChatCommand(CLI::App& app) : options_(std::make_unique<ChatOptions>
   add_engine_flags(sub_, o.flags);
   sub_->add_option("--max-tokens", o.max_tokens, "tokens per reply at most (default 256)")
       ->check(CLI::PositiveNumber);
-  sub_->add_option("--temperature", o.temperature, "0 = greedy (default)")->check(CLI::Range(0.0, 2.0));
-  sub_->add_option("--top-p", o.top_p, "nucleus mass in (0, 1] (default 1)")->check(CLI::Range(0.0, 1.0));
-  sub_->add_option("--top-k", o.top_k, "keep the k most likely tokens (default 0: all)")
-      ->check(CLI::NonNegativeNumber);
-  sub_->add_option("--min-p", o.min_p, "drop tokens below min-p x the most likely one's probability")
-      ->check(CLI::Range(0.0, 1.0));
-  sub_->add_option("--seed", o.seed, "random seed for sampling (default 0)");
+  add_sampling_flags(sub_, o.sampling);
   sub_->add_option("--system", o.system, "a system message that starts the conversation");
   sub_->add_option("--stop", o.stop, "stop strings (repeatable)");
   sub_->add_option("--chat-template-kwargs", o.template_kwargs,
@@ -89,7 +79,7 @@ int ChatCommand::run() const {
       continue;
     }
     req.max_new_tokens = int(std::min<int64_t>(o.max_tokens, room));
-    req.sampling = SamplingParams{o.temperature, o.top_p, o.seed, o.top_k, o.min_p};
+    req.sampling = o.sampling;
     auto queue = std::make_shared<server::EventQueue>();
     const uint64_t id = engine->submit(std::move(req), server::EventQueue::sink_for(queue));
     server::OutputText out(tokenizer, /*skip_special_tokens=*/true, o.stop, false);

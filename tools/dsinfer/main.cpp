@@ -27,6 +27,7 @@
 #include "text/tokenizer.h"
 #ifdef DSI_WITH_SERVER
 #include "bench.h"
+#include "engine_flags.h"
 #include "serve.h"
 #endif
 #ifdef DSI_WITH_MPI
@@ -324,16 +325,7 @@ int main(int argc, char** argv) {
   ids_opt->excludes(text_opt);
   gen->add_option("--max-new-tokens", params.max_new_tokens, "tokens to generate (default 16)")
       ->check(CLI::NonNegativeNumber);
-  gen->add_option("--temperature", params.sampling.temperature, "0 = greedy (default)")
-      ->check(CLI::NonNegativeNumber);
-  gen->add_option("--top-p", params.sampling.top_p, "nucleus mass in (0, 1] (default 1)")
-      ->check(CLI::Range(0.0, 1.0));
-  gen->add_option("--top-k", params.sampling.top_k, "keep the k most likely tokens (default 0: all)")
-      ->check(CLI::NonNegativeNumber);
-  gen->add_option("--min-p", params.sampling.min_p,
-                  "drop tokens below min-p x the most likely one's probability (default 0)")
-      ->check(CLI::Range(0.0, 1.0));
-  gen->add_option("--seed", params.sampling.seed, "random seed for sampling (default 0)");
+  dsi::cli::add_sampling_flags(gen, params.sampling);
   gen->add_flag("--ignore-eos", params.ignore_eos, "do not stop at the config's eos_token_id");
   gen->add_option("--speculative-tokens", params.speculative_tokens,
                   "MTP speculative decoding: draft K tokens per round (0 = off, the default)")
