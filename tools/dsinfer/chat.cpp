@@ -11,6 +11,7 @@
 
 #include "dsinfer/error.h"
 #include "engine_flags.h"
+#include "sampling_flags.h"
 #include "serve.h"
 #include "server/event_queue.h"
 #include "server/output_text.h"

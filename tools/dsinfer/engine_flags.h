@@ -1,5 +1,4 @@
-// The serving engine's command-line flags, shared by `dsinfer serve` and `dsinfer chat`, and the
-// sampling flags of `dsinfer generate` and `dsinfer chat`.
+// The serving engine's command-line flags, shared by `dsinfer serve` and `dsinfer chat`.
 #pragma once
 
 #include <memory>
@@ -24,9 +23,6 @@ struct EngineFlags {
 };
 
 void add_engine_flags(CLI::App* cmd, EngineFlags& flags);
-// --temperature, --top-p, --top-k, --min-p, --presence-penalty, --frequency-penalty,
-// --repetition-penalty and --seed into sp.
-void add_sampling_flags(CLI::App* cmd, SamplingParams& sp);
 // Engine::start with the flags; throws dsi::Error on a bad model, option or device. Under mpirun
 // (`mpi` with several processes: one rank each) the engine's ranks are the processes: rank 0's
 // process gets the engine, the others run its steps until it stops and get null.

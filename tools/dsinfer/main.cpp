@@ -25,9 +25,9 @@
 #include "runtime/perplexity.h"
 #include "runtime/ranks.h"
 #include "text/tokenizer.h"
+#include "sampling_flags.h"
 #ifdef DSI_WITH_SERVER
 #include "bench.h"
-#include "engine_flags.h"
 #include "serve.h"
 #endif
 #ifdef DSI_WITH_MPI
