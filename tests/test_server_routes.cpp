@@ -372,7 +372,7 @@ TEST_F(ServerRoutes, ShutdownEndsStreams) {
 TEST_F(ServerRoutes, BadInput) {
   expect_error(call("POST", "/v1/completions", "{not json"), 400, "not valid JSON");
   expect_error(call("POST", "/v1/chat/completions", ""), 400, "not valid JSON");
-  expect_error(call("POST", "/v1/completions", R"({"prompt": "x", "n": 2})"), 400, "not supported", "n");
+  expect_error(call("POST", "/v1/completions", R"({"prompt": "x", "n": 20})"), 400, "[1, 16]", "n");
   expect_error(call("POST", "/v1/completions", R"({"prompt": "x", "max_tokens": -3})"), 400, "at least 1", "max_tokens");
   expect_error(call("POST", "/v1/completions", R"({"prompt": "x", "max_tokens": 100000})"), 400,
                "maximum context length is 256", "max_tokens");

@@ -77,6 +77,9 @@ TEST(ServerTask, CompletionDefaultsAndFields) {
   EXPECT_EQ(ok_completion(R"({"prompt": "p", "stop": "x"})").stop, std::vector<std::string>{"x"});
   EXPECT_EQ(ok_completion(R"({"prompt": "p", "max_tokens": 16.0})").max_tokens, 16);
   EXPECT_TRUE(ok_completion(R"({"prompt": "p", "echo": true})").echo);
+  EXPECT_EQ(ok_completion(R"({"prompt": "p"})").n, 1);
+  EXPECT_EQ(ok_completion(R"({"prompt": "p", "n": 3, "best_of": 3})").n, 3);
+  EXPECT_EQ(ok_chat(R"({"messages": [{"role": "user", "content": "x"}], "n": 16})").n, 16);
   // null means "not given", as in the OpenAI API.
   EXPECT_FALSE(ok_completion(R"({"prompt": "p", "max_tokens": null, "stop": null})").max_tokens);
 }
@@ -188,7 +191,8 @@ TEST(ServerTask, OutOfRange) {
   expect_error(cmpl(R"("logit_bias": {"5": "a"})"), 400, "logit_bias", "number");
   expect_error(cmpl(R"("logprobs": 21)"), 400, "logprobs", "[0, 20]");
   expect_error(cmpl(R"("logprobs": -1)"), 400, "logprobs", "[0, 20]");
-  expect_error(cmpl(R"("n": 0)"), 400, "n", "at least 1");
+  expect_error(cmpl(R"("n": 0)"), 400, "n", "[1, 16]");
+  expect_error(cmpl(R"("n": 17)"), 400, "n", "[1, 16]");
   expect_error(cmpl(R"("presence_penalty": 3)"), 400, "presence_penalty", "[-2, 2]");
   expect_error(cmpl(R"("frequency_penalty": -2.5)"), 400, "frequency_penalty", "[-2, 2]");
   expect_error(cmpl(R"("repetition_penalty": 0)"), 400, "repetition_penalty", "(0, 10]");
@@ -205,14 +209,12 @@ TEST(ServerTask, UnsupportedFeatures) {
   auto cmpl = [&](const std::string& extra) {
     return parse_completion_request(R"({"prompt": "x", )" + extra + "}");
   };
-  expect_error(cmpl(R"("n": 2)"), 400, "n", "not supported", "unsupported");
   expect_error(cmpl(R"("best_of": 3)"), 400, "best_of", "not supported", "unsupported");
+  expect_error(cmpl(R"("n": 2, "best_of": 3)"), 400, "best_of", "not supported", "unsupported");
   expect_error(cmpl(R"("suffix": "end")"), 400, "suffix", "not supported", "unsupported");
   expect_error(cmpl(R"("echo": true, "logprobs": 1)"), 400, "logprobs", "not supported", "unsupported");
   expect_error(cmpl(R"("stream_options": {"include_usage": true})"), 400, "stream_options", "only allowed when");
   expect_error(parse_completion_request(R"({"prompt": ["a", "b"]})"), 400, "prompt", "batch of 2", "unsupported");
-  expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "n": 4})"), 400, "n",
-               "not supported", "unsupported");
   expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
                400, "messages", "not supported", "unsupported");
   expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}],

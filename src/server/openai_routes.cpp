@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <random>
 
@@ -192,10 +193,10 @@ struct Reply {
   bool include_usage;
   size_t echo_len = 0;  // bytes of echoed prompt before the completion text
 
-  // A streamed chunk with new text (and the tokens' logprobs) or a finish reason.
-  Json chunk(const std::string& text, const std::vector<TokenRecord>* tokens,
+  // A streamed chunk of choice `index` with new text (and the tokens' logprobs) or a finish reason.
+  Json chunk(int index, const std::string& text, const std::vector<TokenRecord>* tokens,
              const std::string* finish_reason, bool first_chat_chunk = false) const {
-    Json choice = {{"index", 0}};
+    Json choice = {{"index", index}};
     if (endpoint == Endpoint::kChat) {
       Json delta = Json::object();
       if (first_chat_chunk) delta["role"] = "assistant";
@@ -216,32 +217,45 @@ struct Reply {
     return j;
   }
 
-  Json usage_chunk(const Run& run) const {
+  // The usage of all choices: the prompt once, the completions summed (OpenAI's accounting).
+  static Json usage(const std::vector<std::shared_ptr<Run>>& runs) {
+    int64_t completion = 0;
+    for (const auto& r : runs) completion += r->completion_tokens();
+    return usage_json(runs.front()->prompt_tokens(), completion);
+  }
+
+  Json usage_chunk(const std::vector<std::shared_ptr<Run>>& runs) const {
     return {{"id", id},
             {"object", endpoint == Endpoint::kChat ? "chat.completion.chunk" : "text_completion"},
             {"created", created},
             {"model", model},
             {"choices", Json::array()},
-            {"usage", usage_json(run.prompt_tokens(), run.completion_tokens())}};
+            {"usage", usage(runs)}};
+  }
+
+  // One choice of a non-streamed answer.
+  Json choice(int index, const std::string& text, const std::vector<TokenRecord>& tokens,
+              const Run& run) const {
+    Json c = {{"index", index}};
+    if (endpoint == Endpoint::kChat) {
+      c["message"] = {{"role", "assistant"}, {"content", text}};
+      c["logprobs"] = logprobs ? chat_logprobs(tokens) : Json(nullptr);
+    } else {
+      c["text"] = text;
+      c["logprobs"] = logprobs ? completion_logprobs(tokens, echo_len) : Json(nullptr);
+    }
+    c["finish_reason"] = run.finish_reason();
+    return c;
   }
 
   // The whole answer of a non-streamed request.
-  Json full(const std::string& text, const std::vector<TokenRecord>& tokens, const Run& run) const {
-    Json choice = {{"index", 0}};
-    if (endpoint == Endpoint::kChat) {
-      choice["message"] = {{"role", "assistant"}, {"content", text}};
-      choice["logprobs"] = logprobs ? chat_logprobs(tokens) : Json(nullptr);
-    } else {
-      choice["text"] = text;
-      choice["logprobs"] = logprobs ? completion_logprobs(tokens, echo_len) : Json(nullptr);
-    }
-    choice["finish_reason"] = run.finish_reason();
+  Json full(Json choices, const std::vector<std::shared_ptr<Run>>& runs) const {
     return {{"id", id},
             {"object", endpoint == Endpoint::kChat ? "chat.completion" : "text_completion"},
             {"created", created},
             {"model", model},
-            {"choices", Json::array({std::move(choice)})},
-            {"usage", usage_json(run.prompt_tokens(), run.completion_tokens())}};
+            {"choices", std::move(choices)},
+            {"usage", usage(runs)}};
   }
 };
 
@@ -350,11 +364,18 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
   // A failed engine is the server's fault, not the request's: 503, as /health says.
   if (const std::string failure = engine_.failure(); !failure.empty())
     return reject(ApiError{503, "the engine has failed: " + failure, "server_error"});
-  auto run = std::make_shared<Run>(engine_, metrics_, tokenizer_, req);
-  try {
-    run->submit(std::move(std::get<EngineRequest>(made)));
-  } catch (const dsi::Error& e) {
-    return reject(ApiError{400, e.what()});
+  // n choices: n engine requests, choice i with seed + i (so sampled choices differ).
+  std::vector<std::shared_ptr<Run>> runs;
+  const EngineRequest& base = std::get<EngineRequest>(made);
+  for (int i = 0; i < req.n; ++i) {
+    runs.push_back(std::make_shared<Run>(engine_, metrics_, tokenizer_, req));
+    EngineRequest e = base;
+    e.sampling.seed = base.sampling.seed + uint64_t(i);
+    try {
+      runs.back()->submit(std::move(e));
+    } catch (const dsi::Error& err) {
+      return reject(ApiError{400, err.what()});  // the runs submitted so far are cancelled
+    }
   }
   Reply reply{endpoint,
               (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + random_hex(24),
@@ -363,40 +384,57 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
               req.logprobs >= 0,
               req.include_usage,
               echo_text.size()};
+  const auto all_done = [](const std::vector<std::shared_ptr<Run>>& rs) {
+    return std::all_of(rs.begin(), rs.end(), [](const auto& r) { return r->done(); });
+  };
+  // The choices' events come from the same engine steps: one poll waits (on the first choice still
+  // running), the others only take what has arrived.
+  const auto waits = [](const std::vector<std::shared_ptr<Run>>& rs, size_t i) {
+    for (size_t j = 0; j < i; ++j)
+      if (!rs[j]->done()) return false;
+    return true;
+  };
 
   if (!req.stream) {
-    std::string text = echo_text;
-    std::vector<TokenRecord> tokens;
-    while (!run->done()) {
-      if (stopping_.load()) {
-        run->cancel();
-        break;
+    std::vector<std::string> texts(runs.size(), echo_text);
+    std::vector<std::vector<TokenRecord>> tokens(runs.size());
+    while (!all_done(runs)) {
+      for (size_t i = 0; i < runs.size(); ++i) {
+        if (stopping_.load()) runs[i]->cancel();
+        if (runs[i]->done()) continue;
+        TextDelta d = runs[i]->poll(std::chrono::milliseconds(waits(runs, i) ? 200 : 0));
+        texts[i] += d.text;
+        for (auto& t : d.tokens) tokens[i].push_back(std::move(t));
       }
-      TextDelta d = run->poll(std::chrono::milliseconds(200));
-      text += d.text;
-      for (auto& t : d.tokens) tokens.push_back(std::move(t));
     }
-    if (run->finish_reason() == "error")
-      return error_response(ApiError{500, "generation failed: " + run->error(), "internal_error"});
-    if (run->finish_reason() == "abort")
-      return error_response(ApiError{503, "the request was aborted (the server is stopping)", "internal_error"});
-    return json_response(200, reply.full(text, tokens, *run));
+    Json choices = Json::array();
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const Run& run = *runs[i];
+      if (run.finish_reason() == "error")
+        return error_response(ApiError{500, "generation failed: " + run.error(), "internal_error"});
+      if (run.finish_reason() == "abort")
+        return error_response(ApiError{503, "the request was aborted (the server is stopping)", "internal_error"});
+      choices.push_back(reply.choice(int(i), texts[i], tokens[i], run));
+    }
+    return json_response(200, reply.full(std::move(choices), runs));
   }
 
-  // Streaming: Server-Sent Events, one `data: {chunk}` per piece, `data: [DONE]` at the end.
+  // Streaming: Server-Sent Events, one `data: {chunk}` per piece of a choice, each choice's finish
+  // reason when it ends, `data: [DONE]` after the last.
   struct StreamState {
-    std::shared_ptr<Run> run;
+    std::vector<std::shared_ptr<Run>> runs;
     Reply reply;
     std::string echo;
     bool started = false;
+    std::vector<bool> finished;
     Clock::time_point last_write = Clock::now();
   };
-  auto st = std::make_shared<StreamState>(StreamState{run, reply, std::move(echo_text)});
+  auto st = std::make_shared<StreamState>(
+      StreamState{runs, reply, std::move(echo_text), false, std::vector<bool>(runs.size(), false)});
   HttpResponse r;
   r.content_type = "text/event-stream";
   r.headers.emplace_back("Cache-Control", "no-cache");
-  r.stream = [this, st](const ChunkWriter& write) -> bool {
-    Run& run = *st->run;
+  r.stream = [this, st, all_done, waits](const ChunkWriter& write) -> bool {
     const Reply& rep = st->reply;
     auto send = [&](const std::string& s) {
       st->last_write = Clock::now();
@@ -404,28 +442,44 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
     };
     if (!st->started) {
       st->started = true;
-      if (rep.endpoint == Endpoint::kChat && !send(sse(rep.chunk("", nullptr, nullptr, true)))) return false;
-      if (!st->echo.empty() && !send(sse(rep.chunk(st->echo, nullptr, nullptr)))) return false;
+      for (int i = 0; i < int(st->runs.size()); ++i) {
+        if (rep.endpoint == Endpoint::kChat && !send(sse(rep.chunk(i, "", nullptr, nullptr, true)))) return false;
+        if (!st->echo.empty() && !send(sse(rep.chunk(i, st->echo, nullptr, nullptr)))) return false;
+      }
     }
-    if (stopping_.load()) run.cancel();
-    TextDelta d = run.poll(std::chrono::milliseconds(100));
-    if (!d.text.empty() || (rep.logprobs && !d.tokens.empty())) {
-      if (!send(sse(rep.chunk(d.text, &d.tokens, nullptr)))) return false;
-    } else if (!run.done() && Clock::now() - st->last_write > std::chrono::milliseconds(options_.heartbeat_ms)) {
-      if (!send(": keep-alive\n\n")) return false;  // an SSE comment: finds a client that is gone
-    }
-    if (!run.done()) return true;
-    if (run.finish_reason() == "error") {
-      send(sse(error_json(ApiError{500, "generation failed: " + run.error(), "internal_error"})));
-    } else {
+    bool wrote = false;
+    for (size_t i = 0; i < st->runs.size(); ++i) {
+      Run& run = *st->runs[i];
+      if (st->finished[i]) continue;
+      if (stopping_.load()) run.cancel();
+      TextDelta d = run.poll(std::chrono::milliseconds(waits(st->runs, i) ? 100 : 0));
+      if (!d.text.empty() || (rep.logprobs && !d.tokens.empty())) {
+        if (!send(sse(rep.chunk(int(i), d.text, &d.tokens, nullptr)))) return false;
+        wrote = true;
+      }
+      if (!run.done()) continue;
+      st->finished[i] = true;
+      if (run.finish_reason() == "error") {
+        send(sse(error_json(ApiError{500, "generation failed: " + run.error(), "internal_error"})));
+        send("data: [DONE]\n\n");
+        return false;
+      }
       const std::string reason = run.finish_reason();
-      if (!send(sse(rep.chunk("", nullptr, &reason)))) return false;
-      if (rep.include_usage && !send(sse(rep.usage_chunk(run)))) return false;
+      if (!send(sse(rep.chunk(int(i), "", nullptr, &reason)))) return false;
+      wrote = true;
     }
+    if (!all_done(st->runs)) {
+      if (!wrote && Clock::now() - st->last_write > std::chrono::milliseconds(options_.heartbeat_ms))
+        if (!send(": keep-alive\n\n")) return false;  // an SSE comment: finds a client that is gone
+      return true;
+    }
+    if (rep.include_usage && !send(sse(rep.usage_chunk(st->runs)))) return false;
     send("data: [DONE]\n\n");
     return false;
   };
-  r.on_close = [st] { st->run->cancel(); };  // no-op when it finished; else the client left
+  r.on_close = [st] {  // no-op for the choices that finished; else the client left
+    for (const auto& run : st->runs) run->cancel();
+  };
   return r;
 }
 

@@ -116,11 +116,13 @@ void parse_common(const Json& j, ParsedRequest& r) {
     if (!m->is_string()) bad("model", fmt::format("'model' must be a string, got {}", type_name(*m)));
     r.model = m->get<std::string>();
   }
-  if (auto n = get_int(j, "n"); n && *n != 1) {
-    if (*n < 1) bad("n", fmt::format("'n' must be at least 1, got {}", *n));
-    unsupported("n", fmt::format("n = {} (more than one choice per request)", *n));
+  if (auto n = get_int(j, "n")) {
+    if (*n < 1 || *n > kMaxChoices)
+      bad("n", fmt::format("'n' must be in [1, {}], got {}", kMaxChoices, *n));
+    r.n = int(*n);
   }
-  if (auto b = get_int(j, "best_of"); b && *b != 1) unsupported("best_of", "best_of other than 1");
+  if (auto b = get_int(j, "best_of"); b && *b != r.n)
+    unsupported("best_of", "best_of other than n (ranking choices by likelihood)");
   for (const auto& [name, value] : {std::pair{"presence_penalty", &r.presence_penalty},
                                      std::pair{"frequency_penalty", &r.frequency_penalty}}) {
     if (const auto v = get_number(j, name)) {

@@ -33,6 +33,8 @@ nlohmann::ordered_json error_json(const ApiError& e);
 
 enum class Endpoint { kCompletions, kChat };
 
+inline constexpr int kMaxChoices = 16;  // the most choices (n) one request may ask for
+
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;  // "" when not given (the served model)
@@ -56,6 +58,7 @@ struct ParsedRequest {
   float repetition_penalty = 1.0f;  // vLLM's extension
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias in [-100, 100])
   std::optional<uint64_t> seed;
+  int n = 1;  // choices: n engine requests, choice i seeded with seed + i
   bool ignore_eos = false;
   std::vector<std::string> stop;        // stop strings (cut from the text)
   std::vector<int32_t> stop_token_ids;  // stop ids (kept in the output)

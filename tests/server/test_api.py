@@ -102,6 +102,35 @@ def test_penalties(server):
     assert bad.status_code == 400 and "repetition_penalty" in bad.json()["error"]["message"]
 
 
+def test_n_choices(server):
+    # n choices are n requests: choice i is what one request with seed + i gives, streamed or not.
+    body = {"model": MODEL, "prompt": "And God said", "max_tokens": 10, "temperature": 1.0,
+            "seed": 7, "ignore_eos": True}
+    many = httpx.post(server.url + "/v1/completions", json=dict(body, n=3), timeout=600).json()
+    assert [c["index"] for c in many["choices"]] == [0, 1, 2]
+    assert all(c["finish_reason"] == "length" for c in many["choices"])
+    assert many["usage"]["completion_tokens"] == 30
+    singles = [httpx.post(server.url + "/v1/completions", json=dict(body, seed=7 + i), timeout=600).json()
+               for i in range(3)]
+    assert [c["text"] for c in many["choices"]] == [s["choices"][0]["text"] for s in singles]
+    assert many["usage"]["prompt_tokens"] == singles[0]["usage"]["prompt_tokens"]
+    chunks = sse_events(server, "/v1/completions",
+                        dict(body, n=3, stream=True, stream_options={"include_usage": True}))
+    texts, finished = ["", "", ""], [None, None, None]
+    for c in chunks[:-1]:
+        for ch in c["choices"]:
+            texts[ch["index"]] += ch["text"]
+            finished[ch["index"]] = ch["finish_reason"] or finished[ch["index"]]
+    assert texts == [c["text"] for c in many["choices"]] and finished == ["length"] * 3
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 30
+    chat = client(server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Who made the light?"}], n=2, max_tokens=6,
+        temperature=1.0, seed=3)
+    assert [c.index for c in chat.choices] == [0, 1]
+    bad = httpx.post(server.url + "/v1/completions", json=dict(body, n=17), timeout=600)
+    assert bad.status_code == 400 and "'n'" in bad.json()["error"]["message"]
+
+
 def test_completion_stream_matches_non_stream(server):
     body = {"model": MODEL, "prompt": "And the earth was without form", "max_tokens": 24,
             "temperature": 0, "ignore_eos": True}
@@ -332,8 +361,9 @@ BAD = [
     ("/v1/chat/completions", {"messages": "hi"}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
     ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
-    ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, 400, "n"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 17}, 400, "n"),
+    ("/v1/completions", {"prompt": "x", "best_of": 2}, 400, "best_of"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": "x", "max_tokens": -1}, 400, "max_tokens"),
@@ -354,7 +384,7 @@ def test_bad_input(server, path, body, status, param):
     r = httpx.post(server.url + path, content=data, headers={"content-type": "application/json"}, timeout=60)
     e = error_of(r, status)
     assert e["param"] == param
-    if param == "n":
+    if param == "best_of":
         assert e["code"] == "unsupported"
 
 
