@@ -12,6 +12,15 @@ void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterPara
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
                  Tensor& out, const MlpWeights* shared) {
+  DSI_CHECK(x.ndim() == 2 && x.is_contiguous(), "moe_experts: x {}", x.desc());
+  const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
+  check_shape(weights, {n, k}, "moe_experts weights");
+  check_shape(out, {n, d}, "moe_experts out");
+  DSI_CHECK(first_expert >= 0 && first_expert + int64_t(experts.size()) <= n_experts,
+            "moe_experts: experts [{}, {}) outside [0, {})", first_expert,
+            first_expert + int64_t(experts.size()), n_experts);
+  DSI_CHECK(out.is_contiguous() && expert_ids.is_contiguous() && weights.is_contiguous(),
+            "moe_experts: out, expert_ids and weights must be contiguous");
   DSI_DISPATCH(x.device(), moe_experts, x, expert_ids, weights, experts, first_expert, n_experts,
                out, shared);
 }

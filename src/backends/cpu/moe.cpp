@@ -92,15 +92,8 @@ void mlp(const Tensor& x, const MlpWeights& w, Tensor& out) {
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
                  Tensor& out, const MlpWeights* shared) {
-  DSI_CHECK(x.ndim() == 2 && x.is_contiguous(), "moe_experts: x {}", x.desc());
+  // ops::moe_experts checked the shapes.
   const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
-  check_shape(weights, {n, k}, "moe_experts weights");
-  check_shape(out, {n, d}, "moe_experts out");
-  DSI_CHECK(first_expert >= 0 && first_expert + int64_t(experts.size()) <= n_experts,
-            "moe_experts: experts [{}, {}) outside [0, {})", first_expert,
-            first_expert + int64_t(experts.size()), n_experts);
-  DSI_CHECK(out.is_contiguous() && expert_ids.is_contiguous() && weights.is_contiguous(),
-            "moe_experts: out, expert_ids and weights must be contiguous");
   std::fill_n(out.f32(), n * d, 0.0f);
   std::vector<std::vector<std::pair<int64_t, float>>> routed(experts.size());
   for (int64_t t = 0; t < n; ++t) {

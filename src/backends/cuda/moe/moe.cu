@@ -499,15 +499,8 @@ void moe_experts_on_host(const Tensor& x, const Tensor& expert_ids, const Tensor
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
                  Tensor& out, const MlpWeights* shared) {
-  DSI_CHECK(x.ndim() == 2 && x.is_contiguous(), "moe_experts: x {}", x.desc());
+  // ops::moe_experts checked the shapes.
   const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
-  check_shape(weights, {n, k}, "moe_experts weights");
-  check_shape(out, {n, d}, "moe_experts out");
-  DSI_CHECK(first_expert >= 0 && first_expert + int64_t(experts.size()) <= n_experts,
-            "moe_experts: experts [{}, {}) outside [0, {})", first_expert,
-            first_expert + int64_t(experts.size()), n_experts);
-  DSI_CHECK(out.is_contiguous() && expert_ids.is_contiguous() && weights.is_contiguous(),
-            "moe_experts: out, expert_ids and weights must be contiguous");
   check_dtype(x, DType::F32, "moe_experts x");
   check_dtype(out, DType::F32, "moe_experts out");
   check_on(expert_ids, x.device(), "moe_experts", "expert_ids");
