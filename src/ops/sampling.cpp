@@ -50,8 +50,21 @@ Tensor penalized(const Tensor& logits, const SamplingParams& sp, const TokenHist
   Tensor out = Tensor::empty({v}, DType::F32);
   std::copy(src.f32(), src.f32() + v, out.f32());
   float* l = out.f32();
-  std::unordered_map<int32_t, int32_t> counts = history.generated;
-  for (int32_t t : pending) ++counts[t];
+  // Counts of the tokens generated: the history's, plus the pending ones (a few drafts), without
+  // copying the history.
+  std::unordered_map<int32_t, int32_t> pending_counts;
+  for (int32_t t : pending) ++pending_counts[t];
+  const auto count = [&](int32_t t) {
+    const auto h = history.generated.find(t);
+    const auto q = pending_counts.find(t);
+    return (h == history.generated.end() ? 0 : h->second) + (q == pending_counts.end() ? 0 : q->second);
+  };
+  // Every generated token once: the history's, then the pending ones it lacks.
+  const auto each_generated = [&](auto&& fn) {
+    for (const auto& [t, c] : history.generated) fn(t, count(t));
+    for (const auto& [t, c] : pending_counts)
+      if (!history.generated.count(t)) fn(t, c);
+  };
   const auto check = [&](int32_t t) {
     DSI_CHECK(t >= 0 && t < v, "sampling: token {} of the history is outside the vocabulary [0, {})", t, v);
   };
@@ -62,13 +75,14 @@ Tensor penalized(const Tensor& logits, const SamplingParams& sp, const TokenHist
       l[t] = l[t] > 0.0f ? l[t] / r : l[t] * r;
     };
     for (int32_t t : history.prompt) repeat(t);
-    for (const auto& [t, c] : counts)
+    each_generated([&](int32_t t, int32_t) {
       if (!history.prompt.count(t)) repeat(t);
+    });
   }
-  for (const auto& [t, c] : counts) {
+  each_generated([&](int32_t t, int32_t c) {
     check(t);
     l[t] -= sp.frequency_penalty * float(c) + (c > 0 ? sp.presence_penalty : 0.0f);
-  }
+  });
   return out;
 }
 int32_t sample(const Tensor& logits, const SamplingParams& sp, double u) {

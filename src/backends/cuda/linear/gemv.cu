@@ -21,7 +21,7 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 
-int64_t elem_bytes(FloatKind k) {
+__host__ __device__ inline int64_t elem_bytes(FloatKind k) {
   return k == FloatKind::kF32 ? 4 : k == FloatKind::kE4M3 ? 1 : 2;
 }
 
@@ -156,10 +156,9 @@ __device__ __forceinline__ bool group_params(const GemvParams& p0, GemvParams& p
   if (p0.groups == nullptr) {
     if (p0.n_groups > 1) {  // strided batch
       const int64_t g = blockIdx.y;
-      const int64_t eb = p0.kind == FloatKind::kF32 ? 4 : p0.kind == FloatKind::kE4M3 ? 1 : 2;
       p.x += g * p0.batch_x;
       p.y += g * p0.batch_y;
-      p.w = static_cast<const char*>(p0.w) + g * p0.batch_rows * p0.in * eb;
+      p.w = static_cast<const char*>(p0.w) + g * p0.batch_rows * p0.in * elem_bytes(p0.kind);
       p.row0 += g * p0.batch_rows;
     }
     return true;

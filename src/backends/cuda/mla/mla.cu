@@ -143,6 +143,25 @@ void check_head_tensors(const Tensor& in, const Tensor& out, const LinearWeight&
   validate_weight(kv_b, 0, kv_b.out_features());
 }
 
+// The per-head products as one strided batch over kv_b: head h reads kv_b's rows from
+// h * per + first on (scale rows follow), x[:, h, :] and writes y[:, h, :]; in, out and n are the
+// caller's.
+GemvParams head_batch(const LinearWeight& kv_b, int64_t first, int64_t per, int64_t heads,
+                      const Tensor& x, Tensor& y) {
+  GemvParams g = gemv_weight_params(kv_b);
+  g.w = static_cast<const char*>(g.w) + first * kv_b.in_features() * int64_t(dtype_size(kv_b.weight.dtype()));
+  g.row0 += first;
+  g.n_groups = int(heads);
+  g.batch_rows = per;
+  g.x = x.f32();
+  g.y = y.f32();
+  g.batch_x = x.stride(1);
+  g.batch_y = y.stride(1);
+  g.ldx = x.stride(0);
+  g.ldy = y.stride(0);
+  return g;
+}
+
 }  // namespace
 
 void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
@@ -160,15 +179,9 @@ void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
     return;
   }
   // Decode: W_UK[h] ([nope, lora], rows h * per.. of kv_b) read in place, transposed product.
-  GemvParams g = gemv_weight_params(kv_b);
+  GemvParams g = head_batch(kv_b, 0, per, heads, q_nope, out);
   g.in = nope;
   g.out = lora;
-  g.n_groups = int(heads);
-  g.batch_rows = per;
-  g.batch_x = q_nope.stride(1);
-  g.batch_y = out.stride(1);
-  g.ldx = q_nope.stride(0);
-  g.ldy = out.stride(0);
   g.n = int(std::min<int64_t>(rows, kGemvTRows));
   if (rows <= 4 * kGemvTRows && heads <= 65535 && gemv_t_ok(g)) {
     for (int64_t r = 0; r < rows; r += kGemvTRows) {
@@ -205,19 +218,8 @@ void mla_up_v(const Tensor& o_lat, const LinearWeight& kv_b, Tensor& out) {
   }
   // Decode: W_UV[h] ([dv, lora], the last dv rows of head h) read in place, one strided batch.
   if (rows <= kGemvMaxRows && heads <= 65535) {
-    GemvParams g = gemv_weight_params(kv_b);
-    const int64_t skip = per - dv;  // W_UK's rows of the head
-    g.w = static_cast<const char*>(g.w) + skip * lora * int64_t(dtype_size(kv_b.weight.dtype()));
-    g.row0 += skip;
+    GemvParams g = head_batch(kv_b, per - dv, per, heads, o_lat, out);  // past W_UK's rows
     g.out = dv;
-    g.n_groups = int(heads);
-    g.batch_rows = per;
-    g.x = o_lat.f32();
-    g.y = out.f32();
-    g.batch_x = o_lat.stride(1);
-    g.batch_y = out.stride(1);
-    g.ldx = o_lat.stride(0);
-    g.ldy = out.stride(0);
     g.n = int(rows);
     launch_gemv(g, gemv_plan(g, sm_count()), stream());
     return;
