@@ -1,6 +1,8 @@
 // Host side of the CUDA backend's shared pieces; see common.cuh.
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
+#include <string_view>
 #include <utility>
 
 #include "backends/cuda/common.cuh"
@@ -50,6 +52,18 @@ int sm_count() {
   DSI_CUDA_CHECK(cudaGetDevice(&dev));
   DSI_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   return sms;
+}
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("DSI_PDL");
+    if (env != nullptr && std::string_view(env) == "0") return false;
+    int dev = 0, major = 0;
+    DSI_CUDA_CHECK(cudaGetDevice(&dev));
+    DSI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+  }();
+  return on;
 }
 
 void sync_stream() { DSI_CUDA_CHECK(cudaStreamSynchronize(stream())); }

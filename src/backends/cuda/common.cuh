@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "backends/cuda/cuda_check.h"
 #include "core/tensor.h"
@@ -76,6 +77,86 @@ class ErrorFlag {
   unsigned long long* ptr_ = nullptr;
   bool deferred_ = false;
 };
+
+// ---- Programmatic dependent launch (sm_90+) ----
+// Every kernel of the backend is launched through launch() / launch_cluster(): where the device
+// supports it, the launch lets the kernel start while the one before it on the stream still runs,
+// so its blocks are resident, its parameters loaded and (the GEMVs) its weights on the way to the L2
+// when the previous kernel ends. The contract, for every kernel launched this way:
+//   - pdl_wait() comes before the kernel reads anything an earlier kernel writes, writes anything
+//     an earlier kernel reads or writes, and before it can return. It waits for the previous grid
+//     to complete with its memory visible (and so, transitively, for every grid before it).
+//   - pdl_trigger() (after pdl_wait) lets the next kernel launch; a kernel that never calls it
+//     triggers when it exits.
+// Without the attribute (older GPUs, DSI_PDL=0) both are no-ops and launches serialise as usual.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// Both, at the top of a kernel that prefetches nothing.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_trigger();
+}
+
+// Asks the L2 for the line holding p / for `bytes` bytes from p (16-byte aligned, a multiple of 16
+// bytes; issued in 64 KiB requests). Hints: no result, no fault for what they never touch.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, int64_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  for (int64_t off = 0; off < bytes; off += 65536) {
+    const unsigned n = unsigned(bytes - off < 65536 ? bytes - off : 65536);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(static_cast<const char*>(p) + off), "r"(n)
+                 : "memory");
+  }
+#endif
+}
+
+// Whether launches use programmatic dependent launch: compute capability 9.0 or newer on the current
+// device, unless the environment sets DSI_PDL=0 (for comparisons).
+bool pdl_enabled();
+
+// kernel<<<grid, block, smem, s>>>(args...), as a programmatic dependent launch where enabled, in a
+// thread-block cluster of `cluster_x` CTAs along x when cluster_x > 0. Launch errors throw.
+template <typename... Params, typename... Args>
+void launch_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x,
+                    cudaStream_t s, Args&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_enabled()) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (cluster_x > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  DSI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+  DSI_CUDA_CHECK_LAUNCH();
+}
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_cluster(kernel, grid, block, smem, 0, s, std::forward<Args>(args)...);
+}
 
 // Reads one T from device memory (synchronises).
 template <typename T>

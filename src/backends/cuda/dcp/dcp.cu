@@ -26,6 +26,7 @@ __device__ float lse_factor(float lse, float total) {
 
 __global__ void pack_kernel(const int32_t* idx, const float* val, int32_t* packed, int64_t total,
                             int W, int rank, int I) {
+  pdl_enter();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const int32_t l = idx[i];
@@ -38,6 +39,7 @@ __global__ void pack_kernel(const int32_t* idx, const float* val, int32_t* packe
 // gathered [W, n, k, 2] -> scores/positions [n, W, k]
 __global__ void unpack_kernel(const int32_t* gathered, float* scores, int32_t* positions, int64_t n,
                               int64_t k, int W) {
+  pdl_enter();
   const int64_t total = int64_t(W) * n * k;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total;
        t += int64_t(gridDim.x) * blockDim.x) {
@@ -50,6 +52,7 @@ __global__ void unpack_kernel(const int32_t* gathered, float* scores, int32_t* p
 
 __global__ void localize_kernel(const int32_t* global, int32_t* local, int64_t total, int W, int rank,
                                 int I) {
+  pdl_enter();
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total;
        t += int64_t(gridDim.x) * blockDim.x) {
     const int64_t p = global[t];
@@ -60,6 +63,7 @@ __global__ void localize_kernel(const int32_t* global, int32_t* local, int64_t t
 
 // in [W, n, hl*d] -> out [n, W, hl*d]
 __global__ void member_heads_kernel(const float* in, float* out, int64_t n, int64_t row, int W) {
+  pdl_enter();
   const int64_t total = int64_t(W) * n * row;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total;
        t += int64_t(gridDim.x) * blockDim.x) {
@@ -71,6 +75,7 @@ __global__ void member_heads_kernel(const float* in, float* out, int64_t n, int6
 // chunks[m n + i, h, c] = part[i, m hl + h, c] * factor(i, m hl + h)
 __global__ void scale_kernel(const float* part, const float* lse, const float* lse_all, float* chunks,
                              int64_t n, int64_t hl, int64_t dv, int W) {
+  pdl_enter();
   const int64_t H = W * hl, total = n * H * dv;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total;
        t += int64_t(gridDim.x) * blockDim.x) {
@@ -83,6 +88,7 @@ __global__ void scale_kernel(const float* part, const float* lse, const float* l
 
 __global__ void a2a_pack_kernel(const float* part, const float* lse, float* send, int64_t n,
                                 int64_t hl, int64_t dv, int W) {
+  pdl_enter();
   const int64_t H = W * hl, row = dv + 1, total = n * H * row;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total;
        t += int64_t(gridDim.x) * blockDim.x) {
@@ -94,6 +100,7 @@ __global__ void a2a_pack_kernel(const float* part, const float* lse, float* send
 
 __global__ void a2a_combine_kernel(const float* recv, float* out, int64_t n, int64_t hl, int64_t dv,
                                    int W) {
+  pdl_enter();
   const int64_t row = dv + 1, total = n * hl * dv;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total;
        t += int64_t(gridDim.x) * blockDim.x) {
@@ -122,9 +129,7 @@ void dcp_pack_candidates(const Tensor& idx, const Tensor& val, const ops::DcpPla
   DeviceGuard guard(packed.device());
   const int64_t total = s.n * s.k;
   if (total == 0) return;
-  pack_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
-      idx.i32(), val.f32(), packed.i32(), total, place.size, place.rank, place.interleave);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(pack_kernel, grid_for(total, kThreads), kThreads, 0, stream(), idx.i32(), val.f32(), packed.i32(), total, place.size, place.rank, place.interleave);
 }
 
 void dcp_unpack_candidates(const Tensor& gathered, int W, Tensor& scores, Tensor& positions) {
@@ -133,9 +138,7 @@ void dcp_unpack_candidates(const Tensor& gathered, int W, Tensor& scores, Tensor
   DeviceGuard guard(scores.device());
   const int64_t total = int64_t(W) * s.n * s.k;
   if (total == 0) return;
-  unpack_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
-      gathered.i32(), scores.f32(), positions.i32(), s.n, s.k, W);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(unpack_kernel, grid_for(total, kThreads), kThreads, 0, stream(), gathered.i32(), scores.f32(), positions.i32(), s.n, s.k, W);
 }
 
 void dcp_localize(const Tensor& global, const ops::DcpPlace& place, Tensor& local) {
@@ -146,9 +149,7 @@ void dcp_localize(const Tensor& global, const ops::DcpPlace& place, Tensor& loca
   DeviceGuard guard(local.device());
   const int64_t total = global.numel();
   if (total == 0) return;
-  localize_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
-      global.i32(), local.i32(), total, place.size, place.rank, place.interleave);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(localize_kernel, grid_for(total, kThreads), kThreads, 0, stream(), global.i32(), local.i32(), total, place.size, place.rank, place.interleave);
 }
 
 void dcp_member_heads(const Tensor& in, int W, Tensor& out) {
@@ -157,9 +158,7 @@ void dcp_member_heads(const Tensor& in, int W, Tensor& out) {
   DeviceGuard guard(out.device());
   const int64_t total = in.numel();
   if (total == 0) return;
-  member_heads_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
-      in.f32(), out.f32(), s.n, s.hl * s.d, W);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(member_heads_kernel, grid_for(total, kThreads), kThreads, 0, stream(), in.f32(), out.f32(), s.n, s.hl * s.d, W);
 }
 
 void dcp_scale_partials(const Tensor& part, const Tensor& lse, const Tensor& lse_all, int W,
@@ -169,9 +168,7 @@ void dcp_scale_partials(const Tensor& part, const Tensor& lse, const Tensor& lse
   DeviceGuard guard(chunks.device());
   const int64_t total = part.numel();
   if (total == 0) return;
-  scale_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
-      part.f32(), lse.f32(), lse_all.f32(), chunks.f32(), s.n, s.hl, s.d, W);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(scale_kernel, grid_for(total, kThreads), kThreads, 0, stream(), part.f32(), lse.f32(), lse_all.f32(), chunks.f32(), s.n, s.hl, s.d, W);
 }
 
 void dcp_a2a_pack(const Tensor& part, const Tensor& lse, int W, Tensor& send) {
@@ -180,9 +177,7 @@ void dcp_a2a_pack(const Tensor& part, const Tensor& lse, int W, Tensor& send) {
   DeviceGuard guard(send.device());
   const int64_t total = send.numel();
   if (total == 0) return;
-  a2a_pack_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
-      part.f32(), lse.f32(), send.f32(), s.n, s.hl, s.d, W);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(a2a_pack_kernel, grid_for(total, kThreads), kThreads, 0, stream(), part.f32(), lse.f32(), send.f32(), s.n, s.hl, s.d, W);
 }
 
 void dcp_a2a_combine(const Tensor& recv, int W, Tensor& out) {
@@ -191,9 +186,8 @@ void dcp_a2a_combine(const Tensor& recv, int W, Tensor& out) {
   DeviceGuard guard(out.device());
   const int64_t total = out.numel();
   if (total == 0) return;
-  a2a_combine_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(recv.f32(), out.f32(),
+  launch(a2a_combine_kernel, grid_for(total, kThreads), kThreads, 0, stream(), recv.f32(), out.f32(),
                                                                           s.n, s.hl, s.d, W);
-  DSI_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace dsi::cuda

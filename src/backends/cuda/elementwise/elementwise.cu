@@ -7,6 +7,7 @@ namespace dsi::cuda {
 namespace {
 
 __global__ void rowwise_kernel(RowwiseParams p) {
+  pdl_enter();
   const int64_t total = p.rows * p.cols;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
@@ -27,6 +28,7 @@ __global__ void rowwise_kernel(RowwiseParams p) {
 
 // One block per row (grid-stride): the row's id is checked once, threads copy its columns.
 __global__ void embedding_kernel(EmbeddingParams p) {
+  pdl_enter();
   for (int64_t i = blockIdx.x; i < p.n; i += gridDim.x) {
     const int64_t id = p.ids[i];
     if (id < 0 || id >= p.vocab) {
@@ -54,14 +56,12 @@ void run_rowwise(RowwiseParams p, Device device) {
 
 void launch_rowwise(const RowwiseParams& p, cudaStream_t s) {
   if (p.rows == 0 || p.cols == 0) return;
-  rowwise_kernel<<<grid_for(p.rows * p.cols, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(rowwise_kernel, grid_for(p.rows * p.cols, 256), 256, 0, s, p);
 }
 
 void launch_embedding(const EmbeddingParams& p, cudaStream_t s) {
   if (p.n == 0) return;
-  embedding_kernel<<<grid_items(p.n), 128, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(embedding_kernel, grid_items(p.n), 128, 0, s, p);
 }
 
 void copy(const Tensor& src, Tensor& dst) { dst.copy_from(src); }

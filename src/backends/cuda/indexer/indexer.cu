@@ -12,6 +12,7 @@ namespace dsi::cuda {
 namespace {
 
 __global__ void indexer_logits_kernel(IndexerParams p) {
+  pdl_enter();
   const int64_t total = p.rows * p.n_keys;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -52,8 +53,7 @@ __global__ void indexer_logits_kernel(IndexerParams p) {
 void launch_indexer_logits(const IndexerParams& p, cudaStream_t s) {
   const int64_t total = p.rows * p.n_keys;
   if (total == 0) return;
-  indexer_logits_kernel<<<grid_for(total, 128), 128, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(indexer_logits_kernel, grid_for(total, 128), 128, 0, s, p);
 }
 
 void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,

@@ -79,6 +79,7 @@ __device__ int rotate_in_smem(float* xs, int d, float hscale, float* red) {
 }
 
 __global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantParams p) {
+  pdl_enter();
   __shared__ float xs[128];
   __shared__ float red[33];
   const int d = p.d;
@@ -124,6 +125,7 @@ constexpr int kLgThreads = 128;
 // then acc += w'_j * relu(dot) with the product and the sum rounded separately.
 template <int D>
 __global__ void __launch_bounds__(kLgThreads) indexer_logits_fp8_kernel(IndexerLogitsFp8Params p) {
+  pdl_enter();
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);  // [heads, D]
   float* ws = qs + p.heads * D;                 // [heads]
@@ -190,6 +192,7 @@ __global__ void __launch_bounds__(kLgThreads) indexer_logits_fp8_kernel(IndexerL
 constexpr int kMsThreads = 128;  // thread t: latent values 4t..4t+3 (warp w = tile w); t < 32: RoPE
 
 __global__ void __launch_bounds__(kMsThreads) mla_store_fp8_kernel(MlaStoreFp8Params p) {
+  pdl_enter();
   const int t = threadIdx.x, lane = t & 31, tile = t >> 5;
   for (int64_t i = blockIdx.x; i < p.m; i += gridDim.x) {
     const int32_t slot = p.slots[i];
@@ -233,6 +236,7 @@ __device__ __forceinline__ float decode_entry_value(const uint8_t* e, int c) {
 }
 
 __global__ void mla_load_fp8_kernel(MlaLoadFp8Params p) {
+  pdl_enter();
   const int64_t total = p.m * kDk, step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
     const int64_t i = t / kDk;
@@ -265,6 +269,7 @@ constexpr size_t sparse_mla_fp8_smem() {
 
 template <int HG>
 __global__ void __launch_bounds__(kSmThreads) sparse_mla_fp8_kernel(SparseMlaFp8Params p) {
+  pdl_enter();
   static_assert(HG % 2 == 0 && kSmThreads == 2 * (kLora / 4), "thread layout: 128 column groups x 2");
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);  // [HG, 576]
@@ -426,15 +431,13 @@ void launch_sparse_mla_fp8_hg(const SparseMlaFp8Params& p, cudaStream_t s) {
   if (items == 0) return;
   constexpr size_t smem = sparse_mla_fp8_smem<HG>();
   allow_smem(sparse_mla_fp8_kernel<HG>, smem, "sparse_mla_fp8");
-  sparse_mla_fp8_kernel<HG><<<grid_items(items), kSmThreads, smem, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(sparse_mla_fp8_kernel<HG>, grid_items(items), kSmThreads, smem, s, p);
 }
 
 template <int D>
 void launch_logits_d(const IndexerLogitsFp8Params& p, unsigned gx, size_t smem, cudaStream_t s) {
   allow_smem(indexer_logits_fp8_kernel<D>, smem, "indexer_logits_fp8");
-  indexer_logits_fp8_kernel<D><<<dim3(gx, unsigned(p.rows)), kLgThreads, smem, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(indexer_logits_fp8_kernel<D>, dim3(gx, unsigned(p.rows)), kLgThreads, smem, s, p);
 }
 
 void check_aligned(const void* ptr, size_t align, const char* op, const char* what) {
@@ -446,8 +449,7 @@ void check_aligned(const void* ptr, size_t align, const char* op, const char* wh
 
 void launch_rotate_quant(const RotateQuantParams& p, cudaStream_t s) {
   if (p.n == 0) return;
-  rotate_quant_kernel<<<grid_items(p.n), kRqThreads, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(rotate_quant_kernel, grid_items(p.n), kRqThreads, 0, s, p);
 }
 
 size_t indexer_logits_fp8_smem_bytes(int heads, int d) {
@@ -473,14 +475,12 @@ void launch_indexer_logits_fp8(const IndexerLogitsFp8Params& p, cudaStream_t s) 
 
 void launch_mla_store_fp8(const MlaStoreFp8Params& p, cudaStream_t s) {
   if (p.m == 0) return;
-  mla_store_fp8_kernel<<<grid_items(p.m), kMsThreads, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(mla_store_fp8_kernel, grid_items(p.m), kMsThreads, 0, s, p);
 }
 
 void launch_mla_load_fp8(const MlaLoadFp8Params& p, cudaStream_t s) {
   if (p.m == 0) return;
-  mla_load_fp8_kernel<<<grid_for(p.m * kDk, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(mla_load_fp8_kernel, grid_for(p.m * kDk, 256), 256, 0, s, p);
 }
 
 void launch_sparse_mla_fp8(const SparseMlaFp8Params& p, cudaStream_t s) {

@@ -89,6 +89,7 @@ __device__ __forceinline__ bool row_valid(int64_t seq, int64_t bound, int64_t n_
 }
 
 __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(IndexerLogitsFp8Params p) {
+  pdl_enter();
   __shared__ __align__(16) Stage st[kStages];
   __shared__ float part[kWarps][kPage];  // [m slice = (row, head chunk)][key] partial head sums
   __shared__ int s_bad[kStages];         // the stage's page id is invalid
@@ -321,8 +322,7 @@ void launch_indexer_logits_fp8_mma(const IndexerLogitsFp8Params& p, cudaStream_t
   const int64_t groups = (p.rows + G - 1) / G;
   const int64_t want = std::max<int64_t>(1, 2 * int64_t(device_sm_count()) / groups);
   const unsigned gx = unsigned(std::max<int64_t>(1, std::min(n_tiles, want)));
-  indexer_logits_mma_kernel<<<dim3(gx, unsigned(p.rows)), kThreads, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(indexer_logits_mma_kernel, dim3(gx, unsigned(p.rows)), kThreads, 0, s, p);
 }
 
 }  // namespace dsi::cuda

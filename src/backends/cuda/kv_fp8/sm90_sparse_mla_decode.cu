@@ -144,6 +144,7 @@ struct SplitArgs {
 
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMlaDecodeParams p, SplitArgs a) {
+  pdl_enter();
   using S = Smem<MT>;
   constexpr int HG = S::kHG;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -429,6 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
 // columns per thread, unrolled: many loads in flight) and their sums are added in group order.
 constexpr int kCombineGroups = 4;
 __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kernel(SparseMlaDecodeParams p, SplitArgs a) {
+  pdl_enter();
   extern __shared__ float w_s[];  // [n_splits] weights exp(lse_i - max)
   __shared__ float red[33];
   __shared__ float4 part[kCombineGroups - 1][128];
@@ -494,8 +496,7 @@ void launch_split(const SparseMlaDecodeParams& p, const SplitArgs& a, unsigned b
   // Per call (cheap, per device, allowed during stream capture).
   DSI_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_split_kernel<MT>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  sparse_mla_split_kernel<MT><<<blocks, kThreads, smem, s>>>(p, a);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(sparse_mla_split_kernel<MT>, blocks, kThreads, smem, s, p, a);
 }
 
 }  // namespace
@@ -557,17 +558,7 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
     DSI_CHECK(p.rows * p.heads < (int64_t(1) << 31), "sparse_mla_decode: {} rows x heads", p.rows * p.heads);
     const size_t smem = sizeof(float) * size_t(plan.n_splits);
     DSI_CHECK(smem <= 48 * 1024, "sparse_mla_decode: {} splits", plan.n_splits);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(p.rows * p.heads));
-    cfg.blockDim = dim3(128 * kCombineGroups);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    DSI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, sparse_mla_combine_kernel, p, a));
+    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * kCombineGroups), smem, s, p, a);
   }
 }
 

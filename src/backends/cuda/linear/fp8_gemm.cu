@@ -17,6 +17,7 @@ namespace {
 // One warp per (row, group): amax over the group, scale amax / 448 (1 when 0, NaN when the group
 // holds a NaN), q = e4m3(x / scale) rounded to nearest even, saturated: the CPU's f32_to_e4m3.
 __global__ void act_quant_kernel(const ActQuantParams p) {
+  pdl_enter();
   const int lane = threadIdx.x & 31, wpb = blockDim.x >> 5;
   const int64_t items = p.n * p.groups, step = int64_t(gridDim.x) * wpb;
   for (int64_t item = int64_t(blockIdx.x) * wpb + (threadIdx.x >> 5); item < items; item += step) {
@@ -50,6 +51,7 @@ constexpr int kGemmThreads = 256;  // 16 x 16 threads, 4 x 4 outputs each
 // column order (an FMA of an exact product rounds like the CPU's add), then
 // acc += part * (sx * sw) with each step rounded as on the CPU.
 __global__ void __launch_bounds__(kGemmThreads) fp8_gemm_kernel(const Fp8GemmParams p) {
+  pdl_enter();
   __shared__ float xs[kTileK][kTileM + 1];
   __shared__ float ws[kTileK][kTileN + 1];
   const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
@@ -112,16 +114,14 @@ void launch_act_quant_fp8(const ActQuantParams& p, cudaStream_t stream) {
   const int64_t items = p.n * p.groups;
   if (items == 0) return;
   const int64_t blocks = std::min<int64_t>((items + 7) / 8, 65536);
-  act_quant_kernel<<<unsigned(blocks), 256, 0, stream>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(act_quant_kernel, unsigned(blocks), 256, 0, stream, p);
 }
 
 void launch_fp8_gemm(const Fp8GemmParams& p, cudaStream_t stream) {
   if (p.n == 0 || p.out == 0) return;
   DSI_CHECK((p.n + kTileM - 1) / kTileM <= 65535, "fp8 GEMM: {} rows beyond the grid", p.n);
   const dim3 grid(unsigned((p.out + kTileN - 1) / kTileN), unsigned((p.n + kTileM - 1) / kTileM));
-  fp8_gemm_kernel<<<grid, kGemmThreads, 0, stream>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(fp8_gemm_kernel, grid, kGemmThreads, 0, stream, p);
 }
 
 void quantize_act_fp8(const Tensor& x, int64_t col0, int block, Tensor& q, Tensor& scales) {

@@ -11,6 +11,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backends/cuda/linear/gemv.h"
 
@@ -178,13 +179,31 @@ __device__ __forceinline__ bool group_params(const GemvParams& p0, GemvParams& p
 
 // The 16-byte vector kernel (gemv_vector_ok holds). Grid: ceil(out / (R * kWarps / k_split)) x
 // n_groups.
+//
+// W does not depend on the kernel before (pdl_wait): a product named by the params themselves first
+// asks the L2 for the first `prefetch` bytes of this block's rows (one contiguous stretch), so they
+// stream in while the previous kernel ends. Grouped products learn their pointers from memory an
+// earlier kernel may write, so they wait first.
 template <FloatKind K, int N, int R>
-__global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0, const int k_split) {
-  GemvParams p;
-  if (!group_params(p0, p)) return;
+__global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0, const int k_split,
+                                                            const int64_t prefetch) {
   constexpr int E = elems_per_16b<K>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
+  GemvParams p;
+  if (p0.groups == nullptr) {
+    group_params(p0, p);
+    const int64_t first = int64_t(blockIdx.x) * groups * R;
+    if (threadIdx.x == 0 && prefetch > 0 && first < p.out) {
+      const int64_t row_bytes = p.in * elem_bytes(K);
+      const int64_t rows = min(int64_t(groups) * R, p.out - first);
+      prefetch_l2_bulk(static_cast<const char*>(p.w) + first * row_bytes, min(prefetch, rows * row_bytes));
+    }
+    pdl_enter();
+  } else {
+    pdl_enter();
+    if (!group_params(p0, p)) return;
+  }
   if (int64_t(blockIdx.x) * groups * R >= p.out) return;  // past this group's rows (grouped form)
   const int64_t row_base = (int64_t(blockIdx.x) * groups + group) * R;
   const int64_t chunks = p.in / E;  // 16-byte chunks per row
@@ -226,6 +245,7 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
 // columns. Grid: ceil(out / kWarps).
 template <int N>
 __global__ void __launch_bounds__(kThreads) gemv_any_kernel(const GemvParams p0) {
+  pdl_enter();
   GemvParams p;
   if (!group_params(p0, p)) return;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -266,6 +286,11 @@ __global__ void __launch_bounds__(kThreads) gemv_t_kernel(const GemvParams p, co
   const int64_t row0 = p.row0 + g * p.batch_rows;
   const int cl = threadIdx.x % cpb, rg = threadIdx.x / cpb, n_rg = kThreads / cpb;
   const int64_t chunk = int64_t(blockIdx.x) * cpb + cl;
+  // W is no earlier kernel's output: this block's column slice (up to 128 bytes of each row) is
+  // asked of the L2 before waiting for x.
+  if (cl == 0 && chunk < chunks)
+    for (int64_t d = rg; d < p.in; d += n_rg) prefetch_l2(w + d * chunks + chunk);
+  pdl_enter();
   for (int i = 0; i < N; ++i)
     for (int64_t d = threadIdx.x; d < p.in; d += kThreads)
       xs[i * p.in + d] = i < p.n ? x[i * p.ldx + d] : 0.0f;
@@ -335,9 +360,9 @@ void launch_t(const GemvParams& p, cudaStream_t s) {
   const dim3 grid(unsigned((chunks + cpb - 1) / cpb), unsigned(p.n_groups));
   const size_t smem = gemv_t_smem_bytes(p);
   switch (p.n) {
-    case 1: gemv_t_kernel<K, 1><<<grid, kThreads, smem, s>>>(p, cpb); break;
-    case 2: gemv_t_kernel<K, 2><<<grid, kThreads, smem, s>>>(p, cpb); break;
-    default: gemv_t_kernel<K, 4><<<grid, kThreads, smem, s>>>(p, cpb); break;
+    case 1: launch(gemv_t_kernel<K, 1>, grid, kThreads, smem, s, p, cpb); break;
+    case 2: launch(gemv_t_kernel<K, 2>, grid, kThreads, smem, s, p, cpb); break;
+    default: launch(gemv_t_kernel<K, 4>, grid, kThreads, smem, s, p, cpb); break;
   }
 }
 
@@ -346,9 +371,9 @@ void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   const int64_t rows_per_block = int64_t(plan.rows_per_warp) * (kWarps / plan.k_split);
   const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
   switch (plan.rows_per_warp) {
-    case 1: gemv_vec_kernel<K, N, 1><<<grid, kThreads, 0, s>>>(p, plan.k_split); break;
-    case 2: gemv_vec_kernel<K, N, 2><<<grid, kThreads, 0, s>>>(p, plan.k_split); break;
-    default: gemv_vec_kernel<K, N, 4><<<grid, kThreads, 0, s>>>(p, plan.k_split); break;
+    case 1: launch(gemv_vec_kernel<K, N, 1>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch); break;
+    case 2: launch(gemv_vec_kernel<K, N, 2>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch); break;
+    default: launch(gemv_vec_kernel<K, N, 4>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch); break;
   }
 }
 
@@ -356,7 +381,7 @@ template <int N>
 void launch_n(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   if (!plan.vec) {
     const dim3 grid(unsigned((p.out + kWarps - 1) / kWarps), unsigned(p.n_groups));
-    gemv_any_kernel<N><<<grid, kThreads, 0, s>>>(p);
+    launch(gemv_any_kernel<N>, grid, kThreads, 0, s, p);
     return;
   }
   switch (p.kind) {
@@ -383,6 +408,14 @@ bool gemv_vector_ok(const GemvParams& p) {
   return true;
 }
 
+int64_t gemv_prefetch_budget() {
+  static const int64_t budget = [] {
+    const char* env = std::getenv("DSI_GEMV_PREFETCH_MB");
+    return (env != nullptr ? std::max<int64_t>(0, std::atoll(env)) : kGemvPrefetchMB) << 20;
+  }();
+  return budget;
+}
+
 GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   GemvPlan plan;
   plan.vec = gemv_vector_ok(p);
@@ -396,6 +429,14 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 32 &&
          row_bytes / (2 * plan.k_split) >= 2048)
     plan.k_split *= 2;
+  // L2 prefetch before the dependency wait: an equal share of the budget per block, all of a small
+  // product. Grouped products cannot (their pointers are data).
+  if (p.groups == nullptr) {
+    const int64_t rows_per_block = int64_t(plan.rows_per_warp) * (kWarps / plan.k_split);
+    const int64_t blocks = (p.out + rows_per_block - 1) / rows_per_block * p.n_groups;
+    const int64_t share = gemv_prefetch_budget() / std::max<int64_t>(1, blocks);
+    plan.prefetch = std::min(share, rows_per_block * row_bytes) / 16 * 16;
+  }
   return plan;
 }
 
@@ -419,7 +460,6 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
     case 7: launch_n<7>(p, plan, stream); break;
     default: launch_n<8>(p, plan, stream); break;
   }
-  DSI_CUDA_CHECK_LAUNCH();
 }
 
 bool gemv_t_ok(const GemvParams& p) {
@@ -442,7 +482,6 @@ void launch_gemv_t(const GemvParams& p, cudaStream_t stream) {
     case FloatKind::kF16: launch_t<FloatKind::kF16>(p, stream); break;
     default: launch_t<FloatKind::kE4M3>(p, stream); break;
   }
-  DSI_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace dsi::cuda

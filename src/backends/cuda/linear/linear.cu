@@ -16,6 +16,7 @@ namespace dsi::cuda {
 namespace {
 
 __global__ void dequantize_kernel(DequantParams p) {
+  pdl_enter();
   const int64_t total = p.rows * p.in;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) {
@@ -142,8 +143,7 @@ void linear_gemv(const Tensor& x, const LinearWeight& w, Tensor& out) {
 void launch_dequantize(const DequantParams& p, cudaStream_t s) {
   const int64_t total = p.rows * p.in;
   if (total == 0) return;
-  dequantize_kernel<<<grid_for(total, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(dequantize_kernel, grid_for(total, 256), 256, 0, s, p);
 }
 
 void dequantize_rows_to(const LinearWeight& w, int64_t row_begin, int64_t row_end, Tensor& out) {

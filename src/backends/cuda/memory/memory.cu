@@ -199,6 +199,7 @@ __device__ __forceinline__ void strided_offsets(int64_t flat, int ndim, const in
 }
 
 __global__ void strided_copy_kernel(StridedCopyParams p) {
+  pdl_enter();
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.numel; i += step) {
     int64_t so, dof;
@@ -220,6 +221,7 @@ __global__ void strided_copy_kernel(StridedCopyParams p) {
 }
 
 __global__ void strided_fill_kernel(StridedFillParams p) {
+  pdl_enter();
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.numel; i += step) {
     int64_t off, unused;
@@ -323,14 +325,12 @@ class CudaDeviceBackend final : public DeviceBackend {
 
 void launch_strided_copy(const StridedCopyParams& p, cudaStream_t s) {
   if (p.numel == 0) return;
-  strided_copy_kernel<<<grid_for(p.numel, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(strided_copy_kernel, grid_for(p.numel, 256), 256, 0, s, p);
 }
 
 void launch_strided_fill(const StridedFillParams& p, cudaStream_t s) {
   if (p.numel == 0) return;
-  strided_fill_kernel<<<grid_for(p.numel, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(strided_fill_kernel, grid_for(p.numel, 256), 256, 0, s, p);
 }
 
 void copy_strided_tensor(const Tensor& src, const Tensor& dst) {

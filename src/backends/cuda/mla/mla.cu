@@ -21,6 +21,7 @@ constexpr int kMlaThreads = 256;
 // One block per (row, head). Shared memory: sel[topk] (key row or -1), p[topk] (scores, then
 // unnormalised probabilities), red[33] for the reductions.
 __global__ void __launch_bounds__(kMlaThreads) sparse_mla_kernel(SparseMlaParams p) {
+  pdl_enter();
   extern __shared__ float smem[];
   int32_t* sel = reinterpret_cast<int32_t*>(smem);
   float* prob = smem + p.topk;
@@ -119,8 +120,7 @@ void launch_sparse_mla(const SparseMlaParams& p, cudaStream_t s) {
     DSI_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         int(smem)));
   }
-  sparse_mla_kernel<<<grid_items(blocks), kMlaThreads, smem, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(sparse_mla_kernel, grid_items(blocks), kMlaThreads, smem, s, p);
 }
 
 namespace {

@@ -24,6 +24,7 @@ __device__ __forceinline__ bool ranks_before(float a, int pa, float b, int pb) {
 
 // Shared memory: s[E], b[E], gscore[G] (floats), keep[G], sel[k] (ints).
 __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(MoeRouteParams p) {
+  pdl_enter();
   extern __shared__ float smem[];
   const int E = p.n_experts, G = p.n_group, per_group = E / G;
   float* s = smem;
@@ -90,6 +91,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(MoeRouteParams
 }
 
 __global__ void moe_gather_kernel(MoeGatherParams p) {
+  pdl_enter();
   const int64_t total = p.m * p.d;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -99,6 +101,7 @@ __global__ void moe_gather_kernel(MoeGatherParams p) {
 }
 
 __global__ void moe_scatter_add_kernel(MoeScatterParams p) {
+  pdl_enter();
   const int64_t total = p.m * p.d;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -109,6 +112,7 @@ __global__ void moe_scatter_add_kernel(MoeScatterParams p) {
 }
 
 __global__ void moe_pairs_kernel(MoePairParams p) {
+  pdl_enter();
   const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (q >= p.slots) return;
   const bool routed = q < p.pairs;
@@ -140,6 +144,7 @@ __global__ void moe_pairs_kernel(MoePairParams p) {
 // A block per (token, column range): the token's held slots are ordered once, by rank counting
 // in (expert id, slot) order, then each thread sums its columns in that order.
 __global__ void moe_combine_kernel(MoeCombineParams p) {
+  pdl_enter();
   extern __shared__ int order[];  // [k]
   __shared__ int held;
   const int64_t t = blockIdx.y;
@@ -175,16 +180,14 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
 
 void launch_moe_pairs(const MoePairParams& p, cudaStream_t s) {
   if (p.slots == 0) return;
-  moe_pairs_kernel<<<unsigned((p.slots + 127) / 128), 128, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(moe_pairs_kernel, unsigned((p.slots + 127) / 128), 128, 0, s, p);
 }
 
 void launch_moe_combine(const MoeCombineParams& p, cudaStream_t s) {
   if (p.n * p.d == 0) return;
   DSI_CHECK(p.n <= 65535, "moe_combine: {} tokens", p.n);
   const dim3 grid(unsigned((p.d + 255) / 256), unsigned(p.n));
-  moe_combine_kernel<<<grid, 256, size_t(std::max<int64_t>(p.k, 1)) * sizeof(int), s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(moe_combine_kernel, grid, 256, size_t(std::max<int64_t>(p.k, 1)) * sizeof(int), s, p);
 }
 
 size_t moe_route_smem_bytes(const MoeRouteParams& p) {
@@ -195,20 +198,17 @@ void launch_moe_route(const MoeRouteParams& p, cudaStream_t s) {
   if (p.n == 0) return;
   const size_t smem = moe_route_smem_bytes(p);
   DSI_CHECK(smem <= 48 * 1024, "moe_route: {} experts need too much shared memory", p.n_experts);
-  moe_route_kernel<<<grid_items(p.n), kRouteThreads, smem, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(moe_route_kernel, grid_items(p.n), kRouteThreads, smem, s, p);
 }
 
 void launch_moe_gather(const MoeGatherParams& p, cudaStream_t s) {
   if (p.m * p.d == 0) return;
-  moe_gather_kernel<<<grid_for(p.m * p.d, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(moe_gather_kernel, grid_for(p.m * p.d, 256), 256, 0, s, p);
 }
 
 void launch_moe_scatter_add(const MoeScatterParams& p, cudaStream_t s) {
   if (p.m * p.d == 0) return;
-  moe_scatter_add_kernel<<<grid_for(p.m * p.d, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(moe_scatter_add_kernel, grid_for(p.m * p.d, 256), 256, 0, s, p);
 }
 
 void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterParams& rp,

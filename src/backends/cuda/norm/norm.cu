@@ -70,6 +70,7 @@ struct RowSlice {
 
 template <int V>
 __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(NormParams p) {
+  pdl_enter();
   __shared__ float red[33];
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const float* x = p.x + r * p.x_stride;
@@ -95,6 +96,7 @@ __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(NormParams p)
 
 template <int V>
 __global__ void __launch_bounds__(kNormMaxThreads) layer_norm_kernel(NormParams p) {
+  pdl_enter();
   __shared__ float red[33];
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
     const float* x = p.x + r * p.x_stride;
@@ -141,18 +143,17 @@ void launch_norm(const NormParams& p, cudaStream_t s) {
   const bool vec = vectorizable(p);
   const int64_t nv = vec ? p.d / 4 : p.d;
   const int threads = int(std::clamp<int64_t>((nv + 31) / 32 * 32, 32, kNormMaxThreads));
-  if (vec) Kernel<4>::launch(grid_items(p.rows), threads, s, p);
-  else Kernel<1>::launch(grid_items(p.rows), threads, s, p);
-  DSI_CUDA_CHECK_LAUNCH();
+  if (vec) Kernel<4>::run(grid_items(p.rows), threads, s, p);
+  else Kernel<1>::run(grid_items(p.rows), threads, s, p);
 }
 
 template <int V>
 struct RmsNorm {
-  static void launch(unsigned g, int t, cudaStream_t s, const NormParams& p) { rms_norm_kernel<V><<<g, t, 0, s>>>(p); }
+  static void run(unsigned g, int t, cudaStream_t s, const NormParams& p) { launch(rms_norm_kernel<V>, g, t, 0, s, p); }
 };
 template <int V>
 struct LayerNorm {
-  static void launch(unsigned g, int t, cudaStream_t s, const NormParams& p) { layer_norm_kernel<V><<<g, t, 0, s>>>(p); }
+  static void run(unsigned g, int t, cudaStream_t s, const NormParams& p) { launch(layer_norm_kernel<V>, g, t, 0, s, p); }
 };
 
 void check_rows(const Tensor& x, const Tensor& weight, const Tensor& out, const char* op) {

@@ -12,6 +12,7 @@ namespace dsi::cuda {
 namespace {
 
 __global__ void scatter_rows_kernel(ScatterRowsParams p) {
+  pdl_enter();
   const int64_t total = p.n * p.d;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -31,6 +32,7 @@ __global__ void scatter_rows_kernel(ScatterRowsParams p) {
 }
 
 __global__ void slots_from_local_kernel(SlotsFromLocalParams p) {
+  pdl_enter();
   const int64_t total = p.rows * p.k;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -49,15 +51,13 @@ __global__ void slots_from_local_kernel(SlotsFromLocalParams p) {
 void launch_scatter_rows(const ScatterRowsParams& p, cudaStream_t s) {
   const int64_t total = p.n * p.d;
   if (total == 0) return;
-  scatter_rows_kernel<<<grid_for(total, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(scatter_rows_kernel, grid_for(total, 256), 256, 0, s, p);
 }
 
 void launch_slots_from_local(const SlotsFromLocalParams& p, cudaStream_t s) {
   const int64_t total = p.rows * p.k;
   if (total == 0) return;
-  slots_from_local_kernel<<<grid_for(total, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(slots_from_local_kernel, grid_for(total, 256), 256, 0, s, p);
 }
 
 PageTable page_table(const ops::KeyPages* pages, int64_t rows, Device device, const char* op) {

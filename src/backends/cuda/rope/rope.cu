@@ -8,6 +8,7 @@ namespace dsi::cuda {
 namespace {
 
 __global__ void rope_kernel(RopeParams p) {
+  pdl_enter();
   const int64_t total = p.rows * p.heads * p.half;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -31,8 +32,7 @@ __global__ void rope_kernel(RopeParams p) {
 void launch_rope(const RopeParams& p, cudaStream_t s) {
   const int64_t total = p.rows * p.heads * p.half;
   if (total == 0) return;
-  rope_kernel<<<grid_for(total, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(rope_kernel, grid_for(total, 256), 256, 0, s, p);
 }
 
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,

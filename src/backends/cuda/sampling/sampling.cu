@@ -20,6 +20,7 @@ __device__ __forceinline__ bool argmax_better(float v, int64_t i, float bv, int6
 // The CPU scans best = 0; best = i when l[i] > l[best]. With l[0] not NaN that is the lowest id of
 // the maximum over the non-NaN entries; with l[0] NaN nothing ever compares greater: the answer is 0.
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxParams p) {
+  pdl_enter();
   __shared__ float sv[kArgmaxThreads];
   __shared__ int64_t si[kArgmaxThreads];
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
@@ -59,8 +60,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(ArgmaxParams p) 
 
 void launch_argmax(const ArgmaxParams& p, cudaStream_t s) {
   if (p.rows == 0) return;
-  argmax_kernel<<<grid_items(p.rows), kArgmaxThreads, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(argmax_kernel, grid_items(p.rows), kArgmaxThreads, 0, s, p);
 }
 
 void argmax(const Tensor& logits, Tensor& out) {

@@ -187,6 +187,7 @@ __device__ __forceinline__ void histogram_pass(const uint32_t* cache, int64_t le
 
 template <bool kCached>
 __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectParams p) {
+  pdl_enter();
   extern __shared__ __align__(16) uint32_t dyn[];
   __shared__ Temp temp;
   __shared__ Mailbox mail;
@@ -433,20 +434,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
     q.bounds = p.bounds + r0;
     q.indices = p.indices + r0 * p.k;
     if (q.values != nullptr) q.values = p.values + r0 * p.k;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(ctas), unsigned(q.rows), 1);
-    cfg.blockDim = dim3(kSelThreads, 1, 1);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = unsigned(ctas);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    DSI_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, q));
-    DSI_CUDA_CHECK_LAUNCH();
+    launch_cluster(kernel, dim3(unsigned(ctas), unsigned(q.rows), 1), dim3(kSelThreads), smem, unsigned(ctas), s, q);
   }
 }
 

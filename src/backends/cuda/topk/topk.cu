@@ -15,6 +15,7 @@ namespace {
 constexpr int64_t kMaxSortItems = int64_t(1) << 30;
 
 __global__ void topk_keys_kernel(TopkKeysParams p) {
+  pdl_enter();
   const int64_t total = p.rows * p.n;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -32,6 +33,7 @@ __global__ void topk_keys_kernel(TopkKeysParams p) {
 }
 
 __global__ void topk_decode_kernel(TopkDecodeParams p) {
+  pdl_enter();
   const int64_t total = p.rows * p.k;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
@@ -45,12 +47,14 @@ __global__ void topk_decode_kernel(TopkDecodeParams p) {
 
 __global__ void check_bounds_kernel(const int32_t* bounds, int64_t rows, int64_t n,
                                     unsigned long long* bad) {
+  pdl_enter();
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r < rows; r += step)
     if (bounds[r] < 0 || int64_t(bounds[r]) > n) atomicMin(bad, static_cast<unsigned long long>(r));
 }
 
 __global__ void segment_offsets_kernel(int* offsets, int64_t rows, int64_t n) {
+  pdl_enter();
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; r <= rows; r += step)
     offsets[r] = int(r * n);
@@ -61,22 +65,19 @@ __global__ void segment_offsets_kernel(int* offsets, int64_t rows, int64_t n) {
 void launch_topk_keys(const TopkKeysParams& p, cudaStream_t s) {
   const int64_t total = p.rows * p.n;
   if (total == 0) return;
-  topk_keys_kernel<<<grid_for(total, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(topk_keys_kernel, grid_for(total, 256), 256, 0, s, p);
 }
 
 void launch_topk_decode(const TopkDecodeParams& p, cudaStream_t s) {
   const int64_t total = p.rows * p.k;
   if (total == 0) return;
-  topk_decode_kernel<<<grid_for(total, 256), 256, 0, s>>>(p);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(topk_decode_kernel, grid_for(total, 256), 256, 0, s, p);
 }
 
 void launch_topk_check_bounds(const int32_t* bounds, int64_t rows, int64_t n,
                               unsigned long long* bad, cudaStream_t s) {
   if (rows == 0) return;
-  check_bounds_kernel<<<grid_for(rows, 256), 256, 0, s>>>(bounds, rows, n, bad);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(check_bounds_kernel, grid_for(rows, 256), 256, 0, s, bounds, rows, n, bad);
 }
 
 namespace {
@@ -85,8 +86,7 @@ namespace {
 Scratch row_offsets(int64_t rows, int64_t n, cudaStream_t s) {
   DSI_CHECK(rows * n < kMaxSortItems * 2, "topk: sort of {} x {} items too large", rows, n);
   Scratch offsets(size_t(rows + 1) * sizeof(int));
-  segment_offsets_kernel<<<grid_for(rows + 1, 256), 256, 0, s>>>(offsets.as<int>(), rows, n);
-  DSI_CUDA_CHECK_LAUNCH();
+  launch(segment_offsets_kernel, grid_for(rows + 1, 256), 256, 0, s, offsets.as<int>(), rows, n);
   return offsets;
 }
 
