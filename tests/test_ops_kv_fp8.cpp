@@ -19,6 +19,8 @@
 #include "ops/indexer.h"
 #include "ops/kv_fp8.h"
 #include "ops/mla.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
 #include "test_ops_common.h"
 
 namespace dsi {
@@ -309,6 +311,33 @@ TEST(OpKvFp8, IndexerLogitsAreExactForExactlyRepresentableInputs) {
 }
 
 // ---------------------------------------------------------------- MLA cache
+
+// The store with the key preparation: the bytes of rms_norm + rope + the plain store; rows stay.
+TEST(OpKvFp8, MlaStoreWithKeyPrepIsNormRopeThenStore) {
+  const int64_t m = 5, dk = 576, n_slots = 8;
+  const Tensor rows = test::rand_tensor({m, dk}, 31, 3.0f);
+  const Tensor before = rows.contiguous();
+  const Tensor slots = Tensor::from_i32({3, -1, 0, 7, 5}, {m});
+  const ops::RopeFreqs f = ops::compute_rope_freqs(RopeConfig{}, 64);
+  for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+    ops::MlaKeyPrep prep{test::rand_tensor({512}, 32, 1.0f), 1e-6f, Tensor::from_i32({0, 9, 100, 4095, 70000}, {m}),
+                         Tensor::from_f32(f.inv_freq, {32}), 1.0f, style};
+    Tensor fused = filled_u8({n_slots, ops::kMlaFp8Bytes}, 0x5a);
+    ops::mla_cache_store_fp8(rows, slots, fused, &prep);
+    Tensor prepared = rows.contiguous();
+    Tensor lat = prepared.narrow(1, 0, 512);
+    ops::rms_norm(lat, prep.norm_weight, prep.eps, lat);
+    Tensor p3 = prepared.view({m, 1, dk});
+    ops::rope(p3, prep.positions, prep.inv_freq, 1.0f, style, 512);
+    Tensor plain = filled_u8({n_slots, ops::kMlaFp8Bytes}, 0x5a);
+    ops::mla_cache_store_fp8(prepared, slots, plain);
+    EXPECT_EQ(std::memcmp(fused.raw(), plain.raw(), size_t(plain.nbytes())), 0);
+    EXPECT_EQ(std::memcmp(rows.f32(), before.f32(), size_t(rows.nbytes())), 0) << "rows changed";
+    ops::MlaKeyPrep bad = prep;
+    bad.inv_freq = Tensor::from_f32(std::vector<float>(16, 1.0f), {16});
+    EXPECT_THROW(ops::mla_cache_store_fp8(rows, slots, fused, &bad), Error);
+  }
+}
 
 TEST(OpKvFp8, MlaStoreLoadRoundTrip) {
   const int64_t m = 9, dk = 576, n_slots = 20;

@@ -137,6 +137,32 @@ TEST(OpRope, StridedHeadViewRotatesOnlyItsDims) {
         << "row*head " << rh << ": nope dims changed";
 }
 
+// Into another tensor (the model writes RoPE(q_pe) straight into the absorbed query): the same
+// bits as rotating a copy in place; the source stays untouched; a wrong shape is refused.
+TEST(OpRope, IntoAnotherTensorMatchesInPlaceAndLeavesTheSource) {
+  for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+    const int64_t rows = 3, heads = 4, nope = 24, rope = 16, width = nope + rope, lat = 20;
+    const std::vector<int32_t> pos = {11, 12, 40};
+    const Tensor hp = Tensor::from_i32(pos, {rows});
+    const Tensor f = Tensor::from_f32(default_inv_freq(1e4, int(rope)), {rope / 2});
+    Tensor q = test::rand_tensor({rows, heads, width}, 110);
+    const Tensor before = q.contiguous();
+    Tensor in_place = q.contiguous();
+    ops::rope(in_place, hp, f, 0.75f, style, int(nope));
+    Tensor dst = Tensor::zeros({rows, heads, lat + rope}, DType::F32);
+    Tensor dst_pe = dst.narrow(2, lat, rope);
+    ops::rope(q, hp, f, 0.75f, style, int(nope), &dst_pe);
+    EXPECT_EQ(std::memcmp(q.f32(), before.f32(), size_t(q.numel()) * 4), 0) << "the source changed";
+    for (int64_t rh = 0; rh < rows * heads; ++rh) {
+      EXPECT_EQ(std::memcmp(dst.f32() + rh * (lat + rope) + lat, in_place.f32() + rh * width + nope,
+                            size_t(rope) * 4), 0) << "row*head " << rh;
+      for (int64_t j = 0; j < lat; ++j) EXPECT_EQ(dst.f32()[rh * (lat + rope) + j], 0.0f);
+    }
+    Tensor wrong = Tensor::empty({rows, heads, rope + 2}, DType::F32);
+    EXPECT_THROW(ops::rope(q, hp, f, 1.0f, style, int(nope), &wrong), Error);
+  }
+}
+
 // Large positions: the fp32 angle pos * inv_freq carries a rounding error of up to
 // |angle| * 2^-24 (as in HF); within that explicit bound the result matches the float64 rotation.
 TEST(OpRope, LargePositionsWithinFp32AngleBound) {

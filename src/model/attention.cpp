@@ -23,35 +23,37 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   const float eps = float(c.rms_norm_eps);
   const Device dev = u.device();
 
-  // Queries: c_q = RMSNorm(q_a_proj u); q = q_b_proj c_q -> [n, H, nope | rope]; RoPE on the rope part.
+  // Queries: c_q = RMSNorm(q_a_proj u); q = q_b_proj c_q -> [n, H, nope | rope].
   Tensor c_q = Tensor::empty({n, c.q_lora_rank}, DType::F32, dev);
   ops::linear(u, w.q_a_proj, c_q);
   ops::rms_norm(c_q, w.q_a_layernorm, eps, c_q);
   Tensor q = Tensor::empty({n, heads, c.qk_head_dim()}, DType::F32, dev);
   Tensor q2 = q.view({n, heads * c.qk_head_dim()});
   ops::linear(c_q, w.q_b_proj, q2);
-  ops::rope(q, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
-            RopeStyle::kInterleaved, /*offset=*/int(nope));
 
   // Keys: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache keeps RMSNorm(c_kv) and RoPE(k_pe).
   Tensor kv_a = Tensor::empty({n, dk}, DType::F32, dev);
   ops::linear(u, w.kv_a_proj_with_mqa, kv_a);
-  Tensor ckv = kv_a.narrow(1, 0, lora);
-  ops::rms_norm(ckv, w.kv_a_layernorm, eps, ckv);
-  Tensor kv3 = kv_a.view({n, 1, dk});
-  ops::rope(kv3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
-            RopeStyle::kInterleaved, /*offset=*/int(lora));
-  if (kv.latent.dtype() == DType::U8)  // the fp8 656-byte entries (ops/kv_fp8.h)
-    ops::mla_cache_store_fp8(kv_a, ctx.store_slots, kv.latent);
-  else
+  if (kv.latent.dtype() == DType::U8) {  // the fp8 656-byte entries (ops/kv_fp8.h): one fused op
+    ops::MlaKeyPrep prep{w.kv_a_layernorm, eps, ctx.positions, ctx.rope->inv_freq,
+                         ctx.rope->attention_factor, RopeStyle::kInterleaved};
+    ops::mla_cache_store_fp8(kv_a, ctx.store_slots, kv.latent, &prep);
+  } else {
+    Tensor ckv = kv_a.narrow(1, 0, lora);
+    ops::rms_norm(ckv, w.kv_a_layernorm, eps, ckv);
+    Tensor kv3 = kv_a.view({n, 1, dk});
+    ops::rope(kv3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
+              RopeStyle::kInterleaved, /*offset=*/int(lora));
     ops::scatter_rows(kv_a, ctx.store_slots, kv.latent);
+  }
 
-  // Absorbed queries [n, H, kv_lora | rope]: W_UK^T q_nope, then q_pe.
+  // Absorbed queries [n, H, kv_lora | rope]: W_UK^T q_nope, then RoPE(q_pe) written in place.
   Tensor q_abs = Tensor::empty({n, heads, dk}, DType::F32, dev);
   Tensor q_abs_lat = q_abs.narrow(2, 0, lora);
   ops::mla_absorb_q(q.narrow(2, 0, nope), w.kv_b_proj, q_abs_lat);
   Tensor q_abs_pe = q_abs.narrow(2, lora, rope);
-  ops::copy(q.narrow(2, nope, rope), q_abs_pe);
+  ops::rope(q, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor, RopeStyle::kInterleaved,
+            /*offset=*/int(nope), &q_abs_pe);
 
   // The DCP exchange: the group's queries, and on a layer with its own indexer the exact global
   // top-k over every member's scores, in one all-gather (runtime/dcp.h).

@@ -4,6 +4,9 @@
 
 #include "backends/cpu/cpu_kv_fp8.h"
 #include "ops/dispatch.h"
+#include "ops/elementwise.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
 #ifdef DSI_WITH_CUDA
 #include "backends/cuda/cuda_kv_fp8.h"
 #endif
@@ -93,7 +96,7 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
                softmax_scale, logits);
 }
 
-void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool) {
+void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool, const MlaKeyPrep* prep) {
   const char* op = "mla_cache_store_fp8";
   check_dtype(rows, DType::F32, "mla_cache_store_fp8 rows");
   DSI_CHECK(rows.ndim() == 2 && rows.dim(1) == kMlaFp8Lora + kMlaFp8Rope && rows.stride(1) == 1,
@@ -101,7 +104,32 @@ void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool) 
             kMlaFp8Lora + kMlaFp8Rope);
   check_slots(slots, rows.dim(0), rows.device(), op);
   check_mla_pool(pool, rows.device(), op);
-  DSI_DISPATCH(rows.device(), mla_cache_store_fp8, rows, slots, pool);
+  const Device dev = rows.device();
+  if (prep != nullptr) {
+    check_dtype(prep->norm_weight, DType::F32, "mla_cache_store_fp8 norm_weight");
+    check_shape(prep->norm_weight, {kMlaFp8Lora}, "mla_cache_store_fp8 norm_weight");
+    check_dtype(prep->positions, DType::I32, "mla_cache_store_fp8 positions");
+    check_shape(prep->positions, {rows.dim(0)}, "mla_cache_store_fp8 positions");
+    check_dtype(prep->inv_freq, DType::F32, "mla_cache_store_fp8 inv_freq");
+    check_shape(prep->inv_freq, {kMlaFp8Rope / 2}, "mla_cache_store_fp8 inv_freq");
+    same_device(prep->norm_weight, dev, op, "norm_weight");
+    same_device(prep->positions, dev, op, "positions");
+    same_device(prep->inv_freq, dev, op, "inv_freq");
+    DSI_CHECK(prep->norm_weight.is_contiguous() && prep->positions.is_contiguous() &&
+                  prep->inv_freq.is_contiguous(),
+              "{}: norm_weight, positions and inv_freq must be contiguous", op);
+    if (dev.is_cpu()) {  // the reference: the two ops on a copy, then the store
+      Tensor r = Tensor::empty({rows.dim(0), kMlaFp8Lora + kMlaFp8Rope}, DType::F32, dev);
+      ops::copy(rows, r);
+      Tensor lat = r.narrow(1, 0, kMlaFp8Lora);
+      ops::rms_norm(lat, prep->norm_weight, prep->eps, lat);
+      Tensor r3 = r.view({rows.dim(0), 1, kMlaFp8Lora + kMlaFp8Rope});
+      ops::rope(r3, prep->positions, prep->inv_freq, prep->attention_factor, prep->style, kMlaFp8Lora);
+      DSI_DISPATCH(dev, mla_cache_store_fp8, r, slots, pool, nullptr);
+      return;
+    }
+  }
+  DSI_DISPATCH(dev, mla_cache_store_fp8, rows, slots, pool, prep);
 }
 
 void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows) {

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "model/config.h"
 
 namespace dsi::ops {
 
@@ -61,10 +62,25 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
                         const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
                         float softmax_scale, Tensor& logits);
 
+// What MLA does to kv_a_proj's output before it caches it: c_kv <- RMSNorm(c_kv) * norm_weight,
+// k_pe <- RoPE(k_pe) at each row's position.
+struct MlaKeyPrep {
+  Tensor norm_weight;  // [512] f32
+  float eps = 0.0f;
+  Tensor positions;    // [m] i32
+  Tensor inv_freq;     // [32] f32
+  float attention_factor = 1.0f;
+  RopeStyle style = RopeStyle::kInterleaved;
+};
+
 // Quantises and stores MLA cache rows. rows: [m, 576] f32 (row-strided ok, [c_kv (512) | k_pe (64)]);
 // slots: [m] i32, -1 = skip (distinct otherwise); pool: [n_slots, 656] U8 contiguous. The latent is
 // quantised in 4 tiles of 128 (one scale each), k_pe is stored as bf16 (round to nearest even).
-void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool);
+// With `prep`, rows are kv_a_proj's raw output: what is stored is ops::rms_norm of the latent and
+// ops::rope of k_pe (the same bits as running those ops first; the GPU does all in one kernel), and
+// rows are left as they are.
+void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool,
+                         const MlaKeyPrep* prep = nullptr);
 
 // Dequantises cache rows: rows[i] = decode(pool[slots[i]]) (a -1 slot gives a row of zeros).
 // pool: [n_slots, 656] U8; slots: [m] i32; rows: [m, 576] f32 contiguous.

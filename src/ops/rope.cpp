@@ -61,8 +61,15 @@ RopeFreqs compute_rope_freqs(const RopeConfig& rope, int rot_dim) {
 }
 
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
-          RopeStyle style, int offset) {
-  DSI_DISPATCH(x.device(), rope, x, positions, inv_freq, attention_factor, style, offset);
+          RopeStyle style, int offset, Tensor* out) {
+  if (out != nullptr) {
+    DSI_CHECK(out->ndim() == 3 && out->dim(0) == x.dim(0) && out->dim(1) == x.dim(1) &&
+                  out->dim(2) == 2 * inv_freq.dim(0) && out->stride(2) == 1 && out->dtype() == DType::F32,
+              "rope: out must be [{}, {}, {}] f32 with a contiguous last dim, got {}", x.dim(0), x.dim(1),
+              2 * inv_freq.dim(0), out->desc());
+    DSI_CHECK(out->device() == x.device(), "rope: out is on {}, x on {}", out->device().str(), x.device().str());
+  }
+  DSI_DISPATCH(x.device(), rope, x, positions, inv_freq, attention_factor, style, offset, out);
 }
 
 }  // namespace dsi::ops

@@ -20,7 +20,9 @@ RopeFreqs compute_rope_freqs(const RopeConfig& rope, int rot_dim);
 // Rotates x[r, h, offset : offset + 2*inv_freq.size()] in place by angle pos[r] * inv_freq[i].
 // x: [n, heads, d] f32, last dim contiguous, other dims may be strided; positions: [n] i32;
 // inv_freq: [rot_dim / 2] f32. Interleaved rotates (x[2i], x[2i+1]); half-split (x[i], x[i+rot/2]).
+// With `out` ([n, heads, rot_dim] f32, last dim contiguous; on x's device, not overlapping x unless
+// it is exactly those dims of x) the rotated dims are written there instead and x is left as it is.
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
-          RopeStyle style, int offset);
+          RopeStyle style, int offset, Tensor* out = nullptr);
 
 }  // namespace dsi::ops

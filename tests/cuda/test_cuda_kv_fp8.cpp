@@ -23,6 +23,7 @@
 #include "backends/cpu/cpu_kv_fp8.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/kv_fp8.h"
+#include "ops/rope.h"
 #include "ops/topk.h"
 
 namespace dsi {
@@ -359,6 +360,26 @@ TEST_F(CudaKvFp8, MlaStoreAndLoadBitwise) {
     ops::mla_cache_store_fp8(rows, slots, cpu_pool);
     ops::mla_cache_store_fp8(test::dev_strided(rows), dev(slots), gpu_pool);
     expect_same_bytes(host(gpu_pool), cpu_pool, ops::kMlaFp8Bytes, what);
+    // With the key preparation fused in (RMSNorm of the latent, RoPE of k_pe): the bytes of the
+    // CPU's norm + rope + store, both RoPE layouts; the GPU's rows stay as they were.
+    for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+      const ops::RopeFreqs f = ops::compute_rope_freqs(RopeConfig{}, 64);
+      std::vector<int32_t> pos(static_cast<size_t>(m));
+      for (int64_t i = 0; i < m; ++i) pos[size_t(i)] = int32_t((i * 7919 + 5) % 163840);
+      ops::MlaKeyPrep prep{test::rand_tensor({512}, uint64_t(m) + 17, 1.0f), 1e-6f, i32(pos, {m}),
+                           Tensor::from_f32(f.inv_freq, {32}), 0.8f, style};
+      ops::MlaKeyPrep dprep{dev(prep.norm_weight), prep.eps, dev(prep.positions), dev(prep.inv_freq),
+                            prep.attention_factor, style};
+      Tensor cpu_prep = filled_u8({n_slots, ops::kMlaFp8Bytes}, 0x5a);
+      Tensor gpu_prep = dev(cpu_prep);
+      ops::mla_cache_store_fp8(rows, slots, cpu_prep, &prep);
+      const Tensor drows = test::dev_strided(rows);
+      ops::mla_cache_store_fp8(drows, dev(slots), gpu_prep, &dprep);
+      const std::string pw = what + " prepared, style " + std::to_string(int(style));
+      expect_same_bytes(host(gpu_prep), cpu_prep, ops::kMlaFp8Bytes, pw);
+      test::expect_bitwise(host(drows).contiguous(), rows, pw + " rows untouched");
+      if (m > 3) EXPECT_NE(std::memcmp(cpu_prep.raw(), cpu_pool.raw(), size_t(cpu_pool.nbytes())), 0) << pw;
+    }
     // Load every slot (the -1 entries give zero rows), from the GPU's own pool.
     std::vector<int32_t> all(static_cast<size_t>(n_slots));
     std::iota(all.begin(), all.end(), 0);

@@ -285,6 +285,14 @@ TEST_F(CudaRope, BothStylesStridedViewsAndAttentionFactor) {
           g.view.copy_from(x);
           ops::rope(g.view, dev(hp), dev(hf), f.attention_factor, style, offset);
           test::expect_elementwise_close(g.check(what), cpu, what);
+          // Into another (strided) tensor: the rotated dims of the in-place result; x unchanged.
+          test::Guarded src = test::guarded_strided({n, heads, d}, DType::F32);
+          src.view.copy_from(x);
+          test::Guarded into = test::guarded_strided({n, heads, int64_t(rot)}, DType::F32);
+          ops::rope(src.view, dev(hp), dev(hf), f.attention_factor, style, offset, &into.view);
+          test::expect_elementwise_close(into.check(what + " into"), cpu.narrow(2, offset, rot).contiguous(),
+                                         what + " into");
+          test::expect_bitwise(src.check(what + " source"), x.contiguous(), what + " source");
         }
       }
     }

@@ -152,7 +152,8 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   }
 }
 
-void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool) {
+void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool, const ops::MlaKeyPrep* prep) {
+  DSI_CHECK(prep == nullptr, "mla_cache_store_fp8: the CPU store takes prepared rows (ops/kv_fp8.cpp prepares them)");
   const int64_t m = rows.dim(0), n_slots = pool.dim(0);
   const int32_t* sl = slots.i32();
   for (int64_t i = 0; i < m; ++i)

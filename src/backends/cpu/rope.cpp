@@ -1,4 +1,4 @@
-// CPU reference: rotary embedding in place, interleaved or half-split, angles in fp32 as HF computes
+// CPU reference: rotary embedding (in place, or into `out`), interleaved or half-split, angles in fp32 as HF computes
 // them (pos * inv_freq, then cos/sin scaled by the attention factor).
 #include <cmath>
 
@@ -7,7 +7,7 @@
 namespace dsi::cpu {
 
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
-          RopeStyle style, int offset) {
+          RopeStyle style, int offset, Tensor* out) {
   DSI_CHECK(x.ndim() == 3 && x.stride(2) == 1, "rope: x must be [n, heads, d], got {}", x.desc());
   check_dtype(x, DType::F32, "rope x");
   check_shape(positions, {x.dim(0)}, "rope positions");
@@ -24,13 +24,15 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float atte
       sn[size_t(i)] = std::sin(angle) * attention_factor;
     }
     for (int64_t h = 0; h < x.dim(1); ++h) {
-      float* v = x.f32() + r * x.stride(0) + h * x.stride(1) + offset;
+      const float* v = x.f32() + r * x.stride(0) + h * x.stride(1) + offset;
+      float* o = out != nullptr ? out->f32() + r * out->stride(0) + h * out->stride(1)
+                                : x.f32() + r * x.stride(0) + h * x.stride(1) + offset;
       for (int64_t i = 0; i < half; ++i) {
         const int64_t a = style == RopeStyle::kInterleaved ? 2 * i : i;
         const int64_t b = style == RopeStyle::kInterleaved ? 2 * i + 1 : i + half;
         const float x1 = v[a], x2 = v[b];
-        v[a] = x1 * cs[size_t(i)] - x2 * sn[size_t(i)];
-        v[b] = x2 * cs[size_t(i)] + x1 * sn[size_t(i)];
+        o[a] = x1 * cs[size_t(i)] - x2 * sn[size_t(i)];
+        o[b] = x2 * cs[size_t(i)] + x1 * sn[size_t(i)];
       }
     }
   }

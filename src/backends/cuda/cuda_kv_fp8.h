@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "ops/kv_fp8.h"
 
 namespace dsi::cuda {
 
@@ -12,7 +13,8 @@ void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& poo
 void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
                         const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
                         float softmax_scale, Tensor& logits);
-void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool);
+void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool,
+                         const ops::MlaKeyPrep* prep);
 void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows);
 void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, float softmax_scale,
                     int dv, Tensor& out, Tensor& lse);

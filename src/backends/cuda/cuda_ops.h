@@ -30,7 +30,7 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
 
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
-          RopeStyle style, int offset);
+          RopeStyle style, int offset, Tensor* out);
 
 void linear(const Tensor& x, const LinearWeight& w, Tensor& out);
 // Returns a host tensor, as the CPU op (linear.h); dequantize_rows_to is the on-device form.

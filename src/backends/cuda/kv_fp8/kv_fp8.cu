@@ -193,6 +193,8 @@ constexpr int kMsThreads = 128;  // thread t: latent values 4t..4t+3 (warp w = t
 
 __global__ void __launch_bounds__(kMsThreads) mla_store_fp8_kernel(MlaStoreFp8Params p) {
   pdl_enter();
+  __shared__ float red[33];
+  __shared__ float rot[kRope];
   const int t = threadIdx.x, lane = t & 31, tile = t >> 5;
   for (int64_t i = blockIdx.x; i < p.m; i += gridDim.x) {
     const int32_t slot = p.slots[i];
@@ -204,12 +206,45 @@ __global__ void __launch_bounds__(kMsThreads) mla_store_fp8_kernel(MlaStoreFp8Pa
     const float* x = p.rows + i * p.row_stride;
     uint8_t* e = p.pool + int64_t(slot) * kEntry;
     float v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = x[4 * t + u];
+    float pe[2] = {0.0f, 0.0f};  // thread t < 32: k_pe values 2t, 2t + 1 as stored
+    if (t < kRope / 2) {
+      pe[0] = x[kLora + 2 * t];
+      pe[1] = x[kLora + 2 * t + 1];
+    }
+    if (p.norm_weight != nullptr) {
+      // rms_norm_kernel's arithmetic for a 512-float row (128 threads, float4 each: the same
+      // per-thread sum and block tree), so the stored bits match ops::rms_norm then the store.
+      float ss = 0.0f;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) ss = __fadd_rn(ss, __fmul_rn(v[u], v[u]));
+      ss = block_sum(ss, red);
+      const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, float(kLora)), p.eps)));
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = __fmul_rn(p.norm_weight[4 * t + u], __fmul_rn(v[u], inv));
+      // rope_kernel's arithmetic; the pair of thread t is (2t, 2t + 1) interleaved, else pair j
+      // (j, j + 32) spread over threads: each thread rotates the pair it owns the first half of.
+      if (t < kRope / 2) {
+        const int j = t;
+        const int a = p.interleaved ? 2 * j : j, b = p.interleaved ? 2 * j + 1 : j + kRope / 2;
+        const float x1 = x[kLora + a], x2 = x[kLora + b];
+        const float angle = __fmul_rn(float(p.positions[i]), p.inv_freq[j]);
+        const float cs = __fmul_rn(float(cos(double(angle))), p.attention_factor);
+        const float sn = __fmul_rn(float(sin(double(angle))), p.attention_factor);
+        rot[a] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+        rot[b] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+      }
+      __syncthreads();
+      if (t < kRope / 2) {
+        pe[0] = rot[2 * t];
+        pe[1] = rot[2 * t + 1];
+      }
+      __syncthreads();  // rot is rewritten for the next row
+    }
     float amax = 0.0f;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      v[u] = x[4 * t + u];
-      amax = fmaxf(amax, fabsf(v[u]));
-    }
+    for (int u = 0; u < 4; ++u) amax = fmaxf(amax, fabsf(v[u]));
     amax = warp_max(amax);  // the warp is the tile of 128 values
     const int ex = ue8m0_exponent(amax);
     const float inv = pow2f(-ex);
@@ -219,7 +254,7 @@ __global__ void __launch_bounds__(kMsThreads) mla_store_fp8_kernel(MlaStoreFp8Pa
     *reinterpret_cast<unsigned*>(e + 4 * t) = packed;
     if (lane == 0) *reinterpret_cast<float*>(e + ops::kMlaFp8ScaleOffset + 4 * tile) = pow2f(ex);
     if (t < kRope / 2) {
-      const unsigned lo = f32_to_bf16_bits(x[kLora + 2 * t]), hi = f32_to_bf16_bits(x[kLora + 2 * t + 1]);
+      const unsigned lo = f32_to_bf16_bits(pe[0]), hi = f32_to_bf16_bits(pe[1]);
       *reinterpret_cast<unsigned*>(e + ops::kMlaFp8RopeOffset + 4 * t) = lo | (hi << 16);
     }
   }
@@ -581,7 +616,7 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
          p.n_pages);
 }
 
-void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool) {
+void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool, const ops::MlaKeyPrep* prep) {
   const int64_t m = rows.dim(0);
   if (m == 0) return;
   DeviceGuard guard(rows.device());
@@ -595,6 +630,14 @@ void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool) 
   p.m = m;
   p.n_slots = pool.dim(0);
   p.bad = bad.ptr();
+  if (prep != nullptr) {
+    p.norm_weight = prep->norm_weight.f32();
+    p.eps = prep->eps;
+    p.positions = prep->positions.i32();
+    p.inv_freq = prep->inv_freq.f32();
+    p.attention_factor = prep->attention_factor;
+    p.interleaved = prep->style == RopeStyle::kInterleaved;
+  }
   launch_mla_store_fp8(p, stream());
   const unsigned long long first = bad.read();
   if (first != ErrorFlag::kNone)

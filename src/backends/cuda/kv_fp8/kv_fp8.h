@@ -59,6 +59,13 @@ struct MlaStoreFp8Params {
   uint8_t* pool;            // [n_slots, 656], 4-byte aligned
   int64_t row_stride, m, n_slots;
   unsigned long long* bad;  // lowered to the first row whose slot is outside the pool
+  // Key preparation (ops::MlaKeyPrep), when norm_weight is set: RMSNorm of the latent, RoPE of k_pe.
+  const float* norm_weight = nullptr;  // [512]
+  float eps = 0.0f;
+  const int32_t* positions = nullptr;  // [m]
+  const float* inv_freq = nullptr;     // [32]
+  float attention_factor = 1.0f;
+  bool interleaved = true;
 };
 void launch_mla_store_fp8(const MlaStoreFp8Params& p, cudaStream_t stream);
 

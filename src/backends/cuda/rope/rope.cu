@@ -18,12 +18,13 @@ __global__ void rope_kernel(RopeParams p) {
     const float angle = __fmul_rn(float(p.positions[r]), p.inv_freq[i]);
     const float cs = __fmul_rn(float(cos(double(angle))), p.attention_factor);
     const float sn = __fmul_rn(float(sin(double(angle))), p.attention_factor);
-    float* v = p.x + r * p.x_s0 + h * p.x_s1 + p.offset;
+    const float* v = p.x + r * p.x_s0 + h * p.x_s1 + p.offset;
+    float* o = p.out + r * p.o_s0 + h * p.o_s1;
     const int64_t a = p.interleaved ? 2 * i : i;
     const int64_t b = p.interleaved ? 2 * i + 1 : i + p.half;
     const float x1 = v[a], x2 = v[b];
-    v[a] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-    v[b] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+    o[a] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+    o[b] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
   }
 }
 
@@ -36,7 +37,7 @@ void launch_rope(const RopeParams& p, cudaStream_t s) {
 }
 
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
-          RopeStyle style, int offset) {
+          RopeStyle style, int offset, Tensor* out) {
   DSI_CHECK(x.ndim() == 3 && x.stride(2) == 1, "rope: x must be [n, heads, d], got {}", x.desc());
   check_dtype(x, DType::F32, "rope x");
   check_shape(positions, {x.dim(0)}, "rope positions");
@@ -48,6 +49,7 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float atte
   check_on(inv_freq, x.device(), "rope", "inv_freq");
   DSI_CHECK(positions.is_contiguous() && inv_freq.is_contiguous(),
             "rope: positions and inv_freq must be contiguous");
+  if (out != nullptr) check_on(*out, x.device(), "rope", "out");
   DeviceGuard guard(x.device());
   RopeParams p{};
   p.x = x.f32();
@@ -55,6 +57,9 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float atte
   p.inv_freq = inv_freq.f32();
   p.x_s0 = x.stride(0);
   p.x_s1 = x.stride(1);
+  p.out = out != nullptr ? out->f32() : x.f32() + offset;
+  p.o_s0 = out != nullptr ? out->stride(0) : x.stride(0);
+  p.o_s1 = out != nullptr ? out->stride(1) : x.stride(1);
   p.rows = x.dim(0);
   p.heads = x.dim(1);
   p.half = half;

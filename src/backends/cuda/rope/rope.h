@@ -1,4 +1,4 @@
-// Rotary embedding in place, interleaved or half-split: one thread per (row, head, pair). cos/sin are
+// Rotary embedding (in place, or into another tensor), interleaved or half-split: one thread per (row, head, pair). cos/sin are
 // taken in double and rounded once (glibc's cosf/sinf are within 0.56 ulp; the CUDA fp32 ones 2 ulp),
 // the rotation uses _rn intrinsics in the CPU reference's order.
 #pragma once
@@ -10,10 +10,11 @@
 namespace dsi::cuda {
 
 struct RopeParams {
-  float* x;                  // [rows, heads, d] with strides x_s0, x_s1 (last dim contiguous)
+  const float* x;            // [rows, heads, d] with strides x_s0, x_s1 (last dim contiguous)
+  float* out;                // where the rotated dims go: x + offset (in place), strides o_s0, o_s1
   const int32_t* positions;  // [rows]
   const float* inv_freq;     // [half]
-  int64_t x_s0, x_s1;
+  int64_t x_s0, x_s1, o_s0, o_s1;
   int64_t rows, heads, half;
   int offset;                // the rotated dims are [offset, offset + 2 * half)
   bool interleaved;          // pairs (2i, 2i+1); else (i, i + half)
