@@ -141,6 +141,24 @@ TEST(OpNorm, LayerNormMatchesFloat64) {
   }
 }
 
+// The residual form: h becomes h + delta (fp32 adds) and out its RMSNorm; out may be h itself.
+TEST(OpNorm, AddRmsNormUpdatesTheResidualAndNormalisesTheSum) {
+  const Tensor h0 = test::rand_tensor({3, 40}, 295, 3.0f), delta = test::rand_tensor({3, 40}, 296);
+  const Tensor w = test::rand_tensor({40}, 297);
+  Tensor sum = h0.contiguous();
+  for (int64_t i = 0; i < sum.numel(); ++i) sum.f32()[i] += delta.f32()[i];
+  const std::vector<double> want = ref_rms_norm(sum, w, 1e-6);
+  Tensor h = h0.contiguous(), out = Tensor::empty({3, 40}, DType::F32);
+  ops::add_rms_norm(h, delta, w, 1e-6f, out);
+  for (int64_t i = 0; i < sum.numel(); ++i) ASSERT_EQ(h.f32()[i], sum.f32()[i]) << i;
+  expect_elementwise_near(out, want, "add_rms_norm");
+  Tensor h2 = h0.contiguous();
+  ops::add_rms_norm(h2, delta, w, 1e-6f, h2);
+  for (int64_t i = 0; i < sum.numel(); ++i) ASSERT_EQ(h2.f32()[i], out.f32()[i]) << i;
+  Tensor wrong = Tensor::empty({3, 41}, DType::F32);
+  EXPECT_THROW(ops::add_rms_norm(h, wrong, w, 1e-6f, out), Error);
+}
+
 // LayerNorm in place and on strided rows.
 TEST(OpNorm, LayerNormInPlaceAndStrided) {
   Tensor wide = test::rand_tensor({3, 70}, 290, 3.0f);

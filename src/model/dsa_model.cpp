@@ -115,9 +115,8 @@ void DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, Ten
   ops::rms_norm(h, w.input_layernorm, eps, x);
   Tensor attn = mla_attention(ctx, w.self_attn, x, kv, topk);
   rank_.all_reduce_tp(attn);  // o_proj partial sums of each rank's heads
-  ops::add_inplace(h, attn);
+  ops::add_rms_norm(h, attn, w.post_attention_layernorm, eps, x);  // h += attn; x = norm(h)
 
-  ops::rms_norm(h, w.post_attention_layernorm, eps, x);
   Tensor ffn = Tensor::empty({n, d}, DType::F32, h.device());
   if (!w.is_moe) {
     ops::mlp(x, w.mlp, ffn);

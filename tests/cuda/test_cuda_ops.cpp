@@ -253,6 +253,33 @@ TEST_F(CudaNorm, RmsNormInPlace) {
   test::expect_nmse_close(host(g), cpu, tol::kCudaReductionNmse, "rms_norm in place");
 }
 
+// The residual form: the same bits as add_inplace then rms_norm on the GPU (h and out), for rows
+// held in registers, rows longer than that (re-read after the add), odd widths and out == h.
+TEST_F(CudaNorm, AddRmsNormIsAddThenNorm) {
+  for (int64_t n : {1, 3}) {
+    for (int64_t d : {7, 576, 6144, 4099, 20000}) {
+      const std::string what = "add_rms_norm [" + std::to_string(n) + ", " + std::to_string(d) + "]";
+      const Tensor h0 = test::rand_tensor({n, d}, uint64_t(n * 7 + d), 3.0f);
+      const Tensor delta = test::rand_tensor({n, d}, uint64_t(n * 7 + d + 1), 2.0f);
+      const Tensor w = dev(test::rand_tensor({d}, uint64_t(d) + 2, 2.0f));
+      Tensor h_ref = dev_strided(h0);
+      const Tensor dd = dev_strided(delta);
+      ops::add_inplace(h_ref, dd);
+      Tensor out_ref = Tensor::empty({n, d}, DType::F32, gpu());
+      ops::rms_norm(h_ref, w, 1e-6f, out_ref);
+      test::Guarded hg = test::guarded_strided({n, d}, DType::F32);
+      hg.view.copy_from(dev(h0));
+      test::Guarded og = test::guarded_strided({n, d}, DType::F32);
+      ops::add_rms_norm(hg.view, dd, w, 1e-6f, og.view);
+      test::expect_bitwise(hg.check(what + " h"), host(h_ref), what + " h");
+      test::expect_bitwise(og.check(what + " out"), host(out_ref), what + " out");
+      Tensor same = dev(h0);  // out is h itself: the normalised sum
+      ops::add_rms_norm(same, dd, w, 1e-6f, same);
+      test::expect_bitwise(host(same), host(out_ref), what + " out == h");
+    }
+  }
+}
+
 // ---------------------------------------------------------------- RoPE
 
 TEST_F(CudaRope, BothStylesStridedViewsAndAttentionFactor) {

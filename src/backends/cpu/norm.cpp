@@ -31,6 +31,11 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   }
 }
 
+void add_rms_norm(Tensor& h, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) {
+  add_inplace(h, delta);
+  rms_norm(h, weight, eps, out);
+}
+
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out) {
   check_rows(x, weight, out, "layer_norm");
   check_shape(bias, {x.dim(1)}, "layer_norm bias");

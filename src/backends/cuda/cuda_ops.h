@@ -27,6 +27,7 @@ namespace dsi::cuda {
 void init();
 
 void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out);
+void add_rms_norm(Tensor& h, const Tensor& delta, const Tensor& weight, float eps, Tensor& out);
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out);
 
 void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,

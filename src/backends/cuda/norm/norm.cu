@@ -28,6 +28,16 @@ __device__ __forceinline__ void load_vec(const float* p, float (&v)[V]) {
 }
 
 template <int V>
+__device__ __forceinline__ void load_vec_coherent(const float* p, float (&v)[V]) {
+  if constexpr (V == 4) {
+    const float4 t = *reinterpret_cast<const float4*>(p);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else {
+    v[0] = *p;
+  }
+}
+
+template <int V>
 __device__ __forceinline__ void store_vec(float* p, const float (&v)[V]) {
   if constexpr (V == 4) *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
   else p[0] = v[0];
@@ -41,7 +51,9 @@ struct RowSlice {
   int64_t nv;  // vectors per row
 
   __device__ __forceinline__ int64_t index(int i) const { return threadIdx.x + int64_t(i) * blockDim.x; }
-  __device__ __forceinline__ void load(const NormParams& p, const float* xr) {
+  // Row r: x (its cached vectors; in the residual form x + delta, written back).
+  __device__ __forceinline__ void load(const NormParams& p, int64_t r) {
+    const float* xr = p.x + r * p.x_stride;
     nv = p.d / V;
 #pragma unroll
     for (int i = 0; i < kCached; ++i)
@@ -49,18 +61,34 @@ struct RowSlice {
         load_vec<V>(xr + index(i) * V, x[i]);
         load_vec<V>(p.weight + index(i) * V, w[i]);
         if (p.bias != nullptr) load_vec<V>(p.bias + index(i) * V, b[i]);
+        if (p.delta != nullptr) add_delta(p, r, index(i), x[i]);
       }
   }
+  // v += delta[r, vector j] (fp32 adds, as ops::add_inplace), stored to resid.
+  __device__ __forceinline__ static void add_delta(const NormParams& p, int64_t r, int64_t j, float (&v)[V]) {
+    float dv[V];
+    load_vec<V>(p.delta + r * p.delta_stride + j * V, dv);
+#pragma unroll
+    for (int e = 0; e < V; ++e) v[e] = __fadd_rn(v[e], dv[e]);
+    store_vec<V>(p.resid + r * p.x_stride + j * V, v);
+  }
   // fn(values of x, weights, bias, element offset) over every vector of the row, the cached ones
-  // first; `reload` re-reads the uncached ones.
+  // first, then the rest re-read; `first` (the first pass of the residual form) adds delta to
+  // those and writes them back, so later passes read the sum.
   template <typename Fn>
-  __device__ __forceinline__ void each(const NormParams& p, const float* xr, Fn&& fn) const {
+  __device__ __forceinline__ void each(const NormParams& p, int64_t r, bool first, Fn&& fn) const {
+    const float* xr = p.x + r * p.x_stride;
 #pragma unroll
     for (int i = 0; i < kCached; ++i)
       if (index(i) < nv) fn(x[i], w[i], b[i], index(i) * V);
     for (int64_t j = index(kCached); j < nv; j += blockDim.x) {
       float xv[V], wv[V], bv[V] = {};
-      load_vec<V>(xr + j * V, xv);
+      if (p.delta == nullptr) {
+        load_vec<V>(xr + j * V, xv);
+      } else {  // this thread wrote the sum in the first pass: a coherent load, not __ldg
+        load_vec_coherent<V>(xr + j * V, xv);
+        if (first) add_delta(p, r, j, xv);
+      }
       load_vec<V>(p.weight + j * V, wv);
       if (p.bias != nullptr) load_vec<V>(p.bias + j * V, bv);
       fn(xv, wv, bv, j * V);
@@ -73,19 +101,18 @@ __global__ void __launch_bounds__(kNormMaxThreads) rms_norm_kernel(NormParams p)
   pdl_enter();
   __shared__ float red[33];
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    const float* x = p.x + r * p.x_stride;
     float* o = p.out + r * p.out_stride;
     RowSlice<V> row;
-    row.load(p, x);
+    row.load(p, r);
     float ss = 0.0f;
-    row.each(p, x, [&](const float(&xv)[V], const float(&)[V], const float(&)[V], int64_t) {
+    row.each(p, r, true, [&](const float(&xv)[V], const float(&)[V], const float(&)[V], int64_t) {
 #pragma unroll
       for (int e = 0; e < V; ++e) ss = __fadd_rn(ss, __fmul_rn(xv[e], xv[e]));
     });
     ss = block_sum(ss, red);
     // CPU: 1 / sqrt(ss / d + eps), then w * (x * inv)
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, float(p.d)), p.eps)));
-    row.each(p, x, [&](const float(&xv)[V], const float(&wv)[V], const float(&)[V], int64_t j) {
+    row.each(p, r, false, [&](const float(&xv)[V], const float(&wv)[V], const float(&)[V], int64_t j) {
       float ov[V];
 #pragma unroll
       for (int e = 0; e < V; ++e) ov[e] = __fmul_rn(wv[e], __fmul_rn(xv[e], inv));
@@ -99,18 +126,17 @@ __global__ void __launch_bounds__(kNormMaxThreads) layer_norm_kernel(NormParams 
   pdl_enter();
   __shared__ float red[33];
   for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
-    const float* x = p.x + r * p.x_stride;
     float* o = p.out + r * p.out_stride;
     RowSlice<V> row;
-    row.load(p, x);
+    row.load(p, r);
     float s = 0.0f;
-    row.each(p, x, [&](const float(&xv)[V], const float(&)[V], const float(&)[V], int64_t) {
+    row.each(p, r, false, [&](const float(&xv)[V], const float(&)[V], const float(&)[V], int64_t) {
 #pragma unroll
       for (int e = 0; e < V; ++e) s = __fadd_rn(s, xv[e]);
     });
     const float mean = __fdiv_rn(block_sum(s, red), float(p.d));
     float v = 0.0f;
-    row.each(p, x, [&](const float(&xv)[V], const float(&)[V], const float(&)[V], int64_t) {
+    row.each(p, r, false, [&](const float(&xv)[V], const float(&)[V], const float(&)[V], int64_t) {
 #pragma unroll
       for (int e = 0; e < V; ++e) {
         const float c = __fsub_rn(xv[e], mean);
@@ -120,7 +146,7 @@ __global__ void __launch_bounds__(kNormMaxThreads) layer_norm_kernel(NormParams 
     const float var = __fdiv_rn(block_sum(v, red), float(p.d));
     const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, p.eps)));
     // CPU: (x - mean) * inv * w + b
-    row.each(p, x, [&](const float(&xv)[V], const float(&wv)[V], const float(&bv)[V], int64_t j) {
+    row.each(p, r, false, [&](const float(&xv)[V], const float(&wv)[V], const float(&bv)[V], int64_t j) {
       float ov[V];
 #pragma unroll
       for (int e = 0; e < V; ++e)
@@ -133,8 +159,8 @@ __global__ void __launch_bounds__(kNormMaxThreads) layer_norm_kernel(NormParams 
 // Rows of float4s when every row start and the weights are 16-byte aligned.
 bool vectorizable(const NormParams& p) {
   const auto aligned = [](const void* q) { return q == nullptr || reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-  return p.d % 4 == 0 && p.x_stride % 4 == 0 && p.out_stride % 4 == 0 && aligned(p.x) &&
-         aligned(p.out) && aligned(p.weight) && aligned(p.bias);
+  return p.d % 4 == 0 && p.x_stride % 4 == 0 && p.out_stride % 4 == 0 && p.delta_stride % 4 == 0 &&
+         aligned(p.x) && aligned(p.out) && aligned(p.weight) && aligned(p.bias) && aligned(p.delta);
 }
 
 template <template <int> class Kernel>
@@ -192,6 +218,20 @@ void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   check_rows(x, weight, out, "rms_norm");
   DeviceGuard guard(x.device());
   launch_rms_norm(params(x, weight, out, eps), stream());
+}
+
+void add_rms_norm(Tensor& h, const Tensor& delta, const Tensor& weight, float eps, Tensor& out) {
+  check_rows(h, weight, out, "add_rms_norm");
+  DSI_CHECK(delta.ndim() == 2 && delta.stride(1) == 1, "add_rms_norm: delta {} needs contiguous rows",
+            delta.desc());
+  check_dtype(delta, DType::F32, "add_rms_norm delta");
+  check_on(delta, h.device(), "add_rms_norm", "delta");
+  DeviceGuard guard(h.device());
+  NormParams p = params(h, weight, out, eps);
+  p.delta = delta.f32();
+  p.delta_stride = delta.stride(0);
+  p.resid = h.f32();
+  launch_rms_norm(p, stream());
 }
 
 void layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, float eps, Tensor& out) {

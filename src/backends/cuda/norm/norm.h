@@ -17,6 +17,11 @@ struct NormParams {
   int64_t x_stride, out_stride;
   int64_t rows, d;
   float eps;
+  // Residual form (RMSNorm): x is first replaced by x + delta (written back to resid == x), and
+  // that sum is normalised.
+  const float* delta = nullptr;  // [rows, d], row stride delta_stride
+  float* resid = nullptr;
+  int64_t delta_stride = 0;
 };
 void launch_rms_norm(const NormParams& p, cudaStream_t stream);
 void launch_layer_norm(const NormParams& p, cudaStream_t stream);
