@@ -361,7 +361,9 @@ TEST_F(CudaKvFp8, MlaStoreAndLoadBitwise) {
     ops::mla_cache_store_fp8(test::dev_strided(rows), dev(slots), gpu_pool);
     expect_same_bytes(host(gpu_pool), cpu_pool, ops::kMlaFp8Bytes, what);
     // With the key preparation fused in (RMSNorm of the latent, RoPE of k_pe): the bytes of the
-    // CPU's norm + rope + store, both RoPE layouts; the GPU's rows stay as they were.
+    // GPU's own rms_norm + rope + store (the GPU's norm sums in its own order, so the CPU's bytes
+    // may differ by an e4m3 step); decoded, within the quantisation of the CPU's prepared rows.
+    // Both RoPE layouts; the GPU's rows stay as they were.
     for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
       const ops::RopeFreqs f = ops::compute_rope_freqs(RopeConfig{}, 64);
       std::vector<int32_t> pos(static_cast<size_t>(m));
@@ -370,17 +372,28 @@ TEST_F(CudaKvFp8, MlaStoreAndLoadBitwise) {
                            Tensor::from_f32(f.inv_freq, {32}), 0.8f, style};
       ops::MlaKeyPrep dprep{dev(prep.norm_weight), prep.eps, dev(prep.positions), dev(prep.inv_freq),
                             prep.attention_factor, style};
-      Tensor cpu_prep = filled_u8({n_slots, ops::kMlaFp8Bytes}, 0x5a);
-      Tensor gpu_prep = dev(cpu_prep);
-      ops::mla_cache_store_fp8(rows, slots, cpu_prep, &prep);
-      const Tensor drows = test::dev_strided(rows);
-      ops::mla_cache_store_fp8(drows, dev(slots), gpu_prep, &dprep);
       const std::string pw = what + " prepared, style " + std::to_string(int(style));
-      expect_same_bytes(host(gpu_prep), cpu_prep, ops::kMlaFp8Bytes, pw);
+      Tensor fused = dev(filled_u8({n_slots, ops::kMlaFp8Bytes}, 0x5a));
+      const Tensor drows = test::dev_strided(rows);
+      ops::mla_cache_store_fp8(drows, dev(slots), fused, &dprep);
       test::expect_bitwise(host(drows).contiguous(), rows, pw + " rows untouched");
-      if (m > 3) {
-        EXPECT_NE(std::memcmp(cpu_prep.raw(), cpu_pool.raw(), size_t(cpu_pool.nbytes())), 0) << pw;
-      }
+      Tensor prepared = dev(rows);  // the three ops, one after another, on the GPU
+      Tensor lat = prepared.narrow(1, 0, 512);
+      ops::rms_norm(lat, dprep.norm_weight, dprep.eps, lat);
+      Tensor p3 = prepared.view({m, 1, dk});
+      ops::rope(p3, dprep.positions, dprep.inv_freq, dprep.attention_factor, style, 512);
+      Tensor separate = dev(filled_u8({n_slots, ops::kMlaFp8Bytes}, 0x5a));
+      ops::mla_cache_store_fp8(prepared, dev(slots), separate);
+      const Tensor fused_h = host(fused);
+      expect_same_bytes(fused_h, host(separate), ops::kMlaFp8Bytes, pw);
+      if (m == 0) continue;
+      Tensor cpu_prep = filled_u8({n_slots, ops::kMlaFp8Bytes}, 0x5a);
+      ops::mla_cache_store_fp8(rows, slots, cpu_prep, &prep);
+      Tensor a = Tensor::empty({m, dk}, DType::F32), b = Tensor::empty({m, dk}, DType::F32);
+      ops::mla_cache_load_fp8(fused_h, slots, a);
+      ops::mla_cache_load_fp8(cpu_prep, slots, b);
+      test::expect_nmse_close(a, b, 1e-4, pw + " against the CPU");
+      EXPECT_NE(std::memcmp(cpu_prep.raw(), cpu_pool.raw(), size_t(cpu_pool.nbytes())), 0) << pw;
     }
     // Load every slot (the -1 entries give zero rows), from the GPU's own pool.
     std::vector<int32_t> all(static_cast<size_t>(n_slots));

@@ -7,7 +7,7 @@
 //
 // Work split: a block owns a "row group" (up to 4 consecutive rows of one sequence: the MTP
 // verification rows; 2 with more than 64 heads) and walks that sequence's pages (one 64-key page per
-// tile) with an 8-stage cp.async pipeline whose page ids are read one tile ahead. Each page is read
+// tile) with a 4-stage cp.async pipeline whose page ids are read one tile ahead. Each page is read
 // from HBM once per group and reused for every row and head. Each warp holds the queries of 32 heads
 // of one row (rotate_quant writes them as e4m3 bytes) in registers (2 m16 tiles x 8 k16 steps) and
 // multiplies them by 8..64 keys of the page (n8 tiles read from shared memory); its partial head
@@ -37,7 +37,7 @@ constexpr int kPage = ops::kKvPageTokens;  // keys per tile: one page
 constexpr int kD = 128;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kStages = 8;  // every tile of a block in flight at 128K keys (about 8 per block)
+constexpr int kStages = 4;
 constexpr int kRowBytes = kD + 16;  // 144: padded key rows, conflict-free 16-byte fragment loads
 constexpr int kMaxGroupRows = 4;    // rows per group (MTP: 1 + 3 drafts)
 constexpr int kHeadsPerWarp = 32;   // 2 m16 tiles
@@ -90,7 +90,7 @@ __device__ __forceinline__ bool row_valid(int64_t seq, int64_t bound, int64_t n_
 
 __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(IndexerLogitsFp8Params p) {
   pdl_enter();
-  extern __shared__ __align__(16) Stage st[];  // [kStages] (dynamic: over the 48 KB static limit)
+  __shared__ __align__(16) Stage st[kStages];
   __shared__ float part[kWarps][kPage];  // [m slice = (row, head chunk)][key] partial head sums
   __shared__ int s_bad[kStages];         // the stage's page id is invalid
   __shared__ int s_bound[kMaxGroupRows];
@@ -145,6 +145,35 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
   const int64_t r = r0 + mslice / hc_count;
   const int hc = mslice % hc_count;
 
+  // This warp's queries, in registers for the whole block as f16 (exact): two 16-byte loads of
+  // e4m3 bytes per m tile and half, all in flight together, converted once.
+  // K order: the lane with tig holds bytes tig*32 + 4j + [0, 4) of a row for k16 step j (bytes 0-1
+  // where the m16n8k16 layout has k = 2 tig + [0, 2), bytes 2-3 where it has k = 2 tig + 8 + [0, 2)).
+  // A and B use the same map, so each step sums exact products of matching elements.
+  uint32_t a[2][kSteps][4];  // [m tile][k step][a0..a3] f16x2
+  float wr[2][2];            // [m tile][head g, head g + 8]
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int h = hc * kHeadsPerWarp + mt * 16 + g + 8 * half;
+      const bool on = active && h < p.heads;
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (on) {
+        const uint4* src = reinterpret_cast<const uint4*>(p.q8_bytes + (r * p.heads + h) * kD + tig * 32);
+        lo = src[0];
+        hi = src[1];
+      }
+      const uint32_t w[kSteps] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};  // bytes tig*32 + 4j
+#pragma unroll
+      for (int j = 0; j < kSteps; ++j) {
+        a[mt][j][half] = e4m3x2_to_f16x2(w[j]);            // a0 / a1: k = 2 tig + [0, 2)
+        a[mt][j][half + 2] = e4m3x2_to_f16x2(w[j] >> 16);  // a2 / a3: k = 2 tig + 8 + [0, 2)
+      }
+      wr[mt][half] = on ? p.wq[r * p.heads + h] : 0.0f;
+    }
+  }
+
   const int64_t page_bytes = int64_t(kPage) * (kD + 4);
   const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
   const int64_t stride = gridDim.x;
@@ -181,37 +210,6 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue(int64_t(blockIdx.x) + int64_t(s) * stride, first[s], s);
   int32_t next = first[kStages - 1];  // id of the tile the next iteration issues
-
-  // This warp's queries (loaded once the first pages are on their way: those need none), in
-  // registers for the whole block as f16 (exact): two 16-byte loads of e4m3 bytes per m tile and
-  // half, all in flight together, converted once.
-  // K order: the lane with tig holds bytes tig*32 + 4j + [0, 4) of a row for k16 step j (bytes 0-1
-  // where the m16n8k16 layout has k = 2 tig + [0, 2), bytes 2-3 where it has k = 2 tig + 8 + [0, 2)).
-  // A and B use the same map, so each step sums exact products of matching elements.
-  uint32_t a[2][kSteps][4];  // [m tile][k step][a0..a3] f16x2
-  float wr[2][2];            // [m tile][head g, head g + 8]
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int h = hc * kHeadsPerWarp + mt * 16 + g + 8 * half;
-      const bool on = active && h < p.heads;
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (on) {
-        const uint4* src = reinterpret_cast<const uint4*>(p.q8_bytes + (r * p.heads + h) * kD + tig * 32);
-        lo = src[0];
-        hi = src[1];
-      }
-      const uint32_t w[kSteps] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};  // bytes tig*32 + 4j
-#pragma unroll
-      for (int j = 0; j < kSteps; ++j) {
-        a[mt][j][half] = e4m3x2_to_f16x2(w[j]);            // a0 / a1: k = 2 tig + [0, 2)
-        a[mt][j][half + 2] = e4m3x2_to_f16x2(w[j] >> 16);  // a2 / a3: k = 2 tig + 8 + [0, 2)
-      }
-      wr[mt][half] = on ? p.wq[r * p.heads + h] : 0.0f;
-    }
-  }
-
   int it = 0;
   for (int64_t t = blockIdx.x; t < n_tiles; t += stride, ++it) {
     const int s = it % kStages;
@@ -324,10 +322,7 @@ void launch_indexer_logits_fp8_mma(const IndexerLogitsFp8Params& p, cudaStream_t
   const int64_t groups = (p.rows + G - 1) / G;
   const int64_t want = std::max<int64_t>(1, 2 * int64_t(device_sm_count()) / groups);
   const unsigned gx = unsigned(std::max<int64_t>(1, std::min(n_tiles, want)));
-  constexpr size_t smem = sizeof(Stage) * kStages;
-  DSI_CUDA_CHECK(cudaFuncSetAttribute(indexer_logits_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(smem)));
-  launch(indexer_logits_mma_kernel, dim3(gx, unsigned(p.rows)), kThreads, smem, s, p);
+  launch(indexer_logits_mma_kernel, dim3(gx, unsigned(p.rows)), kThreads, 0, s, p);
 }
 
 }  // namespace dsi::cuda
