@@ -23,6 +23,7 @@
 #include "backends/cpu/cpu_kv_fp8.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/kv_fp8.h"
+#include "ops/norm.h"
 #include "ops/rope.h"
 #include "ops/topk.h"
 
