@@ -107,12 +107,15 @@ LayerContext DsaModel::upload_context(const LayerContext& host) const {
   return ctx;
 }
 
-void DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, Tensor& h,
-                             LayerKvCache& kv, DcpTopk& topk) const {
+Tensor DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, Tensor& h,
+                               LayerKvCache& kv, DcpTopk& topk, const Tensor& pending) const {
   const int64_t n = ctx.n, d = cfg_.hidden_size;
   const float eps = float(cfg_.rms_norm_eps);
   Tensor x = Tensor::empty({n, d}, DType::F32, h.device());
-  ops::rms_norm(h, w.input_layernorm, eps, x);
+  if (pending.defined())
+    ops::add_rms_norm(h, pending, w.input_layernorm, eps, x);  // the previous layer's residual add
+  else
+    ops::rms_norm(h, w.input_layernorm, eps, x);
   Tensor attn = mla_attention(ctx, w.self_attn, x, kv, topk);
   rank_.all_reduce_tp(attn);  // o_proj partial sums of each rank's heads
   ops::add_rms_norm(h, attn, w.post_attention_layernorm, eps, x);  // h += attn; x = norm(h)
@@ -137,7 +140,7 @@ void DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, Ten
                      &w.moe.shared_experts);
   }
   rank_.all_reduce_tp(ffn);  // column/row-split MLPs and this rank's experts: partial sums
-  ops::add_inplace(h, ffn);
+  return ffn;                // h += ffn happens in the next norm (ops::add_rms_norm)
 }
 
 Tensor DsaModel::forward(const Tensor& tokens, SequenceKvCache& cache, ForwardTrace* trace) const {
@@ -164,12 +167,16 @@ Tensor DsaModel::forward_planned(const Tensor& tokens, const LayerContext& ctx,
   Tensor h = Tensor::empty({n, cfg_.hidden_size}, DType::F32, device_);
   ops::embedding(weights_.embed_tokens, tokens, h);
   DcpTopk topk;
+  Tensor ffn;  // the last layer's MLP output, not yet added to h
   for (int i = 0; i < cfg_.n_layers; ++i) {
-    decoder_layer(ctx, weights_.layers[size_t(i)], h, cache.layer(i), topk);
+    ffn = decoder_layer(ctx, weights_.layers[size_t(i)], h, cache.layer(i), topk, ffn);
     if (trace) trace->topk.push_back(topk.global);
   }
   Tensor out = Tensor::empty({n, cfg_.hidden_size}, DType::F32, device_);
-  ops::rms_norm(h, weights_.norm, float(cfg_.rms_norm_eps), out);
+  if (ffn.defined())
+    ops::add_rms_norm(h, ffn, weights_.norm, float(cfg_.rms_norm_eps), out);
+  else
+    ops::rms_norm(h, weights_.norm, float(cfg_.rms_norm_eps), out);
   return out;
 }
 
@@ -260,7 +267,7 @@ Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
     }
     ctx.reuse_topk = true;
   }
-  decoder_layer(ctx, m.layer, h, seqs[0].cache->mtp(), topk);
+  const Tensor ffn = decoder_layer(ctx, m.layer, h, seqs[0].cache->mtp(), topk, Tensor());
   if (!shares.empty() && !reuse) {
     int64_t row = 0;
     for (size_t b = 0; b < seqs.size(); ++b) {
@@ -270,7 +277,7 @@ Tensor DsaModel::mtp_forward(const Tensor& hidden, const Tensor& next_tokens,
   }
   if (trace) trace->topk.push_back(topk.global);
   Tensor out = Tensor::empty({n, d}, DType::F32, device_);
-  ops::rms_norm(h, m.shared_head_norm, eps, out);
+  ops::add_rms_norm(h, ffn, m.shared_head_norm, eps, out);
   for (const BatchSeq& s : seqs) s.cache->set_mtp_length(s.cache->mtp_length() + s.n);
   return out;
 }

@@ -98,9 +98,11 @@ class DsaModel {
   Tensor mtp_logits(const Tensor& mtp_hidden) const;
 
  private:
-  // One pre-norm decoder layer over h ([n, hidden], updated in place).
-  void decoder_layer(const LayerContext& ctx, const LayerWeights& w, Tensor& h, LayerKvCache& kv,
-                     DcpTopk& topk) const;
+  // One pre-norm decoder layer over h ([n, hidden]): first h += pending (the previous layer's MLP
+  // output, when defined; fused into the input norm), then the attention's residual add; returns
+  // this layer's MLP output, which the caller adds (again fused into the norm that follows).
+  Tensor decoder_layer(const LayerContext& ctx, const LayerWeights& w, Tensor& h, LayerKvCache& kv,
+                       DcpTopk& topk, const Tensor& pending) const;
   // The context of a call over `seqs`, whose rows start at each cache's length (or MTP length).
   LayerContext make_context(const std::vector<BatchSeq>& seqs, bool mtp) const {
     return upload_context(plan_context(seqs, mtp));
