@@ -114,7 +114,8 @@ dsi::cuda::GemvParams gemv_params(const Shape& sh, bool fp8, int n, const float*
 }
 
 std::string plan_name(const dsi::cuda::GemvPlan& plan) {
-  return "R" + std::to_string(plan.rows_per_warp) + " ks" + std::to_string(plan.k_split);
+  return "R" + std::to_string(plan.rows_per_warp) + " ks" + std::to_string(plan.k_split) +
+         (plan.pipelined ? " pipe" : " regs");
 }
 
 // Times every plan and names the fastest: "; best R4 ks2 30.1 us (77.0%)".
@@ -122,11 +123,13 @@ template <typename Run>
 std::string sweep_plans(const dsi::cuda::GemvPlan& plan, double us, double bytes, Run&& run_plan) {
   double best = us;
   std::string best_name = "heuristic";
+  for (bool pipe : {false, true})
   for (int r : {1, 2, 4})
     for (int ks : {1, 2, 4, 8}) {
       dsi::cuda::GemvPlan alt = plan;
       alt.rows_per_warp = r;
       alt.k_split = ks;
+      alt.pipelined = pipe;
       const double t = run_plan(alt);
       if (t < best) {
         best = t;

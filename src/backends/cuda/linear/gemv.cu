@@ -2,16 +2,17 @@
 //
 // Tiling: a block is 8 warps. A warp owns R output rows (rows_per_warp) and k_split warps share one
 // row group, each streaming every k_split-th 512-byte stretch of those rows (32 lanes x 16 B). A
-// lane loads 16 B of each of its R rows, two stretches ahead (both issued before any math, so each
-// warp keeps 2 x R x 512 B in flight), and reuses every 16 B of x it loads across the R rows: x is
-// read from L1 (R x fewer x bytes per weight byte), W bypasses L1 (read once, it would only evict
-// x). Partial sums: a fixed xor-butterfly per warp, then the k_split warps in order through shared
+// lane copies 16 B of each of its R rows per stretch into its warp's shared-memory ring, three
+// stretches ahead of the math (cp.async; see gemv_vec_kernel), and reuses every 16 B of x it loads
+// across the R rows: x is read from L1 (R x fewer x bytes per weight byte), W bypasses L1 (read
+// once, it would only evict x). Partial sums: a fixed xor-butterfly per warp, then the k_split warps in order through shared
 // memory, so results are bitwise reproducible.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 
 #include "backends/cuda/linear/gemv.h"
 
@@ -184,14 +185,38 @@ __device__ __forceinline__ bool group_params(const GemvParams& p0, GemvParams& p
 // asks the L2 for the first `prefetch` bytes of this block's rows (one contiguous stretch), so they
 // stream in while the previous kernel ends. Grouped products learn their pointers from memory an
 // earlier kernel may write, so they wait first.
-template <FloatKind K, int N, int R>
+//
+// kPipe: W goes through a per-warp ring of kPipeStages stages in shared memory (cp.async, 16 bytes
+// of each of the R rows per lane and stage; a lane reads back only what it copied, so no barrier),
+// kPipeStages - 1 stages ahead of the math, the first ones queued before the dependency wait. The
+// registers then hold one stage, not two, so more warps fit an SM, and each keeps a steady stream
+// in flight instead of two stretches at a time. Without it: two stretches in registers per round.
+constexpr int kPipeStages = 4;
+
+template <int R>
+constexpr size_t pipe_smem_bytes() {
+  return size_t(kWarps) * kPipeStages * R * 32 * sizeof(uint4);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <FloatKind K, int N, int R, bool kPipe>
 __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0, const int k_split,
                                                             const int64_t prefetch) {
   constexpr int E = elems_per_16b<K>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
+  const bool grouped = p0.groups != nullptr;
   GemvParams p;
-  if (p0.groups == nullptr) {
+  if (!grouped) {
     group_params(p0, p);
     const int64_t first = int64_t(blockIdx.x) * groups * R;
     if (threadIdx.x == 0 && prefetch > 0 && first < p.out) {
@@ -199,12 +224,14 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
       const int64_t rows = min(int64_t(groups) * R, p.out - first);
       prefetch_l2_bulk(static_cast<const char*>(p.w) + first * row_bytes, min(prefetch, rows * row_bytes));
     }
-    pdl_enter();
   } else {
     pdl_enter();
     if (!group_params(p0, p)) return;
   }
-  if (int64_t(blockIdx.x) * groups * R >= p.out) return;  // past this group's rows (grouped form)
+  if (int64_t(blockIdx.x) * groups * R >= p.out) {  // past this group's rows (grouped form)
+    if (!grouped) pdl_enter();
+    return;
+  }
   const int64_t row_base = (int64_t(blockIdx.x) * groups + group) * R;
   const int64_t chunks = p.in / E;  // 16-byte chunks per row
   const uint4* wrow[R];
@@ -225,18 +252,47 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
     for (int r = 0; r < R; ++r) acc[i][r] = 0.0f;
 
   const int64_t stride = int64_t(k_split) * 32;
-  for (int64_t c = int64_t(kw) * 32 + lane; c < chunks; c += 2 * stride) {
-    const int64_t c2 = c + stride;
-    const bool second = c2 < chunks;
-    uint4 a[R], b[R];
+  if constexpr (kPipe) {
+    extern __shared__ uint4 ring[];  // [kWarps][kPipeStages][R][32]
+    uint4* mine = ring + warp * (kPipeStages * R * 32) + lane;
+    int64_t next = int64_t(kw) * 32 + lane;  // the chunk the next stage copies
+    auto queue = [&](int stage) {
+      if (next < chunks) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) a[r] = load_stream(wrow[r] + c);
-    if (second) {
+        for (int r = 0; r < R; ++r) cp_async16(mine + (stage * R + r) * 32, wrow[r] + next);
+      }
+      cp_async_commit();  // always a group, so the waits count stages
+      next += stride;
+    };
 #pragma unroll
-      for (int r = 0; r < R; ++r) b[r] = load_stream(wrow[r] + c2);
+    for (int st = 0; st < kPipeStages - 1; ++st) queue(st);
+    if (!grouped) pdl_enter();  // x is the previous kernel's output
+    int st = 0;
+    for (int64_t c = int64_t(kw) * 32 + lane; c < chunks; c += stride) {
+      queue(st == 0 ? kPipeStages - 1 : st - 1);  // the stage the previous round read
+      cp_async_wait<kPipeStages - 1>();           // this round's stage has landed
+      uint4 wv[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) wv[r] = mine[(st * R + r) * 32];
+      accumulate_chunk<K, N, R>(p, wv, srow, c, block_in_log2, acc);
+      st = st + 1 == kPipeStages ? 0 : st + 1;
     }
-    accumulate_chunk<K, N, R>(p, a, srow, c, block_in_log2, acc);
-    if (second) accumulate_chunk<K, N, R>(p, b, srow, c2, block_in_log2, acc);
+    cp_async_wait<0>();
+  } else {
+    if (!grouped) pdl_enter();
+    for (int64_t c = int64_t(kw) * 32 + lane; c < chunks; c += 2 * stride) {
+      const int64_t c2 = c + stride;
+      const bool second = c2 < chunks;
+      uint4 a[R], b[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) a[r] = load_stream(wrow[r] + c);
+      if (second) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) b[r] = load_stream(wrow[r] + c2);
+      }
+      accumulate_chunk<K, N, R>(p, a, srow, c, block_in_log2, acc);
+      if (second) accumulate_chunk<K, N, R>(p, b, srow, c2, block_in_log2, acc);
+    }
   }
   reduce_store<N, R>(p, acc, row_base, k_split);
 }
@@ -366,14 +422,27 @@ void launch_t(const GemvParams& p, cudaStream_t s) {
   }
 }
 
+template <FloatKind K, int N, int R>
+void launch_vec(const GemvParams& p, const GemvPlan& plan, dim3 grid, cudaStream_t s) {
+  if (plan.pipelined) {
+    constexpr size_t smem = pipe_smem_bytes<R>();
+    // Per call: cheap, per device, allowed during stream capture.
+    DSI_CUDA_CHECK(cudaFuncSetAttribute(gemv_vec_kernel<K, N, R, true>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch(gemv_vec_kernel<K, N, R, true>, grid, kThreads, smem, s, p, plan.k_split, plan.prefetch);
+  } else {
+    launch(gemv_vec_kernel<K, N, R, false>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch);
+  }
+}
+
 template <FloatKind K, int N>
 void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   const int64_t rows_per_block = int64_t(plan.rows_per_warp) * (kWarps / plan.k_split);
   const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
   switch (plan.rows_per_warp) {
-    case 1: launch(gemv_vec_kernel<K, N, 1>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch); break;
-    case 2: launch(gemv_vec_kernel<K, N, 2>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch); break;
-    default: launch(gemv_vec_kernel<K, N, 4>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch); break;
+    case 1: launch_vec<K, N, 1>(p, plan, grid, s); break;
+    case 2: launch_vec<K, N, 2>(p, plan, grid, s); break;
+    default: launch_vec<K, N, 4>(p, plan, grid, s); break;
   }
 }
 
@@ -408,6 +477,14 @@ bool gemv_vector_ok(const GemvParams& p) {
   return true;
 }
 
+bool gemv_pipelined_default() {
+  static const bool on = [] {
+    const char* env = std::getenv("DSI_GEMV_PIPE");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return on;
+}
+
 int64_t gemv_prefetch_budget() {
   static const int64_t budget = [] {
     const char* env = std::getenv("DSI_GEMV_PREFETCH_MB");
@@ -424,6 +501,7 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // shape, one row or several, bench_linear --sweep). Rows are split between warps (split-K) while
   // the GPU has under 32 warps per SM and each warp still streams >= 2 KB of a row.
   plan.rows_per_warp = 4;
+  plan.pipelined = gemv_pipelined_default();
   const int64_t row_bytes = p.in * elem_bytes(p.kind);
   const int64_t row_groups = (p.out + 3) / 4 * p.n_groups;
   while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 32 &&
