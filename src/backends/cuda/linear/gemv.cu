@@ -2,10 +2,10 @@
 //
 // Tiling: a block is 8 warps. A warp owns R output rows (rows_per_warp) and k_split warps share one
 // row group, each streaming every k_split-th 512-byte stretch of those rows (32 lanes x 16 B). A
-// lane copies 16 B of each of its R rows per stretch into its warp's shared-memory ring, three
-// stretches ahead of the math (cp.async; see gemv_vec_kernel), and reuses every 16 B of x it loads
-// across the R rows: x is read from L1 (R x fewer x bytes per weight byte), W bypasses L1 (read
-// once, it would only evict x). Partial sums: a fixed xor-butterfly per warp, then the k_split warps in order through shared
+// lane reads 16 B of each of its R rows per stretch (on long rows through its warp's shared-memory
+// ring, three stretches ahead of the math; else two stretches at a time into registers; see
+// gemv_vec_kernel) and reuses every 16 B of x it loads across the R rows: x is read from L1 (R x
+// fewer x bytes per weight byte), W bypasses L1 (read once, it would only evict x). Partial sums: a fixed xor-butterfly per warp, then the k_split warps in order through shared
 // memory, so results are bitwise reproducible.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -501,12 +501,18 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // shape, one row or several, bench_linear --sweep). Rows are split between warps (split-K) while
   // the GPU has under 32 warps per SM and each warp still streams >= 2 KB of a row.
   plan.rows_per_warp = 4;
-  plan.pipelined = gemv_pipelined_default();
   const int64_t row_bytes = p.in * elem_bytes(p.kind);
   const int64_t row_groups = (p.out + 3) / 4 * p.n_groups;
   while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 32 &&
          row_bytes / (2 * plan.k_split) >= 2048)
     plan.k_split *= 2;
+  // The shared-memory ring pays off once each warp streams at least 12 stretches of its rows
+  // (measured, bench_linear --gemv-only, one H200: MoE gate + up, 12 stretches, 73.5% -> 77.8% of
+  // 4.3 TB/s; o_proj, 8 stretches over 4 warps, 76.0% -> 68.6%; q_b and the experts' down rows,
+  // 4 stretches, 65.4% -> 48.7% and 61.3% -> 55.2%): with fewer, its start-up and the lower
+  // occupancy that its shared memory allows cost more than the steadier stream gains.
+  const int64_t stretches = (row_bytes / 16 + 32 * plan.k_split - 1) / (32 * plan.k_split);
+  plan.pipelined = gemv_pipelined_default() && stretches >= kGemvPipeMinStretches;
   // L2 prefetch before the dependency wait: an equal share of the budget per block, all of a small
   // product. Grouped products cannot (their pointers are data).
   if (p.groups == nullptr) {

@@ -60,7 +60,7 @@ struct GemvPlan {
   bool vec = false;
   int rows_per_warp = 1;  // 1, 2 or 4
   int k_split = 1;        // 1, 2, 4 or 8 warps per row group
-  bool pipelined = true;  // W through a shared-memory ring (cp.async) instead of registers
+  bool pipelined = false;  // W through a shared-memory ring (cp.async) instead of registers
   // Bytes of its rows each block asks the L2 for before it waits for the previous kernel (vector
   // kernel, ungrouped products; 0: none). A multiple of 16.
   int64_t prefetch = 0;
@@ -70,8 +70,10 @@ struct GemvPlan {
 // or DSI_GEMV_PREFETCH_MB from the environment (0 turns the prefetch off; for comparisons).
 constexpr int64_t kGemvPrefetchMB = 16;
 int64_t gemv_prefetch_budget();
-// Whether plans stream W through the shared-memory ring: yes, unless DSI_GEMV_PIPE=0 (comparisons).
+// Whether plans may stream W through the shared-memory ring (for rows of at least
+// kGemvPipeMinStretches 512-byte stretches per warp): yes, unless DSI_GEMV_PIPE=0 (comparisons).
 bool gemv_pipelined_default();
+constexpr int64_t kGemvPipeMinStretches = 12;
 
 // True when the vector kernel can read W and x with 16-byte loads: W 16-byte aligned with rows a
 // multiple of 16 bytes, x 16-byte aligned with ldx a multiple of 4 floats, and (fp8) column blocks
