@@ -5,8 +5,9 @@
 // lane reads 16 B of each of its R rows per stretch (on long rows through its warp's shared-memory
 // ring, three stretches ahead of the math; else two stretches at a time into registers; see
 // gemv_vec_kernel) and reuses every 16 B of x it loads across the R rows: x is read from L1 (R x
-// fewer x bytes per weight byte), W bypasses L1 (read once, it would only evict x). Partial sums: a fixed xor-butterfly per warp, then the k_split warps in order through shared
-// memory, so results are bitwise reproducible.
+// fewer x bytes per weight byte), W bypasses L1 (read once, it would only evict x). Partial sums:
+// a fixed xor-butterfly per warp, then the k_split warps in order through shared memory, so
+// results are bitwise reproducible.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 

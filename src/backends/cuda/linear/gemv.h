@@ -33,7 +33,8 @@ struct GemvGroup {
 
 struct GemvParams {
   const float* x;          // [n, in], row stride ldx; the vector path needs 16-byte aligned rows
-  const void* w;           // [out, in] of `kind`, contiguous
+  const void* w;           // [out, in] of `kind`, contiguous; weights: read before the kernel's
+                           // dependency wait (common.cuh), so no kernel may still be writing them
   const float* scale_inv;  // fp8 only: [ceil((row0 + out) / block_out), scale_cols]; else null
   float* y;                // [n, out], row stride ldy
   int64_t ldx, ldy;
