@@ -4,7 +4,8 @@
 // touched in the last (copies - 1) launches, the copies together at least 3x the L2; K launches are
 // captured in one CUDA graph (no host launch gaps), and the figure is the median over replays of
 // (graph time / K). Prints microseconds, GB/s (weight + scale + x + y bytes), % of 4.3 TB/s and
-// TFLOP/s. --sweep also times every GEMV plan and prints the best, to tune gemv_plan().
+// TFLOP/s. --sweep also times every GEMV plan and prints the best, to tune gemv_plan(). Rows of
+// 2..8 x rows over fp8 weights also time the tensor-core kernel (plan "mma").
 //
 // The MoE rows time the grouped GEMVs of one token's experts as the MoE layer launches them.
 //   bench_linear [--sweep] [--reps N] [--gemm-only | --gemv-only | --moe-only]
@@ -114,6 +115,7 @@ dsi::cuda::GemvParams gemv_params(const Shape& sh, bool fp8, int n, const float*
 }
 
 std::string plan_name(const dsi::cuda::GemvPlan& plan) {
+  if (plan.mma) return "mma ks" + std::to_string(plan.k_split);
   return "R" + std::to_string(plan.rows_per_warp) + " ks" + std::to_string(plan.k_split) +
          (plan.pipelined ? " pipe" : " regs");
 }
@@ -273,6 +275,10 @@ int main(int argc, char** argv) {
             std::string extra = plan_name(plan);
             if (sweep) extra += sweep_plans(plan, us, bytes, run_plan);
             print_row(sh, dt, n, "gemv", us, bytes, extra);
+            if (!plan.mma && dsi::cuda::gemv_mma_ok(p)) {  // the tensor-core kernel next to it
+              const dsi::cuda::GemvPlan mma = dsi::cuda::gemv_mma_plan(p, sms);
+              print_row(sh, dt, n, "gemv", run_plan(mma), bytes, plan_name(mma));
+            }
           }
         if (gemm && fp8)
           for (int n : {1, 8, 64, 512, 4096}) {

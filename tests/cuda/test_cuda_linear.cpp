@@ -14,6 +14,7 @@
 
 #include "backends/cpu/cpu_linear_fp8.h"
 #include "backends/cuda/cuda_linear_fp8.h"
+#include "backends/cuda/cuda_ops.h"
 #include "core/dtype.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/linear.h"
@@ -132,6 +133,50 @@ TEST_F(CudaLinearGemv, DecodeShapes) {
       check_linear(w, n, uint64_t(n + 17), case_name("decode linear", c.dt, n, c.out, c.in),
                    n > 1 ? 1 : -1);
     }
+}
+
+// The tensor-core GEMV (2..8 rows of fp8 weights with 128-column blocks; off by default, switched
+// on here): the CPU reference's results within the GEMM tolerance (x enters as two f16 halves of a
+// power-of-two scaled block: 22 bits), a NaN in one x row only in that row's outputs, a repeat
+// bitwise equal; contiguous and strided x. Shapes: GLM-5 projections, slices whose rows start in
+// the middle of a scale block and whose columns start at the second block, a last row group of
+// one row, and x blocks of very different magnitudes (the per-block scale).
+TEST_F(CudaLinearGemv, TensorCoreKernelMatches) {
+  struct Case {
+    int64_t out, in, row0, col0;
+  };
+  struct Restore {
+    ~Restore() { cuda::set_gemv_tensor_cores(false); }
+  } restore;
+  cuda::set_gemv_tensor_cores(true);
+  for (const Case& c : std::vector<Case>{{6144, 16384, 0, 0},
+                                         {2048, 6144, 0, 0},
+                                         {16384, 2048, 0, 0},
+                                         {129, 256, 5, 128},
+                                         {300, 384, 127, 0},
+                                         {33, 128, 0, 0}}) {
+    const LinearWeight w = make_weight(DType::F8_E4M3, c.out, c.in, uint64_t(c.out + 7 * c.in), c.row0,
+                                       c.col0, 128, 128);
+    for (int64_t n : {2, 3, 4, 5, 8}) {
+      const std::string what = case_name("tensor-core linear", DType::F8_E4M3, n, c.out, c.in) + " offsets " +
+                               std::to_string(c.row0) + "," + std::to_string(c.col0);
+      const uint64_t before = cuda::gemv_tensor_core_launches();
+      check_linear(w, n, uint64_t(n * 31 + c.in), what, n > 2 ? 1 : -1);
+      EXPECT_EQ(cuda::gemv_tensor_core_launches() - before, 4u) << what << ": the tensor-core kernel did not run";
+    }
+  }
+  // x blocks from 1e-6 to 3e4: each 128-column block gets its own scale.
+  const LinearWeight w = make_weight(DType::F8_E4M3, 256, 1024, 77, 0, 0, 128, 128);
+  Tensor x = test::rand_tensor({4, 1024}, 78);
+  for (int64_t r = 0; r < 4; ++r)
+    for (int64_t j = 0; j < 1024; ++j) x.f32()[r * 1024 + j] *= std::ldexp(1.0f, int(j / 128) * 5 - 20);
+  Tensor cpu = Tensor::empty({4, 256}, DType::F32);
+  ops::linear(x, w, cpu);
+  Tensor g = Tensor::empty({4, 256}, DType::F32, gpu());
+  const uint64_t before = cuda::gemv_tensor_core_launches();
+  ops::linear(dev(x), to_gpu(w), g);
+  EXPECT_EQ(cuda::gemv_tensor_core_launches() - before, 1u);
+  test::expect_nmse_close(host(g), cpu, tol::kCudaGemmNmse, "tensor-core linear, scaled x blocks");
 }
 
 TEST_F(CudaLinearGemv, SixtyFourRowsStillMatch) {  // the sgemm path next to the GEMV's boundary

@@ -12,9 +12,11 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string_view>
 
+#include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/gemv.h"
 
 namespace dsi::cuda {
@@ -462,6 +464,186 @@ void launch_n(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   }
 }
 
+// ---- Tensor-core kernel: 2..8 rows of x, fp8 weights with 128-column scale blocks ----
+//
+// With several rows of x the FMA kernels turn compute-bound (each weight is converted once and
+// multiplied once per row). Here y^T = W x^T runs on mma.sync m16n8k16 (f16 operands, fp32
+// accumulation): A = 16 rows of W (e4m3 -> f16 is exact), B = the rows of x as the n8 operand
+// (columns past p.n are zero). x is fp32: each 128-column block of an x row is scaled by a power of
+// two s (its largest finite magnitude lands in [2^14, 2^15), inside f16's range) and split into
+// hi = f16(x s) and lo = f16(x s - hi), one MMA each, so the products carry 22 bits of x where the
+// FMA kernels' carry 24. A block's sum is multiplied by the weight block's scale and 1 / s (a power
+// of two) before it joins the fp32 accumulator. NaN in x stays NaN (only in its own column).
+//
+// K order: for k16 step j of a 64-column half, lane (g, t) holds columns 16 t + 4 j + [0, 4) of its
+// rows: bytes 0-1 where the m16n8k16 layout has k = 2 t + [0, 2), bytes 2-3 where it has
+// k = 2 t + 8 + [0, 2); B uses the same map, so each step sums matching products. A lane reads
+// 16 contiguous bytes of each of its rows per half (one 16-byte load).
+//
+// Work split: a warp owns 32 rows (two m16 tiles) and every k_split-th 128-column block of them;
+// the k_split warps of a row group add their sums in warp order through shared memory.
+constexpr int kMmaTiles = 2;
+constexpr int kMmaRows = 16 * kMmaTiles;  // rows of W per warp
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 values (the low 16 bits of x, low byte first) as f16x2; exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(d) : "h"(static_cast<unsigned short>(x)));
+  return d;
+}
+
+// f16x2 of (a, b), a in the low half, and its value back in fp32.
+__device__ __forceinline__ uint32_t f16x2_bits(float a, float b, float& ra, float& rb) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 r = __half22float2(h);
+  ra = r.x;
+  rb = r.y;
+  const __half2_raw raw = h;
+  return uint32_t(raw.x) | (uint32_t(raw.y) << 16);
+}
+
+// The power of two that brings the block maximum m (>= 0) into [2^14, 2^15), as a biased fp32
+// exponent in [1, 253] (so 1 / s is a normal number too); 127 (s = 1) for 0, inf or NaN.
+__device__ __forceinline__ int block_scale_exponent(float m) {
+  const int e = int((__float_as_uint(m) >> 23) & 0xffu);
+  if (m == 0.0f || e == 255) return 127;
+  return min(253, max(1, 268 - e));  // 127 + 14 - (e - 127)
+}
+
+template <int N>
+__global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const GemvParams p0, const int k_split) {
+  GemvParams p;
+  group_params(p0, p);  // ungrouped (strided batch at most): arithmetic on the params only
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
+  const int64_t row_base = (int64_t(blockIdx.x) * groups + group) * kMmaRows;
+  const int64_t kblocks = p.in / 128;
+  const uint8_t* wr[kMmaTiles][2];  // [tile][row g, g + 8]: this lane's 16 bytes of each half
+  const float* sr[kMmaTiles][2];    // the rows' scale rows, from the slice's first column block
+#pragma unroll
+  for (int mt = 0; mt < kMmaTiles; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      // Rows past the end (last block) re-read the last row; their results are not stored.
+      const int64_t r = min(row_base + mt * 16 + g + 8 * h, p.out - 1);
+      wr[mt][h] = static_cast<const uint8_t*>(p.w) + r * p.in + 16 * t;
+      sr[mt][h] = p.scale_inv + ((p.row0 + r) / p.block_out) * p.scale_cols + p.col0 / 128;
+    }
+  pdl_enter();  // x is the previous kernel's output
+  const bool has_x = g < N;
+  const float* xr = p.x + (has_x ? g : 0) * p.ldx + 16 * t;
+  float acc[kMmaTiles][4];
+#pragma unroll
+  for (int mt = 0; mt < kMmaTiles; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[mt][i] = 0.0f;
+
+  for (int64_t kb = kw; kb < kblocks; kb += k_split) {
+    uint4 w[kMmaTiles][2][2];  // [tile][row g, g + 8][64-column half]
+#pragma unroll
+    for (int mt = 0; mt < kMmaTiles; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          w[mt][h][half] = load_stream(reinterpret_cast<const uint4*>(wr[mt][h] + kb * 128 + half * 64));
+    float4 xv[2][4];  // [half][step j]: columns 16 t + 4 j + [0, 4) of the half
+    float m = 0.0f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        xv[half][j] = has_x ? __ldg(reinterpret_cast<const float4*>(xr + kb * 128 + half * 64) + j)
+                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        m = fmaxf(m, fmaxf(fmaxf(fabsf(xv[half][j].x), fabsf(xv[half][j].y)),
+                           fmaxf(fabsf(xv[half][j].z), fabsf(xv[half][j].w))));
+      }
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));  // the 4 lanes of row g: 128 columns
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const int se = block_scale_exponent(m);
+    const float sc = __uint_as_float(uint32_t(se) << 23), inv = __uint_as_float(uint32_t(254 - se) << 23);
+    float d[kMmaTiles][4];
+#pragma unroll
+    for (int mt = 0; mt < kMmaTiles; ++mt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) d[mt][i] = 0.0f;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 v = xv[half][j];
+        const float a0 = v.x * sc, a1 = v.y * sc, a2 = v.z * sc, a3 = v.w * sc;  // exact
+        float h0, h1, h2, h3, l0, l1, l2, l3;
+        const uint32_t hi01 = f16x2_bits(a0, a1, h0, h1), hi23 = f16x2_bits(a2, a3, h2, h3);
+        const uint32_t lo01 = f16x2_bits(a0 - h0, a1 - h1, l0, l1), lo23 = f16x2_bits(a2 - h2, a3 - h3, l2, l3);
+#pragma unroll
+        for (int mt = 0; mt < kMmaTiles; ++mt) {
+          const uint32_t wa = (&w[mt][0][half].x)[j], wb = (&w[mt][1][half].x)[j];
+          const uint32_t a[4] = {e4m3x2_to_f16x2(wa), e4m3x2_to_f16x2(wb), e4m3x2_to_f16x2(wa >> 16),
+                                 e4m3x2_to_f16x2(wb >> 16)};
+          mma_f16(d[mt], a, hi01, hi23);
+          mma_f16(d[mt], a, lo01, lo23);
+        }
+      }
+    // d[mt]: (row g, column 2t), (row g, 2t + 1), (row g + 8, 2t), (row g + 8, 2t + 1); column n's
+    // 1 / s sits in the lanes of row group n (lane 4 n).
+    const float inv0 = __shfl_sync(0xffffffffu, inv, 8 * t), inv1 = __shfl_sync(0xffffffffu, inv, 8 * t + 4);
+#pragma unroll
+    for (int mt = 0; mt < kMmaTiles; ++mt) {
+      const float s0 = __ldg(sr[mt][0] + kb), s1 = __ldg(sr[mt][1] + kb);
+      acc[mt][0] = fmaf(d[mt][0], s0 * inv0, acc[mt][0]);
+      acc[mt][1] = fmaf(d[mt][1], s0 * inv1, acc[mt][1]);
+      acc[mt][2] = fmaf(d[mt][2], s1 * inv0, acc[mt][2]);
+      acc[mt][3] = fmaf(d[mt][3], s1 * inv1, acc[mt][3]);
+    }
+  }
+  // The k_split warps of a row group, added in warp order.
+  __shared__ float red[kWarps][kMmaTiles * 4][32];
+#pragma unroll
+  for (int mt = 0; mt < kMmaTiles; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][mt * 4 + i][lane] = acc[mt][i];
+  __syncthreads();
+  if (kw != 0) return;
+#pragma unroll
+  for (int mt = 0; mt < kMmaTiles; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v = red[warp][mt * 4 + i][lane];
+      for (int k = 1; k < k_split; ++k) v += red[warp + k][mt * 4 + i][lane];
+      const int64_t row = row_base + mt * 16 + g + (i >= 2 ? 8 : 0);
+      const int n = 2 * t + (i & 1);
+      if (n < N && row < p.out) p.y[n * p.ldy + row] = v;
+    }
+}
+
+template <int N>
+void launch_mma_n(const GemvParams& p, int k_split, cudaStream_t s) {
+  const int64_t rows_per_block = int64_t(kMmaRows) * (kWarps / k_split);
+  const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
+  launch(gemv_mma_kernel<N>, grid, kThreads, 0, s, p, k_split);
+}
+
+void launch_mma(const GemvParams& p, int k_split, cudaStream_t s) {
+  switch (p.n) {
+    case 2: launch_mma_n<2>(p, k_split, s); break;
+    case 3: launch_mma_n<3>(p, k_split, s); break;
+    case 4: launch_mma_n<4>(p, k_split, s); break;
+    case 5: launch_mma_n<5>(p, k_split, s); break;
+    case 6: launch_mma_n<6>(p, k_split, s); break;
+    case 7: launch_mma_n<7>(p, k_split, s); break;
+    default: launch_mma_n<8>(p, k_split, s); break;
+  }
+}
+
 }  // namespace
 
 bool gemv_vector_ok(const GemvParams& p) {
@@ -477,6 +659,45 @@ bool gemv_vector_ok(const GemvParams& p) {
   }
   return true;
 }
+
+bool gemv_mma_ok(const GemvParams& p) {
+  return p.kind == FloatKind::kE4M3 && p.groups == nullptr && p.n >= 2 && p.n <= kGemvMaxRows &&
+         p.block_in == 128 && p.col0 % 128 == 0 && p.in % 128 == 0 && gemv_vector_ok(p);
+}
+
+GemvPlan gemv_mma_plan(const GemvParams& p, int num_sms) {
+  GemvPlan plan;
+  plan.vec = true;
+  plan.mma = true;
+  // Warps per row group: more while the GPU has under 16 warps per SM and each warp keeps at least
+  // two 128-column blocks per row.
+  const int64_t row_groups = (p.out + kMmaRows - 1) / kMmaRows * p.n_groups, kblocks = p.in / 128;
+  while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 16 &&
+         kblocks / (2 * plan.k_split) >= 2)
+    plan.k_split *= 2;
+  return plan;
+}
+
+namespace {
+std::atomic<int> g_tensor_cores{-1};  // -1: not yet read from the environment
+std::atomic<uint64_t> g_tensor_core_launches{0};
+}  // namespace
+
+uint64_t gemv_tensor_core_launches() { return g_tensor_core_launches.load(); }
+
+bool gemv_tensor_cores() {
+  int on = g_tensor_cores.load(std::memory_order_relaxed);
+  if (on < 0) {
+    const char* env = std::getenv("DSI_GEMV_MMA");
+    on = env != nullptr && std::string_view(env) == "1" ? 1 : 0;
+    int expected = -1;
+    g_tensor_cores.compare_exchange_strong(expected, on);
+    on = g_tensor_cores.load();
+  }
+  return on == 1;
+}
+
+void set_gemv_tensor_cores(bool on) { g_tensor_cores.store(on ? 1 : 0); }
 
 bool gemv_pipelined_default() {
   static const bool on = [] {
@@ -495,6 +716,7 @@ int64_t gemv_prefetch_budget() {
 }
 
 GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
+  if (gemv_tensor_cores() && gemv_mma_ok(p)) return gemv_mma_plan(p, num_sms);
   GemvPlan plan;
   plan.vec = gemv_vector_ok(p);
   if (!plan.vec) return plan;
@@ -535,6 +757,13 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
             "gemv: k_split {}", plan.k_split);
   DSI_CHECK(plan.rows_per_warp == 1 || plan.rows_per_warp == 2 || plan.rows_per_warp == 4,
             "gemv: rows_per_warp {}", plan.rows_per_warp);
+  if (plan.mma) {
+    DSI_CHECK(gemv_mma_ok(p), "gemv: the tensor-core kernel takes 2..{} rows of fp8 weights with "
+              "128-column blocks, got {} rows", kGemvMaxRows, p.n);
+    launch_mma(p, plan.k_split, stream);
+    g_tensor_core_launches.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
   switch (p.n) {
     case 1: launch_n<1>(p, plan, stream); break;
     case 2: launch_n<2>(p, plan, stream); break;

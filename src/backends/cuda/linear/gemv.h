@@ -65,6 +65,7 @@ struct GemvPlan {
   // Bytes of its rows each block asks the L2 for before it waits for the previous kernel (vector
   // kernel, ungrouped products; 0: none). A multiple of 16.
   int64_t prefetch = 0;
+  bool mma = false;  // the tensor-core kernel (gemv_mma_ok), k_split warps per 32-row group
 };
 
 // The L2 bytes one GEMV launch prefetches in all (its blocks' shares of it): kGemvPrefetchMB MiB,
@@ -81,6 +82,12 @@ constexpr int64_t kGemvPipeMinStretches = 12;
 // that never split a 16-element chunk.
 bool gemv_vector_ok(const GemvParams& p);
 GemvPlan gemv_plan(const GemvParams& p, int num_sms);
+// The tensor-core kernel for 2..kGemvMaxRows rows of x (see gemv.cu): fp8 weights with 128-column
+// scale blocks, a 128-aligned column slice, rows of whole blocks, ungrouped (strided batch
+// allowed), vector-aligned operands. gemv_plan picks it only when gemv_tensor_cores() (cuda_ops.h)
+// is on: it is new, and the FMA kernels stay the default until it is measured.
+bool gemv_mma_ok(const GemvParams& p);
+GemvPlan gemv_mma_plan(const GemvParams& p, int num_sms);
 // Runs y = x W^T (p.n in 1..kGemvMaxRows, p.out > 0, p.in > 0) with the given plan.
 void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream);
 
