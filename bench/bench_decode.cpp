@@ -218,6 +218,9 @@ int run(const Args& a) {
             graph = std::make_unique<dsi::cuda::StepGraph>(model->device());
             graph->warm_up([&] { model->forward_planned(tokens_d, ctx, cache); });
             graph->capture([&] { out = model->forward_planned(tokens_d, ctx, cache); });
+            if (rank.is_root())
+              fmt::print("graph: {} kernels per step (embedding and final norm included; {:.1f} per layer)\n",
+                         graph->kernel_nodes(), double(graph->kernel_nodes()) / cfg.n_layers);
           }
           const auto s = std::chrono::steady_clock::now();
           if (graph) graph->replay();  // waits for the step

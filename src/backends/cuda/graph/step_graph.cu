@@ -111,6 +111,22 @@ void StepGraph::capture(const std::function<void()>& fn) {
   g.host_flags.resize(g.checks.what.size());
 }
 
+int StepGraph::kernel_nodes() const {
+  const Impl& g = *impl_;
+  if (g.graph == nullptr) return 0;
+  size_t n = 0;
+  DSI_CUDA_CHECK(cudaGraphGetNodes(g.graph, nullptr, &n));
+  std::vector<cudaGraphNode_t> nodes(n);
+  if (n > 0) DSI_CUDA_CHECK(cudaGraphGetNodes(g.graph, nodes.data(), &n));
+  int kernels = 0;
+  for (cudaGraphNode_t node : nodes) {
+    cudaGraphNodeType type{};
+    DSI_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+    kernels += type == cudaGraphNodeTypeKernel ? 1 : 0;
+  }
+  return kernels;
+}
+
 void StepGraph::replay() {
   Impl& g = *impl_;
   DSI_CHECK(g.exec != nullptr, "replay of a step graph that was not captured");

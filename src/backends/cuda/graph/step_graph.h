@@ -48,6 +48,8 @@ class StepGraph {
   void replay();
   // Input checks deferred into the graph.
   int deferred_checks() const;
+  // Kernel launches in the captured graph (0 before a capture).
+  int kernel_nodes() const;
 
  private:
   struct Impl;
