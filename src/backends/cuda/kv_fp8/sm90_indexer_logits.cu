@@ -27,6 +27,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
+#include "backends/cuda/ptx.cuh"
 #include "ops/kv_fp8.h"
 
 namespace dsi::cuda {
@@ -56,32 +57,6 @@ struct Stage {
   uint8_t keys[kPage * kRowBytes];  // [64 keys, 144 B]: 128 e4m3 values + 16 B of padding
   float scales[kPage];              // [64] key scales
 };
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// d += a b: a 16x16 f16 (row), b 16x8 f16 (col), d 16x8 f32.
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two e4m3 values (the low and high byte of x) as f16x2 (low half from the low byte); exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
-  uint32_t d;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(d) : "h"(static_cast<unsigned short>(x)));
-  return d;
-}
 
 // A row may start or extend a group when its sequence and bound are valid.
 __device__ __forceinline__ bool row_valid(int64_t seq, int64_t bound, int64_t n_seqs, int64_t max_bound) {

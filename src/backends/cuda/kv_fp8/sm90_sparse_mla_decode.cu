@@ -46,6 +46,7 @@
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/ptx.cuh"
 #include "ops/kv_fp8.h"
 
 namespace dsi::cuda {
@@ -80,18 +81,7 @@ struct Smem {
   static constexpr size_t kBytes = kStats + 3 * size_t(kHG) * 4;
 };
 
-// ---- PTX wrappers ----
-
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// ---- PTX wrappers (the shared ones: ptx.cuh) ----
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -215,7 +205,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
           atomicMin(p.bad, static_cast<unsigned long long>(row * p.topk + key0 + t * kBK + k));
       }
       const uint8_t* src = p.pool + (ok ? int64_t(slot) * kEntry : 0) + piece * 16;
-      cp_async16(raw + k * kEntry + piece * 16, src, ok ? 16 : 0);
+      cp_async16_zfill(raw + k * kEntry + piece * 16, src, ok ? 16 : 0);
     }
     cp_async_commit();
   };
@@ -235,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
     for (int n = 0; n < 8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 
   for (int t = 0; t < n_tiles; ++t) {
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();  // raw holds tile t; the previous tile's P.V is done with k_s and p_s
 
     // 1. Unpack: 32 latent pieces (16 e4m3 -> 16 bf16, unscaled: the tile scales are applied in

@@ -18,6 +18,7 @@
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/gemv.h"
+#include "backends/cuda/ptx.cuh"
 
 namespace dsi::cuda {
 
@@ -199,16 +200,6 @@ constexpr int kPipeStages = 4;
 template <int R>
 constexpr size_t pipe_smem_bytes() {
   return size_t(kWarps) * kPipeStages * R * 32 * sizeof(uint4);
-}
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 template <FloatKind K, int N, int R, bool kPipe>
@@ -484,21 +475,6 @@ void launch_n(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
 // the k_split warps of a row group add their sums in warp order through shared memory.
 constexpr int kMmaTiles = 2;
 constexpr int kMmaRows = 16 * kMmaTiles;  // rows of W per warp
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two e4m3 values (the low 16 bits of x, low byte first) as f16x2; exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
-  uint32_t d;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(d) : "h"(static_cast<unsigned short>(x)));
-  return d;
-}
 
 // f16x2 of (a, b), a in the low half, and its value back in fp32.
 __device__ __forceinline__ uint32_t f16x2_bits(float a, float b, float& ra, float& rb) {
