@@ -68,22 +68,13 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(MoeRouteParams
       __syncthreads();
     }
     // Expert i is picked at position rank(i) when that rank is below k. Every thread reads the same
-    // b[j] at a time (a broadcast); the loads are unrolled so many are in flight (the serial
-    // one-at-a-time loop was most of this kernel's time).
+    // b[j] at a time (a broadcast); the loop is unrolled so many loads are in flight (one at a
+    // time was most of this kernel's time).
     for (int i = threadIdx.x; i < E; i += blockDim.x) {
       const float bi = b[i];
       int rank = 0;
-      int j = 0;
-      if ((E & 3) == 0) {
-        const float4* b4 = reinterpret_cast<const float4*>(b);
-#pragma unroll 8
-        for (; j < E; j += 4) {
-          const float4 v = b4[j >> 2];
-          rank += ranks_before(v.x, j, bi, i) + ranks_before(v.y, j + 1, bi, i) +
-                  ranks_before(v.z, j + 2, bi, i) + ranks_before(v.w, j + 3, bi, i);
-        }
-      }
-      for (; j < E; ++j) rank += ranks_before(b[j], j, bi, i) ? 1 : 0;
+#pragma unroll 16
+      for (int j = 0; j < E; ++j) rank += ranks_before(b[j], j, bi, i) ? 1 : 0;
       if (rank < p.k) sel[rank] = i;
     }
     __syncthreads();
