@@ -4,9 +4,6 @@
 
 #include "backends/cpu/cpu_kv_fp8.h"
 #include "ops/dispatch.h"
-#include "ops/elementwise.h"
-#include "ops/norm.h"
-#include "ops/rope.h"
 #ifdef DSI_WITH_CUDA
 #include "backends/cuda/cuda_kv_fp8.h"
 #endif
@@ -118,16 +115,6 @@ void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool, 
     DSI_CHECK(prep->norm_weight.is_contiguous() && prep->positions.is_contiguous() &&
                   prep->inv_freq.is_contiguous(),
               "{}: norm_weight, positions and inv_freq must be contiguous", op);
-    if (dev.is_cpu()) {  // the reference: the two ops on a copy, then the store
-      Tensor r = Tensor::empty({rows.dim(0), kMlaFp8Lora + kMlaFp8Rope}, DType::F32, dev);
-      ops::copy(rows, r);
-      Tensor lat = r.narrow(1, 0, kMlaFp8Lora);
-      ops::rms_norm(lat, prep->norm_weight, prep->eps, lat);
-      Tensor r3 = r.view({rows.dim(0), 1, kMlaFp8Lora + kMlaFp8Rope});
-      ops::rope(r3, prep->positions, prep->inv_freq, prep->attention_factor, prep->style, kMlaFp8Lora);
-      DSI_DISPATCH(dev, mla_cache_store_fp8, r, slots, pool, nullptr);
-      return;
-    }
   }
   DSI_DISPATCH(dev, mla_cache_store_fp8, rows, slots, pool, prep);
 }

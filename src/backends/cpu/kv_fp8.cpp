@@ -153,7 +153,16 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
 }
 
 void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool, const ops::MlaKeyPrep* prep) {
-  DSI_CHECK(prep == nullptr, "mla_cache_store_fp8: the CPU store takes prepared rows (ops/kv_fp8.cpp prepares them)");
+  if (prep != nullptr) {  // the reference: the two ops on a copy, then the plain store
+    Tensor r = Tensor::empty({rows.dim(0), ops::kMlaFp8Lora + ops::kMlaFp8Rope}, DType::F32);
+    copy(rows, r);
+    Tensor lat = r.narrow(1, 0, ops::kMlaFp8Lora);
+    rms_norm(lat, prep->norm_weight, prep->eps, lat);
+    Tensor r3 = r.view({rows.dim(0), 1, ops::kMlaFp8Lora + ops::kMlaFp8Rope});
+    rope(r3, prep->positions, prep->inv_freq, prep->attention_factor, prep->style, ops::kMlaFp8Lora, nullptr);
+    mla_cache_store_fp8(r, slots, pool, nullptr);
+    return;
+  }
   const int64_t m = rows.dim(0), n_slots = pool.dim(0);
   const int32_t* sl = slots.i32();
   for (int64_t i = 0; i < m; ++i)
