@@ -19,6 +19,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/device.h"
 #include "backends/cuda/linear/fp8_gemm.h"
 #include "backends/cuda/linear/gemv.h"
@@ -117,7 +118,8 @@ dsi::cuda::GemvParams gemv_params(const Shape& sh, bool fp8, int n, const float*
 std::string plan_name(const dsi::cuda::GemvPlan& plan) {
   if (plan.mma) return "mma ks" + std::to_string(plan.k_split);
   return "R" + std::to_string(plan.rows_per_warp) + " ks" + std::to_string(plan.k_split) +
-         (plan.pipelined ? " pipe" : " regs");
+         (plan.pipelined ? " pipe" : " regs") +
+         (plan.row_groups_per_warp > 1 ? " rg" + std::to_string(plan.row_groups_per_warp) : "");
 }
 
 // Times every plan and names the fastest: "; best R4 ks2 30.1 us (77.0%)".
@@ -132,6 +134,8 @@ std::string sweep_plans(const dsi::cuda::GemvPlan& plan, double us, double bytes
       alt.rows_per_warp = r;
       alt.k_split = ks;
       alt.pipelined = pipe;
+      alt.row_groups_per_warp = 1;
+      alt.mma = false;
       const double t = run_plan(alt);
       if (t < best) {
         best = t;
@@ -275,9 +279,14 @@ int main(int argc, char** argv) {
             std::string extra = plan_name(plan);
             if (sweep) extra += sweep_plans(plan, us, bytes, run_plan);
             print_row(sh, dt, n, "gemv", us, bytes, extra);
-            if (!plan.mma && dsi::cuda::gemv_mma_ok(p)) {  // the tensor-core kernel next to it
-              const dsi::cuda::GemvPlan mma = dsi::cuda::gemv_mma_plan(p, sms);
-              print_row(sh, dt, n, "gemv", run_plan(mma), bytes, plan_name(mma));
+            if (n > 1 && dsi::cuda::gemv_mma_ok(p)) {  // the FMA and tensor-core kernels side by side
+              dsi::cuda::GemvPlan other = dsi::cuda::gemv_mma_plan(p, sms);
+              if (plan.mma) {
+                dsi::cuda::set_gemv_tensor_cores(false);
+                other = dsi::cuda::gemv_plan(p, sms);
+                dsi::cuda::set_gemv_tensor_cores(true);
+              }
+              print_row(sh, dt, n, "gemv", run_plan(other), bytes, plan_name(other));
             }
           }
         if (gemm && fp8)

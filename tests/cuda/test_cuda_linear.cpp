@@ -113,13 +113,26 @@ TEST_F(CudaLinearGemv, Fp8SliceOffsetsAndBlockSizes) {
   }
 }
 
+// Restores the GEMV plan switches a test changes.
+struct GemvSwitches {
+  bool tensor_cores = cuda::gemv_tensor_cores();
+  int row_groups = cuda::gemv_row_groups_per_warp();
+  ~GemvSwitches() {
+    cuda::set_gemv_tensor_cores(tensor_cores);
+    cuda::set_gemv_row_groups_per_warp(row_groups);
+  }
+};
+
 // GLM-5 decode shapes (and cut-down ones) that exercise every plan: rows split between 8 warps
-// (o_proj, 16 KiB fp8 rows), 1, 2 and 4 rows per warp; NaN in one x row (its outputs NaN).
+// (o_proj, 16 KiB fp8 rows), 1, 2 and 4 rows per warp, streamed row groups (q_b: 16384 rows); NaN
+// in one x row (its outputs NaN). Several rows of fp8: the tensor-core kernel (the default) and the
+// FMA kernels.
 TEST_F(CudaLinearGemv, DecodeShapes) {
   struct Case {
     DType dt;
     int64_t out, in;
   };
+  GemvSwitches restore;
   for (const Case& c : std::vector<Case>{{DType::F8_E4M3, 6144, 16384},
                                          {DType::F8_E4M3, 2048, 6144},
                                          {DType::F8_E4M3, 6144, 2048},
@@ -128,31 +141,61 @@ TEST_F(CudaLinearGemv, DecodeShapes) {
                                          {DType::BF16, 2048, 6144},
                                          {DType::F16, 1000, 8192},
                                          {DType::F32, 3000, 2048}})
-    for (int64_t n : {1, 4, 8}) {
-      const LinearWeight w = make_weight(c.dt, c.out, c.in, uint64_t(c.out ^ c.in));
-      check_linear(w, n, uint64_t(n + 17), case_name("decode linear", c.dt, n, c.out, c.in),
-                   n > 1 ? 1 : -1);
-    }
+    for (int64_t n : {1, 4, 8})
+      for (bool tc : {true, false}) {
+        if (!tc && (c.dt != DType::F8_E4M3 || n == 1)) continue;
+        cuda::set_gemv_tensor_cores(tc);
+        const LinearWeight w = make_weight(c.dt, c.out, c.in, uint64_t(c.out ^ c.in));
+        check_linear(w, n, uint64_t(n + 17),
+                     case_name("decode linear", c.dt, n, c.out, c.in) + (tc ? "" : " (FMA kernels)"),
+                     n > 1 ? 1 : -1);
+      }
 }
 
-// The tensor-core GEMV (2..8 rows of fp8 weights with 128-column blocks; off by default, switched
-// on here): the CPU reference's results within the GEMM tolerance (x enters as two f16 halves of a
+// Streamed row groups (each warp several row groups through its ring, one after the other), forced
+// on shapes too small for the plan to choose it: a last block and a last row group cut short, rows
+// whose last stretch only some lanes hold (67 x 2064 fp8: 129 chunks; 300 x 1000 bf16: 125), fp8
+// slice offsets; 1, 2 and 5 rows of x (fp8 with 5 rows goes to the tensor cores unless they are off).
+TEST_F(CudaLinearGemv, StreamedRowGroups) {
+  struct Case {
+    DType dt;
+    int64_t out, in, row0, col0;
+  };
+  GemvSwitches restore;
+  cuda::set_gemv_tensor_cores(false);
+  for (int rgw : {2, 3, 7}) {
+    cuda::set_gemv_row_groups_per_warp(rgw);
+    for (const Case& c : std::vector<Case>{{DType::F8_E4M3, 67, 2064, 0, 0},
+                                           {DType::F8_E4M3, 2049, 6144, 5, 16},
+                                           {DType::F8_E4M3, 300, 512, 127, 112},
+                                           {DType::BF16, 300, 1000, 0, 0},
+                                           {DType::F32, 129, 260, 0, 0}})
+      for (int64_t n : {1, 2, 5}) {
+        const LinearWeight w = make_weight(c.dt, c.out, c.in, uint64_t(c.out + c.in + rgw), c.row0, c.col0);
+        check_linear(w, n, uint64_t(n + 3 * rgw),
+                     case_name("streamed linear", c.dt, n, c.out, c.in) + " row groups per warp " +
+                         std::to_string(rgw),
+                     n > 1 ? 1 : -1);
+      }
+  }
+}
+
+// The tensor-core GEMV (3..8 rows of fp8 weights with 128-column blocks, 2 rows on >= 4096 rows):
+// the CPU reference's results within the GEMM tolerance (x enters as two f16 halves of a
 // power-of-two scaled block: 22 bits), a NaN in one x row only in that row's outputs, a repeat
 // bitwise equal; contiguous and strided x. Shapes: GLM-5 projections, slices whose rows start in
-// the middle of a scale block and whose columns start at the second block, a last row group of
-// one row, and x blocks of very different magnitudes (the per-block scale).
+// the middle of a scale block, a last row group of one row, and x blocks of very different
+// magnitudes (the per-block scale).
 TEST_F(CudaLinearGemv, TensorCoreKernelMatches) {
   struct Case {
     int64_t out, in, row0, col0;
   };
-  struct Restore {
-    ~Restore() { cuda::set_gemv_tensor_cores(false); }
-  } restore;
+  GemvSwitches restore;
   cuda::set_gemv_tensor_cores(true);
   for (const Case& c : std::vector<Case>{{6144, 16384, 0, 0},
                                          {2048, 6144, 0, 0},
                                          {16384, 2048, 0, 0},
-                                         {129, 256, 5, 128},
+                                         {129, 256, 5, 0},
                                          {300, 384, 127, 0},
                                          {33, 128, 0, 0}}) {
     const LinearWeight w = make_weight(DType::F8_E4M3, c.out, c.in, uint64_t(c.out + 7 * c.in), c.row0,
@@ -162,7 +205,8 @@ TEST_F(CudaLinearGemv, TensorCoreKernelMatches) {
                                std::to_string(c.row0) + "," + std::to_string(c.col0);
       const uint64_t before = cuda::gemv_tensor_core_launches();
       check_linear(w, n, uint64_t(n * 31 + c.in), what, n > 2 ? 1 : -1);
-      EXPECT_EQ(cuda::gemv_tensor_core_launches() - before, 4u) << what << ": the tensor-core kernel did not run";
+      const uint64_t expected = n >= 3 || c.out >= 4096 ? 4u : 0u;
+      EXPECT_EQ(cuda::gemv_tensor_core_launches() - before, expected) << what << ": tensor-core launches";
     }
   }
   // x blocks from 1e-6 to 3e4: each 128-column block gets its own scale.

@@ -8,6 +8,7 @@
 
 #include "core/dtype.h"
 #include "cuda/cuda_test_util.h"
+#include "backends/cuda/cuda_ops.h"
 #include "ops/moe.h"
 
 namespace dsi {
@@ -77,9 +78,15 @@ MlpWeights mlp_of(DType dt, int64_t hidden, int64_t inter, uint64_t seed, bool o
 // a hidden size that breaks 16-byte row alignment (66) take the host-routed path. The shared
 // expert: none, as wide as the routed ones or narrower (both fused into the device launches), or
 // wider (added after them). n = 5 repeats an expert within a token's slots.
+// Also with every grouped GEMV streaming 3 row groups per warp (forced; the plan chooses it for
+// products larger than these): groups whose rows end inside a block, a smaller shared expert.
 TEST_F(CudaMoe, ExpertsOnARankSlice) {
   const int64_t inter = 32, k = 3;
   const int n_experts = 8, first = 2, held = 4;  // this rank holds experts [2, 6)
+  struct Restore {
+    ~Restore() { cuda::set_gemv_row_groups_per_warp(0); }
+  } restore;
+  for (int rgw : {0, 3})
   for (int64_t hidden : {64, 66})
   for (DType dt : {DType::F32, DType::BF16})
   for (int64_t shared_inter : {0, 32, 16, 48}) {
@@ -92,9 +99,11 @@ TEST_F(CudaMoe, ExpertsOnARankSlice) {
     const MlpWeights gpu_shared = mlp_of(dt, hidden, std::max<int64_t>(shared_inter, 1), 77, true);
     const MlpWeights* cs = shared_inter ? &cpu_shared : nullptr;
     const MlpWeights* gs = shared_inter ? &gpu_shared : nullptr;
+    cuda::set_gemv_row_groups_per_warp(rgw);
     for (int64_t n : {0, 1, 5, 33, 100}) {
       const std::string what = std::string("moe_experts ") + std::string(dtype_name(dt)) +
-                               sz("n", n) + sz("hidden", hidden) + sz("shared inter", shared_inter);
+                               sz("n", n) + sz("hidden", hidden) + sz("shared inter", shared_inter) +
+                               sz("row groups per warp", rgw);
       const Tensor x = test::rand_tensor({n, hidden}, uint64_t(n) + 1);
       std::vector<int32_t> ids(static_cast<size_t>(n * k));
       for (int64_t t = 0; t < n; ++t)

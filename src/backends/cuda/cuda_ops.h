@@ -72,11 +72,16 @@ void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
 void argmax(const Tensor& logits, Tensor& out);
 
 // Whether ops::linear runs 2..8 rows of fp8 weights (128-column blocks) on the GEMV's tensor-core
-// kernel (linear/gemv.cu) instead of its FMA kernels: off unless DSI_GEMV_MMA=1 or switched here.
+// kernel (linear/gemv.cu) instead of its FMA kernels: on unless DSI_GEMV_MMA=0 or switched here.
 bool gemv_tensor_cores();
 void set_gemv_tensor_cores(bool on);
 // Launches of that kernel so far in this process (tests check that it ran).
 uint64_t gemv_tensor_core_launches();
+// Row groups per warp forced on every vector-kernel GEMV plan, for tests and comparisons: 0 (the
+// default) lets the plan choose, 1 never streams row groups, n > 1 always streams n. Also read
+// from DSI_GEMV_ROW_GROUPS.
+int gemv_row_groups_per_warp();
+void set_gemv_row_groups_per_warp(int n);
 // Sampling is host logic: the logits row is copied to the host and the CPU code runs on it, so the
 // result is bitwise the CPU's.
 std::vector<double> token_distribution(const Tensor& logits, const SamplingParams& sp);

@@ -204,40 +204,49 @@ constexpr size_t pipe_smem_bytes() {
 
 template <FloatKind K, int N, int R, bool kPipe>
 __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0, const int k_split,
-                                                            const int64_t prefetch) {
+                                                            const int64_t prefetch, const int rgw) {
   constexpr int E = elems_per_16b<K>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
   const bool grouped = p0.groups != nullptr;
+  const int64_t block_rows = int64_t(groups) * R * rgw, first = int64_t(blockIdx.x) * block_rows;
   GemvParams p;
   if (!grouped) {
     group_params(p0, p);
-    const int64_t first = int64_t(blockIdx.x) * groups * R;
     if (threadIdx.x == 0 && prefetch > 0 && first < p.out) {
       const int64_t row_bytes = p.in * elem_bytes(K);
-      const int64_t rows = min(int64_t(groups) * R, p.out - first);
+      const int64_t rows = min(block_rows, p.out - first);
       prefetch_l2_bulk(static_cast<const char*>(p.w) + first * row_bytes, min(prefetch, rows * row_bytes));
     }
   } else {
     pdl_enter();
     if (!group_params(p0, p)) return;
   }
-  if (int64_t(blockIdx.x) * groups * R >= p.out) {  // past this group's rows (grouped form)
+  if (first >= p.out) {  // past this group's rows (grouped form)
     if (!grouped) pdl_enter();
     return;
   }
-  const int64_t row_base = (int64_t(blockIdx.x) * groups + group) * R;
+  // Row group j of this warp (j < rgw) starts at row_of(j); the block's row groups are taken in
+  // turn by its warps, so at each step the block streams contiguous rows.
+  auto row_of = [&](int j) { return first + (int64_t(j) * groups + group) * R; };
   const int64_t chunks = p.in / E;  // 16-byte chunks per row
+  const uint4* const w0 = static_cast<const uint4*>(p.w);
   const uint4* wrow[R];
   const float* srow[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
+  auto point = [&](int j, bool scales) {
     // Rows past the end (last block) re-read the last row; their results are not stored.
-    const int64_t row = row_base + r < p.out ? row_base + r : p.out - 1;
-    wrow[r] = static_cast<const uint4*>(p.w) + row * chunks;
-    srow[r] = K == FloatKind::kE4M3 ? p.scale_inv + ((p.row0 + row) / p.block_out) * p.scale_cols
-                                    : nullptr;
-  }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t row = min(row_of(j) + r, p.out - 1);
+      if (scales)
+        srow[r] = K == FloatKind::kE4M3 ? p.scale_inv + ((p.row0 + row) / p.block_out) * p.scale_cols
+                                        : nullptr;
+      else
+        wrow[r] = w0 + row * chunks;
+    }
+  };
+  point(0, false);
+  point(0, true);
   const int block_in_log2 = K == FloatKind::kE4M3 ? __ffs(p.block_in) - 1 : 0;
   float acc[N][R];
 #pragma unroll
@@ -247,31 +256,63 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
 
   const int64_t stride = int64_t(k_split) * 32;
   if constexpr (kPipe) {
+    // The ring runs on over this warp's row groups: the first stretches of the next row group are
+    // in flight while the last ones of this one are summed. Rounds per row group are the same for
+    // every lane (lanes past the row's end copy and sum nothing).
     extern __shared__ uint4 ring[];  // [kWarps][kPipeStages][R][32]
     uint4* mine = ring + warp * (kPipeStages * R * 32) + lane;
-    int64_t next = int64_t(kw) * 32 + lane;  // the chunk the next stage copies
+    const int64_t start = int64_t(kw) * 32 + lane;
+    const int64_t rounds = chunks > kw * 32 ? (chunks - kw * 32 + stride - 1) / stride : 0;
+    int n_rg = 0;  // this warp's row groups inside the product
+    while (n_rg < rgw && row_of(n_rg) < p.out) ++n_rg;
+    int qj = 0;  // the row group and round the next stage copies
+    int64_t qr = 0;
     auto queue = [&](int stage) {
-      if (next < chunks) {
+      if (qj < n_rg) {
+        const int64_t c = start + qr * stride;
+        if (c < chunks) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) cp_async16(mine + (stage * R + r) * 32, wrow[r] + next);
+          for (int r = 0; r < R; ++r) cp_async16(mine + (stage * R + r) * 32, wrow[r] + c);
+        }
+        if (++qr == rounds) {
+          qr = 0;
+          if (++qj < n_rg) point(qj, false);
+        }
       }
       cp_async_commit();  // always a group, so the waits count stages
-      next += stride;
     };
 #pragma unroll
     for (int st = 0; st < kPipeStages - 1; ++st) queue(st);
     if (!grouped) pdl_enter();  // x is the previous kernel's output
     int st = 0;
-    for (int64_t c = int64_t(kw) * 32 + lane; c < chunks; c += stride) {
-      queue(st == 0 ? kPipeStages - 1 : st - 1);  // the stage the previous round read
-      cp_async_wait<kPipeStages - 1>();           // this round's stage has landed
-      uint4 wv[R];
+    for (int j = 0; j < n_rg; ++j) {
+      if (j > 0) point(j, true);
+      for (int64_t round = 0; round < rounds; ++round) {
+        queue(st == 0 ? kPipeStages - 1 : st - 1);  // the stage the previous round read
+        cp_async_wait<kPipeStages - 1>();           // this round's stage has landed
+        const int64_t c = start + round * stride;
+        if (c < chunks) {
+          uint4 wv[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) wv[r] = mine[(st * R + r) * 32];
-      accumulate_chunk<K, N, R>(p, wv, srow, c, block_in_log2, acc);
-      st = st + 1 == kPipeStages ? 0 : st + 1;
+          for (int r = 0; r < R; ++r) wv[r] = mine[(st * R + r) * 32];
+          accumulate_chunk<K, N, R>(p, wv, srow, c, block_in_log2, acc);
+        }
+        st = st + 1 == kPipeStages ? 0 : st + 1;
+      }
+      if (k_split == 1) {  // the warp holds whole rows: sum over its lanes and store
+        const int64_t row_base = row_of(j);
+#pragma unroll
+        for (int i = 0; i < N; ++i)
+#pragma unroll
+          for (int r = 0; r < R; ++r) {
+            const float v = warp_sum(acc[i][r]);
+            acc[i][r] = 0.0f;
+            if (lane == i * R + r && row_base + r < p.out) p.y[i * p.ldy + row_base + r] = v;
+          }
+      }
     }
     cp_async_wait<0>();
+    if (k_split == 1) return;
   } else {
     if (!grouped) pdl_enter();
     for (int64_t c = int64_t(kw) * 32 + lane; c < chunks; c += 2 * stride) {
@@ -288,7 +329,7 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
       if (second) accumulate_chunk<K, N, R>(p, b, srow, c2, block_in_log2, acc);
     }
   }
-  reduce_store<N, R>(p, acc, row_base, k_split);
+  reduce_store<N, R>(p, acc, row_of(0), k_split);
 }
 
 // The element-wise kernel for any shape and alignment: a warp per output row, lanes stride the
@@ -423,15 +464,17 @@ void launch_vec(const GemvParams& p, const GemvPlan& plan, dim3 grid, cudaStream
     // Per call: cheap, per device, allowed during stream capture.
     DSI_CUDA_CHECK(cudaFuncSetAttribute(gemv_vec_kernel<K, N, R, true>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch(gemv_vec_kernel<K, N, R, true>, grid, kThreads, smem, s, p, plan.k_split, plan.prefetch);
+    launch(gemv_vec_kernel<K, N, R, true>, grid, kThreads, smem, s, p, plan.k_split, plan.prefetch,
+           plan.row_groups_per_warp);
   } else {
-    launch(gemv_vec_kernel<K, N, R, false>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch);
+    launch(gemv_vec_kernel<K, N, R, false>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch, 1);
   }
 }
 
 template <FloatKind K, int N>
 void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
-  const int64_t rows_per_block = int64_t(plan.rows_per_warp) * (kWarps / plan.k_split);
+  const int64_t rows_per_block =
+      int64_t(plan.rows_per_warp) * (kWarps / plan.k_split) * plan.row_groups_per_warp;
   const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
   switch (plan.rows_per_warp) {
     case 1: launch_vec<K, N, 1>(p, plan, grid, s); break;
@@ -665,7 +708,7 @@ bool gemv_tensor_cores() {
   int on = g_tensor_cores.load(std::memory_order_relaxed);
   if (on < 0) {
     const char* env = std::getenv("DSI_GEMV_MMA");
-    on = env != nullptr && std::string_view(env) == "1" ? 1 : 0;
+    on = env != nullptr && std::string_view(env) == "0" ? 0 : 1;
     int expected = -1;
     g_tensor_cores.compare_exchange_strong(expected, on);
     on = g_tensor_cores.load();
@@ -674,6 +717,24 @@ bool gemv_tensor_cores() {
 }
 
 void set_gemv_tensor_cores(bool on) { g_tensor_cores.store(on ? 1 : 0); }
+
+namespace {
+std::atomic<int> g_row_groups_per_warp{-1};  // -1: not yet read from the environment
+}  // namespace
+
+int gemv_row_groups_per_warp() {
+  int n = g_row_groups_per_warp.load(std::memory_order_relaxed);
+  if (n < 0) {
+    const char* env = std::getenv("DSI_GEMV_ROW_GROUPS");
+    n = env != nullptr ? std::max(0, std::atoi(env)) : 0;
+    int expected = -1;
+    g_row_groups_per_warp.compare_exchange_strong(expected, n);
+    n = g_row_groups_per_warp.load();
+  }
+  return n;
+}
+
+void set_gemv_row_groups_per_warp(int n) { g_row_groups_per_warp.store(std::max(0, n)); }
 
 bool gemv_pipelined_default() {
   static const bool on = [] {
@@ -692,30 +753,48 @@ int64_t gemv_prefetch_budget() {
 }
 
 GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
-  if (gemv_tensor_cores() && gemv_mma_ok(p)) return gemv_mma_plan(p, num_sms);
+  // The tensor-core kernel for 3..8 rows, and for 2 rows on products of >= 4096 rows (measured,
+  // bench_linear --gemv-only, one H200, us FMA -> tensor cores: o_proj 2 rows 39.5 -> 35.1, 4 rows
+  // 75.7 -> 35.7, 8 rows 127.1 -> 40.0; the experts' down rows [6144, 2048] 2 rows 7.9 -> 7.5,
+  // 4 rows 13.6 -> 7.6; their gate rows [2048, 6144] 2 rows 8.8 -> 11.3: too few warps).
+  if (gemv_tensor_cores() && gemv_mma_ok(p) && (p.n >= 3 || p.out >= 4096))
+    return gemv_mma_plan(p, num_sms);
   GemvPlan plan;
   plan.vec = gemv_vector_ok(p);
   if (!plan.vec) return plan;
   // Four rows per warp (each x load serves 4 rows; measured fastest on every GLM-5 / DeepSeek-V3.2
-  // shape, one row or several, bench_linear --sweep). Rows are split between warps (split-K) while
-  // the GPU has under 32 warps per SM and each warp still streams >= 2 KB of a row.
+  // shape, one row or several, bench_linear --sweep).
   plan.rows_per_warp = 4;
   const int64_t row_bytes = p.in * elem_bytes(p.kind);
   const int64_t row_groups = (p.out + 3) / 4 * p.n_groups;
-  while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 32 &&
-         row_bytes / (2 * plan.k_split) >= 2048)
-    plan.k_split *= 2;
-  // The shared-memory ring pays off once each warp streams at least 12 stretches of its rows
-  // (measured, bench_linear --gemv-only, one H200: MoE gate + up, 12 stretches, 73.5% -> 77.8% of
-  // 4.3 TB/s; o_proj, 8 stretches over 4 warps, 76.0% -> 68.6%; q_b and the experts' down rows,
-  // 4 stretches, 65.4% -> 48.7% and 61.3% -> 55.2%): with fewer, its start-up and the lower
-  // occupancy that its shared memory allows cost more than the steadier stream gains.
-  const int64_t stretches = (row_bytes / 16 + 32 * plan.k_split - 1) / (32 * plan.k_split);
-  plan.pipelined = gemv_pipelined_default() && stretches >= kGemvPipeMinStretches;
+  // Streaming: a product with more row groups than the GPU holds warps of the ring kernel at once
+  // gives each warp several row groups, streamed through its ring back to back. One wave of blocks,
+  // no gaps between row groups, whatever the row length.
+  const int64_t resident_warps = int64_t(num_sms) * kGemvStreamBlocksPerSm * kWarps;
+  const int forced = gemv_row_groups_per_warp();
+  if (gemv_pipelined_default() && (forced > 1 || (forced == 0 && row_groups >= resident_warps))) {
+    plan.pipelined = true;
+    plan.row_groups_per_warp =
+        forced > 1 ? forced : int((row_groups + resident_warps - 1) / resident_warps);
+  } else {
+    // Rows are split between warps (split-K) while the GPU has under 32 warps per SM and each warp
+    // still streams >= 2 KB of a row.
+    while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 32 &&
+           row_bytes / (2 * plan.k_split) >= 2048)
+      plan.k_split *= 2;
+    // The shared-memory ring pays off once each warp streams at least 12 stretches of its rows
+    // (measured, bench_linear --gemv-only, one H200: MoE gate + up, 12 stretches, 73.5% -> 77.8% of
+    // 4.3 TB/s; o_proj, 8 stretches over 4 warps, 76.0% -> 68.6%; q_b and the experts' down rows,
+    // 4 stretches, 65.4% -> 48.7% and 61.3% -> 55.2%): with fewer, its start-up and the lower
+    // occupancy that its shared memory allows cost more than the steadier stream gains.
+    const int64_t stretches = (row_bytes / 16 + 32 * plan.k_split - 1) / (32 * plan.k_split);
+    plan.pipelined = gemv_pipelined_default() && stretches >= kGemvPipeMinStretches;
+  }
   // L2 prefetch before the dependency wait: an equal share of the budget per block, all of a small
   // product. Grouped products cannot (their pointers are data).
   if (p.groups == nullptr) {
-    const int64_t rows_per_block = int64_t(plan.rows_per_warp) * (kWarps / plan.k_split);
+    const int64_t rows_per_block =
+        int64_t(plan.rows_per_warp) * (kWarps / plan.k_split) * plan.row_groups_per_warp;
     const int64_t blocks = (p.out + rows_per_block - 1) / rows_per_block * p.n_groups;
     const int64_t share = gemv_prefetch_budget() / std::max<int64_t>(1, blocks);
     plan.prefetch = std::min(share, rows_per_block * row_bytes) / 16 * 16;
@@ -733,6 +812,10 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
             "gemv: k_split {}", plan.k_split);
   DSI_CHECK(plan.rows_per_warp == 1 || plan.rows_per_warp == 2 || plan.rows_per_warp == 4,
             "gemv: rows_per_warp {}", plan.rows_per_warp);
+  DSI_CHECK(plan.row_groups_per_warp == 1 || (plan.row_groups_per_warp > 1 && plan.pipelined &&
+                                              plan.k_split == 1 && plan.vec && !plan.mma),
+            "gemv: {} row groups per warp (the ring kernel without split-K only)",
+            plan.row_groups_per_warp);
   if (plan.mma) {
     DSI_CHECK(gemv_mma_ok(p), "gemv: the tensor-core kernel takes 2..{} rows of fp8 weights with "
               "128-column blocks, got {} rows", kGemvMaxRows, p.n);

@@ -66,6 +66,9 @@ struct GemvPlan {
   // kernel, ungrouped products; 0: none). A multiple of 16.
   int64_t prefetch = 0;
   bool mma = false;  // the tensor-core kernel (gemv_mma_ok), k_split warps per 32-row group
+  // Row groups each warp streams one after the other (> 1: the ring kernel, k_split 1). A block
+  // then covers rows_per_warp * 8 * row_groups_per_warp rows.
+  int row_groups_per_warp = 1;
 };
 
 // The L2 bytes one GEMV launch prefetches in all (its blocks' shares of it): kGemvPrefetchMB MiB,
@@ -76,6 +79,9 @@ int64_t gemv_prefetch_budget();
 // kGemvPipeMinStretches 512-byte stretches per warp): yes, unless DSI_GEMV_PIPE=0 (comparisons).
 bool gemv_pipelined_default();
 constexpr int64_t kGemvPipeMinStretches = 12;
+// Blocks of the ring kernel one SM holds at once (73 registers x 256 threads, 64 KiB of ring):
+// products with more row groups than 8 warps x this x the SMs are streamed (row_groups_per_warp).
+constexpr int kGemvStreamBlocksPerSm = 3;
 
 // True when the vector kernel can read W and x with 16-byte loads: W 16-byte aligned with rows a
 // multiple of 16 bytes, x 16-byte aligned with ldx a multiple of 4 floats, and (fp8) column blocks
@@ -85,7 +91,7 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms);
 // The tensor-core kernel for 2..kGemvMaxRows rows of x (see gemv.cu): fp8 weights with 128-column
 // scale blocks, a 128-aligned column slice, rows of whole blocks, ungrouped (strided batch
 // allowed), vector-aligned operands. gemv_plan picks it only when gemv_tensor_cores() (cuda_ops.h)
-// is on: it is new, and the FMA kernels stay the default until it is measured.
+// is on (the default), for 3..8 rows, and for 2 rows on products of >= 4096 rows.
 bool gemv_mma_ok(const GemvParams& p);
 GemvPlan gemv_mma_plan(const GemvParams& p, int num_sms);
 // Runs y = x W^T (p.n in 1..kGemvMaxRows, p.out > 0, p.in > 0) with the given plan.
