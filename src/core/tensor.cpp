@@ -163,6 +163,15 @@ Tensor Tensor::narrow(int d, int64_t start, int64_t len) const {
   return t;
 }
 
+Tensor Tensor::unsqueeze(int d) const {
+  DSI_CHECK(d >= 0 && d <= ndim(), "unsqueeze: dimension {} of {}", d, desc());
+  Tensor t = *this;
+  const int64_t stride = d < ndim() ? shape_[size_t(d)] * strides_[size_t(d)] : 1;
+  t.shape_.insert(t.shape_.begin() + d, 1);
+  t.strides_.insert(t.strides_.begin() + d, stride);
+  return t;
+}
+
 Tensor Tensor::contiguous() const {
   Tensor out = empty(shape_, dtype_);
   out.copy_from(*this);

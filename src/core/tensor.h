@@ -98,6 +98,8 @@ class Tensor {
   Tensor slice(int64_t begin, int64_t end) const;
   // [start, start+len) along dimension `d` (strided view).
   Tensor narrow(int d, int64_t start, int64_t len) const;
+  // A dimension of size 1 inserted before dimension `d` (0 <= d <= ndim; any layout).
+  Tensor unsqueeze(int d) const;
   // A contiguous copy on the host (any layout and device in, same dtype out).
   Tensor contiguous() const;
   // Copies the contents of `src` (same shape and dtype, any layout, any device) into this tensor.

@@ -23,17 +23,26 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   const float eps = float(c.rms_norm_eps);
   const Device dev = u.device();
 
+  // One product for the stacked input projections (AttentionWeights::in_proj); a part outside
+  // the stack runs alone.
+  Tensor in = Tensor::empty({n, w.in_proj.out_features()}, DType::F32, dev);
+  ops::linear(u, w.in_proj, in);
+  auto part = [&](int64_t row, int64_t width, const LinearWeight& own) {
+    if (row >= 0) return in.narrow(1, row, width);
+    Tensor t = Tensor::empty({n, width}, DType::F32, dev);
+    ops::linear(u, own, t);
+    return t;
+  };
+
   // Queries: c_q = RMSNorm(q_a_proj u); q = q_b_proj c_q -> [n, H, nope | rope].
-  Tensor c_q = Tensor::empty({n, c.q_lora_rank}, DType::F32, dev);
-  ops::linear(u, w.q_a_proj, c_q);
+  Tensor c_q = in.narrow(1, 0, c.q_lora_rank);
   ops::rms_norm(c_q, w.q_a_layernorm, eps, c_q);
   Tensor q = Tensor::empty({n, heads, c.qk_head_dim()}, DType::F32, dev);
   Tensor q2 = q.view({n, heads * c.qk_head_dim()});
   ops::linear(c_q, w.q_b_proj, q2);
 
   // Keys: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache keeps RMSNorm(c_kv) and RoPE(k_pe).
-  Tensor kv_a = Tensor::empty({n, dk}, DType::F32, dev);
-  ops::linear(u, w.kv_a_proj_with_mqa, kv_a);
+  Tensor kv_a = part(w.in_proj_kv_row, dk, w.kv_a_proj_with_mqa);
   if (kv.latent.dtype() == DType::U8) {  // the fp8 656-byte entries (ops/kv_fp8.h): one fused op
     ops::MlaKeyPrep prep{w.kv_a_layernorm, eps, ctx.positions, ctx.rope->inv_freq,
                          ctx.rope->attention_factor, RopeStyle::kInterleaved};
@@ -41,7 +50,7 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   } else {
     Tensor ckv = kv_a.narrow(1, 0, lora);
     ops::rms_norm(ckv, w.kv_a_layernorm, eps, ckv);
-    Tensor kv3 = kv_a.view({n, 1, dk});
+    Tensor kv3 = kv_a.unsqueeze(1);
     ops::rope(kv3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
               RopeStyle::kInterleaved, /*offset=*/int(lora));
     ops::scatter_rows(kv_a, ctx.store_slots, kv.latent);
@@ -59,7 +68,8 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   // top-k over every member's scores, in one all-gather (runtime/dcp.h).
   Tensor q_all;
   if (w.indexer && !ctx.reuse_topk) {
-    const Tensor scores = indexer_scores(ctx, *w.indexer, u, c_q, kv.index_keys);
+    const Tensor index_k = part(w.in_proj_index_k_row, c.index_head_dim, w.indexer->wk);
+    const Tensor scores = indexer_scores(ctx, *w.indexer, u, c_q, index_k, kv.index_keys);
     q_all = dcp_exchange(*ctx.rank, q_abs, &scores, ctx.local_bounds, c.index_topk, &topk);
   } else {
     DSI_CHECK(topk.local.defined() && topk.local.dim(0) == n,

@@ -15,7 +15,7 @@
 namespace dsi {
 
 Tensor indexer_scores(const LayerContext& ctx, const IndexerWeights& w, const Tensor& u,
-                      const Tensor& c_q, Tensor& key_pool) {
+                      const Tensor& c_q, Tensor k, Tensor& key_pool) {
   const ModelConfig& c = *ctx.cfg;
   const int64_t n = ctx.n, heads = c.n_index_heads, hd = c.index_head_dim;
   const Device dev = u.device();
@@ -27,10 +27,10 @@ Tensor indexer_scores(const LayerContext& ctx, const IndexerWeights& w, const Te
   ops::rope(q3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
             c.indexer_rope_style, /*offset=*/0);
 
-  Tensor k = Tensor::empty({n, hd}, DType::F32, dev);
-  ops::linear(u, w.wk, k);
+  DSI_CHECK(k.ndim() == 2 && k.dim(0) == n && k.dim(1) == hd, "indexer: keys {} for {} rows of {}",
+            k.desc(), n, hd);
   ops::layer_norm(k, w.k_norm_weight, w.k_norm_bias, 1e-6f, k);
-  Tensor k3 = k.view({n, 1, hd});
+  Tensor k3 = k.unsqueeze(1);
   ops::rope(k3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
             c.indexer_rope_style, /*offset=*/0);
   const bool fp8 = key_pool.dtype() == DType::U8;  // rotated e4m3 keys in 64-token pages

@@ -124,7 +124,7 @@ class Loader {
     const ModelConfig& c = cfg_;
     const int64_t d = c.hidden_size, h = c.n_heads;
     AttentionWeights w;
-    w.q_a_proj = linear(p, "self_attn.q_a_proj", c.q_lora_rank, d);
+    const LinearWeight q_a = linear(p, "self_attn.q_a_proj", c.q_lora_rank, d);
     w.q_a_layernorm = vec(p + ".self_attn.q_a_layernorm.weight", c.q_lora_rank);
     w.q_b_proj = linear(p, "self_attn.q_b_proj", h * c.qk_head_dim(), c.q_lora_rank);
     w.kv_a_proj_with_mqa =
@@ -141,7 +141,51 @@ class Loader {
                 "{}: '{}' exists but the config makes this layer \"shared\" (no own indexer)",
                 ck_.dir(), wk);
     }
+    stack_input_projections(q_a, w);
     return w;
+  }
+
+  // AttentionWeights::in_proj: q_a_proj, then kv_a_proj_with_mqa and indexer.wk where they share
+  // its dtype, scale blocks and width (all three are replicated, so whole); fp8 parts padded with
+  // zero rows to whole scale blocks, their scale rows stacked likewise.
+  static void stack_input_projections(const LinearWeight& q_a, AttentionWeights& w) {
+    const bool fp8 = q_a.scale_inv.defined();
+    auto fits = [&](const LinearWeight& x) {
+      return x.defined() && x.weight.dtype() == q_a.weight.dtype() &&
+             x.in_features() == q_a.in_features() && x.row0 == 0 && x.col0 == 0 &&
+             (!fp8 || (x.block_out == q_a.block_out && x.block_in == q_a.block_in));
+    };
+    const int64_t pad = fp8 ? q_a.block_out : 1;
+    auto padded = [&](const LinearWeight& x) { return (x.out_features() + pad - 1) / pad * pad; };
+    LinearWeight* kv = fits(w.kv_a_proj_with_mqa) ? &w.kv_a_proj_with_mqa : nullptr;
+    LinearWeight* k = w.indexer && fits(w.indexer->wk) ? &w.indexer->wk : nullptr;
+    int64_t rows = padded(q_a);
+    if (kv != nullptr) {
+      w.in_proj_kv_row = rows;
+      rows += padded(*kv);
+    }
+    if (k != nullptr) {
+      w.in_proj_index_k_row = rows;
+      rows += padded(*k);
+    }
+    const int64_t in = q_a.in_features();
+    LinearWeight s = q_a;
+    s.weight = Tensor::zeros({rows, in}, q_a.weight.dtype());
+    if (fp8) s.scale_inv = Tensor::zeros({rows / pad, q_a.scale_inv.dim(1)}, DType::F32);
+    auto put = [&](const LinearWeight& x, int64_t row) {
+      s.weight.slice(row, row + x.out_features()).copy_from(x.weight);
+      if (fp8) s.scale_inv.slice(row / pad, row / pad + x.scale_inv.dim(0)).copy_from(x.scale_inv);
+    };
+    put(q_a, 0);
+    if (kv != nullptr) {
+      put(*kv, w.in_proj_kv_row);
+      *kv = LinearWeight{};
+    }
+    if (k != nullptr) {
+      put(*k, w.in_proj_index_k_row);
+      *k = LinearWeight{};
+    }
+    w.in_proj = std::move(s);
   }
 
   // Routed experts are spread across ranks: rank r holds experts [r E / T, (r + 1) E / T).
@@ -294,7 +338,7 @@ void visit_layer(LayerWeights& l, F&& fn) {
   fn(l.input_layernorm);
   fn(l.post_attention_layernorm);
   AttentionWeights& a = l.self_attn;
-  for (LinearWeight* lw : {&a.q_a_proj, &a.q_b_proj, &a.kv_a_proj_with_mqa, &a.kv_b_proj, &a.o_proj})
+  for (LinearWeight* lw : {&a.in_proj, &a.q_b_proj, &a.kv_a_proj_with_mqa, &a.kv_b_proj, &a.o_proj})
     visit_linear(*lw, fn);
   for (Tensor* t : {&a.q_a_layernorm, &a.kv_a_layernorm}) fn(*t);
   if (a.indexer) {

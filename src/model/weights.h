@@ -19,17 +19,24 @@ namespace dsi {
 
 struct IndexerWeights {
   LinearWeight wq_b;          // [n_index_heads * index_head_dim, q_lora]
-  LinearWeight wk;            // [index_head_dim, hidden]
+  LinearWeight wk;            // [index_head_dim, hidden]; empty when stacked into in_proj
   LinearWeight weights_proj;  // [n_index_heads, hidden]
   Tensor k_norm_weight;       // [index_head_dim] f32 (LayerNorm)
   Tensor k_norm_bias;         // [index_head_dim] f32
 };
 
 struct AttentionWeights {
-  LinearWeight q_a_proj;            // [q_lora, hidden]
+  // q_a_proj [q_lora, hidden], kv_a_proj_with_mqa [kv_lora + rope, hidden] and, on layers with their
+  // own indexer, indexer.wk [index_head_dim, hidden] all read the layer's normed input, so the
+  // loader stacks them into one weight, one product at decode (rows in that order; fp8 parts padded
+  // with zero rows to whole scale blocks). A part of another dtype or scale-block size than q_a_proj
+  // is not stacked: it keeps its own field (else left empty) and runs alone.
+  LinearWeight in_proj;             // [q_lora (+ kv_a rows) (+ wk rows), hidden]
+  int64_t in_proj_kv_row = -1;      // first row of kv_a_proj_with_mqa in in_proj (-1: not there)
+  int64_t in_proj_index_k_row = -1; // first row of indexer.wk in in_proj (-1: not there)
   Tensor q_a_layernorm;             // [q_lora] f32
   LinearWeight q_b_proj;            // [n_heads * (nope + rope), q_lora]
-  LinearWeight kv_a_proj_with_mqa;  // [kv_lora + rope, hidden]
+  LinearWeight kv_a_proj_with_mqa;  // [kv_lora + rope, hidden]; empty when stacked into in_proj
   Tensor kv_a_layernorm;            // [kv_lora] f32
   LinearWeight kv_b_proj;           // [n_heads * (nope + v), kv_lora]: W_UK and W_UV (ops/mla.h)
   LinearWeight o_proj;              // [hidden, n_heads * v]
