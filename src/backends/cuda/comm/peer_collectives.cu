@@ -1,0 +1,273 @@
+// Low-latency peer-to-peer collectives; see peer_collectives.h for the protocol.
+#include "backends/cuda/comm/peer_collectives.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_check.h"
+
+namespace dsi::cuda {
+
+namespace {
+
+enum PeerOp : int { kGather = 0, kReduceScatter = 1, kAllReduce = 2 };
+const char* op_name(int op) {
+  return op == kGather ? "all_gather" : op == kReduceScatter ? "reduce_scatter" : "all_reduce";
+}
+
+// The head of a member's region. flags[b][j]: the last epoch member j's block b delivered here;
+// epoch[b]: the last epoch this member's block b completed; error: 0, or (op + 1) << 8 | (j + 1)
+// for the first wait on member j that timed out.
+struct Signals {
+  uint32_t flags[kPeerBlocks][kPeerMaxMembers];
+  uint32_t epoch[kPeerBlocks];
+  uint32_t error;
+};
+constexpr size_t kHeaderBytes = 512;
+static_assert(sizeof(Signals) <= kHeaderBytes, "the signal area outgrew its header");
+constexpr int kThreads = 512;
+
+struct PeerParams {
+  char* base[kPeerMaxMembers];  // every member's region, as this device addresses it
+  int members, me, op;
+  const char* in;
+  char* out;
+  int64_t bytes;     // payload per member and call
+  int64_t capacity;  // slot size (a multiple of 16)
+  unsigned long long timeout_ns;
+};
+
+__device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_acquire_sys(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ char* slot(const PeerParams& p, char* base, int bank, int member) {
+  return base + kHeaderBytes + (int64_t(bank) * p.members + member) * p.capacity;
+}
+
+// dst[lo, hi) = src[lo, hi) by the block's threads (16-byte moves when both sides allow them).
+// Slots are read through the L2 only (__ldcg): other GPUs write them behind this SM's L1.
+__device__ __forceinline__ void copy_range(char* dst, const char* src, int64_t lo, int64_t hi) {
+  if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
+    const int64_t v_hi = lo + (hi - lo) / 16 * 16;
+    for (int64_t i = lo + 16 * int64_t(threadIdx.x); i < v_hi; i += 16 * kThreads)
+      __stcg(reinterpret_cast<uint4*>(dst + i), __ldcg(reinterpret_cast<const uint4*>(src + i)));
+    lo = v_hi;
+  }
+  for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) dst[i] = __ldcg(src + i);
+}
+
+// One call of one member: blockIdx.x is its share of the payload (16-byte aligned ranges).
+__global__ void __launch_bounds__(kThreads) peer_collective_kernel(const PeerParams p) {
+  pdl_enter();  // the payload is the previous kernel's output
+  __shared__ uint32_t s_epoch;
+  __shared__ int s_failed;
+  const int b = blockIdx.x, G = p.members;
+  Signals* own = reinterpret_cast<Signals*>(p.base[p.me]);
+  if (threadIdx.x == 0) {
+    s_epoch = own->epoch[b] + 1;
+    s_failed = 0;
+  }
+  __syncthreads();
+  const uint32_t e = s_epoch;
+  const int bank = int(e & 1u);
+  const int64_t units = (p.bytes + 15) / 16, per = (units + kPeerBlocks - 1) / kPeerBlocks;
+  const int64_t lo = min(p.bytes, int64_t(b) * per * 16), hi = min(p.bytes, int64_t(b + 1) * per * 16);
+
+  // Push this block's share into slot `me` of every member (reduce_scatter: chunk j to member j).
+  for (int j = 0; j < G; ++j)
+    copy_range(slot(p, p.base[j], bank, p.me), p.in + (p.op == kReduceScatter ? j * p.bytes : 0), lo, hi);
+  __syncthreads();
+  if (threadIdx.x < G) {
+    __threadfence_system();  // the block's writes (ordered by the barrier) before the flag
+    st_release_sys(&reinterpret_cast<Signals*>(p.base[threadIdx.x])->flags[b][p.me], e);
+    // Wait for member threadIdx.x's block b.
+    const unsigned long long t0 = global_ns();
+    while (int32_t(ld_acquire_sys(&own->flags[b][threadIdx.x]) - e) < 0) {
+      if (global_ns() - t0 > p.timeout_ns) {
+        atomicCAS(&own->error, 0u, (uint32_t(p.op + 1) << 8) | uint32_t(threadIdx.x + 1));
+        s_failed = 1;
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  if (!s_failed) {
+    if (p.op == kGather) {
+      for (int j = 0; j < G; ++j) copy_range(p.out + j * p.bytes, slot(p, p.base[p.me], bank, j), lo, hi);
+    } else {  // member-order sums of f32
+      float* out = reinterpret_cast<float*>(p.out);
+      for (int64_t i = lo / 4 + threadIdx.x; i < hi / 4; i += kThreads) {
+        float acc = __ldcg(reinterpret_cast<const float*>(slot(p, p.base[p.me], bank, 0)) + i);
+        for (int j = 1; j < G; ++j)
+          acc = __fadd_rn(acc, __ldcg(reinterpret_cast<const float*>(slot(p, p.base[p.me], bank, j)) + i));
+        out[i] = acc;
+      }
+    }
+  }
+  if (threadIdx.x == 0) own->epoch[b] = e;
+}
+
+void cuda_try(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("peer collectives: {} failed: {}", what, cudaGetErrorString(e));
+}
+
+// What each member tells the others about its region.
+struct Card {
+  int32_t pid;
+  int32_t device;
+  uint64_t ptr;
+  int32_t has_handle;
+  cudaIpcMemHandle_t handle;
+};
+
+}  // namespace
+
+struct PeerGroup::State {
+  Group group;
+  int me = 0;
+  int device = 0;
+  size_t capacity = 0;
+  double timeout_s = 0;
+  char* region = nullptr;
+  PeerParams params{};
+  std::vector<void*> opened;  // other processes' regions, mapped through IPC
+
+  ~State() {
+    const int prev = [] {
+      int d = 0;
+      cudaGetDevice(&d);
+      return d;
+    }();
+    cudaSetDevice(device);
+    for (void* p : opened) cudaIpcCloseMemHandle(p);
+    if (region != nullptr) cudaFree(region);
+    cudaSetDevice(prev);
+  }
+};
+
+std::unique_ptr<PeerGroup> PeerGroup::create(Communicator& host, const Group& g, int device,
+                                             size_t capacity, double timeout_seconds) {
+  DSI_CHECK(g.size >= 1 && g.size <= kPeerMaxMembers, "peer collectives: group {} has {} members (1..{})",
+            g.name, g.size, kPeerMaxMembers);
+  DSI_CHECK(g.contains(host.rank()), "peer collectives: rank {} is not in group {}", host.rank(), g.name);
+  DSI_CHECK(capacity > 0 && timeout_seconds > 0, "peer collectives: capacity {} B, timeout {} s", capacity,
+            timeout_seconds);
+  DeviceGuard guard(Device::cuda(device));
+  auto s = std::make_unique<State>();
+  s->group = g;
+  s->me = g.member(host.rank());
+  s->device = device;
+  s->capacity = (capacity + 15) / 16 * 16;
+  s->timeout_s = timeout_seconds;
+  const size_t region_bytes = kHeaderBytes + 2 * size_t(g.size) * s->capacity;
+  cuda_try(cudaMalloc(&s->region, region_bytes), "cudaMalloc of the region");
+  cuda_try(cudaMemset(s->region, 0, region_bytes), "clearing the region");
+  cuda_try(cudaDeviceSynchronize(), "clearing the region");
+
+  Card mine{};
+  mine.pid = int32_t(getpid());
+  mine.device = device;
+  mine.ptr = reinterpret_cast<uint64_t>(s->region);
+  mine.has_handle = cudaIpcGetMemHandle(&mine.handle, s->region) == cudaSuccess ? 1 : 0;
+  cudaGetLastError();  // a failed handle only matters to members in other processes
+  Tensor card = Tensor::empty({int64_t(sizeof(Card))}, DType::U8);
+  std::memcpy(card.raw(), &mine, sizeof(Card));
+  Tensor cards = Tensor::empty({int64_t(g.size * sizeof(Card))}, DType::U8);
+  host.all_gather(g, card, cards);
+
+  PeerParams& p = s->params;
+  p.members = g.size;
+  p.me = s->me;
+  p.capacity = int64_t(s->capacity);
+  p.timeout_ns = static_cast<unsigned long long>(timeout_seconds * 1e9);
+  for (int j = 0; j < g.size; ++j) {
+    Card c{};
+    std::memcpy(&c, static_cast<const char*>(cards.raw()) + j * sizeof(Card), sizeof(Card));
+    if (j == s->me) {
+      p.base[j] = s->region;
+    } else if (c.pid == mine.pid) {  // a thread rank of this process: its pointer, peer access
+      p.base[j] = reinterpret_cast<char*>(c.ptr);
+      if (c.device != device) {
+        int ok = 0;
+        cuda_try(cudaDeviceCanAccessPeer(&ok, device, c.device), "cudaDeviceCanAccessPeer");
+        DSI_CHECK(ok, "peer collectives: GPU {} cannot access GPU {} (no peer-to-peer path)", device, c.device);
+        const cudaError_t e = cudaDeviceEnablePeerAccess(c.device, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled)
+          cudaGetLastError();
+        else
+          cuda_try(e, "cudaDeviceEnablePeerAccess");
+      }
+    } else {  // another process: its region through CUDA IPC
+      DSI_CHECK(c.has_handle, "peer collectives: member {} of {} could not export its region", j, g.name);
+      void* q = nullptr;
+      cuda_try(cudaIpcOpenMemHandle(&q, c.handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+      s->opened.push_back(q);
+      p.base[j] = static_cast<char*>(q);
+    }
+  }
+  host.barrier(g);  // every region is cleared and mapped before anyone writes into it
+  return std::unique_ptr<PeerGroup>(new PeerGroup(std::move(s)));
+}
+
+PeerGroup::PeerGroup(std::unique_ptr<State> s) : s_(std::move(s)) {}
+PeerGroup::~PeerGroup() = default;
+
+int PeerGroup::members() const { return s_->group.size; }
+int PeerGroup::member() const { return s_->me; }
+size_t PeerGroup::capacity() const { return s_->capacity; }
+
+void PeerGroup::launch_op(int op, const void* in, void* out, size_t bytes, cudaStream_t stream) {
+  DSI_CHECK(bytes <= s_->capacity, "peer collectives: {} of {} B per member over the capacity of {} B",
+            op_name(op), bytes, s_->capacity);
+  if (bytes == 0) return;  // every member skips alike
+  DeviceGuard guard(Device::cuda(s_->device));
+  PeerParams p = s_->params;
+  p.op = op;
+  p.in = static_cast<const char*>(in);
+  p.out = static_cast<char*>(out);
+  p.bytes = int64_t(bytes);
+  launch(peer_collective_kernel, dim3(kPeerBlocks), dim3(kThreads), 0, stream, p);
+}
+
+void PeerGroup::all_gather(const void* in, size_t bytes, void* out, cudaStream_t stream) {
+  launch_op(kGather, in, out, bytes, stream);
+}
+
+void PeerGroup::reduce_scatter(const float* in, int64_t m, float* out, cudaStream_t stream) {
+  DSI_CHECK(m >= 0, "peer collectives: reduce_scatter of {} elements", m);
+  launch_op(kReduceScatter, in, out, size_t(m) * sizeof(float), stream);
+}
+
+void PeerGroup::all_reduce(float* inout, int64_t n, cudaStream_t stream) {
+  DSI_CHECK(n >= 0, "peer collectives: all_reduce of {} elements", n);
+  launch_op(kAllReduce, inout, inout, size_t(n) * sizeof(float), stream);
+}
+
+void PeerGroup::check() const {
+  DeviceGuard guard(Device::cuda(s_->device));
+  uint32_t code = 0;
+  cuda_try(cudaMemcpy(&code, s_->region + offsetof(Signals, error), sizeof code, cudaMemcpyDeviceToHost),
+           "reading the error word");
+  if (code == 0) return;
+  const int op = int(code >> 8) - 1, member = int(code & 0xffu) - 1;
+  fail("peer collectives: rank {} (member {} of group {}) waited {} s in {} for member {} (world rank {}), "
+       "which never arrived",
+       s_->group.first + s_->me, s_->me, s_->group.name, s_->timeout_s, op_name(op), member,
+       s_->group.first + member);
+}
+
+}  // namespace dsi::cuda

@@ -1,0 +1,78 @@
+// Low-latency collectives among the GPUs of one node, for small messages (a decode step's queries,
+// top-k candidates, partial outputs): one-shot kernels that write straight into the other members'
+// memory over NVLink (peer-to-peer) and signal with flags, instead of NCCL's protocol (16-18 us per
+// small collective on two H200s). NCCL stays the path across nodes, for large messages and where
+// GPUs have no peer access.
+//
+// Each member owns one region of device memory: a signal area and two banks of G slots of
+// `capacity` bytes (bank = call parity). A call runs kPeerBlocks blocks per member; block b of
+// member m copies its share of the payload into slot m of bank (epoch & 1) of every member (itself
+// included), then raises flag [b][m] of every member to the call's epoch; it waits until all G
+// flags [b][*] of its own region reach the epoch and then reads its share of the G slots: gathers
+// copy them out, sums add them in member order (one __fadd_rn after another, so every member gets
+// the same bits as LocalComm's member-order sum). Epochs live in the region (one counter per block,
+// advanced by the kernel), so calls need no host state and can be captured in CUDA graphs. Two
+// banks suffice: a member writes bank e & 1 for epoch e only after every member's block b raised
+// epoch e - 1, which each does only once its epoch e - 2 kernel (the last reader of that bank) has
+// finished in stream order.
+//
+// A member that never arrives: the waiting blocks give up after the timeout and record which
+// member and operation they waited for; check() turns that into an error naming them (the group
+// is unusable afterwards). Regions are shared by pointer between thread ranks of one process (peer
+// access enabled between their devices; members may even share one device, which the tests use)
+// and through CUDA IPC handles between processes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+
+namespace dsi::cuda {
+
+inline constexpr int kPeerMaxMembers = 8;
+inline constexpr int kPeerBlocks = 8;  // blocks per member and call (each waits for its own flags)
+
+class PeerGroup {
+ public:
+  // Collective over the members of `g` (each calls it from its own thread or process, with the host
+  // group `host` that carries the region handles): allocates this member's region on `device` with
+  // `capacity` bytes per slot and maps every other member's. Throws when two members' GPUs lack
+  // peer access or the group is larger than kPeerMaxMembers; the caller then keeps NCCL.
+  static std::unique_ptr<PeerGroup> create(Communicator& host, const Group& g, int device,
+                                           size_t capacity, double timeout_seconds);
+  // Frees the region and unmaps the others'. Every member's collectives must have finished (the
+  // owner of the ranks joins them first).
+  ~PeerGroup();
+  PeerGroup(const PeerGroup&) = delete;
+  PeerGroup& operator=(const PeerGroup&) = delete;
+
+  int members() const;
+  int member() const;       // this rank's index in the group
+  size_t capacity() const;  // bytes one member contributes per call, at most
+
+  // Enqueued on `stream` (no host synchronisation; may be captured in a CUDA graph). Device
+  // pointers of this member's device; every member calls with the same sizes.
+  // out [G * bytes] = every member's in [bytes], in member order.
+  void all_gather(const void* in, size_t bytes, void* out, cudaStream_t stream);
+  // in [G * m] f32: chunk j goes to member j; out [m] = sum over members in member order.
+  void reduce_scatter(const float* in, int64_t m, float* out, cudaStream_t stream);
+  // inout [n] f32 becomes the sum over members in member order (n * 4 <= capacity()).
+  void all_reduce(float* inout, int64_t n, cudaStream_t stream);
+
+  // Throws dsi::Error naming the operation and the member a block waited for in vain, once such a
+  // timeout happened (reads the region's error word: call after synchronising the stream).
+  void check() const;
+
+ private:
+  struct State;
+  explicit PeerGroup(std::unique_ptr<State> s);
+  void launch_op(int op, const void* in, void* out, size_t bytes, cudaStream_t stream);
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace dsi::cuda
