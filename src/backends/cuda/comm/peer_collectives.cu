@@ -175,8 +175,14 @@ std::unique_ptr<PeerGroup> PeerGroup::create(Communicator& host, const Group& g,
   s->timeout_s = timeout_seconds;
   const size_t region_bytes = kHeaderBytes + 2 * size_t(g.size) * s->capacity;
   cuda_try(cudaMalloc(&s->region, region_bytes), "cudaMalloc of the region");
-  cuda_try(cudaMemset(s->region, 0, region_bytes), "clearing the region");
-  cuda_try(cudaDeviceSynchronize(), "clearing the region");
+  {  // on a stream of its own: other members' kernels may already run on this device
+    cudaStream_t st = nullptr;
+    cuda_try(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "creating a stream");
+    const cudaError_t e = cudaMemsetAsync(s->region, 0, region_bytes, st);
+    const cudaError_t w = cudaStreamSynchronize(st);
+    cudaStreamDestroy(st);
+    cuda_try(e != cudaSuccess ? e : w, "clearing the region");
+  }
 
   Card mine{};
   mine.pid = int32_t(getpid());
