@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <latch>
 #include <memory>
 #include <string>
 #include <thread>
@@ -121,6 +122,7 @@ int run(const Args& a) {
   dsi::LocalWorld world(N, dsi::CommOptions{false, 120.0});
   const dsi::Group g{"world", 0, N};
   std::vector<std::string> errors(static_cast<size_t>(N));
+  std::latch done(N);
   std::vector<std::thread> threads;
   for (int r = 0; r < N; ++r)
     threads.emplace_back([&, r] {
@@ -149,21 +151,26 @@ int run(const Args& a) {
         }
 #ifdef DSI_WITH_NCCL
         if (with_nccl) {
+          auto nccl_ok = [](ncclResult_t e, const char* what) {
+            if (e != ncclSuccess) dsi::fail("{}: {}", what, ncclGetErrorString(e));
+          };
           ncclUniqueId id{};
-          if (r == 0) ncclGetUniqueId(&id);
+          if (r == 0) nccl_ok(ncclGetUniqueId(&id), "ncclGetUniqueId");
           dsi::Tensor t = dsi::Tensor::empty({int64_t(sizeof id)}, dsi::DType::U8);
           std::memcpy(t.raw(), &id, sizeof id);
           host.broadcast(g, t, 0);
           std::memcpy(&id, t.raw(), sizeof id);
           ncclComm_t comm = nullptr;
-          if (ncclCommInitRank(&comm, N, id, r) != ncclSuccess) dsi::fail("ncclCommInitRank failed");
+          nccl_ok(ncclCommInitRank(&comm, N, id, r), "ncclCommInitRank");
           for (Row& row : rows) {
             const size_t bytes = size_t(row.bytes);
             row.nccl[size_t(r)] = time_graph(host, g, s, a.calls, a.iters, [&] {
-              if (row.op == kAllGather) ncclAllGather(in, out, bytes, ncclUint8, comm, s);
+              if (row.op == kAllGather)
+                nccl_ok(ncclAllGather(in, out, bytes, ncclUint8, comm, s), "ncclAllGather");
               else if (row.op == kReduceScatter)
-                ncclReduceScatter(in, out, bytes / 4, ncclFloat32, ncclSum, comm, s);
-              else ncclAllReduce(in, in, bytes / 4, ncclFloat32, ncclSum, comm, s);
+                nccl_ok(ncclReduceScatter(in, out, bytes / 4, ncclFloat32, ncclSum, comm, s), "ncclReduceScatter");
+              else
+                nccl_ok(ncclAllReduce(in, in, bytes / 4, ncclFloat32, ncclSum, comm, s), "ncclAllReduce");
             });
           }
           ncclCommDestroy(comm);
@@ -173,10 +180,8 @@ int run(const Args& a) {
         errors[size_t(r)] = e.what();
         host.abort(e.what());
       }
-      try {
-        host.barrier(g);
-      } catch (const std::exception&) {
-      }
+      if (s != nullptr) cudaStreamSynchronize(s);  // bounded by the peer timeout
+      done.arrive_and_wait();  // nobody frees memory a peer still uses (no abort breaks this)
       peers.reset();
       cudaFree(in);
       cudaFree(out);
@@ -206,6 +211,9 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Ranks sharing a GPU need their streams' kernels to run at once: more hardware queues than the
+  // default 8 (read when CUDA starts).
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   try {
     return run(parse(argc, argv));
   } catch (const std::exception& e) {

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <random>
+#include <string>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_check.h"
@@ -19,8 +21,10 @@ const char* op_name(int op) {
 }
 
 // The head of a member's region. flags[b][j]: the last epoch member j's block b delivered here;
-// epoch[b]: the last epoch this member's block b completed; error: 0, or (op + 1) << 8 | (j + 1)
-// for the first wait on member j that timed out.
+// epoch[b]: the last epoch this member's block b completed; error: 0, or the first timeout any
+// member of the group saw, (op + 1) << 16 | (waiting member + 1) << 8 | (missing member + 1): the
+// member that times out writes it into every member's region, and from then on every call of every
+// member skips the exchange and fills its output with NaN bytes (0xff).
 struct Signals {
   uint32_t flags[kPeerBlocks][kPeerMaxMembers];
   uint32_t epoch[kPeerBlocks];
@@ -79,7 +83,7 @@ __global__ void __launch_bounds__(kThreads) peer_collective_kernel(const PeerPar
   Signals* own = reinterpret_cast<Signals*>(p.base[p.me]);
   if (threadIdx.x == 0) {
     s_epoch = own->epoch[b] + 1;
-    s_failed = 0;
+    s_failed = ld_acquire_sys(&own->error) != 0;  // the group failed before: no exchange
   }
   __syncthreads();
   const uint32_t e = s_epoch;
@@ -87,25 +91,38 @@ __global__ void __launch_bounds__(kThreads) peer_collective_kernel(const PeerPar
   const int64_t units = (p.bytes + 15) / 16, per = (units + kPeerBlocks - 1) / kPeerBlocks;
   const int64_t lo = min(p.bytes, int64_t(b) * per * 16), hi = min(p.bytes, int64_t(b + 1) * per * 16);
 
-  // Push this block's share into slot `me` of every member (reduce_scatter: chunk j to member j).
-  for (int j = 0; j < G; ++j)
-    copy_range(slot(p, p.base[j], bank, p.me), p.in + (p.op == kReduceScatter ? j * p.bytes : 0), lo, hi);
-  __syncthreads();
-  if (threadIdx.x < G) {
-    __threadfence_system();  // the block's writes (ordered by the barrier) before the flag
-    st_release_sys(&reinterpret_cast<Signals*>(p.base[threadIdx.x])->flags[b][p.me], e);
-    // Wait for member threadIdx.x's block b.
-    const unsigned long long t0 = global_ns();
-    while (int32_t(ld_acquire_sys(&own->flags[b][threadIdx.x]) - e) < 0) {
-      if (global_ns() - t0 > p.timeout_ns) {
-        atomicCAS(&own->error, 0u, (uint32_t(p.op + 1) << 8) | uint32_t(threadIdx.x + 1));
-        s_failed = 1;
-        break;
+  if (!s_failed) {
+    // Push this block's share into slot `me` of every member (reduce_scatter: chunk j to member j).
+    for (int j = 0; j < G; ++j)
+      copy_range(slot(p, p.base[j], bank, p.me), p.in + (p.op == kReduceScatter ? j * p.bytes : 0), lo, hi);
+    __syncthreads();
+    if (threadIdx.x < G) {
+      __threadfence_system();  // the block's writes (ordered by the barrier) before the flag
+      st_release_sys(&reinterpret_cast<Signals*>(p.base[threadIdx.x])->flags[b][p.me], e);
+      // Wait for member threadIdx.x's block b (or for another member's timeout).
+      const unsigned long long t0 = global_ns();
+      while (int32_t(ld_acquire_sys(&own->flags[b][threadIdx.x]) - e) < 0) {
+        if (ld_acquire_sys(&own->error) != 0) {
+          s_failed = 1;
+          break;
+        }
+        if (global_ns() - t0 > p.timeout_ns) {
+          const uint32_t code =
+              (uint32_t(p.op + 1) << 16) | (uint32_t(p.me + 1) << 8) | uint32_t(threadIdx.x + 1);
+          for (int j = 0; j < G; ++j)  // every member learns it (the late one included)
+            atomicCAS_system(&reinterpret_cast<Signals*>(p.base[j])->error, 0u, code);
+          s_failed = 1;
+          break;
+        }
       }
     }
+    __syncthreads();
   }
-  __syncthreads();
-  if (!s_failed) {
+  if (s_failed) {  // no result: NaN bytes, so a caller that skips check() sees no plausible values
+    const int64_t out_bytes = p.op == kGather ? G * p.bytes : p.bytes;
+    for (int64_t i = int64_t(b) * kThreads + threadIdx.x; i < out_bytes; i += int64_t(kPeerBlocks) * kThreads)
+      p.out[i] = char(0xff);
+  } else {
     if (p.op == kGather) {
       for (int j = 0; j < G; ++j) copy_range(p.out + j * p.bytes, slot(p, p.base[p.me], bank, j), lo, hi);
     } else {  // member-order sums of f32
@@ -118,21 +135,31 @@ __global__ void __launch_bounds__(kThreads) peer_collective_kernel(const PeerPar
       }
     }
   }
-  if (threadIdx.x == 0) own->epoch[b] = e;
+  if (threadIdx.x == 0 && !s_failed) own->epoch[b] = e;
 }
 
 void cuda_try(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("peer collectives: {} failed: {}", what, cudaGetErrorString(e));
 }
 
-// What each member tells the others about its region.
+// What each member tells the others about its region, and (status) whether it could map theirs.
 struct Card {
-  int32_t pid;
+  uint64_t process;  // a random token per process (pids repeat across containers and hosts)
+  char host[64];     // gethostname(): IPC and peer pointers only work within one node
   int32_t device;
   uint64_t ptr;
   int32_t has_handle;
   cudaIpcMemHandle_t handle;
 };
+constexpr size_t kStatusBytes = 256;
+
+uint64_t process_token() {
+  static const uint64_t token = [] {
+    std::random_device rd;
+    return (uint64_t(rd()) << 32) ^ uint64_t(rd()) ^ uint64_t(getpid());
+  }();
+  return token;
+}
 
 }  // namespace
 
@@ -143,6 +170,8 @@ struct PeerGroup::State {
   size_t capacity = 0;
   double timeout_s = 0;
   char* region = nullptr;
+  cudaStream_t side = nullptr;  // clears the region and reads its error word (non-blocking)
+  bool failed = false;          // check() threw: no more calls
   PeerParams params{};
   std::vector<void*> opened;  // other processes' regions, mapped through IPC
 
@@ -155,6 +184,7 @@ struct PeerGroup::State {
     cudaSetDevice(device);
     for (void* p : opened) cudaIpcCloseMemHandle(p);
     if (region != nullptr) cudaFree(region);
+    if (side != nullptr) cudaStreamDestroy(side);
     cudaSetDevice(prev);
   }
 };
@@ -174,18 +204,15 @@ std::unique_ptr<PeerGroup> PeerGroup::create(Communicator& host, const Group& g,
   s->capacity = (capacity + 15) / 16 * 16;
   s->timeout_s = timeout_seconds;
   const size_t region_bytes = kHeaderBytes + 2 * size_t(g.size) * s->capacity;
+  cuda_try(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking), "creating a stream");
   cuda_try(cudaMalloc(&s->region, region_bytes), "cudaMalloc of the region");
-  {  // on a stream of its own: other members' kernels may already run on this device
-    cudaStream_t st = nullptr;
-    cuda_try(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "creating a stream");
-    const cudaError_t e = cudaMemsetAsync(s->region, 0, region_bytes, st);
-    const cudaError_t w = cudaStreamSynchronize(st);
-    cudaStreamDestroy(st);
-    cuda_try(e != cudaSuccess ? e : w, "clearing the region");
-  }
+  // On a stream of its own: other members' kernels may already run on this device.
+  cuda_try(cudaMemsetAsync(s->region, 0, region_bytes, s->side), "clearing the region");
+  cuda_try(cudaStreamSynchronize(s->side), "clearing the region");
 
   Card mine{};
-  mine.pid = int32_t(getpid());
+  mine.process = process_token();
+  gethostname(mine.host, sizeof mine.host - 1);
   mine.device = device;
   mine.ptr = reinterpret_cast<uint64_t>(s->region);
   mine.has_handle = cudaIpcGetMemHandle(&mine.handle, s->region) == cudaSuccess ? 1 : 0;
@@ -200,30 +227,51 @@ std::unique_ptr<PeerGroup> PeerGroup::create(Communicator& host, const Group& g,
   p.me = s->me;
   p.capacity = int64_t(s->capacity);
   p.timeout_ns = static_cast<unsigned long long>(timeout_seconds * 1e9);
-  for (int j = 0; j < g.size; ++j) {
+  std::string status;  // why this member cannot map a peer ("" when it can)
+  for (int j = 0; j < g.size && status.empty(); ++j) {
     Card c{};
     std::memcpy(&c, static_cast<const char*>(cards.raw()) + j * sizeof(Card), sizeof(Card));
-    if (j == s->me) {
-      p.base[j] = s->region;
-    } else if (c.pid == mine.pid) {  // a thread rank of this process: its pointer, peer access
-      p.base[j] = reinterpret_cast<char*>(c.ptr);
-      if (c.device != device) {
-        int ok = 0;
-        cuda_try(cudaDeviceCanAccessPeer(&ok, device, c.device), "cudaDeviceCanAccessPeer");
-        DSI_CHECK(ok, "peer collectives: GPU {} cannot access GPU {} (no peer-to-peer path)", device, c.device);
-        const cudaError_t e = cudaDeviceEnablePeerAccess(c.device, 0);
-        if (e == cudaErrorPeerAccessAlreadyEnabled)
-          cudaGetLastError();
-        else
-          cuda_try(e, "cudaDeviceEnablePeerAccess");
+    c.host[sizeof c.host - 1] = '\0';
+    try {
+      if (j == s->me) {
+        p.base[j] = s->region;
+      } else if (std::strcmp(c.host, mine.host) != 0) {
+        fail("member {} runs on host '{}', member {} on '{}' (peer collectives need one node)", j, c.host,
+             s->me, mine.host);
+      } else if (c.process == mine.process) {  // a thread rank of this process: its pointer, peer access
+        p.base[j] = reinterpret_cast<char*>(c.ptr);
+        if (c.device != device) {
+          int ok = 0;
+          cuda_try(cudaDeviceCanAccessPeer(&ok, device, c.device), "cudaDeviceCanAccessPeer");
+          DSI_CHECK(ok, "GPU {} cannot access GPU {} (no peer-to-peer path)", device, c.device);
+          const cudaError_t e = cudaDeviceEnablePeerAccess(c.device, 0);
+          if (e == cudaErrorPeerAccessAlreadyEnabled)
+            cudaGetLastError();
+          else
+            cuda_try(e, "cudaDeviceEnablePeerAccess");
+        }
+      } else {  // another process: its region through CUDA IPC
+        DSI_CHECK(c.has_handle, "member {} could not export its region", j);
+        void* q = nullptr;
+        cuda_try(cudaIpcOpenMemHandle(&q, c.handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+        s->opened.push_back(q);
+        p.base[j] = static_cast<char*>(q);
       }
-    } else {  // another process: its region through CUDA IPC
-      DSI_CHECK(c.has_handle, "peer collectives: member {} of {} could not export its region", j, g.name);
-      void* q = nullptr;
-      cuda_try(cudaIpcOpenMemHandle(&q, c.handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
-      s->opened.push_back(q);
-      p.base[j] = static_cast<char*>(q);
+    } catch (const std::exception& e) {
+      status = e.what();
     }
+  }
+  // Every member learns every member's status, so all of them fail alike (and none waits for one
+  // that gave up).
+  Tensor st = Tensor::zeros({int64_t(kStatusBytes)}, DType::U8);
+  std::memcpy(st.raw(), status.data(), std::min(status.size(), kStatusBytes - 1));
+  Tensor sts = Tensor::empty({int64_t(g.size * kStatusBytes)}, DType::U8);
+  host.all_gather(g, st, sts);
+  for (int j = 0; j < g.size; ++j) {
+    const char* why = static_cast<const char*>(sts.raw()) + j * kStatusBytes;
+    if (why[0] != '\0')
+      fail("peer collectives: group {}: member {} cannot map the others' memory: {}", g.name, j,
+           std::string(why, strnlen(why, kStatusBytes)));
   }
   host.barrier(g);  // every region is cleared and mapped before anyone writes into it
   return std::unique_ptr<PeerGroup>(new PeerGroup(std::move(s)));
@@ -237,6 +285,7 @@ int PeerGroup::member() const { return s_->me; }
 size_t PeerGroup::capacity() const { return s_->capacity; }
 
 void PeerGroup::launch_op(int op, const void* in, void* out, size_t bytes, cudaStream_t stream) {
+  DSI_CHECK(!s_->failed, "peer collectives: group {} failed earlier (see check())", s_->group.name);
   DSI_CHECK(bytes <= s_->capacity, "peer collectives: {} of {} B per member over the capacity of {} B",
             op_name(op), bytes, s_->capacity);
   if (bytes == 0) return;  // every member skips alike
@@ -266,14 +315,18 @@ void PeerGroup::all_reduce(float* inout, int64_t n, cudaStream_t stream) {
 void PeerGroup::check() const {
   DeviceGuard guard(Device::cuda(s_->device));
   uint32_t code = 0;
-  cuda_try(cudaMemcpy(&code, s_->region + offsetof(Signals, error), sizeof code, cudaMemcpyDeviceToHost),
+  // On the side stream: a blocking copy would wait for other members' kernels sharing this GPU.
+  cuda_try(cudaMemcpyAsync(&code, s_->region + offsetof(Signals, error), sizeof code, cudaMemcpyDeviceToHost,
+                           s_->side),
            "reading the error word");
+  cuda_try(cudaStreamSynchronize(s_->side), "reading the error word");
   if (code == 0) return;
-  const int op = int(code >> 8) - 1, member = int(code & 0xffu) - 1;
-  fail("peer collectives: rank {} (member {} of group {}) waited {} s in {} for member {} (world rank {}), "
+  s_->failed = true;
+  const int op = int(code >> 16) - 1, waiter = int((code >> 8) & 0xffu) - 1, missing = int(code & 0xffu) - 1;
+  fail("peer collectives: group {}: member {} (world rank {}) waited {} s in {} for member {} (world rank {}), "
        "which never arrived",
-       s_->group.first + s_->me, s_->me, s_->group.name, s_->timeout_s, op_name(op), member,
-       s_->group.first + member);
+       s_->group.name, waiter, s_->group.first + waiter, s_->timeout_s, op_name(op), missing,
+       s_->group.first + missing);
 }
 
 }  // namespace dsi::cuda

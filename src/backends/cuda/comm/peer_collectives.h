@@ -16,9 +16,13 @@
 // epoch e - 1, which each does only once its epoch e - 2 kernel (the last reader of that bank) has
 // finished in stream order.
 //
-// A member that never arrives: the waiting blocks give up after the timeout and record which
-// member and operation they waited for; check() turns that into an error naming them (the group
-// is unusable afterwards). Regions are shared by pointer between thread ranks of one process (peer
+// Every call of a member must be ordered on one stream (the epochs are read at a kernel's start and
+// written at its end): two streams or parallel graph branches of one member would reuse an epoch.
+//
+// A member that never arrives: the waiting blocks give up after the timeout and write which member
+// waited for which, and in which operation, into every member's region; from then on every call of
+// every member skips the exchange and fills its output with NaN bytes, and check() on any member
+// throws an error naming them (the group is unusable afterwards). Regions are shared by pointer between thread ranks of one process (peer
 // access enabled between their devices; members may even share one device, which the tests use)
 // and through CUDA IPC handles between processes.
 #pragma once
@@ -41,8 +45,9 @@ class PeerGroup {
  public:
   // Collective over the members of `g` (each calls it from its own thread or process, with the host
   // group `host` that carries the region handles): allocates this member's region on `device` with
-  // `capacity` bytes per slot and maps every other member's. Throws when two members' GPUs lack
-  // peer access or the group is larger than kPeerMaxMembers; the caller then keeps NCCL.
+  // `capacity` bytes per slot and maps every other member's. Throws on every member alike when any
+  // member cannot map another's (GPUs without peer access, members on other hosts) or the group is
+  // larger than kPeerMaxMembers; the caller then keeps NCCL.
   static std::unique_ptr<PeerGroup> create(Communicator& host, const Group& g, int device,
                                            size_t capacity, double timeout_seconds);
   // Frees the region and unmaps the others'. Every member's collectives must have finished (the
@@ -64,8 +69,9 @@ class PeerGroup {
   // inout [n] f32 becomes the sum over members in member order (n * 4 <= capacity()).
   void all_reduce(float* inout, int64_t n, cudaStream_t stream);
 
-  // Throws dsi::Error naming the operation and the member a block waited for in vain, once such a
-  // timeout happened (reads the region's error word: call after synchronising the stream).
+  // Throws dsi::Error naming the operation, the waiting and the missing member once any member of
+  // the group timed out (reads the region's error word: call after synchronising the stream; later
+  // calls then throw at once).
   void check() const;
 
  private:
