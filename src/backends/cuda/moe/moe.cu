@@ -368,11 +368,20 @@ GemvGroup group_shape(const GemvParams& p) {
 }
 
 // The experts of a decode batch, routed on the device (moe.h); with table.shared, the shared
-// expert's output is added too.
+// expert's output is added too: for one or two tokens as slots of the grouped launches (one x row
+// per group, so its weights are read once per token), for more as its own product over all the
+// tokens (`shared`: its weights read once, 3..8 rows on the GEMV's tensor cores).
 void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
-                           const ExpertTable& table, int first_expert, int n_experts, Tensor& out) {
+                           const ExpertTable& table, const MlpWeights* shared, int first_expert,
+                           int n_experts, Tensor& out) {
   const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1), pairs = n * k;
-  const int64_t slots = pairs + (table.shared ? n : 0);
+  const bool fused = table.shared && n <= kMoeFusedSharedTokens;
+  Tensor shared_out;
+  if (table.shared && !fused) {
+    shared_out = Tensor::empty({n, d}, DType::F32, x.device());
+    mlp(x, *shared, shared_out);
+  }
+  const int64_t slots = pairs + (fused ? n : 0);
   const int64_t inter = table.proj[0].out;  // the shared expert's is no larger
   Scratch buf(size_t(slots * (2 * inter + d)) * sizeof(float));
   Scratch groups(size_t(3 * slots) * sizeof(GemvGroup));
@@ -417,8 +426,9 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
       silu_mul(gate, up, gate);
     }
   }
-  launch_moe_combine({expert_ids.i32(), weights.f32(), pp.ys, table.shared ? pp.ys + pairs * d : nullptr,
-                      out.f32(), n, k, d, first_expert, pp.n_local},
+  const float* shared_rows = fused ? pp.ys + pairs * d : table.shared ? shared_out.f32() : nullptr;
+  launch_moe_combine({expert_ids.i32(), weights.f32(), pp.ys, shared_rows, out.f32(), n, k, d, first_expert,
+                      pp.n_local},
                      stream());
   const unsigned long long first = bad.read();
   if (first != ErrorFlag::kNone)
@@ -517,7 +527,7 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
     const bool aligned = d % 4 == 0 && table.proj[0].out % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
     if (table.uniform && aligned) {
-      moe_experts_on_device(x, expert_ids, weights, table, first_expert, n_experts, out);
+      moe_experts_on_device(x, expert_ids, weights, table, shared, first_expert, n_experts, out);
       if (table.shared) return;
       add_shared(x, shared, out);
       return;

@@ -4,9 +4,10 @@
 // - Decode batches (at most kMoeDeviceRoutedPairs (token, expert) pairs) stay on the device, so a
 //   step can be captured into a graph: a kernel turns the ids into one grouped-GEMV product per pair
 //   and projection (expert weights through a per-layer pointer table built once), the shared
-//   expert as one more product per token; gate and up of all of them are one launch, down another;
-//   then the weighted sum per token in ascending expert order, as the CPU reference adds, and the
-//   shared expert's output.
+//   expert as one more product per token (up to kMoeFusedSharedTokens tokens; with more its own
+//   product over all of them, so its weights are read once); gate and up of all of them are one
+//   launch, down another; then the weighted sum per token in ascending expert order, as the CPU
+//   reference adds, and the shared expert's output.
 // - Larger batches group tokens per expert on the host (ids and weights are read back), then per
 //   expert a gather, the SwiGLU MLP through linear(), and a weighted scatter-add in expert order.
 #pragma once
@@ -52,6 +53,7 @@ struct MoeScatterParams {
 void launch_moe_scatter_add(const MoeScatterParams& p, cudaStream_t stream);
 
 inline constexpr int64_t kMoeDeviceRoutedPairs = 256;
+inline constexpr int64_t kMoeFusedSharedTokens = 2;
 
 // One local expert's weights for the device-routed path: data and (fp8) scale_inv of each projection.
 struct MoeExpertPtrs {
