@@ -137,6 +137,35 @@ TEST(OpRope, StridedHeadViewRotatesOnlyItsDims) {
         << "row*head " << rh << ": nope dims changed";
 }
 
+// The model's key rows as a strided slice of a wider product, given a head dimension by
+// Tensor::unsqueeze (as attention does for the stacked input projection): rotated exactly as the
+// same rows alone, the columns around them untouched.
+TEST(OpRope, UnsqueezedRowSliceRotatesLikeTheRowsAlone) {
+  const int64_t rows = 3, wide = 70, first = 37, d = 24;
+  const std::vector<int32_t> pos = {5, 9, 300};
+  const std::vector<float> f = default_inv_freq(1e4, int(d));
+  Tensor all = test::rand_tensor({rows, wide}, 211);
+  const Tensor before = all.contiguous();
+  Tensor alone = all.narrow(1, first, d).contiguous();
+  Tensor view = all.narrow(1, first, d).unsqueeze(1);
+  ASSERT_EQ(view.shape(), (Shape{rows, 1, d}));
+  EXPECT_EQ(view.stride(0), wide);
+  EXPECT_EQ(view.stride(2), 1);
+  Tensor alone3 = alone.view({rows, 1, d});
+  const Tensor p = Tensor::from_i32(pos, {rows}), fr = Tensor::from_f32(f, {d / 2});
+  ops::rope(view, p, fr, 1.0f, RopeStyle::kHalfSplit, 0);
+  ops::rope(alone3, p, fr, 1.0f, RopeStyle::kHalfSplit, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(std::memcmp(all.f32() + r * wide + first, alone.f32() + r * d, d * 4), 0) << "row " << r;
+    EXPECT_EQ(std::memcmp(all.f32() + r * wide, before.f32() + r * wide, first * 4), 0) << "row " << r;
+    EXPECT_EQ(std::memcmp(all.f32() + r * wide + first + d, before.f32() + r * wide + first + d,
+                          (wide - first - d) * 4), 0)
+        << "row " << r;
+  }
+  EXPECT_EQ(view.unsqueeze(3).shape(), (Shape{rows, 1, d, 1}));
+  test::expect_error([&] { (void)view.unsqueeze(5); }, {"unsqueeze: dimension 5"});
+}
+
 // Into another tensor (the model writes RoPE(q_pe) straight into the absorbed query): the same
 // bits as rotating a copy in place; the source stays untouched; a wrong shape is refused.
 TEST(OpRope, IntoAnotherTensorMatchesInPlaceAndLeavesTheSource) {
