@@ -274,6 +274,19 @@ int run(const Args& a) {
              "(fp8); measured / floor = {:.1f}x (run), {:.1f}x (fp8)\n",
              floor_run / cfg.n_layers * 1e6, floor_fp8 / cfg.n_layers * 1e6, step / floor_run,
              step / floor_fp8);
+  if (a.rows > 1 && cfg.n_experts > 0) {
+    // Rows route independently: with random routing (the synthetic weights') a step reads about
+    // E (1 - (1 - k / E)^rows) distinct routed experts per MoE layer, not k.
+    const double E = cfg.n_experts, k = cfg.n_experts_active;
+    const double distinct = E * (1.0 - std::pow(1.0 - k / E, double(a.rows)));
+    const double expert_b = 3.0 * double(cfg.moe_intermediate_size) * double(cfg.hidden_size);  // fp8
+    int moe_layers = 0;
+    for (int l = 0; l < cfg.n_layers; ++l) moe_layers += cfg.layer_is_moe[size_t(l)] ? 1 : 0;
+    const double extra = (distinct - k) * expert_b * moe_layers / kPeakBytesPerSecond;
+    fmt::print("with {} rows routed at random: about {:.1f} distinct routed experts per MoE layer "
+               "(not {:.0f}); fp8 byte floor {:.1f} us per layer, measured / floor = {:.1f}x\n",
+               a.rows, distinct, k, (floor_fp8 + extra) / cfg.n_layers * 1e6, step / (floor_fp8 + extra));
+  }
   if (pc.tp > 1)
     fmt::print("collectives: {:.1f} per layer per step, {:.1f} us per layer per step (rank 0, "
                "waiting included)\n", double(comm_calls) / a.iters / cfg.n_layers,
