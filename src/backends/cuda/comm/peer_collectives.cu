@@ -138,10 +138,6 @@ __global__ void __launch_bounds__(kThreads) peer_collective_kernel(const PeerPar
   if (threadIdx.x == 0 && !s_failed) own->epoch[b] = e;
 }
 
-void cuda_try(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("peer collectives: {} failed: {}", what, cudaGetErrorString(e));
-}
-
 // What each member tells the others about its region, and (status) whether it could map theirs.
 struct Card {
   uint64_t process;  // a random token per process (pids repeat across containers and hosts)
@@ -204,11 +200,11 @@ std::unique_ptr<PeerGroup> PeerGroup::create(Communicator& host, const Group& g,
   s->capacity = (capacity + 15) / 16 * 16;
   s->timeout_s = timeout_seconds;
   const size_t region_bytes = kHeaderBytes + 2 * size_t(g.size) * s->capacity;
-  cuda_try(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking), "creating a stream");
-  cuda_try(cudaMalloc(&s->region, region_bytes), "cudaMalloc of the region");
+  DSI_CUDA_CHECK(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking));
+  DSI_CUDA_CHECK(cudaMalloc(&s->region, region_bytes));
   // On a stream of its own: other members' kernels may already run on this device.
-  cuda_try(cudaMemsetAsync(s->region, 0, region_bytes, s->side), "clearing the region");
-  cuda_try(cudaStreamSynchronize(s->side), "clearing the region");
+  DSI_CUDA_CHECK(cudaMemsetAsync(s->region, 0, region_bytes, s->side));
+  DSI_CUDA_CHECK(cudaStreamSynchronize(s->side));
 
   Card mine{};
   mine.process = process_token();
@@ -242,18 +238,16 @@ std::unique_ptr<PeerGroup> PeerGroup::create(Communicator& host, const Group& g,
         p.base[j] = reinterpret_cast<char*>(c.ptr);
         if (c.device != device) {
           int ok = 0;
-          cuda_try(cudaDeviceCanAccessPeer(&ok, device, c.device), "cudaDeviceCanAccessPeer");
+          DSI_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, device, c.device));
           DSI_CHECK(ok, "GPU {} cannot access GPU {} (no peer-to-peer path)", device, c.device);
-          const cudaError_t e = cudaDeviceEnablePeerAccess(c.device, 0);
-          if (e == cudaErrorPeerAccessAlreadyEnabled)
-            cudaGetLastError();
-          else
-            cuda_try(e, "cudaDeviceEnablePeerAccess");
+          const cudaError_t enable = cudaDeviceEnablePeerAccess(c.device, 0);
+          cudaGetLastError();  // clears "already enabled" (another group of these GPUs)
+          if (enable != cudaErrorPeerAccessAlreadyEnabled) DSI_CUDA_CHECK(enable);
         }
       } else {  // another process: its region through CUDA IPC
         DSI_CHECK(c.has_handle, "member {} could not export its region", j);
         void* q = nullptr;
-        cuda_try(cudaIpcOpenMemHandle(&q, c.handle, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+        DSI_CUDA_CHECK(cudaIpcOpenMemHandle(&q, c.handle, cudaIpcMemLazyEnablePeerAccess));
         s->opened.push_back(q);
         p.base[j] = static_cast<char*>(q);
       }
@@ -316,10 +310,9 @@ void PeerGroup::check() const {
   DeviceGuard guard(Device::cuda(s_->device));
   uint32_t code = 0;
   // On the side stream: a blocking copy would wait for other members' kernels sharing this GPU.
-  cuda_try(cudaMemcpyAsync(&code, s_->region + offsetof(Signals, error), sizeof code, cudaMemcpyDeviceToHost,
-                           s_->side),
-           "reading the error word");
-  cuda_try(cudaStreamSynchronize(s_->side), "reading the error word");
+  DSI_CUDA_CHECK(cudaMemcpyAsync(&code, s_->region + offsetof(Signals, error), sizeof code,
+                                 cudaMemcpyDeviceToHost, s_->side));
+  DSI_CUDA_CHECK(cudaStreamSynchronize(s_->side));
   if (code == 0) return;
   s_->failed = true;
   const int op = int(code >> 16) - 1, waiter = int((code >> 8) & 0xffu) - 1, missing = int(code & 0xffu) - 1;
