@@ -55,6 +55,11 @@ class Communicator {
   // Marks this rank as failed with `why`: every rank blocked in (or later entering) a collective
   // with it fails with an error naming this rank and `why`, instead of waiting forever.
   virtual void abort(const std::string& why) = 0;
+
+  // Throws the failure of an earlier collective of this rank that returned before its data moved
+  // (device communicators whose collectives are only enqueued, peer_comm.h), if any; callers check
+  // after reading a step's results on the host. Blocking communicators have nothing to report.
+  virtual void check_async() {}
 };
 
 }  // namespace dsi

@@ -13,6 +13,7 @@
 #include <thread>
 #include <utility>
 
+#include "comm/device_tensors.h"
 #include "comm/lockstep.h"
 #include "comm/nccl_kernels.h"
 
@@ -69,46 +70,6 @@ class CurrentDevice {
   int device_;
   int prev_ = -1;
 };
-
-// The byte range [lo, hi) a tensor's elements occupy (any strides >= 0).
-std::pair<const char*, const char*> byte_span(const Tensor& t) {
-  const char* lo = static_cast<const char*>(t.raw());
-  if (t.numel() == 0 || lo == nullptr) return {lo, lo};
-  int64_t last = 0;
-  for (int d = 0; d < t.ndim(); ++d) last += (t.dim(d) - 1) * t.stride(d);
-  return {lo, lo + (last + 1) * int64_t(dtype_size(t.dtype()))};
-}
-
-bool overlaps(const Tensor& a, const Tensor& b) {
-  const auto [a0, a1] = byte_span(a);
-  const auto [b0, b1] = byte_span(b);
-  return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
-}
-
-// A host tensor of t's shape and dtype over t's pointer (never dereferenced): lets the shared
-// argument checks of lockstep.h, written for host tensors, judge device tensors in the same words.
-Tensor shape_alias(const Tensor& t) { return Tensor::wrap(t.raw(), t.shape(), t.dtype(), Device::cpu()); }
-
-// A contiguous tensor with t's contents on t's device (t itself when already contiguous).
-Tensor device_contiguous(const Tensor& t) {
-  if (t.is_contiguous()) return t;
-  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device());
-  c.copy_from(t);
-  return c;
-}
-
-// dst = src on one device, for any overlap between them.
-void copy_device(Tensor& dst, const Tensor& src) {
-  if (dst.numel() == 0) return;
-  if (dst.raw() == src.raw() && dst.strides() == src.strides()) return;
-  if (overlaps(dst, src)) {
-    Tensor tmp = Tensor::empty(src.shape(), src.dtype(), src.device());
-    tmp.copy_from(src);
-    dst.copy_from(tmp);
-  } else {
-    dst.copy_from(src);
-  }
-}
 
 // Member i of a group of G owns elements [start(i), start(i + 1)) of an all_reduce of n elements.
 int64_t part_start(int64_t n, int G, int i) { return n * i / G; }

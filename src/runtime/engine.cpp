@@ -40,9 +40,7 @@ Device rank_device(const std::string& name, int rank) {
   if (name == "cpu") return Device::cpu();
   DSI_CHECK(name == "cuda", "device '{}': expected cpu or cuda", name);
 #ifdef DSI_WITH_CUDA
-  const int n = cuda::device_count();
-  DSI_CHECK(n > 0, "--device cuda: no CUDA device is visible");
-  return Device::cuda(rank % n);
+  return rank_cuda_device(rank);
 #else
   fail("--device cuda: this build has no CUDA backend (configure with the cuda preset)");
 #endif

@@ -182,6 +182,7 @@ Tensor EngineImpl::run_forward(const std::vector<StepPlan::Rows>& rows,
         row += p.n;
       }
       logits = to_host(st.logits);
+      if (m.rank().comm != nullptr) m.rank().comm->check_async();
       return;
     }
     Tensor h = m.forward(Tensor::from_i32(tokens, {int64_t(tokens.size())}), batch);
@@ -192,6 +193,7 @@ Tensor EngineImpl::run_forward(const std::vector<StepPlan::Rows>& rows,
     }
     Tensor l = m.logits(gather_rows(h, keep));
     if (r == 0) logits = to_host(l);
+    if (m.rank().comm != nullptr) m.rank().comm->check_async();  // earlier collectives' failures
   });
   return logits;
 }

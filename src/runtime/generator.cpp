@@ -55,6 +55,7 @@ void agree_on_tokens(const RankContext& rank, Device device, std::vector<int32_t
   Tensor d = to_device(t, device);  // the communicator moves the model's device tensors
   rank.comm->broadcast(rank.tp_group, d, 0);
   t = to_host(d);
+  rank.comm->check_async();  // the broadcast (and the step's collectives before it) delivered
   tokens.assign(t.i32() + 1, t.i32() + 1 + t.i32()[0]);
 }
 

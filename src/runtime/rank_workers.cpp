@@ -5,9 +5,6 @@
 
 #include "runtime/ranks.h"
 
-#ifdef DSI_WITH_NCCL
-#include "comm/nccl_comm.h"
-#endif
 
 namespace dsi {
 
@@ -35,12 +32,12 @@ RankWorkers::RankWorkers(const ParallelConfig& cfg, const CommOptions& options, 
     contexts_.push_back(RankContext::make(cfg, r, world_ ? &world_->comm(r) : nullptr));
   for (int r = 1; r < cfg.tp; ++r) threads_.emplace_back([this, r] { loop(r); });
   if (!cuda || cfg.tp == 1) return;
-#ifdef DSI_WITH_NCCL
+#ifdef DSI_WITH_CUDA
   device_comms_.resize(size_t(cfg.tp));
-  auto process = std::make_shared<NcclProcessState>();
+  const auto shared = make_thread_rank_comms();
   try {
     run([&](int r) {  // creation is collective: every rank at once, from its own thread
-      device_comms_[size_t(r)] = make_thread_rank_nccl(world_->comm(r), cfg, r, process);
+      device_comms_[size_t(r)] = make_thread_rank_device_comm(world_->comm(r), cfg, r, shared);
     });
   } catch (...) {
     stop_threads();  // no destructor runs for a constructor that throws
@@ -49,7 +46,7 @@ RankWorkers::RankWorkers(const ParallelConfig& cfg, const CommOptions& options, 
   for (int r = 0; r < cfg.tp; ++r)
     contexts_[size_t(r)] = RankContext::make(cfg, r, device_comms_[size_t(r)].get());
 #else
-  ::dsi::fail("{} ranks on CUDA devices need NCCL, and this build has none", cfg.tp);
+  ::dsi::fail("{} ranks on CUDA devices need a CUDA build", cfg.tp);
 #endif
 }
 

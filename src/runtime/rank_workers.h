@@ -56,8 +56,9 @@ class RankGroup {
 
 class RankWorkers final : public RankGroup {
  public:
-  // With `cuda` and several ranks, rank r computes on GPU r and moves device tensors through NCCL
-  // (the thread world stays the host-side group).
+  // With `cuda` and several ranks, rank r computes on CUDA device r and moves device tensors
+  // through make_thread_rank_device_comm's communicator (ranks.h; the thread world stays the
+  // host-side group).
   RankWorkers(const ParallelConfig& cfg, const CommOptions& options, bool cuda = false);
   ~RankWorkers() override;
   RankWorkers(const RankWorkers&) = delete;
@@ -77,7 +78,7 @@ class RankWorkers final : public RankGroup {
   void stop_threads();
 
   std::unique_ptr<LocalWorld> world_;
-  std::vector<std::unique_ptr<Communicator>> device_comms_;  // [rank] NCCL, when used
+  std::vector<std::unique_ptr<Communicator>> device_comms_;  // [rank] NCCL or peer, when used
   std::vector<RankContext> contexts_;
   std::vector<std::thread> threads_;
   mutable std::mutex mu_;

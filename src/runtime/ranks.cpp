@@ -7,23 +7,56 @@
 #include <thread>
 
 #include "comm/local_comm.h"
+#ifdef DSI_WITH_CUDA
+#include <cstdlib>
+#include <string_view>
 
-#ifdef DSI_WITH_NCCL
 #include "backends/cuda/device.h"
+#include "comm/peer_comm.h"
+#endif
+#ifdef DSI_WITH_NCCL
 #include "comm/nccl_comm.h"
 #endif
 
 namespace dsi {
 
+#ifdef DSI_WITH_CUDA
+Device rank_cuda_device(int r) {
+  const int n = cuda::device_count();
+  DSI_CHECK(n > 0, "--device cuda: no CUDA device is visible");
+  DSI_CHECK(r < n || cuda::gpu_sharing(),
+            "rank {} needs CUDA device {}, and this process sees {} GPU(s) (DSI_SHARE_GPUS=1 lets ranks share "
+            "GPUs, for tests and development runs)", r, r, n);
+  return Device::cuda(r);
+}
+
+struct ThreadRankComms {
 #ifdef DSI_WITH_NCCL
-std::unique_ptr<NcclComm> make_thread_rank_nccl(Communicator& host, const ParallelConfig& cfg, int r,
-                                                const std::shared_ptr<NcclProcessState>& process) {
-  const int n_gpus = cuda::device_count();
-  DSI_CHECK(n_gpus >= cfg.tp, "{} ranks on CUDA devices need {} GPUs, {} visible", cfg.tp, cfg.tp,
-            n_gpus);
+  std::shared_ptr<NcclProcessState> nccl = std::make_shared<NcclProcessState>();
+#endif
+};
+
+std::shared_ptr<ThreadRankComms> make_thread_rank_comms() { return std::make_shared<ThreadRankComms>(); }
+
+std::unique_ptr<Communicator> make_thread_rank_device_comm(Communicator& host, const ParallelConfig& cfg, int r,
+                                                           const std::shared_ptr<ThreadRankComms>& shared) {
+  const Device device = rank_cuda_device(r);
+  const bool shared_gpus = cfg.tp > cuda::device_count();
+  const char* env = std::getenv("DSI_DEVICE_COMM");
+  const std::string_view want = env != nullptr ? env : "";
+  DSI_CHECK(want.empty() || want == "nccl" || want == "peer", "DSI_DEVICE_COMM={}: expected nccl or peer", want);
   const RankContext layout = RankContext::make(cfg, r, &host);
-  return NcclComm::create(host, NcclSetup{r, {layout.tp_group, layout.dcp_group},
-                                          NcclSumOrder::kMemberOrder, process});
+#ifdef DSI_WITH_NCCL
+  DSI_CHECK(want != "nccl" || !shared_gpus, "DSI_DEVICE_COMM=nccl: {} ranks share {} GPU(s), which NCCL refuses",
+            cfg.tp, cuda::device_count());
+  if (!shared_gpus && want != "peer")
+    return NcclComm::create(host, NcclSetup{device.index, {layout.tp_group, layout.dcp_group},
+                                            NcclSumOrder::kMemberOrder, shared->nccl});
+#else
+  (void)shared;
+  DSI_CHECK(want != "nccl", "DSI_DEVICE_COMM=nccl: this build has no NCCL");
+#endif
+  return PeerComm::create(host, PeerSetup{device.index, {layout.tp_group, layout.dcp_group}});
 }
 #endif
 
@@ -34,26 +67,23 @@ void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
   std::mutex mu;
   std::exception_ptr first;  // the first error thrown is the root cause; later ones follow it
   std::vector<std::thread> threads;
-#ifdef DSI_WITH_NCCL
-  // GPU ranks exchange device tensors through NCCL; the thread world stays the host-side group
-  // (bootstrap, lockstep checks, barriers, failures).
-  auto nccl_process = std::make_shared<NcclProcessState>();
+#ifdef DSI_WITH_CUDA
+  // GPU ranks exchange device tensors through a device communicator; the thread world stays the
+  // host-side group (bootstrap, lockstep checks, barriers, failures).
+  const auto shared = make_thread_rank_comms();
 #else
-  DSI_CHECK(!cuda || cfg.tp == 1, "{} ranks on CUDA devices need NCCL, and this build has none",
-            cfg.tp);
+  DSI_CHECK(!cuda || cfg.tp == 1, "{} ranks on CUDA devices need a CUDA build", cfg.tp);
 #endif
   for (int r = 0; r < cfg.tp; ++r) {
     threads.emplace_back([&, r] {
       LocalComm& host = world.comm(r);
       Communicator* comm = &host;
-#ifdef DSI_WITH_NCCL
-      std::unique_ptr<NcclComm> nccl;  // destroyed in this thread, before the world
-#endif
+      std::unique_ptr<Communicator> device_comm;  // destroyed in this thread, before the world
       try {
-#ifdef DSI_WITH_NCCL
+#ifdef DSI_WITH_CUDA
         if (cuda && cfg.tp > 1) {
-          nccl = make_thread_rank_nccl(host, cfg, r, nccl_process);
-          comm = nccl.get();
+          device_comm = make_thread_rank_device_comm(host, cfg, r, shared);
+          comm = device_comm.get();
         }
 #endif
         const RankContext rank = RankContext::make(cfg, r, comm);

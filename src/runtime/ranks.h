@@ -18,18 +18,27 @@ namespace dsi {
 
 // Runs fn(rank) on each of cfg.tp thread ranks and waits for all of them. A rank that throws
 // aborts the others (they fail instead of waiting), and its error, the root cause, is rethrown.
-// With `cuda`, rank r computes on GPU r and the ranks communicate through NCCL (device tensors).
+// With `cuda`, rank r computes on CUDA device r (rank_cuda_device) and the ranks move device
+// tensors through make_thread_rank_device_comm's communicator.
 void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
                          const std::function<void(const RankContext&)>& fn, bool cuda = false);
 
-#ifdef DSI_WITH_NCCL
-class NcclComm;
-struct NcclProcessState;
-// Thread rank r's NCCL communicator on GPU r, over its host-side thread communicator `host`, with
-// the TP and DCP groups of `cfg` made at start. Collective: every rank calls it at once, from its
-// own thread; `process` is shared by the ranks of the process.
-std::unique_ptr<NcclComm> make_thread_rank_nccl(Communicator& host, const ParallelConfig& cfg, int r,
-                                                const std::shared_ptr<NcclProcessState>& process);
+#ifdef DSI_WITH_CUDA
+// Rank r's CUDA device: the logical device r (backends/cuda/device.h), GPU r, or with GPU sharing
+// GPU r mod the GPUs. Throws when there is no such device, naming DSI_SHARE_GPUS.
+Device rank_cuda_device(int r);
+
+// Shared by the device communicators of the thread ranks of one process (NCCL's failure state).
+struct ThreadRankComms;
+std::shared_ptr<ThreadRankComms> make_thread_rank_comms();
+// Thread rank r's communicator for device tensors on rank_cuda_device(r), over its host-side
+// thread communicator `host`, with the TP and DCP groups of `cfg` made at start: NCCL (nccl_comm.h)
+// when the build has it and every rank has a GPU of its own; otherwise, or with
+// DSI_DEVICE_COMM=peer, the peer-to-peer communicator (peer_comm.h), which also serves ranks that
+// share GPUs. DSI_DEVICE_COMM=nccl insists on NCCL. Collective: every rank calls it at once, from
+// its own thread, with the same `shared`.
+std::unique_ptr<Communicator> make_thread_rank_device_comm(Communicator& host, const ParallelConfig& cfg, int r,
+                                                           const std::shared_ptr<ThreadRankComms>& shared);
 #endif
 
 // Changes to a checkpoint's config made at load time.

@@ -1,7 +1,8 @@
 // The engine on GPUs: the serving engine (continuous batching over paged caches, MTP) on one GPU,
-// and tensor- and decode-context-parallel ranks on two GPUs through NCCL (the generator and the
+// and tensor- and decode-context-parallel ranks on two GPUs (the generator and the
 // engine; exact global top-k and both combines), give the greedy tokens of the CPU reference on
-// one rank.
+// one rank. With one GPU the two ranks share it (logical devices) and talk through the peer
+// communicator.
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -103,19 +104,18 @@ TEST_P(CudaEngine, BatchedRequestsMatchTheCpu) {
   }
 }
 
-class CudaTwoGpus : public test::CudaTest, public ::testing::WithParamInterface<std::string> {
+// Two ranks: on two GPUs through NCCL (when built) or, with one GPU, on two logical devices of it
+// through the peer communicator (GPU sharing, backends/cuda/device.h).
+class CudaTwoRanks : public test::CudaTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {
     test::CudaTest::SetUp();
     if (IsSkipped()) return;
-#ifndef DSI_WITH_NCCL
-    GTEST_SKIP() << "this build has no NCCL";
-#endif
-    if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+    if (cuda::device_count() < 2) cuda::set_gpu_sharing(true);
   }
 };
 
-TEST_P(CudaTwoGpus, TensorParallelGenerateMatchesTheCpu) {
+TEST_P(CudaTwoRanks, TensorParallelGenerateMatchesTheCpu) {
   struct Layout {
     int dcp, interleave;
     DcpCombine combine;
@@ -135,7 +135,7 @@ TEST_P(CudaTwoGpus, TensorParallelGenerateMatchesTheCpu) {
         cfg, CommOptions{},
         [&](const RankContext& rank) {
           auto model = load_rank_model(test::fixture_dir(GetParam()), rank, {},
-                                       Device::cuda(rank.tp_rank));
+                                       rank_cuda_device(rank.tp_rank));
           for (size_t i = 0; i < kPrompts.size(); ++i) {
             GenerationResult r = generate(*model, kPrompts[i], greedy(10, K));
             if (rank.is_root()) got[i] = r.output_ids;
@@ -147,7 +147,7 @@ TEST_P(CudaTwoGpus, TensorParallelGenerateMatchesTheCpu) {
   }
 }
 
-TEST_P(CudaTwoGpus, TensorParallelEngineMatchesTheCpu) {
+TEST_P(CudaTwoRanks, TensorParallelEngineMatchesTheCpu) {
   EngineOptions o;
   o.model_dir = test::fixture_dir(GetParam());
   o.device = "cuda";
@@ -163,7 +163,7 @@ TEST_P(CudaTwoGpus, TensorParallelEngineMatchesTheCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngine, ::testing::Values("glm_tiny", "dsv32_tiny", "glm_tiny_fp8"));
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTwoGpus, ::testing::Values("glm_tiny", "dsv32_tiny", "glm_tiny_fp8"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTwoRanks, ::testing::Values("glm_tiny", "dsv32_tiny", "glm_tiny_fp8"));
 
 }  // namespace
 }  // namespace dsi

@@ -11,29 +11,40 @@
 
 namespace dsi::cuda {
 
+namespace {
+thread_local int t_logical = -1;  // the innermost DeviceGuard's logical device
+}  // namespace
+
 DeviceGuard::DeviceGuard(Device device) {
   DSI_CHECK(device.type == DeviceType::CUDA, "CUDA backend called for a tensor on {}", device.str());
-  const int n = device_count();
-  DSI_CHECK(device.index >= 0 && device.index < n, "{} is not visible to this process ({} CUDA devices)",
-            device.str(), n);
+  const int gpu = physical_device(device.index);
   int cur = -1;
   DSI_CUDA_CHECK(cudaGetDevice(&cur));
-  if (cur != device.index) {
-    DSI_CUDA_CHECK(cudaSetDevice(device.index));
-    prev_ = cur;
+  if (cur != gpu) {
+    DSI_CUDA_CHECK(cudaSetDevice(gpu));
+    prev_gpu_ = cur;
   }
+  prev_logical_ = t_logical;
+  t_logical = device.index;
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (prev_ >= 0) cudaSetDevice(prev_);  // no throw from a destructor; restoring cannot fail here
+  t_logical = prev_logical_;
+  if (prev_gpu_ >= 0) cudaSetDevice(prev_gpu_);  // no throw from a destructor; restoring cannot fail here
+}
+
+int current_device() {
+  int gpu = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&gpu));
+  // The guard's device, unless the runtime's device was changed underneath it.
+  return t_logical >= 0 && physical_device(t_logical) == gpu ? t_logical : gpu;
 }
 
 cudaStream_t stream() {
   constexpr int kMaxDevices = 64;
   static std::atomic<cudaStream_t> streams[kMaxDevices];
   static std::mutex mu;
-  int dev = 0;
-  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  const int dev = current_device();
   DSI_CHECK(dev >= 0 && dev < kMaxDevices, "cuda:{}: device index beyond {}", dev, kMaxDevices);
   cudaStream_t s = streams[dev].load(std::memory_order_acquire);
   if (s != nullptr) return s;
@@ -41,7 +52,7 @@ cudaStream_t stream() {
   s = streams[dev].load();
   if (s == nullptr) {
     // Never destroyed: tensors released during static destruction may still enqueue on it.
-    DSI_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamDefault));
+    DSI_CUDA_CHECK(cudaStreamCreateWithFlags(&s, gpu_sharing() ? cudaStreamNonBlocking : cudaStreamDefault));
     streams[dev].store(s, std::memory_order_release);
   }
   return s;
@@ -70,9 +81,7 @@ void sync_stream() { DSI_CUDA_CHECK(cudaStreamSynchronize(stream())); }
 
 Scratch::Scratch(size_t bytes) : size_(bytes) {
   if (bytes == 0) return;
-  int dev = 0;
-  DSI_CUDA_CHECK(cudaGetDevice(&dev));
-  ptr_ = allocate_block(dev, bytes, pool_);
+  ptr_ = allocate_block(current_device(), bytes, pool_);
 }
 
 Scratch::~Scratch() { release_block(pool_, ptr_); }
@@ -93,8 +102,7 @@ Scratch& Scratch::operator=(Scratch&& o) noexcept {
 }
 
 ErrorFlag::ErrorFlag(const char* what) {
-  int dev = 0;
-  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  const int dev = current_device();
   CaptureState* cap = capture_state();
   if (cap != nullptr && cap->device == dev && cap->checks != nullptr) {
     DeferredChecks& c = *cap->checks;

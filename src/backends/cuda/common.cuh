@@ -16,17 +16,23 @@
 
 namespace dsi::cuda {
 
-// The stream every op runs on: one per device, created on first use and shared by every thread (ops,
-// copies and the caching allocator's reuse of freed blocks are ordered by it without events). It is a
-// blocking stream, so work left on the legacy default stream (NCCL's, a benchmark's) is ordered
-// with it too. Step graphs (graph/step_graph.h) are captured on it.
+// The stream every op runs on: one per (logical, device.h) device, created on first use and shared
+// by every thread (ops, copies and the caching allocator's reuse of freed blocks are ordered by it
+// without events). It is a blocking stream, so work left on the legacy default stream (NCCL's, a
+// benchmark's) is ordered with it too; except with GPU sharing, where the streams of the logical
+// devices of one GPU must never wait for one another (a peer collective of one waits for the
+// others' kernels). Step graphs (graph/step_graph.h) are captured on it.
 cudaStream_t stream();
+// The (logical) device ops of this thread run on now: the innermost DeviceGuard's, else the CUDA
+// runtime's current GPU.
+int current_device();
 // Streaming multiprocessors of the current device.
 int sm_count();
 // Waits for the current device's stream (a host read of its results follows).
 void sync_stream();
 
-// Makes `device` current for the guard's lifetime (ops run on their tensors' device).
+// Makes `device` (logical) current for the guard's lifetime (ops run on their tensors' device): its
+// GPU becomes the runtime's current one, and stream() and the allocator use its own stream and pool.
 class DeviceGuard {
  public:
   explicit DeviceGuard(Device device);
@@ -35,7 +41,8 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
-  int prev_ = -1;
+  int prev_gpu_ = -1;      // the GPU to restore (-1: unchanged)
+  int prev_logical_ = -1;  // the enclosing guard's logical device (-1: none)
 };
 
 // Scratch memory of one op from the caching allocator (memory/memory.h): given back when the owner

@@ -1,8 +1,39 @@
-// CUDA device queries; see device.h.
+// CUDA device queries and logical devices; see device.h.
+#include <atomic>
+#include <cstdlib>
+#include <string_view>
+
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/device.h"
 
 namespace dsi::cuda {
+
+namespace {
+std::atomic<bool>& sharing_flag() {
+  static std::atomic<bool> on = [] {
+    const char* env = std::getenv("DSI_SHARE_GPUS");
+    const bool yes = env != nullptr && std::string_view(env) == "1";
+    if (yes) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+    return yes;
+  }();
+  return on;
+}
+}  // namespace
+
+void set_gpu_sharing(bool on) {
+  if (on) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  sharing_flag().store(on, std::memory_order_release);
+}
+
+bool gpu_sharing() { return sharing_flag().load(std::memory_order_acquire); }
+
+int physical_device(int i) {
+  static const int n = device_count();  // fixed once the runtime has started
+  DSI_CHECK(i >= 0 && n > 0 && (i < n || gpu_sharing()),
+            "cuda:{} is not visible to this process ({} CUDA devices{})", i, n,
+            n > 0 && i >= n ? "; DSI_SHARE_GPUS=1 lets ranks share GPUs" : "");
+  return i % n;
+}
 
 int device_count() {
   int n = 0;
@@ -15,7 +46,7 @@ int device_count() {
 
 std::string device_description(int i) {
   cudaDeviceProp p{};
-  DSI_CUDA_CHECK(cudaGetDeviceProperties(&p, i));
+  DSI_CUDA_CHECK(cudaGetDeviceProperties(&p, physical_device(i)));
   return fmt::format("{} (sm_{}{}, {} GiB)", p.name, p.major, p.minor,
                      p.totalGlobalMem >> 30);
 }
@@ -23,7 +54,7 @@ std::string device_description(int i) {
 size_t free_memory(int i) {
   int prev = 0;
   DSI_CUDA_CHECK(cudaGetDevice(&prev));
-  DSI_CUDA_CHECK(cudaSetDevice(i));
+  DSI_CUDA_CHECK(cudaSetDevice(physical_device(i)));
   size_t free = 0, total = 0;
   const cudaError_t e = cudaMemGetInfo(&free, &total);
   cudaSetDevice(prev);

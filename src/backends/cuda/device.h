@@ -7,14 +7,29 @@
 
 namespace dsi::cuda {
 
-// Number of visible CUDA devices; 0 when the driver or devices are missing (never throws).
+// Number of visible CUDA devices (GPUs); 0 when the driver or devices are missing (never throws).
 int device_count();
-// "NVIDIA H200 (sm_90, 141 GiB)" for device i; throws dsi::Error if i is not visible.
+
+// Device::cuda(i) names a logical device: GPU i. With GPU sharing on, logical devices i >= the
+// number of GPUs exist too and run on GPU i mod that number, each with a stream and a memory pool of
+// its own, as if it were another GPU: ranks can then outnumber the GPUs (tests and development runs
+// of TP/DCP layouts on one GPU; their collectives go through peer_collectives.h, which works between
+// streams of one GPU, not through NCCL, which refuses two ranks on one GPU). The speed of such runs
+// says nothing about real ones. Off unless set_gpu_sharing(true) or DSI_SHARE_GPUS=1; turning it on
+// also asks for CUDA_DEVICE_MAX_CONNECTIONS=32 (hardware queues enough for the streams of several
+// ranks on one GPU, so none waits behind another's kernel), which only counts before the first CUDA
+// call of the process.
+void set_gpu_sharing(bool on);
+bool gpu_sharing();
+// The GPU logical device i runs on; throws dsi::Error if i names no device.
+int physical_device(int i);
+// "NVIDIA H200 (sm_90, 141 GiB)" for (logical) device i; throws dsi::Error if i is not visible.
 std::string device_description(int i);
-// Free bytes on device i now (cudaMemGetInfo); throws dsi::Error if i is not visible.
+// Free bytes on the GPU of (logical) device i now (cudaMemGetInfo); throws dsi::Error if i is not
+// visible.
 size_t free_memory(int i);
 
-// The caching allocator of device i (memory/memory.h): cudaMalloc calls so far, bytes it holds from
+// The caching allocator of (logical) device i (memory/memory.h): cudaMalloc calls so far, bytes it holds from
 // the device, bytes of those in live tensors and scratch.
 struct MemoryStats {
   int64_t device_allocations = 0;

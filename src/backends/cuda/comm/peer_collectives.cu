@@ -10,21 +10,31 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/device.h"
 
 namespace dsi::cuda {
 
 namespace {
 
-enum PeerOp : int { kGather = 0, kReduceScatter = 1, kAllReduce = 2 };
+enum PeerOp : int { kGather = 0, kReduceScatter = 1, kAllReduce = 2, kAllToAll = 3, kBroadcast = 4 };
+constexpr int kAborted = 0xff;  // the op field of the error word when a member aborted
 const char* op_name(int op) {
-  return op == kGather ? "all_gather" : op == kReduceScatter ? "reduce_scatter" : "all_reduce";
+  switch (op) {
+    case kGather: return "all_gather";
+    case kReduceScatter: return "reduce_scatter";
+    case kAllReduce: return "all_reduce";
+    case kAllToAll: return "all_to_all";
+    case kBroadcast: return "broadcast";
+  }
+  return "a collective";
 }
 
 // The head of a member's region. flags[b][j]: the last epoch member j's block b delivered here;
 // epoch[b]: the last epoch this member's block b completed; error: 0, or the first timeout any
 // member of the group saw, (op + 1) << 16 | (waiting member + 1) << 8 | (missing member + 1): the
 // member that times out writes it into every member's region, and from then on every call of every
-// member skips the exchange and fills its output with NaN bytes (0xff).
+// member skips the exchange and fills its output with NaN bytes (0xff). A member that aborts writes
+// kAborted << 16 | (member + 1) << 8 from the host.
 struct Signals {
   uint32_t flags[kPeerBlocks][kPeerMaxMembers];
   uint32_t epoch[kPeerBlocks];
@@ -36,11 +46,14 @@ constexpr int kThreads = 512;
 
 struct PeerParams {
   char* base[kPeerMaxMembers];  // every member's region, as this device addresses it
-  int members, me, op;
+  uint32_t* host_error;         // this member's mapped host word: the error word once a call failed
+  int members, me, op, root;    // root: the broadcasting member
   const char* in;
   char* out;
-  int64_t bytes;     // payload per member and call
-  int64_t capacity;  // slot size (a multiple of 16)
+  int64_t bytes;       // payload per member and call
+  int64_t in_stride;   // reduce_scatter, all_to_all: bytes from member j's input chunk to j + 1's
+  int64_t out_stride;  // all_gather, all_to_all: bytes from member j's output chunk to j + 1's
+  int64_t capacity;    // slot size (a multiple of 16)
   unsigned long long timeout_ns;
 };
 
@@ -92,9 +105,12 @@ __global__ void __launch_bounds__(kThreads) peer_collective_kernel(const PeerPar
   const int64_t lo = min(p.bytes, int64_t(b) * per * 16), hi = min(p.bytes, int64_t(b + 1) * per * 16);
 
   if (!s_failed) {
-    // Push this block's share into slot `me` of every member (reduce_scatter: chunk j to member j).
-    for (int j = 0; j < G; ++j)
-      copy_range(slot(p, p.base[j], bank, p.me), p.in + (p.op == kReduceScatter ? j * p.bytes : 0), lo, hi);
+    // Push this block's share into slot `me` of every member (reduce_scatter, all_to_all: chunk j to
+    // member j; broadcast: the root's only).
+    const bool chunked = p.op == kReduceScatter || p.op == kAllToAll;
+    if (p.op != kBroadcast || p.me == p.root)
+      for (int j = 0; j < G; ++j)
+        copy_range(slot(p, p.base[j], bank, p.me), p.in + (chunked ? j * p.in_stride : 0), lo, hi);
     __syncthreads();
     if (threadIdx.x < G) {
       __threadfence_system();  // the block's writes (ordered by the barrier) before the flag
@@ -118,13 +134,19 @@ __global__ void __launch_bounds__(kThreads) peer_collective_kernel(const PeerPar
     }
     __syncthreads();
   }
+  const bool gathers = p.op == kGather || p.op == kAllToAll;
   if (s_failed) {  // no result: NaN bytes, so a caller that skips check() sees no plausible values
-    const int64_t out_bytes = p.op == kGather ? G * p.bytes : p.bytes;
-    for (int64_t i = int64_t(b) * kThreads + threadIdx.x; i < out_bytes; i += int64_t(kPeerBlocks) * kThreads)
-      p.out[i] = char(0xff);
+    for (int j = 0; j < (gathers ? G : 1); ++j)
+      for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) p.out[j * p.out_stride + i] = char(0xff);
+    if (threadIdx.x == 0) {  // the host learns of it without synchronising (PeerGroup::failed())
+      const uint32_t code = ld_acquire_sys(&own->error);
+      st_release_sys(p.host_error, code != 0 ? code : 1u);
+    }
   } else {
-    if (p.op == kGather) {
-      for (int j = 0; j < G; ++j) copy_range(p.out + j * p.bytes, slot(p, p.base[p.me], bank, j), lo, hi);
+    if (gathers) {
+      for (int j = 0; j < G; ++j) copy_range(p.out + j * p.out_stride, slot(p, p.base[p.me], bank, j), lo, hi);
+    } else if (p.op == kBroadcast) {
+      copy_range(p.out, slot(p, p.base[p.me], bank, p.root), lo, hi);
     } else {  // member-order sums of f32
       float* out = reinterpret_cast<float*>(p.out);
       for (int64_t i = lo / 4 + threadIdx.x; i < hi / 4; i += kThreads) {
@@ -166,7 +188,8 @@ struct PeerGroup::State {
   size_t capacity = 0;
   double timeout_s = 0;
   char* region = nullptr;
-  cudaStream_t side = nullptr;  // clears the region and reads its error word (non-blocking)
+  uint32_t* host_error = nullptr;  // mapped pinned word the kernels raise when a call failed
+  cudaStream_t side = nullptr;     // clears the region and reads its error word (non-blocking)
   bool failed = false;          // check() threw: no more calls
   PeerParams params{};
   std::vector<void*> opened;  // other processes' regions, mapped through IPC
@@ -177,9 +200,13 @@ struct PeerGroup::State {
       cudaGetDevice(&d);
       return d;
     }();
-    cudaSetDevice(device);
+    try {
+      cudaSetDevice(physical_device(device));
+    } catch (const std::exception&) {
+    }
     for (void* p : opened) cudaIpcCloseMemHandle(p);
     if (region != nullptr) cudaFree(region);
+    if (host_error != nullptr) cudaFreeHost(host_error);
     if (side != nullptr) cudaStreamDestroy(side);
     cudaSetDevice(prev);
   }
@@ -205,11 +232,13 @@ std::unique_ptr<PeerGroup> PeerGroup::create(Communicator& host, const Group& g,
   // On a stream of its own: other members' kernels may already run on this device.
   DSI_CUDA_CHECK(cudaMemsetAsync(s->region, 0, region_bytes, s->side));
   DSI_CUDA_CHECK(cudaStreamSynchronize(s->side));
+  DSI_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s->host_error), sizeof(uint32_t), cudaHostAllocMapped));
+  *s->host_error = 0;
 
   Card mine{};
   mine.process = process_token();
   gethostname(mine.host, sizeof mine.host - 1);
-  mine.device = device;
+  mine.device = physical_device(device);  // the GPU: logical devices of one GPU need no peer access
   mine.ptr = reinterpret_cast<uint64_t>(s->region);
   mine.has_handle = cudaIpcGetMemHandle(&mine.handle, s->region) == cudaSuccess ? 1 : 0;
   cudaGetLastError();  // a failed handle only matters to members in other processes
@@ -221,6 +250,7 @@ std::unique_ptr<PeerGroup> PeerGroup::create(Communicator& host, const Group& g,
   PeerParams& p = s->params;
   p.members = g.size;
   p.me = s->me;
+  DSI_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&p.host_error), s->host_error, 0));
   p.capacity = int64_t(s->capacity);
   p.timeout_ns = static_cast<unsigned long long>(timeout_seconds * 1e9);
   std::string status;  // why this member cannot map a peer ("" when it can)
@@ -236,10 +266,10 @@ std::unique_ptr<PeerGroup> PeerGroup::create(Communicator& host, const Group& g,
              s->me, mine.host);
       } else if (c.process == mine.process) {  // a thread rank of this process: its pointer, peer access
         p.base[j] = reinterpret_cast<char*>(c.ptr);
-        if (c.device != device) {
+        if (c.device != mine.device) {
           int ok = 0;
-          DSI_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, device, c.device));
-          DSI_CHECK(ok, "GPU {} cannot access GPU {} (no peer-to-peer path)", device, c.device);
+          DSI_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, mine.device, c.device));
+          DSI_CHECK(ok, "GPU {} cannot access GPU {} (no peer-to-peer path)", mine.device, c.device);
           const cudaError_t enable = cudaDeviceEnablePeerAccess(c.device, 0);
           cudaGetLastError();  // clears "already enabled" (another group of these GPUs)
           if (enable != cudaErrorPeerAccessAlreadyEnabled) DSI_CUDA_CHECK(enable);
@@ -278,7 +308,8 @@ int PeerGroup::members() const { return s_->group.size; }
 int PeerGroup::member() const { return s_->me; }
 size_t PeerGroup::capacity() const { return s_->capacity; }
 
-void PeerGroup::launch_op(int op, const void* in, void* out, size_t bytes, cudaStream_t stream) {
+void PeerGroup::launch_op(int op, const void* in, void* out, size_t bytes, size_t in_stride, size_t out_stride,
+                          int root, cudaStream_t stream) {
   DSI_CHECK(!s_->failed, "peer collectives: group {} failed earlier (see check())", s_->group.name);
   DSI_CHECK(bytes <= s_->capacity, "peer collectives: {} of {} B per member over the capacity of {} B",
             op_name(op), bytes, s_->capacity);
@@ -286,24 +317,57 @@ void PeerGroup::launch_op(int op, const void* in, void* out, size_t bytes, cudaS
   DeviceGuard guard(Device::cuda(s_->device));
   PeerParams p = s_->params;
   p.op = op;
+  p.root = root;
   p.in = static_cast<const char*>(in);
   p.out = static_cast<char*>(out);
   p.bytes = int64_t(bytes);
-  launch(peer_collective_kernel, dim3(kPeerBlocks), dim3(kThreads), 0, stream, p);
+  p.in_stride = int64_t(in_stride != 0 ? in_stride : bytes);
+  p.out_stride = int64_t(out_stride != 0 ? out_stride : bytes);
+  launch(peer_collective_kernel, dim3(kPeerBlocks), dim3(kThreads), 0, stream != nullptr ? stream : cuda::stream(), p);
 }
 
-void PeerGroup::all_gather(const void* in, size_t bytes, void* out, cudaStream_t stream) {
-  launch_op(kGather, in, out, bytes, stream);
+void PeerGroup::all_gather(const void* in, size_t bytes, void* out, cudaStream_t stream, size_t out_stride) {
+  launch_op(kGather, in, out, bytes, 0, out_stride, 0, stream);
 }
 
-void PeerGroup::reduce_scatter(const float* in, int64_t m, float* out, cudaStream_t stream) {
-  DSI_CHECK(m >= 0, "peer collectives: reduce_scatter of {} elements", m);
-  launch_op(kReduceScatter, in, out, size_t(m) * sizeof(float), stream);
+void PeerGroup::reduce_scatter(const float* in, int64_t m, float* out, cudaStream_t stream, int64_t in_stride) {
+  DSI_CHECK(m >= 0 && in_stride >= 0, "peer collectives: reduce_scatter of {} elements (stride {})", m, in_stride);
+  launch_op(kReduceScatter, in, out, size_t(m) * sizeof(float), size_t(in_stride) * sizeof(float), 0, 0, stream);
 }
 
 void PeerGroup::all_reduce(float* inout, int64_t n, cudaStream_t stream) {
   DSI_CHECK(n >= 0, "peer collectives: all_reduce of {} elements", n);
-  launch_op(kAllReduce, inout, inout, size_t(n) * sizeof(float), stream);
+  launch_op(kAllReduce, inout, inout, size_t(n) * sizeof(float), 0, 0, 0, stream);
+}
+
+void PeerGroup::all_to_all(const void* in, size_t bytes, void* out, cudaStream_t stream, size_t in_stride,
+                           size_t out_stride) {
+  launch_op(kAllToAll, in, out, bytes, in_stride, out_stride, 0, stream);
+}
+
+void PeerGroup::broadcast(const void* in, size_t bytes, void* out, int root, cudaStream_t stream) {
+  DSI_CHECK(root >= 0 && root < s_->group.size, "peer collectives: broadcast from member {} of {}", root,
+            s_->group.size);
+  launch_op(kBroadcast, in, out, bytes, 0, 0, root, stream);
+}
+
+bool PeerGroup::failed() const {
+  return s_->failed || reinterpret_cast<volatile const uint32_t*>(s_->host_error)[0] != 0;
+}
+
+void PeerGroup::abort() noexcept {
+  try {
+    DeviceGuard guard(Device::cuda(s_->device));
+    const uint32_t code = (uint32_t(kAborted) << 16) | (uint32_t(s_->me + 1) << 8);
+    // Into every member's error word (their waiting kernels stop), on the side stream: the member
+    // streams may be busy with exactly those kernels.
+    for (int j = 0; j < s_->group.size; ++j)
+      cudaMemcpyAsync(s_->params.base[j] + offsetof(Signals, error), &code, sizeof code, cudaMemcpyHostToDevice,
+                      s_->side);
+    cudaStreamSynchronize(s_->side);
+    cudaGetLastError();
+  } catch (const std::exception&) {
+  }
 }
 
 void PeerGroup::check() const {
@@ -316,6 +380,9 @@ void PeerGroup::check() const {
   if (code == 0) return;
   s_->failed = true;
   const int op = int(code >> 16) - 1, waiter = int((code >> 8) & 0xffu) - 1, missing = int(code & 0xffu) - 1;
+  if (int(code >> 16) == kAborted)
+    fail("peer collectives: group {}: member {} (world rank {}) aborted", s_->group.name, waiter,
+         s_->group.first + waiter);
   fail("peer collectives: group {}: member {} (world rank {}) waited {} s in {} for member {} (world rank {}), "
        "which never arrived",
        s_->group.name, waiter, s_->group.first + waiter, s_->timeout_s, op_name(op), missing,

@@ -61,23 +61,39 @@ class PeerGroup {
   size_t capacity() const;  // bytes one member contributes per call, at most
 
   // Enqueued on `stream` (no host synchronisation; may be captured in a CUDA graph). Device
-  // pointers of this member's device; every member calls with the same sizes.
-  // out [G * bytes] = every member's in [bytes], in member order.
-  void all_gather(const void* in, size_t bytes, void* out, cudaStream_t stream);
-  // in [G * m] f32: chunk j goes to member j; out [m] = sum over members in member order.
-  void reduce_scatter(const float* in, int64_t m, float* out, cudaStream_t stream);
+  // pointers of this member's device (stream null: the CUDA backend's stream of that device);
+  // every member calls with the same sizes, each at most capacity() bytes per member. Strides (0: packed) let a caller move a large message in
+  // capacity-sized pieces.
+  // out [G chunks, out_stride bytes apart] = every member's in [bytes], in member order.
+  void all_gather(const void* in, size_t bytes, void* out, cudaStream_t stream, size_t out_stride = 0);
+  // in [G chunks of m f32, in_stride elements apart]: chunk j goes to member j; out [m] = sum over
+  // members in member order.
+  void reduce_scatter(const float* in, int64_t m, float* out, cudaStream_t stream, int64_t in_stride = 0);
   // inout [n] f32 becomes the sum over members in member order (n * 4 <= capacity()).
   void all_reduce(float* inout, int64_t n, cudaStream_t stream);
+  // in [G chunks of bytes, in_stride apart]: chunk j goes to member j; out [G chunks, out_stride
+  // apart]: chunk i came from member i.
+  void all_to_all(const void* in, size_t bytes, void* out, cudaStream_t stream, size_t in_stride = 0,
+                  size_t out_stride = 0);
+  // out [bytes] on every member = member root's in [bytes] (in is read on the root only).
+  void broadcast(const void* in, size_t bytes, void* out, int root, cudaStream_t stream);
 
+  // Whether a call of this member found the group failed (timeout or abort), without synchronising:
+  // the kernel raises a host-mapped word. check() then says who and why.
+  bool failed() const;
   // Throws dsi::Error naming the operation, the waiting and the missing member once any member of
-  // the group timed out (reads the region's error word: call after synchronising the stream; later
-  // calls then throw at once).
+  // the group timed out, or the member that aborted (reads the region's error word: call after
+  // synchronising the stream; later calls then throw at once).
   void check() const;
+  // Marks the group failed by this member (from the host, while other members' kernels may be
+  // waiting for this one): their waits end at once, and every later call fails. Never throws.
+  void abort() noexcept;
 
  private:
   struct State;
   explicit PeerGroup(std::unique_ptr<State> s);
-  void launch_op(int op, const void* in, void* out, size_t bytes, cudaStream_t stream);
+  void launch_op(int op, const void* in, void* out, size_t bytes, size_t in_stride, size_t out_stride, int root,
+                 cudaStream_t stream);
   std::unique_ptr<State> s_;
 };
 

@@ -55,10 +55,10 @@ StepGraph::StepGraph(Device device, std::shared_ptr<BlockPool> pool)
 StepGraph::~StepGraph() {
   if (impl_->exec == nullptr) return;
   // The graph's blocks return to its private pool; let replays in flight finish first.
-  int cur = -1;
-  if (cudaGetDevice(&cur) == cudaSuccess && cudaSetDevice(impl_->device.index) == cudaSuccess) {
+  try {
+    DeviceGuard guard(impl_->device);
     cudaStreamSynchronize(stream());
-    cudaSetDevice(cur);
+  } catch (const std::exception&) {  // no throw from a destructor
   }
 }
 

@@ -64,9 +64,13 @@ void release_free_blocks(BlockPool& pool) {
 }  // namespace
 
 BlockPool::~BlockPool() {
-  int cur = -1;
-  const bool switched = cudaGetDevice(&cur) == cudaSuccess && cur != device &&
-                        cudaSetDevice(device) == cudaSuccess;
+  int cur = -1, gpu = -1;
+  try {
+    gpu = physical_device(device);
+  } catch (const std::exception&) {
+    return;  // no such device: nothing was allocated on it
+  }
+  const bool switched = cudaGetDevice(&cur) == cudaSuccess && cur != gpu && cudaSetDevice(gpu) == cudaSuccess;
   for (const auto& [p, size] : blocks) {
     cudaFree(p);
     counters(device).reserved -= int64_t(size);
@@ -238,7 +242,7 @@ void check_supported(int device) {
   std::lock_guard<std::mutex> lock(mu);
   if (std::find(checked.begin(), checked.end(), device) != checked.end()) return;
   cudaDeviceProp p{};
-  const cudaError_t e = cudaGetDeviceProperties(&p, device);
+  const cudaError_t e = cudaGetDeviceProperties(&p, physical_device(device));
   if (e != cudaSuccess) {
     cudaGetLastError();
     fail("cuda:{}: not a usable CUDA device ({})", device, cudaGetErrorString(e));
@@ -308,7 +312,13 @@ class CudaDeviceBackend final : public DeviceBackend {
       }
       DeviceGuard guard(dst_device);
       sync_stream();
-      DSI_CUDA_CHECK(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, bytes));
+      const int src_gpu = physical_device(src_device.index), dst_gpu = physical_device(dst_device.index);
+      if (src_gpu == dst_gpu) {  // two logical devices of one GPU (device.h): a copy on its stream
+        DSI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+        sync_stream();
+      } else {
+        DSI_CUDA_CHECK(cudaMemcpyPeer(dst, dst_gpu, src, src_gpu, bytes));
+      }
     }
   }
 
