@@ -37,9 +37,12 @@ using cuda::PeerGroup;
 constexpr size_t kCapacity = 64 << 10;
 
 // Up to 8 ranks share one GPU here, each with its own stream whose kernels must run at the same
-// time as the others': more hardware queues than the default 8 (read when CUDA starts, so before
-// main).
-const bool kConnections = [] { return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
+// time as the others': more hardware queues than the default 8, and every kernel loaded at start
+// (read when CUDA starts, so before main).
+const bool kPrepared = [] {
+  cuda::prepare_for_spinning_kernels();
+  return true;
+}();
 
 void ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) fail("{}: {}", what, cudaGetErrorString(e));

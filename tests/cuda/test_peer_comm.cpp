@@ -6,6 +6,7 @@
 // outputs; the lockstep guard; an aborting rank ends the others' waits at once.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -24,8 +25,12 @@
 namespace dsi {
 namespace {
 
-// Several ranks' streams on one GPU must run side by side (read when CUDA starts, before main).
-const bool kConnections = [] { return setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0) == 0; }();
+// Several ranks' streams on one GPU must run side by side (device.h; read when CUDA starts, so
+// before main).
+const bool kPrepared = [] {
+  cuda::prepare_for_spinning_kernels();
+  return true;
+}();
 
 struct Ranks {
   int rank = 0, n = 0;
@@ -75,6 +80,8 @@ Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed) {
   } else {
     auto* p = static_cast<uint8_t*>(t.raw());
     for (size_t i = 0; i < t.nbytes(); ++i) p[i] = uint8_t(rng() >> 56);
+    if (dtype == DType::BF16)  // finite values only: a host copy need not keep NaN payloads
+      for (size_t i = 1; i < t.nbytes(); i += 2) p[i] &= 0xbf;
   }
   return t;
 }
@@ -82,8 +89,18 @@ Tensor random_tensor(const Shape& shape, DType dtype, uint64_t seed) {
 void expect_same(const Tensor& got_device, const Tensor& want, const std::string& what) {
   const Tensor got = to_host(got_device).contiguous();
   const Tensor w = want.contiguous();
-  if (got.shape() != w.shape() || std::memcmp(got.raw(), w.raw(), w.nbytes()) != 0)
-    fail("{}: not bitwise the host group's result", what);
+  DSI_CHECK(got.shape() == w.shape(), "{}: {} where the host group has {}", what, got.desc(), w.desc());
+  const auto* g = static_cast<const uint8_t*>(got.raw());
+  const auto* h = static_cast<const uint8_t*>(w.raw());
+  size_t first = w.nbytes(), diffs = 0;
+  for (size_t i = 0; i < w.nbytes(); ++i)
+    if (g[i] != h[i]) {
+      first = std::min(first, i);
+      ++diffs;
+    }
+  if (diffs > 0)
+    fail("{}: {} of {} bytes differ from the host group's result, the first at byte {} ({:#04x}, not {:#04x})",
+         what, diffs, w.nbytes(), first, g[first], h[first]);
 }
 
 // Every collective once on group g; `seed` varies the inputs per round.

@@ -146,13 +146,11 @@ std::vector<int32_t> prompt_of(const CommonOptions& o, const std::optional<dsi::
   return ids;
 }
 
-// The device a rank computes on: the CPU, or GPU (rank mod the visible GPUs) with --device cuda.
+// The device a rank computes on: the CPU, or CUDA device `rank` with --device cuda (ranks.h).
 dsi::Device device_for(const CommonOptions& o, int rank) {
   if (o.device == "cpu") return dsi::Device::cpu();
 #ifdef DSI_WITH_CUDA
-  const int n = dsi::cuda::device_count();
-  if (n == 0) fail("--device cuda: no CUDA device is visible");
-  return dsi::Device::cuda(rank % n);
+  return dsi::rank_cuda_device(rank);
 #else
   (void)rank;
   fail("--device {}: this build has no CUDA backend (build the `cuda` preset)", o.device);
@@ -161,9 +159,12 @@ dsi::Device device_for(const CommonOptions& o, int rank) {
 
 std::unique_ptr<dsi::DsaModel> load_model(const CommonOptions& o, const dsi::RankContext& rank) {
   const auto t0 = std::chrono::steady_clock::now();
-  dsi::Device device = device_for(o, rank.tp_rank);
 #ifdef DSI_WITH_NCCL
-  if (const auto* nccl = dynamic_cast<const dsi::NcclComm*>(rank.comm)) device = dsi::Device::cuda(nccl->device());
+  // A process rank's GPU is its communicator's (its local rank), not its world rank.
+  const auto* nccl = dynamic_cast<const dsi::NcclComm*>(rank.comm);
+  const dsi::Device device = nccl != nullptr ? dsi::Device::cuda(nccl->device()) : device_for(o, rank.tp_rank);
+#else
+  const dsi::Device device = device_for(o, rank.tp_rank);
 #endif
   auto model = dsi::load_rank_model(o.model_dir, rank, dsi::ModelOverrides{o.dense_attention}, device);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -371,6 +372,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+#ifdef DSI_WITH_CUDA
+  // Before CUDA starts: ranks' collectives may be kernels that wait for each other (device.h).
+  dsi::cuda::prepare_for_spinning_kernels();
+#endif
   dsi::MpiSessionPtr mpi;
   try {
 #ifdef DSI_WITH_MPI

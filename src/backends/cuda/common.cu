@@ -74,7 +74,9 @@ bool pdl_enabled() {
     DSI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
     return major >= 9;
   }();
-  return on;
+  // Not with GPU sharing: a kernel launched early sits resident on the GPU waiting for the one
+  // before it, and the GPU's other ranks need room for the peer collectives that one waits for.
+  return on && !gpu_sharing();
 }
 
 void sync_stream() { DSI_CUDA_CHECK(cudaStreamSynchronize(stream())); }

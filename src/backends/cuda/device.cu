@@ -8,12 +8,17 @@
 
 namespace dsi::cuda {
 
+void prepare_for_spinning_kernels() {
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+}
+
 namespace {
 std::atomic<bool>& sharing_flag() {
   static std::atomic<bool> on = [] {
     const char* env = std::getenv("DSI_SHARE_GPUS");
     const bool yes = env != nullptr && std::string_view(env) == "1";
-    if (yes) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+    if (yes) prepare_for_spinning_kernels();
     return yes;
   }();
   return on;
@@ -21,7 +26,7 @@ std::atomic<bool>& sharing_flag() {
 }  // namespace
 
 void set_gpu_sharing(bool on) {
-  if (on) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", /*overwrite=*/0);
+  if (on) prepare_for_spinning_kernels();
   sharing_flag().store(on, std::memory_order_release);
 }
 

@@ -16,11 +16,19 @@ int device_count();
 // of TP/DCP layouts on one GPU; their collectives go through peer_collectives.h, which works between
 // streams of one GPU, not through NCCL, which refuses two ranks on one GPU). The speed of such runs
 // says nothing about real ones. Off unless set_gpu_sharing(true) or DSI_SHARE_GPUS=1; turning it on
-// also asks for CUDA_DEVICE_MAX_CONNECTIONS=32 (hardware queues enough for the streams of several
-// ranks on one GPU, so none waits behind another's kernel), which only counts before the first CUDA
-// call of the process.
+// also calls prepare_for_spinning_kernels(). With sharing, device memory comes from the
+// stream-ordered allocator and launches skip programmatic dependent launch: nothing a rank does may
+// wait for the whole GPU, where other ranks' kernels wait for this rank's.
 void set_gpu_sharing(bool on);
 bool gpu_sharing();
+
+// Kernels that wait for kernels of other streams (the peer collectives) need the CUDA runtime set
+// up for them before its first call (environment variables, read once; values already set are
+// kept): CUDA_DEVICE_MAX_CONNECTIONS=32, hardware queues enough that no rank's kernel queues behind
+// another's waiting one, and CUDA_MODULE_LOADING=EAGER, since loading a kernel lazily at its first
+// launch may wait for the device to go idle (the CUDA lazy-loading guide's caveat about kernels
+// that wait for each other).
+void prepare_for_spinning_kernels();
 // The GPU logical device i runs on; throws dsi::Error if i names no device.
 int physical_device(int i);
 // "NVIDIA H200 (sm_90, 141 GiB)" for (logical) device i; throws dsi::Error if i is not visible.

@@ -89,7 +89,9 @@ __device__ __forceinline__ void copy_range(char* dst, const char* src, int64_t l
 
 // One call of one member: blockIdx.x is its share of the payload (16-byte aligned ranges).
 __global__ void __launch_bounds__(kThreads) peer_collective_kernel(const PeerParams p) {
-  pdl_enter();  // the payload is the previous kernel's output
+  // The payload is the previous kernel's output. No early trigger: the kernel after this one would
+  // sit resident while this one waits for the other members.
+  pdl_wait();
   __shared__ uint32_t s_epoch;
   __shared__ int s_failed;
   const int b = blockIdx.x, G = p.members;

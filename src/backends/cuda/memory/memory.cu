@@ -50,7 +50,15 @@ std::shared_ptr<BlockPool> shared_pool(int device) {
   return pools[device];
 }
 
-// cudaFree of every free block of a pool (not while capturing: cudaFree is not capturable).
+// Device memory for the caching allocator. With GPU sharing (device.h) stream-ordered, on the
+// current logical device's stream: a plain cudaMalloc may wait for the whole GPU, whose other
+// ranks' collectives wait for this rank. (Freeing stays cudaFree: only on an out-of-memory retry,
+// in empty_cache and at exit.)
+cudaError_t device_malloc(void** p, size_t size) {
+  return gpu_sharing() ? cudaMallocAsync(p, size, stream()) : cudaMalloc(p, size);
+}
+
+// Frees every free block of a pool (not while capturing: freeing is not capturable).
 void release_free_blocks(BlockPool& pool) {
   std::lock_guard<std::mutex> lock(pool.mu);
   for (const auto& [size, p] : pool.free) {
@@ -72,7 +80,7 @@ BlockPool::~BlockPool() {
   }
   const bool switched = cudaGetDevice(&cur) == cudaSuccess && cur != gpu && cudaSetDevice(gpu) == cudaSuccess;
   for (const auto& [p, size] : blocks) {
-    cudaFree(p);
+    cudaFree(p);  // at exit or when a graph's pool dies: no collective is in flight
     counters(device).reserved -= int64_t(size);
   }
   if (switched) cudaSetDevice(cur);
@@ -137,11 +145,11 @@ void* allocate_block(int device, size_t bytes, std::shared_ptr<BlockPool>& pool)
   }
   DeviceGuard guard(Device::cuda(device));
   void* p = nullptr;
-  cudaError_t e = cudaMalloc(&p, size);
+  cudaError_t e = device_malloc(&p, size);
   if (e == cudaErrorMemoryAllocation && cap == nullptr) {
     cudaGetLastError();
     release_free_blocks(*shared_pool(device));
-    e = cudaMalloc(&p, size);
+    e = device_malloc(&p, size);
   }
   if (e != cudaSuccess) {
     cudaGetLastError();
