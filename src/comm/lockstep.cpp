@@ -167,4 +167,20 @@ void sum_in_member_order(float* out, const float* const* parts, int n_parts, int
   }
 }
 
+void compare_descriptors(const Group& g, const CollectiveDesc& mine, const std::string& ctx,
+                         const std::string& invalid, const std::function<void(const Tensor&, Tensor&)>& gather) {
+  Tensor me = Tensor::empty({1, int64_t(sizeof(CollectiveDesc))}, DType::U8);
+  std::memcpy(me.raw(), &mine, sizeof(CollectiveDesc));
+  Tensor all = Tensor::empty({int64_t(g.size), int64_t(sizeof(CollectiveDesc))}, DType::U8);
+  gather(me, all);
+  std::vector<CollectiveDesc> descs(size_t(g.size));
+  std::memcpy(descs.data(), all.raw(), all.nbytes());
+  if (std::string div = find_divergence(descs); !div.empty()) throw Error(lockstep_violation(g, div));
+  for (const CollectiveDesc& d : descs) {
+    if (!d.invalid) continue;
+    if (d.world_rank == mine.world_rank) fail("{}: {}", ctx, invalid);
+    fail("{} failed: rank {} passed invalid arguments for {}", ctx, d.world_rank, describe(d));
+  }
+}
+
 }  // namespace dsi

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,14 @@ std::string call_context(const Group& g, const CollectiveDesc& d);
 std::string find_divergence(const std::vector<CollectiveDesc>& members);
 // "lockstep violation on group tp " + divergence.
 std::string lockstep_violation(const Group& g, const std::string& divergence);
+
+// Check mode of the communicators that move data through another transport (MPI, NCCL, peer):
+// `gather` all-gathers this member's descriptor (U8 [1, sizeof(CollectiveDesc)]) into U8
+// [G, sizeof(CollectiveDesc)] over the group; then every member throws the same error when the
+// members diverge or any passed invalid arguments (`invalid`: this member's own complaint, "" for
+// none; `ctx`: the call, for messages).
+void compare_descriptors(const Group& g, const CollectiveDesc& mine, const std::string& ctx,
+                         const std::string& invalid, const std::function<void(const Tensor&, Tensor&)>& gather);
 
 // "rank 3", "ranks 1, 3".
 std::string rank_list(const std::vector<int>& world_ranks);

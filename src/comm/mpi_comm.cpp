@@ -228,22 +228,13 @@ MpiComm::State::Call MpiComm::State::begin(CollectiveOp op, const Group& g, cons
     if (!invalid.empty()) fail("{}: {}", c.ctx, invalid);
     return c;
   }
-  Tensor mine = Tensor::empty({int64_t(sizeof(CollectiveDesc))}, DType::U8);
-  std::memcpy(mine.raw(), &c.desc, sizeof(CollectiveDesc));
-  Tensor all = Tensor::empty({int64_t(g.size), int64_t(sizeof(CollectiveDesc))}, DType::U8);
-  MPI_Request req;
-  check_rc(MPI_Iallgather(mine.raw(), int(sizeof(CollectiveDesc)), MPI_BYTE, all.raw(),
-                          int(sizeof(CollectiveDesc)), MPI_BYTE, c.comm, &req),
-           c.ctx, "MPI_Iallgather");
-  wait(req, c, {mine, all});
-  std::vector<CollectiveDesc> descs(size_t(g.size));
-  std::memcpy(descs.data(), all.raw(), all.nbytes());
-  if (std::string div = find_divergence(descs); !div.empty()) throw Error(lockstep_violation(g, div));
-  for (const CollectiveDesc& d : descs) {
-    if (!d.invalid) continue;
-    if (d.world_rank == rank) fail("{}: {}", c.ctx, invalid);
-    fail("{} failed: rank {} passed invalid arguments for {}", c.ctx, d.world_rank, describe(d));
-  }
+  compare_descriptors(g, c.desc, c.ctx, invalid, [&](const Tensor& mine, Tensor& all) {
+    MPI_Request req;
+    check_rc(MPI_Iallgather(mine.raw(), int(sizeof(CollectiveDesc)), MPI_BYTE, all.raw(),
+                            int(sizeof(CollectiveDesc)), MPI_BYTE, c.comm, &req),
+             c.ctx, "MPI_Iallgather");
+    wait(req, c, {mine, all});
+  });
   return c;
 }
 

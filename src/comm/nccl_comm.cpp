@@ -302,18 +302,9 @@ struct NcclComm::State {
     c.ctx = call_context(g, c.desc);
     throw_if_failed(c.ctx);
     if (host->options().check_lockstep) {
-      Tensor mine = Tensor::empty({1, int64_t(sizeof(CollectiveDesc))}, DType::U8);
-      std::memcpy(mine.raw(), &c.desc, sizeof(CollectiveDesc));
-      Tensor all = Tensor::empty({int64_t(g.size), int64_t(sizeof(CollectiveDesc))}, DType::U8);
-      host_step(c.ctx, "exchanging the lockstep descriptors", [&] { host->all_gather(g, mine, all); });
-      std::vector<CollectiveDesc> descs(size_t(g.size));
-      std::memcpy(descs.data(), all.raw(), all.nbytes());
-      if (std::string div = find_divergence(descs); !div.empty()) throw Error(lockstep_violation(g, div));
-      for (const CollectiveDesc& d : descs) {
-        if (!d.invalid) continue;
-        if (d.world_rank == rank) fail("{}: {}", c.ctx, invalid);
-        fail("{} failed: rank {} passed invalid arguments for {}", c.ctx, d.world_rank, describe(d));
-      }
+      compare_descriptors(g, c.desc, c.ctx, invalid, [&](const Tensor& mine, Tensor& all) {
+        host_step(c.ctx, "exchanging the lockstep descriptors", [&] { host->all_gather(g, mine, all); });
+      });
     } else if (!invalid.empty()) {
       fail("{}: {}", c.ctx, invalid);
     }

@@ -2,7 +2,6 @@
 #include "comm/peer_comm.h"
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <utility>
 
@@ -90,18 +89,9 @@ struct PeerComm::State {
     c.ctx = call_context(g, d);
     throw_if_failed(c.ctx);
     if (host->options().check_lockstep) {
-      Tensor mine = Tensor::empty({1, int64_t(sizeof(CollectiveDesc))}, DType::U8);
-      std::memcpy(mine.raw(), &d, sizeof(CollectiveDesc));
-      Tensor all = Tensor::empty({int64_t(g.size), int64_t(sizeof(CollectiveDesc))}, DType::U8);
-      host_step(c.ctx, "exchanging the lockstep descriptors", [&] { host->all_gather(g, mine, all); });
-      std::vector<CollectiveDesc> descs(size_t(g.size));
-      std::memcpy(descs.data(), all.raw(), all.nbytes());
-      if (std::string div = find_divergence(descs); !div.empty()) throw Error(lockstep_violation(g, div));
-      for (const CollectiveDesc& e : descs) {
-        if (!e.invalid) continue;
-        if (e.world_rank == rank) fail("{}: {}", c.ctx, invalid);
-        fail("{} failed: rank {} passed invalid arguments for {}", c.ctx, e.world_rank, describe(e));
-      }
+      compare_descriptors(g, d, c.ctx, invalid, [&](const Tensor& mine, Tensor& all) {
+        host_step(c.ctx, "exchanging the lockstep descriptors", [&] { host->all_gather(g, mine, all); });
+      });
     } else if (!invalid.empty()) {
       fail("{}: {}", c.ctx, invalid);
     }
