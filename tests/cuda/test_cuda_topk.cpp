@@ -2,7 +2,8 @@
 // reference at the deployed sizes: k = 2048 over 8K..1M scores (cached and streamed chunks, 1..8 CTAs
 // per cluster), many rows, exact ties straddling the CTA chunks and the threshold (relu zeros, a
 // few distinct levels), -inf/NaN holes, bounds inside the row, strided rows; indices exact and values
-// bitwise, repeated runs identical. The odd sizes are in test_cuda_attention.cpp.
+// bitwise, repeated runs identical; rows of up to 32K scores on the one-CTA kernel. The odd sizes
+// are in test_cuda_attention.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -95,6 +96,20 @@ TEST_F(CudaTopkSelect, StreamedLongRowsAndStrides) {
   check(scores(4, 3000, Fill::kHoles, 13), {3000, 1500, 1, 0}, 2048, name("holes strided", 4, 3000, 2048), true);
   check(scores(64, 2049, Fill::kFewLevels, 14), std::vector<int32_t>(64, 2049), 2048,
         name("few levels", 64, 2049, 2048));
+}
+
+// Rows of at most 32K scores run one CTA each (the row's keys in shared memory): every fill, ties
+// at the threshold, k from 1 to 2048 over rows shorter and longer than k, bounds inside the row,
+// the largest such row and the first larger one (back on the cluster kernel).
+TEST_F(CudaTopkSelect, OneCtaRows) {
+  const char* fn[] = {"random", "relu zeros", "few levels", "holes", "all tied"};
+  for (int64_t n : {1, 100, 2049, 8192, 32768, 32769})
+    for (Fill f : {Fill::kRandom, Fill::kReluZeros, Fill::kFewLevels, Fill::kHoles, Fill::kAllTied})
+      for (int k : {1, 77, 2048}) {
+        const int32_t full = int32_t(n);
+        check(scores(3, n, f, uint64_t(n * 10 + k)), {full, std::max<int32_t>(0, full / 2 - 1), std::min<int32_t>(full, 3)},
+              k, name(fn[int(f)], 3, n, k));
+      }
 }
 
 }  // namespace

@@ -11,12 +11,21 @@
 //      positions among the keys == T) and writes them straight to the output in position order
 //      (an ordered block scan over its chunk). Bitwise the CPU reference's selection.
 // Three digit passes over a row and one gather, no sort; one launch, capturable in a graph.
+//
+// Rows of at most kCtaMaxN scores (a decode row up to 32K keys per rank, e.g. 128K at DCP 4) skip
+// the cluster: one CTA of 1024 threads keeps the row's order keys in shared memory and runs the
+// same three digit passes (11, 11 and 10 bits) and the ordered gather alone, with block barriers
+// instead of cluster barriers (the cluster's exchanges, not its reads, set its time at these
+// sizes). DSI_TOPK_CTA=0 keeps every row on the cluster kernel, for comparisons.
 #include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/topk/topk.h"
@@ -379,6 +388,163 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   }
 }
 
+// ---- One CTA per row ----
+
+constexpr int kCtaThreads = 1024;
+constexpr int kCtaWarps = kCtaThreads / 32;
+constexpr int64_t kCtaMaxN = 32768;  // 128 KiB of keys in shared memory
+constexpr int kCtaBins = 2048;       // 11-bit digits: bits 31..21, 20..10; then 10 bits: 9..0
+
+using CtaScan = cub::BlockScan<uint32_t, kCtaThreads>;
+
+struct CtaPick {
+  uint32_t bin, above, total;
+};
+
+// The bin of hist[0, nb) (nb = 2048 or 1024; larger bins = larger keys) at which the count from the
+// top reaches `need` (first pass: min(k, total)), the count above it, and the total. The same on
+// every thread; block-synchronising.
+__device__ CtaPick cta_pick(const uint32_t* hist, int nb, uint32_t need_or_k, bool first,
+                            typename CtaScan::TempStorage& tmp) {
+  __shared__ uint32_t s_bin, s_above;
+  const int tid = threadIdx.x, per = nb / kCtaThreads;  // 2 or 1 bins per thread, descending
+  uint32_t c[2] = {0u, 0u}, sum = 0, before = 0, total = 0;
+  for (int i = 0; i < per; ++i) {
+    c[i] = hist[nb - 1 - tid * per - i];
+    sum += c[i];
+  }
+  __syncthreads();  // s_bin / s_above of the previous pick are read
+  if (tid == 0) s_bin = s_above = 0;
+  CtaScan(tmp).ExclusiveSum(sum, before, total);
+  const uint32_t need = first ? min(need_or_k, total) : need_or_k;
+  uint32_t acc = before;
+  for (int i = 0; i < per; ++i) {
+    if (need > 0 && acc < need && acc + c[i] >= need) {  // exactly one (thread, i) crosses
+      s_bin = uint32_t(nb - 1 - tid * per - i);
+      s_above = acc;
+    }
+    acc += c[i];
+  }
+  __syncthreads();
+  return CtaPick{s_bin, s_above, total};
+}
+
+__global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSelectParams p) {
+  pdl_enter();
+  extern __shared__ __align__(16) uint32_t dyn[];
+  __shared__ typename CtaScan::TempStorage scan;
+  __shared__ uint32_t s_warp[kCtaWarps];  // per warp: its keys > T | keys == T << 16, then their prefix
+  uint32_t* hist = dyn;              // [kCtaBins]
+  uint32_t* keys = dyn + kCtaBins;   // [n] order keys (0: not selectable)
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t row = blockIdx.x;
+  const float* srow = p.scores + row * p.score_stride;
+  const int n = int(p.n), bound = min(int(p.bounds[row]), n);  // bound <= n (checked by the op)
+  int32_t* out_idx = p.indices + row * p.k;
+  float* out_val = p.values != nullptr ? p.values + row * p.k : nullptr;
+
+  for (int i = tid; i < kCtaBins; i += kCtaThreads) hist[i] = 0;
+  __syncthreads();
+  // Pass 1: the keys into shared memory, histogram of bits 31..21 (4 loads in flight per thread).
+  constexpr int kLoads = 4;
+  for (int base = 0; base < n; base += kCtaThreads * kLoads) {
+    float v[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int i = base + u * kCtaThreads + tid;
+      v[u] = i < bound ? srow[i] : -INFINITY;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) {
+      const int i = base + u * kCtaThreads + tid;
+      if (i >= n) continue;
+      const uint32_t o = order_key(v[u]);
+      keys[i] = o;
+      if (o != 0u) atomicAdd(&hist[o >> 21], 1u);
+    }
+  }
+  __syncthreads();
+  CtaPick pick = cta_pick(hist, kCtaBins, uint32_t(p.k), true, scan);
+  const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
+  for (int j = int(kk) + tid; j < p.k; j += kCtaThreads) {
+    out_idx[j] = -1;
+    if (out_val != nullptr) out_val[j] = -INFINITY;
+  }
+  if (kk == 0) return;
+  const uint32_t b1 = pick.bin;
+  uint32_t above = pick.above;
+  // Pass 2: bits 20..10 of the keys in bin b1.
+  for (int i = tid; i < kCtaBins; i += kCtaThreads) hist[i] = 0;
+  __syncthreads();
+  for (int i = tid; i < n; i += kCtaThreads) {
+    const uint32_t o = keys[i];
+    if ((o >> 21) == b1) atomicAdd(&hist[(o >> 10) & 0x7ffu], 1u);
+  }
+  __syncthreads();
+  pick = cta_pick(hist, kCtaBins, kk - above, false, scan);
+  const uint32_t prefix22 = (b1 << 11) | pick.bin;
+  above += pick.above;
+  // Pass 3: bits 9..0 of the keys with that 22-bit prefix.
+  for (int i = tid; i < kCtaBins / 2; i += kCtaThreads) hist[i] = 0;
+  __syncthreads();
+  for (int i = tid; i < n; i += kCtaThreads) {
+    const uint32_t o = keys[i];
+    if ((o >> 10) == prefix22) atomicAdd(&hist[o & 0x3ffu], 1u);
+  }
+  __syncthreads();
+  pick = cta_pick(hist, kCtaBins / 2, kk - above, false, scan);
+  const uint32_t thr = (prefix22 << 10) | pick.bin;  // the k-th key (>= 1: selectable)
+  above += pick.above;
+  const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
+
+  // The ordered gather: warp w owns the contiguous span [w * span, (w + 1) * span) and walks it 32
+  // keys at a time (lane order = position order within a step; ballots count what lies before).
+  const int span = (n + kCtaWarps * 32 - 1) / (kCtaWarps * 32) * 32;
+  const int w_lo = min(n, warp * span), w_hi = min(n, w_lo + span);
+  uint32_t w_gt = 0, w_eq = 0;
+  for (int i0 = w_lo; i0 < w_hi; i0 += 32) {
+    const uint32_t o = i0 + lane < w_hi ? keys[i0 + lane] : 0u;
+    w_gt += __popc(__ballot_sync(0xffffffffu, o > thr));
+    w_eq += __popc(__ballot_sync(0xffffffffu, o == thr));
+  }
+  if (lane == 0) s_warp[warp] = w_gt | (w_eq << 16);  // gt < k <= 2048, eq <= n <= 32768
+  __syncthreads();
+  if (warp == 0) {  // exclusive prefix over the warps, in warp order
+    const uint32_t mine = s_warp[lane];
+    uint32_t inc = mine;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const uint32_t t = __shfl_up_sync(0xffffffffu, inc, d);
+      if (lane >= d) inc += t;
+    }
+    s_warp[lane] = inc - mine;
+  }
+  __syncthreads();
+  uint32_t gt_b = s_warp[warp] & 0xffffu, eq_b = s_warp[warp] >> 16;
+  const uint32_t below = (1u << lane) - 1u;
+  for (int i0 = w_lo; i0 < w_hi; i0 += 32) {
+    const int i = i0 + lane;
+    const uint32_t o = i < w_hi ? keys[i] : 0u;
+    const uint32_t gt_mask = __ballot_sync(0xffffffffu, o > thr), eq_mask = __ballot_sync(0xffffffffu, o == thr);
+    const uint32_t gt_here = gt_b + __popc(gt_mask & below), eq_here = eq_b + __popc(eq_mask & below);
+    if (o > thr || (o == thr && eq_here < take_eq)) {
+      const uint32_t slot = gt_here + min(eq_here, take_eq);
+      out_idx[slot] = i;
+      if (out_val != nullptr) out_val[slot] = srow[i];  // the score itself (-0 stays -0)
+    }
+    gt_b += __popc(gt_mask);
+    eq_b += __popc(eq_mask);
+  }
+}
+
+bool cta_path_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("DSI_TOPK_CTA");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return on;
+}
+
 }  // namespace
 
 bool topk_select_supported(int64_t n, int k) {
@@ -393,6 +559,21 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
   if (p.rows == 0 || p.k == 0) return;
   DSI_CHECK(p.k >= 1 && p.k <= kTopkSelectMaxK, "topk: the select kernel takes k <= {}, got {}",
             kTopkSelectMaxK, p.k);
+  if (p.n <= kCtaMaxN && cta_path_enabled()) {
+    const size_t smem = sizeof(uint32_t) * size_t(kCtaBins + p.n);
+    DSI_CUDA_CHECK(cudaFuncSetAttribute(topk_select_cta_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(sizeof(uint32_t) * (kCtaBins + kCtaMaxN))));
+    for (int64_t r0 = 0; r0 < p.rows; r0 += INT32_MAX) {
+      TopkSelectParams q = p;
+      q.rows = std::min<int64_t>(INT32_MAX, p.rows - r0);
+      q.scores = p.scores + r0 * p.score_stride;
+      q.bounds = p.bounds + r0;
+      q.indices = p.indices + r0 * p.k;
+      if (q.values != nullptr) q.values = p.values + r0 * p.k;
+      launch(topk_select_cta_kernel, dim3(unsigned(q.rows)), dim3(kCtaThreads), smem, s, q);
+    }
+    return;
+  }
   const size_t max_smem = dynamic_smem(1, kCacheMax);
   for (auto kernel : {topk_select_kernel<true>, topk_select_kernel<false>}) {
     DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
