@@ -1,7 +1,7 @@
-// Top-k benchmark on one GPU: k = 2048 over 8K, 128K and 1M scores per row, 1 and 16 rows, random
+// Top-k benchmark on one GPU: k = 2048 over 8K, 32K, 128K and 1M scores per row, 1 and 16 rows, random
 // scores and relu-like scores (90% exact zeros: the tie-heavy case). The radix select
-// (sm90_topk_select.cu) is timed in CUDA graphs over rotating score copies (together more than 2 x
-// L2), median over replays; the previous path (64-bit keys + cub segmented sort + decode, as
+// (sm90_topk_select.cu; rows up to 32K on one CTA, DSI_TOPK_CTA=0 for the cluster kernel) is timed
+// in CUDA graphs over rotating score copies (together more than 2 x L2), median over replays; the previous path (64-bit keys + cub segmented sort + decode, as
 // ops::topk ran it) with plain stream launches. GB/s of the scores read + indices written, against
 // the H200's ~4.3 TB/s.
 //
@@ -123,8 +123,9 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf("%-56s %13s %14s %7s\n", "case", "time", "bandwidth", "of peak");
-    for (int64_t len : {int64_t(8192), int64_t(131072), int64_t(1) << 20})
+    for (int64_t len : {int64_t(8192), int64_t(32768), int64_t(131072), int64_t(1) << 20})
       for (int64_t rows : {int64_t(1), int64_t(16)}) bench(rows, len, false, reps);
+    bench(1, 8192, true, reps);
     bench(1, 131072, true, reps);
     bench(16, 131072, true, reps);
   } catch (const std::exception& e) {
