@@ -165,12 +165,18 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   launch_cluster(kernel, grid, block, smem, 0, s, std::forward<Args>(args)...);
 }
 
+// dst (host) = bytes of device memory at src, after the work queued on this device's stream
+// (memory/memory.cu; with GPU sharing through a pinned buffer of the device: see pinned_copy).
+void copy_to_host(void* dst, const void* src, size_t bytes);
+// dst (device) = bytes of host memory at src, queued on this device's stream (the source may be
+// reused when it returns; with GPU sharing it also waits for the stream).
+void copy_from_host(void* dst, const void* src, size_t bytes);
+
 // Reads one T from device memory (synchronises).
 template <typename T>
 T read_device(const T* p) {
   T v{};
-  DSI_CUDA_CHECK(cudaMemcpyAsync(&v, p, sizeof(T), cudaMemcpyDeviceToHost, stream()));
-  sync_stream();
+  copy_to_host(&v, p, sizeof(T));
   return v;
 }
 

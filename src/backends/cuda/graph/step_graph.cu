@@ -134,9 +134,9 @@ void StepGraph::replay() {
   DSI_CUDA_CHECK(cudaGraphLaunch(g.exec, stream()));
   const size_t n = g.checks.what.size();
   if (n > 0)
-    DSI_CUDA_CHECK(cudaMemcpyAsync(g.host_flags.data(), g.flags.raw(), n * sizeof(unsigned long long),
-                                   cudaMemcpyDeviceToHost, stream()));
-  sync_stream();
+    copy_to_host(g.host_flags.data(), g.flags.raw(), n * sizeof(unsigned long long));
+  else
+    sync_stream();
   for (size_t i = 0; i < n; ++i)
     if (g.host_flags[i] != ErrorFlag::kNone)
       fail("{} (item {}) in a replayed step on {}", g.checks.what[i], g.host_flags[i],

@@ -103,9 +103,7 @@ void indexer_logits(const Tensor& q, const Tensor& weights, const Tensor& keys,
   unsigned long long first = bad.read();
   if (n_keys == 0 && rows > 0) {
     std::vector<int32_t> b(static_cast<size_t>(rows));
-    DSI_CUDA_CHECK(cudaMemcpyAsync(b.data(), p.bounds, b.size() * sizeof(int32_t),
-                                   cudaMemcpyDeviceToHost, stream()));
-    sync_stream();
+    copy_to_host(b.data(), p.bounds, b.size() * sizeof(int32_t));
     for (int64_t r = 0; r < rows && first == ErrorFlag::kNone; ++r)
       if (b[size_t(r)] != 0) first = static_cast<unsigned long long>(r);
   }

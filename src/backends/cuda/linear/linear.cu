@@ -164,9 +164,7 @@ Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end
   DeviceGuard guard(w.weight.device());
   Scratch buf(size_t(host.numel()) * sizeof(float));
   dequantize_into(w, row_begin, row_end, buf.as<float>());
-  DSI_CUDA_CHECK(cudaMemcpyAsync(host.raw(), buf.as<void>(), host.nbytes(), cudaMemcpyDeviceToHost,
-                                 stream()));
-  sync_stream();
+  copy_to_host(host.raw(), buf.as<void>(), host.nbytes());
   return host;
 }
 

@@ -282,6 +282,36 @@ class CudaStorage final : public Storage {
   std::shared_ptr<BlockPool> pool_;
 };
 
+// A host copy of the current logical device through a pinned buffer of its own, waiting for the
+// device's stream: with GPU sharing, a pageable copy takes the CUDA driver's staging buffers, which
+// all the ranks of the process share, and a rank that waits for one, held by another rank's copy
+// queued behind a collective that waits for this rank, would never launch its part.
+void pinned_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  struct Buffer {
+    std::mutex mu;
+    void* ptr = nullptr;
+  };
+  constexpr size_t kBytes = size_t(4) << 20;
+  static Buffer buffers[kMaxDevices];
+  const int dev = current_device();
+  DSI_CHECK(dev >= 0 && dev < kMaxDevices, "cuda:{}: device index beyond {}", dev, kMaxDevices);
+  Buffer& b = buffers[dev];
+  std::lock_guard<std::mutex> lock(b.mu);
+  if (b.ptr == nullptr) DSI_CUDA_CHECK(cudaHostAlloc(&b.ptr, kBytes, cudaHostAllocDefault));  // kept for the process
+  for (size_t off = 0; off < bytes; off += kBytes) {
+    const size_t len = std::min(kBytes, bytes - off);
+    if (kind == cudaMemcpyHostToDevice) {
+      std::memcpy(b.ptr, static_cast<const char*>(src) + off, len);
+      DSI_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(dst) + off, b.ptr, len, kind, stream()));
+      sync_stream();
+    } else {
+      DSI_CUDA_CHECK(cudaMemcpyAsync(b.ptr, static_cast<const char*>(src) + off, len, kind, stream()));
+      sync_stream();
+      std::memcpy(static_cast<char*>(dst) + off, b.ptr, len);
+    }
+  }
+}
+
 class CudaDeviceBackend final : public DeviceBackend {
  public:
   std::shared_ptr<Storage> allocate(size_t bytes, Device device) override {
@@ -296,7 +326,8 @@ class CudaDeviceBackend final : public DeviceBackend {
   }
 
   // On the device's stream: host-to-device and device-to-device copies are asynchronous (a pageable
-  // source is staged before the call returns), device-to-host ones wait for the data.
+  // source is staged before the call returns), device-to-host ones wait for the data. With GPU
+  // sharing, host copies go through pinned_copy instead.
   void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
                   size_t bytes) override {
     if (bytes == 0) return;
@@ -304,11 +335,10 @@ class CudaDeviceBackend final : public DeviceBackend {
       std::memcpy(dst, src, bytes);
     } else if (src_device.is_cpu()) {
       DeviceGuard guard(dst_device);
-      DSI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+      copy_from_host(dst, src, bytes);
     } else if (dst_device.is_cpu()) {
       DeviceGuard guard(src_device);
-      DSI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
-      sync_stream();
+      copy_to_host(dst, src, bytes);
     } else if (src_device == dst_device) {
       DeviceGuard guard(dst_device);
       DSI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
@@ -340,6 +370,17 @@ class CudaDeviceBackend final : public DeviceBackend {
 };
 
 }  // namespace
+
+void copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (gpu_sharing()) return pinned_copy(dst, src, bytes, cudaMemcpyDeviceToHost);
+  DSI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+  sync_stream();
+}
+
+void copy_from_host(void* dst, const void* src, size_t bytes) {
+  if (gpu_sharing()) return pinned_copy(dst, src, bytes, cudaMemcpyHostToDevice);
+  DSI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+}
 
 void launch_strided_copy(const StridedCopyParams& p, cudaStream_t s) {
   if (p.numel == 0) return;

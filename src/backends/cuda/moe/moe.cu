@@ -492,10 +492,8 @@ void moe_experts_on_host(const Tensor& x, const Tensor& expert_ids, const Tensor
   }
   if (tokens.empty() || d == 0) return;
   Scratch tok_d(tokens.size() * sizeof(int32_t)), tw_d(tw.size() * sizeof(float));
-  DSI_CUDA_CHECK(cudaMemcpyAsync(tok_d.as<void>(), tokens.data(), tokens.size() * sizeof(int32_t),
-                                 cudaMemcpyHostToDevice, stream()));
-  DSI_CUDA_CHECK(cudaMemcpyAsync(tw_d.as<void>(), tw.data(), tw.size() * sizeof(float),
-                                 cudaMemcpyHostToDevice, stream()));
+  copy_from_host(tok_d.as<void>(), tokens.data(), tokens.size() * sizeof(int32_t));
+  copy_from_host(tw_d.as<void>(), tw.data(), tw.size() * sizeof(float));
   Scratch xy(size_t(2 * max_m * d) * sizeof(float));
   for (const Batch& bt : batches) {
     const int64_t m = bt.end - bt.begin;
