@@ -30,7 +30,7 @@ struct EngineOptions {
   // "auto" (CPU: f32; GPU: fp8 when the model's geometry allows, else bf16), "f32", "bf16", or
   // "fp8" (656-byte MLA entries, e4m3 indexer keys).
   std::string kv_cache_dtype = "auto";
-  bool cuda_graphs = true;              // one CUDA rank: decode-only steps replay CUDA graphs
+  bool cuda_graphs = true;              // CUDA ranks: decode-only steps replay CUDA graphs (step_graphs.h)
   // Collectives between ranks: verify that every rank issues the same ones (debugging), and how
   // long one may wait before it fails with an error naming the rank and the operation.
   bool check_lockstep = false;

@@ -32,7 +32,7 @@ struct GenerationParams {
   int prefill_chunk = 0;    // prompt tokens per prefill step; 0 = the whole prompt at once
   int speculative_tokens = 0;  // K > 0: the MTP layer drafts K tokens per round, the model verifies
   SamplingParams sampling;
-  bool cuda_graphs = true;  // a CUDA model on one rank replays its decode steps from CUDA graphs
+  bool cuda_graphs = true;  // a CUDA model replays its decode steps from CUDA graphs (step_graphs.h)
   std::string kv_cache_dtype = "auto";  // as EngineOptions::kv_cache_dtype
 };
 

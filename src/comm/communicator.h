@@ -60,6 +60,9 @@ class Communicator {
   // (device communicators whose collectives are only enqueued, peer_comm.h), if any; callers check
   // after reading a step's results on the host. Blocking communicators have nothing to report.
   virtual void check_async() {}
+  // Whether collectives on device tensors can be recorded in a CUDA graph (they only enqueue
+  // kernels on the device's stream and keep no host state per call).
+  virtual bool capturable() const { return false; }
 };
 
 }  // namespace dsi

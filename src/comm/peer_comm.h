@@ -61,6 +61,7 @@ class PeerComm final : public Communicator {
   // Throws the failure of an earlier collective of this rank (a member that never arrived or
   // aborted), if any, without waiting for the device.
   void check_async() override;
+  bool capturable() const override { return true; }
 
   int device() const;
   Communicator& host() const;

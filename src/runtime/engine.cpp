@@ -93,8 +93,15 @@ EngineImpl::EngineImpl(const EngineOptions& o, std::unique_ptr<RankGroup> ranks)
   });
   DSI_CHECK(K_ == 0 || models_[0]->has_mtp(),
             "speculative decoding needs an MTP layer, and this checkpoint has none");
-  if (o.cuda_graphs && ranks_->size() == 1 && StepGraphs::supported(*models_[0]))
-    graphs_ = std::make_unique<StepGraphs>(*models_[0]);
+  // Every local rank has graphs or none does (supported() depends on the layout and the
+  // communicator's kind, the same on every rank).
+  if (o.cuda_graphs && StepGraphs::supported(*models_[0])) {
+    graphs_.resize(models_.size());
+    ranks_->run([&](int r) {
+      const size_t i = size_t(ranks_->slot(r));
+      graphs_[i] = std::make_unique<StepGraphs>(*models_[i]);
+    });
+  }
   kv_dtype_ = resolve_kv_cache_dtype(o.kv_cache_dtype, cfg_, models_[0]->device());
   if (!models_[0]->device().is_cpu()) warm_up(std::min<int64_t>(o.max_num_batched_tokens, limit));
 
@@ -121,10 +128,15 @@ EngineImpl::EngineImpl(const EngineOptions& o, std::unique_ptr<RankGroup> ranks)
   sc.n_pages = n_pages;
   sc.dcp = dcp;
   sched_ = std::make_unique<Scheduler>(sc);
-  if (graphs_) {  // decode batches of the smallest context bucket replay from their first step
-    SequenceKvCache any(pools_[0], dcp);
+  if (!graphs_.empty()) {  // decode batches of the smallest context bucket replay from their first step
     const auto t0 = std::chrono::steady_clock::now();
-    const int made = graphs_->capture_batches(any, o.max_num_seqs, 1 + K_);
+    int made = 0;
+    ranks_->run([&](int r) {  // every rank captures the same shapes in the same order
+      const size_t i = size_t(ranks_->slot(r));
+      SequenceKvCache any(pools_[i], dcp);
+      const int n = graphs_[i]->capture_batches(any, o.max_num_seqs, 1 + K_);
+      if (i == 0) made = n;
+    });
     spdlog::info("decode graphs: {} captured for batches of up to {} sequences in {:.0f} ms", made,
                  o.max_num_seqs,
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -171,18 +183,22 @@ void EngineImpl::warm_up(int64_t rows) {
   spdlog::info("warm-up step of {} tokens: rank 0 holds {:.1f} MiB of device memory (weights, "
                "the step's workspace, the warm-up's scratch cache)",
                rows, double(st.reserved_bytes) / 1048576.0);
-  if (graphs_) {
+  if (!graphs_.empty()) {
     // The decode graphs the engine captures once the KV pool exists, captured here once on a
     // scratch cache to measure their memory (their pool is their own: the warm-up's cached blocks
-    // do not serve them), which the KV budget then leaves free.
-    const DsaModel& m = *models_[0];
-    SequenceKvCache scratch = m.make_cache(kPageTokens, K_ > 0, dtype);
-    const int64_t before = cuda::memory_stats(m.device().index).reserved_bytes;
-    {
-      StepGraphs probe(m);
-      probe.capture_batches(scratch, opt_.max_num_seqs, 1 + K_);
-      graph_bytes_ = cuda::memory_stats(m.device().index).reserved_bytes - before;
-    }
+    // do not serve them), which the KV budget then leaves free. Every rank captures (the graphs
+    // hold collectives); rank 0's figure counts.
+    ranks_->run([&](int r) {
+      const size_t i = size_t(ranks_->slot(r));
+      const DsaModel& m = *models_[i];
+      SequenceKvCache scratch = m.make_cache(kPageTokens, K_ > 0, dtype);
+      const int64_t before = cuda::memory_stats(m.device().index).reserved_bytes;
+      {
+        StepGraphs probe(m);
+        probe.capture_batches(scratch, opt_.max_num_seqs, 1 + K_);
+        if (i == 0) graph_bytes_ = cuda::memory_stats(m.device().index).reserved_bytes - before;
+      }
+    });
     spdlog::info("decode graphs for batches of up to {} sequences take {:.1f} MiB", opt_.max_num_seqs,
                  double(graph_bytes_) / 1048576.0);
   }

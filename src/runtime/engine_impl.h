@@ -73,7 +73,7 @@ class EngineImpl final : public Engine {
   KvCacheDtype kv_dtype_ = KvCacheDtype::kF32;  // options.kv_cache_dtype resolved for the device
   std::unique_ptr<RankGroup> ranks_;
   std::vector<std::unique_ptr<DsaModel>> models_;  // [slot of a local rank]
-  std::unique_ptr<StepGraphs> graphs_;  // decode-only steps of one CUDA rank, from graphs
+  std::vector<std::unique_ptr<StepGraphs>> graphs_;  // [slot]: decode-only steps from graphs (or none)
   int64_t graph_bytes_ = 0;  // device memory the graphs captured at start-up take (measured)
   std::vector<std::shared_ptr<KvPool>> pools_;     // [slot of a local rank]
   std::unique_ptr<Scheduler> sched_;

@@ -163,7 +163,7 @@ Tensor EngineImpl::run_forward(const std::vector<StepPlan::Rows>& rows,
     }
   }
   // A decode-only step keeps every row: one rank replays it from a graph (runtime/step_graphs.h).
-  const bool graphed = graphs_ && keep.size() == tokens.size() &&
+  const bool graphed = !graphs_.empty() && keep.size() == tokens.size() &&
                        std::all_of(rows.begin(), rows.end(),
                                    [](const StepPlan::Rows& p) { return p.seq->decoding(); });
   Tensor logits;
@@ -173,15 +173,16 @@ Tensor EngineImpl::run_forward(const std::vector<StepPlan::Rows>& rows,
     std::vector<BatchSeq> batch;
     for (const StepPlan::Rows& p : rows) batch.push_back({&seq_of(p.seq).ranks[slot].cache, p.n});
     if (graphed) {
-      const int64_t replays = graphs_->replays();
-      const StepGraphs::Step st = graphs_->forward(tokens, batch);
-      stats_.graph_steps += graphs_->replays() - replays;
+      StepGraphs& g = *graphs_[slot];
+      const int64_t replays = g.replays();
+      const StepGraphs::Step st = g.forward(tokens, batch);
+      if (slot == 0) stats_.graph_steps += g.replays() - replays;
       int64_t row = 0;
       for (const StepPlan::Rows& p : rows) {
-        seq_of(p.seq).ranks[0].step_hidden = st.hidden.slice(row, row + p.n);
+        seq_of(p.seq).ranks[slot].step_hidden = st.hidden.slice(row, row + p.n);
         row += p.n;
       }
-      logits = to_host(st.logits);
+      if (r == 0) logits = to_host(st.logits);
       if (m.rank().comm != nullptr) m.rank().comm->check_async();
       return;
     }

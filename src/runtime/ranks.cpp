@@ -38,25 +38,34 @@ struct ThreadRankComms {
 
 std::shared_ptr<ThreadRankComms> make_thread_rank_comms() { return std::make_shared<ThreadRankComms>(); }
 
-std::unique_ptr<Communicator> make_thread_rank_device_comm(Communicator& host, const ParallelConfig& cfg, int r,
-                                                           const std::shared_ptr<ThreadRankComms>& shared) {
-  const Device device = rank_cuda_device(r);
-  const bool shared_gpus = cfg.tp > cuda::device_count();
+bool thread_ranks_use_peer_comm(int tp) {
+  const bool shared_gpus = tp > cuda::device_count();
   const char* env = std::getenv("DSI_DEVICE_COMM");
   const std::string_view want = env != nullptr ? env : "";
   DSI_CHECK(want.empty() || want == "nccl" || want == "peer", "DSI_DEVICE_COMM={}: expected nccl or peer", want);
-  const RankContext layout = RankContext::make(cfg, r, &host);
 #ifdef DSI_WITH_NCCL
   DSI_CHECK(want != "nccl" || !shared_gpus, "DSI_DEVICE_COMM=nccl: {} ranks share {} GPU(s), which NCCL refuses",
-            cfg.tp, cuda::device_count());
-  if (!shared_gpus && want != "peer")
-    return NcclComm::create(host, NcclSetup{device.index, {layout.tp_group, layout.dcp_group},
-                                            NcclSumOrder::kMemberOrder, shared->nccl});
+            tp, cuda::device_count());
+  return shared_gpus || want == "peer";
+#else
+  DSI_CHECK(want != "nccl", "DSI_DEVICE_COMM=nccl: this build has no NCCL");
+  return true;
+#endif
+}
+
+std::unique_ptr<Communicator> make_thread_rank_device_comm(Communicator& host, const ParallelConfig& cfg, int r,
+                                                           const std::shared_ptr<ThreadRankComms>& shared) {
+  const Device device = rank_cuda_device(r);
+  const RankContext layout = RankContext::make(cfg, r, &host);
+  if (thread_ranks_use_peer_comm(cfg.tp))
+    return PeerComm::create(host, PeerSetup{device.index, {layout.tp_group, layout.dcp_group}});
+#ifdef DSI_WITH_NCCL
+  return NcclComm::create(host, NcclSetup{device.index, {layout.tp_group, layout.dcp_group},
+                                          NcclSumOrder::kMemberOrder, shared->nccl});
 #else
   (void)shared;
-  DSI_CHECK(want != "nccl", "DSI_DEVICE_COMM=nccl: this build has no NCCL");
+  fail("thread ranks on CUDA: no device communicator");  // unreachable: without NCCL the peer one
 #endif
-  return PeerComm::create(host, PeerSetup{device.index, {layout.tp_group, layout.dcp_group}});
 }
 #endif
 

@@ -28,6 +28,9 @@ void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
 // GPU r mod the GPUs. Throws when there is no such device, naming DSI_SHARE_GPUS.
 Device rank_cuda_device(int r);
 
+// Whether make_thread_rank_device_comm gives `tp` thread ranks the peer communicator (else NCCL).
+bool thread_ranks_use_peer_comm(int tp);
+
 // Shared by the device communicators of the thread ranks of one process (NCCL's failure state).
 struct ThreadRankComms;
 std::shared_ptr<ThreadRankComms> make_thread_rank_comms();

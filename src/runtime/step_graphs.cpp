@@ -65,8 +65,13 @@ struct StepGraphs::Entry {
 };
 
 bool StepGraphs::supported(const DsaModel& model) {
-  return model.device().type == DeviceType::CUDA && model.rank().cfg.tp == 1 &&
-         model.rank().cfg.dcp == 1;
+  if (model.device().type != DeviceType::CUDA) return false;
+  const RankContext& rc = model.rank();
+  if (rc.cfg.tp == 1) return true;
+  // Several ranks: their collectives go into the graphs, so the communicator must allow that; and
+  // the lockstep guard compares every collective over the host as it is issued, which a replay
+  // does not do.
+  return rc.comm != nullptr && rc.comm->capturable() && !rc.comm->options().check_lockstep;
 }
 
 #else
@@ -84,7 +89,8 @@ StepGraphs::StepGraphs(const DsaModel& model, int64_t min_pages_bucket)
   DSI_CHECK(min_pages_bucket >= 1 && (min_pages_bucket & (min_pages_bucket - 1)) == 0,
             "decode graphs: the smallest bucket ({} pages) must be a power of two", min_pages_bucket);
   DSI_CHECK(supported(model),
-            "decode graphs need a CUDA model on one rank (this one: {}, tp {}, dcp {})",
+            "decode graphs need a CUDA model, on one rank or on ranks whose collectives can be captured "
+            "without the lockstep guard (this one: {}, tp {}, dcp {})",
             model.device().str(), model.rank().cfg.tp, model.rank().cfg.dcp);
 #ifdef DSI_WITH_CUDA
   pool_ = cuda::StepGraph::new_pool(model.device());
@@ -144,6 +150,14 @@ StepGraphs::Step StepGraphs::add_graph(const Key& key, const LayerContext& host,
   return result;
 }
 
+bool StepGraphs::any_rank(bool mine) const {
+  const RankContext& rc = model_.rank();
+  if (rc.cfg.tp == 1 || rc.comm == nullptr) return mine;
+  Tensor flag = to_device(Tensor::from_f32({mine ? 1.0f : 0.0f}, {1}), model_.device());
+  rc.comm->all_reduce(rc.tp_group, flag);
+  return to_host(flag).f32()[0] > 0.0f;
+}
+
 Tensor StepGraphs::copy_rows(const Tensor& t, int64_t rows) {
   const Tensor v = t.slice(0, rows);
   Tensor c = Tensor::empty(v.shape(), v.dtype(), v.device());
@@ -172,7 +186,9 @@ int StepGraphs::capture_batches(SequenceKvCache& cache, int64_t max_seqs, int64_
     const LayerContext host = model_.plan_context({}, /*mtp=*/false, pad);
     const Tensor tokens = Tensor::zeros({host.n}, DType::I32);
     add_graph(key, host, tokens, cache, /*keep=*/0);
-    if (entries_.at(key)->eager) break;  // larger batches would not capture either
+    // Larger batches would not capture either. Every rank stops at the same shape: a rank that
+    // went on would run warm-ups (collectives included) the others do not.
+    if (any_rank(entries_.at(key)->eager)) break;
     ++made;
   }
   return made;

@@ -16,7 +16,11 @@
 // others' intermediate blocks and the pool holds the largest step's intermediates plus every
 // graph's inputs and outputs. At most kMaxGraphs shapes are captured; steps of further shapes run
 // eagerly (unpadded).
-// One rank only for now (tp = dcp = 1): graphs with collectives inside are later work.
+// Several ranks (TP/DCP) capture their collectives too, when their communicator can (the peer
+// communicator, comm/peer_comm.h; not NCCL's blocking one): every rank has its own StepGraphs and
+// makes the same decisions (shape keys, capture, replay, eager fallback) in the same order, and
+// each step runs exactly one forward's collectives on every rank however it runs (eager, the
+// warm-up before a capture, or a replay), so the ranks stay in step.
 #pragma once
 
 #include <map>
@@ -36,7 +40,8 @@ class StepGraphs {
   static constexpr int64_t kMinPagesBucket = 32;  // 2048 tokens
   static constexpr int kMaxGraphs = 64;  // shapes captured at most; later new shapes run eagerly
 
-  // Whether `model` can run its decode steps from graphs (a CUDA model on one rank).
+  // Whether `model` can run its decode steps from graphs (a CUDA model on one rank, or on ranks
+  // whose communicator is capturable and runs without the lockstep guard).
   static bool supported(const DsaModel& model);
   // min_pages_bucket: the smallest bucket (a power of two; smaller ones make more, cheaper graphs).
   explicit StepGraphs(const DsaModel& model, int64_t min_pages_bucket = kMinPagesBucket);
@@ -74,6 +79,8 @@ class StepGraphs {
   Step add_graph(const Key& key, const LayerContext& host, const Tensor& tokens_host,
                  SequenceKvCache& cache, int64_t keep);
   static Tensor copy_rows(const Tensor& t, int64_t rows);
+  // Whether `mine` holds on any rank of the TP group (a collective: every rank calls it).
+  bool any_rank(bool mine) const;
 
   const DsaModel& model_;
   int64_t min_pages_bucket_;

@@ -2,7 +2,7 @@
 // and tensor- and decode-context-parallel ranks on two GPUs (the generator and the
 // engine; exact global top-k and both combines), give the greedy tokens of the CPU reference on
 // one rank. With one GPU the two ranks share it (logical devices) and talk through the peer
-// communicator.
+// communicator, whose collectives are captured in the decode graphs (with and without graphs).
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -122,14 +122,15 @@ TEST_P(CudaTwoRanks, TensorParallelGenerateMatchesTheCpu) {
   };
   for (const Layout& lay : {Layout{1, 1, DcpCombine::kAgRs}, Layout{2, 1, DcpCombine::kAgRs},
                             Layout{2, 1, DcpCombine::kA2a}, Layout{2, 2, DcpCombine::kAgRs}})
-  for (int K : {0, 3}) {
+  for (int K : {0, 3})
+  for (bool graphs : {true, false}) {
     ParallelConfig cfg;
     cfg.tp = 2;
     cfg.dcp = lay.dcp;
     cfg.dcp_interleave = lay.interleave;
     cfg.combine = lay.combine;
-    SCOPED_TRACE(fmt::format("dcp {} interleave {} {}, speculative tokens {}", lay.dcp,
-                             lay.interleave, lay.combine == DcpCombine::kA2a ? "a2a" : "ag_rs", K));
+    SCOPED_TRACE(fmt::format("dcp {} interleave {} {}, speculative tokens {}, CUDA graphs {}", lay.dcp,
+                             lay.interleave, lay.combine == DcpCombine::kA2a ? "a2a" : "ag_rs", K, graphs));
     std::vector<std::vector<int32_t>> got(kPrompts.size());
     run_on_thread_ranks(
         cfg, CommOptions{},
@@ -137,7 +138,9 @@ TEST_P(CudaTwoRanks, TensorParallelGenerateMatchesTheCpu) {
           auto model = load_rank_model(test::fixture_dir(GetParam()), rank, {},
                                        rank_cuda_device(rank.tp_rank));
           for (size_t i = 0; i < kPrompts.size(); ++i) {
-            GenerationResult r = generate(*model, kPrompts[i], greedy(10, K));
+            GenerationParams gp = greedy(10, K);
+            gp.cuda_graphs = graphs;  // with the peer communicator the collectives are captured too
+            GenerationResult r = generate(*model, kPrompts[i], gp);
             if (rank.is_root()) got[i] = r.output_ids;
           }
         },
@@ -148,7 +151,10 @@ TEST_P(CudaTwoRanks, TensorParallelGenerateMatchesTheCpu) {
 }
 
 TEST_P(CudaTwoRanks, TensorParallelEngineMatchesTheCpu) {
+  for (bool graphs : {true, false}) {
+  SCOPED_TRACE(fmt::format("CUDA graphs {}", graphs));
   EngineOptions o;
+  o.cuda_graphs = graphs;
   o.model_dir = test::fixture_dir(GetParam());
   o.device = "cuda";
   o.tp = 2;
@@ -157,9 +163,16 @@ TEST_P(CudaTwoRanks, TensorParallelEngineMatchesTheCpu) {
   o.max_num_batched_tokens = 24;
   o.kv_cache_memory = 64 << 20;
   o.kv_cache_dtype = "f32";
-  const auto got = engine_outputs(o, 10);
+  EngineMetrics m;
+  const auto got = engine_outputs(o, 10, &m);
   for (size_t i = 0; i < kPrompts.size(); ++i)
     EXPECT_EQ(got[i], cpu_greedy(GetParam(), kPrompts[i], 10)) << "prompt " << i;
+  // The peer communicator's collectives are captured with the rest of a decode step; NCCL's are
+  // not (its collectives wait on the host), so with it every step runs eagerly.
+  const bool capturable = thread_ranks_use_peer_comm(2);
+  if (graphs && capturable) EXPECT_GT(m.graph_steps, 0);
+  else EXPECT_EQ(m.graph_steps, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaEngine, ::testing::Values("glm_tiny", "dsv32_tiny", "glm_tiny_fp8"));
