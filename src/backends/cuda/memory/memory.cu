@@ -283,9 +283,9 @@ class CudaStorage final : public Storage {
 };
 
 // A host copy of the current logical device through a pinned buffer of its own, waiting for the
-// device's stream: with GPU sharing, a pageable copy takes the CUDA driver's staging buffers, which
-// all the ranks of the process share, and a rank that waits for one, held by another rank's copy
-// queued behind a collective that waits for this rank, would never launch its part.
+// device's stream. With GPU sharing a pageable copy may have to wait for the CUDA driver's staging
+// buffers, which all the ranks of the process share; if another rank's copy holds them, queued
+// behind a collective that waits for this rank, this rank would never launch its part.
 void pinned_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
   struct Buffer {
     std::mutex mu;
