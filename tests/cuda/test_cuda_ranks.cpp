@@ -111,8 +111,13 @@ class CudaTwoRanks : public test::CudaTest, public ::testing::WithParamInterface
   void SetUp() override {
     test::CudaTest::SetUp();
     if (IsSkipped()) return;
+    was_sharing_ = cuda::gpu_sharing();
     if (cuda::device_count() < 2) cuda::set_gpu_sharing(true);
   }
+  void TearDown() override { cuda::set_gpu_sharing(was_sharing_); }  // later tests run as alone
+
+ private:
+  bool was_sharing_ = false;
 };
 
 TEST_P(CudaTwoRanks, TensorParallelGenerateMatchesTheCpu) {

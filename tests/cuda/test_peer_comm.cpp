@@ -42,6 +42,7 @@ struct Ranks {
 // Runs fn on n thread ranks, rank r on logical device r, each with a PeerComm (slots of `slot`
 // bytes) over its LocalComm. Returns every rank's error ("" for none).
 std::vector<std::string> run_ranks(int n, CommOptions opts, size_t slot, const std::function<void(Ranks&)>& fn) {
+  const bool was_sharing = cuda::gpu_sharing();
   cuda::set_gpu_sharing(true);
   LocalWorld world(n, opts);
   std::vector<std::string> errors(static_cast<size_t>(n));
@@ -67,6 +68,7 @@ std::vector<std::string> run_ranks(int n, CommOptions opts, size_t slot, const s
       }
     });
   for (auto& t : threads) t.join();
+  cuda::set_gpu_sharing(was_sharing);  // the tests after these run as they would alone
   return errors;
 }
 
