@@ -3,10 +3,11 @@
 // context length, then batch-1 decode steps timed. Prints the time per layer per step, the layer's
 // HBM byte floor (this run's dtypes, and the deployment's: fp8 weights, 132-byte indexer keys,
 // 656-byte MLA entries) at 4.3 TB/s, and the tokens/s those times imply for the full model.
-// With --tp / --dcp the layers run on that many GPUs (thread ranks, NCCL) and the time spent in
-// collectives is reported per layer; --rows 4 times MTP-3 verification steps (4 rows per step).
-// --graphs (one GPU) times the step replayed from a CUDA graph (backends/cuda/graph/), as decoding
-// runs it; without it every op is launched from the host.
+// With --tp / --dcp the layers run on that many ranks (threads; NCCL or the peer communicator, see
+// runtime/ranks.h) and the collectives are counted per layer, and with NCCL's blocking ones timed;
+// --rows 4 times MTP-3 verification steps (4 rows per step). --graphs times the step replayed from
+// a CUDA graph (backends/cuda/graph/), as decoding runs it (several ranks: with the peer
+// communicator, whose collectives are captured too); without it every op is launched from the host.
 //   bench_decode --config configs/glm-5.2.json [--layers 4] [--first-layer 6] [--context 131072]
 //                [--iters 20] [--weights fp8|bf16] [--kv-cache fp8|bf16|f32] [--tp T] [--dcp W]
 //                [--rows R] [--graphs] [--profile-step]
@@ -72,6 +73,8 @@ class TimedComm final : public dsi::Communicator {
   }
   void barrier(const dsi::Group& g) override { in_->barrier(g); }
   void abort(const std::string& why) override { in_->abort(why); }
+  void check_async() override { in_->check_async(); }
+  bool capturable() const override { return in_->capturable(); }
   double seconds = 0;
   int64_t calls = 0;
 
@@ -109,7 +112,6 @@ Args parse(int argc, char** argv) {
     else dsi::fail("unknown option {}", k);
   }
   if (a.config.empty()) dsi::fail("--config FILE is required");
-  if (a.graphs && (a.tp > 1 || a.dcp > 1)) dsi::fail("--graphs runs on one GPU (tp = dcp = 1)");
   return a;
 }
 
@@ -191,13 +193,17 @@ int run(const Args& a) {
   std::vector<double> times;
   double comm_seconds = 0;
   int64_t comm_calls = 0;
+  bool comm_blocking = true;  // NCCL's collectives return when done; the peer ones once enqueued
   dsi::run_on_thread_ranks(
       pc, dsi::CommOptions{},
       [&](const dsi::RankContext& given) {
         TimedComm timed(given.comm);
         const dsi::RankContext rank =
             dsi::RankContext::make(pc, given.tp_rank, given.comm ? &timed : nullptr);
-        auto model = dsi::DsaModel::load(ck, cfg, rank, dsi::Device::cuda(given.tp_rank % dsi::cuda::device_count()));
+        if (a.graphs && given.comm != nullptr && !given.comm->capturable())
+          dsi::fail("--graphs with {} ranks needs collectives that can be captured: the peer communicator "
+                    "(DSI_DEVICE_COMM=peer), not NCCL", pc.tp);
+        auto model = dsi::DsaModel::load(ck, cfg, rank, dsi::rank_cuda_device(given.tp_rank));
         if (rank.is_root())
           fmt::print("synthetic weights made and loaded in {:.1f} s\n",
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -211,9 +217,11 @@ int run(const Args& a) {
         const dsi::Tensor tokens_d = dsi::to_device(tokens, model->device());
         std::unique_ptr<dsi::cuda::StepGraph> graph;
         dsi::Tensor out;
+        int64_t calls_per_step = 0;  // counted on the second eager warm-up step
         for (int it = 0; it < a.iters + 2; ++it) {
           cache.set_length(C);
-          if (it == 2) timed.seconds = 0, timed.calls = 0;  // two warm-up steps
+          if (it == 1) timed.calls = 0;
+          if (it == 2) calls_per_step = timed.calls, timed.seconds = 0;  // two warm-up steps
           if (a.graphs && it == 2) {
             graph = std::make_unique<dsi::cuda::StepGraph>(model->device());
             graph->warm_up([&] { model->forward_planned(tokens_d, ctx, cache); });
@@ -237,7 +245,8 @@ int run(const Args& a) {
         }
         if (rank.is_root()) {
           comm_seconds = timed.seconds;
-          comm_calls = timed.calls;
+          comm_calls = calls_per_step;
+          comm_blocking = given.comm != nullptr && !given.comm->capturable();
         }
       },
       /*cuda=*/true);
@@ -287,10 +296,13 @@ int run(const Args& a) {
                "(not {:.0f}); fp8 byte floor {:.1f} us per layer, measured / floor = {:.1f}x\n",
                a.rows, distinct, k, (floor_fp8 + extra) / cfg.n_layers * 1e6, step / (floor_fp8 + extra));
   }
-  if (pc.tp > 1)
+  if (pc.tp > 1 && !a.graphs && comm_blocking)
     fmt::print("collectives: {:.1f} per layer per step, {:.1f} us per layer per step (rank 0, "
-               "waiting included)\n", double(comm_calls) / a.iters / cfg.n_layers,
+               "waiting included)\n", double(comm_calls) / cfg.n_layers,
                comm_seconds / a.iters / cfg.n_layers * 1e6);
+  else if (pc.tp > 1)  // the calls only enqueue (or replay inside the graph): no host-side time
+    fmt::print("collectives: {:.1f} per layer per step (their time is inside the step: compare with tp 1)\n",
+               double(comm_calls) / cfg.n_layers);
   fmt::print("implied for all {} layers: {:.2f} tok/s now; {:.1f} tok/s at the fp8 byte floor\n",
              full.n_layers, 1.0 / (per_layer * full.n_layers),
              1.0 / (floor_fp8 / cfg.n_layers * full.n_layers));
