@@ -312,6 +312,7 @@ int run(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  dsi::cuda::prepare_for_spinning_kernels();  // before CUDA starts: the peer collectives wait on each other
   try {
     return run(parse(argc, argv));
   } catch (const std::exception& e) {
