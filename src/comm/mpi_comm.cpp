@@ -379,4 +379,16 @@ void MpiComm::abort(const std::string& why) {
   std::_Exit(1);  // MPI_Abort does not return in practice; the standard does not promise it
 }
 
+int local_rank_from_env() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    const long r = std::strtol(v, &end, 10);
+    DSI_CHECK(end != v && *end == '\0' && r >= 0 && r < (1 << 20), "{}={} is not a local rank", name, v);
+    return int(r);
+  }
+  return -1;
+}
+
 }  // namespace dsi

@@ -75,4 +75,8 @@ class MpiComm final : public Communicator {
   std::unique_ptr<State> s_;
 };
 
+// The node-local rank the launcher gives this process (OMPI_COMM_WORLD_LOCAL_RANK, then
+// MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK), or -1 when none is set.
+int local_rank_from_env();
+
 }  // namespace dsi

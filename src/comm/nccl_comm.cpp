@@ -614,18 +614,6 @@ void NcclComm::abort(const std::string& why) {
   s.host->abort(why);
 }
 
-int local_rank_from_env() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') continue;
-    char* end = nullptr;
-    const long r = std::strtol(v, &end, 10);
-    DSI_CHECK(end != v && *end == '\0' && r >= 0 && r < (1 << 20), "{}={} is not a local rank", name, v);
-    return int(r);
-  }
-  return -1;
-}
-
 std::string nccl_version() {
   int v = 0;
   if (ncclGetVersion(&v) != ncclSuccess) return "unknown";

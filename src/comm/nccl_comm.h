@@ -111,10 +111,6 @@ class NcclComm final : public Communicator {
   std::unique_ptr<State> s_;
 };
 
-// The node-local rank the launcher gives this process (OMPI_COMM_WORLD_LOCAL_RANK, then
-// MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK), or -1 when none is set.
-int local_rank_from_env();
-
 // The NCCL library's version as "2.21.5" (the linked library, not the header).
 std::string nccl_version();
 

@@ -36,12 +36,13 @@ CommOptions comm_options(const EngineOptions& o) {
 
 namespace {
 
-Device rank_device(const std::string& name, int rank) {
+Device rank_device(const std::string& name, const RankGroup& ranks, int rank) {
   if (name == "cpu") return Device::cpu();
   DSI_CHECK(name == "cuda", "device '{}': expected cpu or cuda", name);
 #ifdef DSI_WITH_CUDA
-  return rank_cuda_device(rank);
+  return rank_cuda_device(ranks.cuda_device(rank));
 #else
+  (void)ranks;
   fail("--device cuda: this build has no CUDA backend (configure with the cuda preset)");
 #endif
 }
@@ -89,7 +90,7 @@ EngineImpl::EngineImpl(const EngineOptions& o, std::unique_ptr<RankGroup> ranks)
   models_.resize(ranks_->local().size());
   ranks_->run([&](int r) {
     models_[size_t(ranks_->slot(r))] =
-        load_rank_model(o.model_dir, ranks_->context(r), {}, rank_device(o.device, r));
+        load_rank_model(o.model_dir, ranks_->context(r), {}, rank_device(o.device, *ranks_, r));
   });
   DSI_CHECK(K_ == 0 || models_[0]->has_mtp(),
             "speculative decoding needs an MTP layer, and this checkpoint has none");

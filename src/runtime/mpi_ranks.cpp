@@ -11,8 +11,13 @@
 #include "runtime/engine_impl.h"
 #include "runtime/engine_processes.h"
 
-#ifdef DSI_WITH_NCCL
+#ifdef DSI_WITH_CUDA
+#include <string_view>
+
 #include "backends/cuda/device.h"
+#include "comm/peer_comm.h"
+#endif
+#ifdef DSI_WITH_NCCL
 #include "comm/nccl_comm.h"
 #endif
 
@@ -41,16 +46,26 @@ MpiRanks::MpiRanks(MpiSession& session, const ParallelConfig& cfg, const CommOpt
   host_ = std::make_unique<MpiComm>(session, options);
   Communicator* data = host_.get();
   if (cuda) {
-#ifdef DSI_WITH_NCCL
+#ifdef DSI_WITH_CUDA
     const RankContext layout = RankContext::make(cfg, host_->rank(), host_.get());
+    const int n_gpus = cuda::device_count();
+    DSI_CHECK(n_gpus > 0, "rank {}: --device cuda, and this process sees no CUDA device", host_->rank());
     int local = local_rank_from_env();
     if (local < 0) local = host_->rank();
-    device_ = NcclComm::create(*host_, NcclSetup{local % cuda::device_count(),
-                                                 {layout.tp_group, layout.dcp_group},
-                                                 NcclSumOrder::kMemberOrder, nullptr});
+    device_index_ = local % n_gpus;
+    const char* env = std::getenv("DSI_DEVICE_COMM");
+    const bool peer = env != nullptr && std::string_view(env) == "peer";
+#ifdef DSI_WITH_NCCL
+    if (!peer)
+      device_ = NcclComm::create(*host_, NcclSetup{device_index_, {layout.tp_group, layout.dcp_group},
+                                                   NcclSumOrder::kMemberOrder, nullptr});
+#endif
+    if (!device_)  // the GPUs of one node, through CUDA IPC
+      device_ = PeerComm::create(*host_, PeerSetup{device_index_, {layout.tp_group, layout.dcp_group}});
+    (void)peer;  // without NCCL the peer communicator is the only one
     data = device_.get();
 #else
-    ::dsi::fail("ranks on CUDA devices need NCCL, and this build has none");
+    ::dsi::fail("ranks on CUDA devices need a CUDA build");
 #endif
   }
   context_ = RankContext::make(cfg, host_->rank(), data);
@@ -59,6 +74,11 @@ MpiRanks::MpiRanks(MpiSession& session, const ParallelConfig& cfg, const CommOpt
 MpiRanks::~MpiRanks() = default;
 
 void MpiRanks::abort_job(const std::string& why) { abort_mpi_job(context_.tp_rank, why); }
+
+int MpiRanks::cuda_device(int rank) const {
+  DSI_CHECK(rank == context_.tp_rank, "rank {} is not run by this process (rank {})", rank, context_.tp_rank);
+  return device_index_;
+}
 
 const RankContext& MpiRanks::context(int rank) const {
   DSI_CHECK(rank == context_.tp_rank, "rank {} is not run by this process (rank {})", rank,

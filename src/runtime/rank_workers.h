@@ -45,6 +45,9 @@ class RankGroup {
   // no longer agree). Threads of one process: does nothing (the engine reports the failure).
   virtual void abort_job(const std::string& why) { (void)why; }
   bool single_process() const { return int(local_.size()) == size_; }
+  // The (logical) CUDA device a local rank computes on: its rank for thread ranks (rank r on
+  // device r), the node-local GPU for processes.
+  virtual int cuda_device(int rank) const { return rank; }
 
  protected:
   RankGroup(int size, std::vector<int> local) : size_(size), local_(std::move(local)) {}

@@ -451,20 +451,6 @@ TEST_F(NcclCommTest, RejectsTensorsNotOnTheRanksDevice) {
   });
 }
 
-// The node-local rank (which picks a process's GPU under mpirun) comes from the launcher's variable.
-TEST_F(NcclCommTest, LocalRankFromEnvironment) {
-  const char* saved = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  const std::string keep = saved ? saved : "";
-  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
-  EXPECT_EQ(local_rank_from_env(), 3);
-  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "x", 1);
-  EXPECT_NE(test::error_of([] { local_rank_from_env(); }).find("OMPI_COMM_WORLD_LOCAL_RANK=x"), std::string::npos);
-  if (saved)
-    setenv("OMPI_COMM_WORLD_LOCAL_RANK", keep.c_str(), 1);
-  else
-    unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
-}
-
 #endif  // DSI_WITH_NCCL
 
 }  // namespace

@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 
 #include "../test_comm_util.h"
@@ -126,6 +128,20 @@ TEST(MpiComm, LockstepViolationSeenByEveryRank) {
   EXPECT_EQ(check_collective(comm, kWorld, CollectiveOp::kAllReduce, DType::F32, 3, 3, 7), "");
   EXPECT_EQ(count_ranks(comm, true), 4);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+}
+
+// The node-local rank (which picks a process's GPU under mpirun) comes from the launcher's variable.
+TEST(MpiLaunch, LocalRankFromEnvironment) {
+  const char* saved = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const std::string keep = saved ? saved : "";
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "3", 1);
+  EXPECT_EQ(local_rank_from_env(), 3);
+  setenv("OMPI_COMM_WORLD_LOCAL_RANK", "x", 1);
+  EXPECT_NE(error_of([] { local_rank_from_env(); }).find("OMPI_COMM_WORLD_LOCAL_RANK=x"), std::string::npos);
+  if (saved)
+    setenv("OMPI_COMM_WORLD_LOCAL_RANK", keep.c_str(), 1);
+  else
+    unsetenv("OMPI_COMM_WORLD_LOCAL_RANK");
 }
 
 // Run by the ctest entry MpiComm.TimeoutNamesTheOperation: rank 1 never joins; the others fail
