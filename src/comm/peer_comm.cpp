@@ -107,6 +107,30 @@ struct PeerComm::State {
   }
 };
 
+namespace {
+
+// Runs move(dst) with dst the output's bytes: out's own when contiguous and clear of `in`, else a
+// staging tensor copied into out afterwards.
+template <typename F>
+void into_output(Tensor& out, const Tensor& in, F&& move) {
+  const bool direct = out.is_contiguous() && !overlaps(out, in);
+  Tensor out_c = direct ? out : Tensor::empty(out.shape(), out.dtype(), out.device());
+  move(static_cast<char*>(out_c.raw()));
+  if (!direct) out.copy_from(out_c);
+}
+
+// Runs work(data) on a contiguous copy of inout (inout itself when contiguous), then copies the
+// result back when `changed` says inout was written.
+template <typename F>
+void in_place(Tensor& inout, bool changed, F&& work) {
+  const bool direct = inout.is_contiguous();
+  Tensor buf = direct ? inout : device_contiguous(inout);
+  work(static_cast<char*>(buf.raw()), buf.nbytes());
+  if (!direct && changed) inout.copy_from(buf);
+}
+
+}  // namespace
+
 PeerComm::PeerComm(std::unique_ptr<State> s) : s_(std::move(s)) {}
 PeerComm::~PeerComm() = default;
 
@@ -144,12 +168,10 @@ void PeerComm::all_gather(const Group& g, const Tensor& in, Tensor& out) {
   const Tensor in_c = device_contiguous(in);
   if (g.size == 1) return copy_device(out, in_c);
   const size_t n = in_c.nbytes();
-  const bool direct = out.is_contiguous() && !overlaps(out, in_c);
-  Tensor out_c = direct ? out : Tensor::empty(out.shape(), out.dtype(), out.device());
   const char* src = static_cast<const char*>(in_c.raw());
-  char* dst = static_cast<char*>(out_c.raw());
-  s.pieces(n, 16, [&](size_t off, size_t len) { c.pg->all_gather(src + off, len, dst + off, nullptr, n); });
-  if (!direct) out.copy_from(out_c);
+  into_output(out, in_c, [&](char* dst) {
+    s.pieces(n, 16, [&](size_t off, size_t len) { c.pg->all_gather(src + off, len, dst + off, nullptr, n); });
+  });
 }
 
 void PeerComm::reduce_scatter(const Group& g, const Tensor& in, Tensor& out) {
@@ -159,25 +181,23 @@ void PeerComm::reduce_scatter(const Group& g, const Tensor& in, Tensor& out) {
   const Tensor in_c = device_contiguous(in);
   const int64_t m = out.numel();
   if (g.size == 1) return copy_device(out, in_c);
-  const bool direct = out.is_contiguous() && !overlaps(out, in_c);
-  Tensor out_c = direct ? out : Tensor::empty(out.shape(), out.dtype(), out.device());
   const float* src = static_cast<const float*>(in_c.raw());
-  float* dst = static_cast<float*>(out_c.raw());
-  s.pieces(size_t(m) * 4, 16, [&](size_t off, size_t len) {
-    c.pg->reduce_scatter(src + off / 4, int64_t(len / 4), dst + off / 4, nullptr, m);
+  into_output(out, in_c, [&](char* bytes) {
+    float* dst = reinterpret_cast<float*>(bytes);
+    s.pieces(size_t(m) * 4, 16, [&](size_t off, size_t len) {
+      c.pg->reduce_scatter(src + off / 4, int64_t(len / 4), dst + off / 4, nullptr, m);
+    });
   });
-  if (!direct) out.copy_from(out_c);
 }
 
 void PeerComm::all_reduce(const Group& g, Tensor& inout) {
   State& s = *s_;
   const State::Call c = s.begin(CollectiveOp::kAllReduce, g, &inout, nullptr, -1);
   if (inout.numel() == 0 || g.size == 1) return;
-  const bool direct = inout.is_contiguous();
-  Tensor buf = direct ? inout : device_contiguous(inout);
-  float* data = static_cast<float*>(buf.raw());
-  s.pieces(buf.nbytes(), 16, [&](size_t off, size_t len) { c.pg->all_reduce(data + off / 4, int64_t(len / 4), nullptr); });
-  if (!direct) inout.copy_from(buf);
+  in_place(inout, /*changed=*/true, [&](char* bytes, size_t n) {
+    float* data = reinterpret_cast<float*>(bytes);
+    s.pieces(n, 16, [&](size_t off, size_t len) { c.pg->all_reduce(data + off / 4, int64_t(len / 4), nullptr); });
+  });
 }
 
 void PeerComm::all_to_all(const Group& g, const Tensor& in, Tensor& out) {
@@ -187,23 +207,19 @@ void PeerComm::all_to_all(const Group& g, const Tensor& in, Tensor& out) {
   const Tensor in_c = device_contiguous(in);
   if (g.size == 1) return copy_device(out, in_c);
   const size_t chunk = in_c.nbytes() / size_t(g.size);
-  const bool direct = out.is_contiguous() && !overlaps(out, in_c);
-  Tensor out_c = direct ? out : Tensor::empty(out.shape(), out.dtype(), out.device());
   const char* src = static_cast<const char*>(in_c.raw());
-  char* dst = static_cast<char*>(out_c.raw());
-  s.pieces(chunk, 16, [&](size_t off, size_t len) { c.pg->all_to_all(src + off, len, dst + off, nullptr, chunk, chunk); });
-  if (!direct) out.copy_from(out_c);
+  into_output(out, in_c, [&](char* dst) {
+    s.pieces(chunk, 16, [&](size_t off, size_t len) { c.pg->all_to_all(src + off, len, dst + off, nullptr, chunk, chunk); });
+  });
 }
 
 void PeerComm::broadcast(const Group& g, Tensor& inout, int root_member) {
   State& s = *s_;
   const State::Call c = s.begin(CollectiveOp::kBroadcast, g, &inout, nullptr, root_member);
   if (inout.numel() == 0 || g.size == 1) return;
-  const bool direct = inout.is_contiguous();
-  Tensor buf = direct ? inout : device_contiguous(inout);
-  char* data = static_cast<char*>(buf.raw());
-  s.pieces(buf.nbytes(), 16, [&](size_t off, size_t len) { c.pg->broadcast(data + off, len, data + off, root_member, nullptr); });
-  if (!direct && c.me != root_member) inout.copy_from(buf);
+  in_place(inout, /*changed=*/c.me != root_member, [&](char* data, size_t n) {
+    s.pieces(n, 16, [&](size_t off, size_t len) { c.pg->broadcast(data + off, len, data + off, root_member, nullptr); });
+  });
 }
 
 void PeerComm::barrier(const Group& g) {

@@ -10,10 +10,9 @@
 #include "model/config.h"
 #include "runtime/engine_impl.h"
 #include "runtime/engine_processes.h"
+#include "runtime/ranks.h"
 
 #ifdef DSI_WITH_CUDA
-#include <string_view>
-
 #include "backends/cuda/device.h"
 #include "comm/peer_comm.h"
 #endif
@@ -53,16 +52,14 @@ MpiRanks::MpiRanks(MpiSession& session, const ParallelConfig& cfg, const CommOpt
     int local = local_rank_from_env();
     if (local < 0) local = host_->rank();
     device_index_ = local % n_gpus;
-    const char* env = std::getenv("DSI_DEVICE_COMM");
-    const bool peer = env != nullptr && std::string_view(env) == "peer";
+    if (use_peer_comm(/*ranks_share_gpus=*/false)) {  // the GPUs of one node, through CUDA IPC
+      device_ = PeerComm::create(*host_, PeerSetup{device_index_, {layout.tp_group, layout.dcp_group}});
+    } else {
 #ifdef DSI_WITH_NCCL
-    if (!peer)
       device_ = NcclComm::create(*host_, NcclSetup{device_index_, {layout.tp_group, layout.dcp_group},
                                                    NcclSumOrder::kMemberOrder, nullptr});
 #endif
-    if (!device_)  // the GPUs of one node, through CUDA IPC
-      device_ = PeerComm::create(*host_, PeerSetup{device_index_, {layout.tp_group, layout.dcp_group}});
-    (void)peer;  // without NCCL the peer communicator is the only one
+    }
     data = device_.get();
 #else
     ::dsi::fail("ranks on CUDA devices need a CUDA build");

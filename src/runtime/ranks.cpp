@@ -38,14 +38,12 @@ struct ThreadRankComms {
 
 std::shared_ptr<ThreadRankComms> make_thread_rank_comms() { return std::make_shared<ThreadRankComms>(); }
 
-bool thread_ranks_use_peer_comm(int tp) {
-  const bool shared_gpus = tp > cuda::device_count();
+bool use_peer_comm(bool shared_gpus) {
   const char* env = std::getenv("DSI_DEVICE_COMM");
   const std::string_view want = env != nullptr ? env : "";
   DSI_CHECK(want.empty() || want == "nccl" || want == "peer", "DSI_DEVICE_COMM={}: expected nccl or peer", want);
 #ifdef DSI_WITH_NCCL
-  DSI_CHECK(want != "nccl" || !shared_gpus, "DSI_DEVICE_COMM=nccl: {} ranks share {} GPU(s), which NCCL refuses",
-            tp, cuda::device_count());
+  DSI_CHECK(want != "nccl" || !shared_gpus, "DSI_DEVICE_COMM=nccl: ranks share GPUs, which NCCL refuses");
   return shared_gpus || want == "peer";
 #else
   DSI_CHECK(want != "nccl", "DSI_DEVICE_COMM=nccl: this build has no NCCL");
@@ -57,7 +55,7 @@ std::unique_ptr<Communicator> make_thread_rank_device_comm(Communicator& host, c
                                                            const std::shared_ptr<ThreadRankComms>& shared) {
   const Device device = rank_cuda_device(r);
   const RankContext layout = RankContext::make(cfg, r, &host);
-  if (thread_ranks_use_peer_comm(cfg.tp))
+  if (use_peer_comm(cfg.tp > cuda::device_count()))
     return PeerComm::create(host, PeerSetup{device.index, {layout.tp_group, layout.dcp_group}});
 #ifdef DSI_WITH_NCCL
   return NcclComm::create(host, NcclSetup{device.index, {layout.tp_group, layout.dcp_group},

@@ -28,8 +28,11 @@ void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
 // GPU r mod the GPUs. Throws when there is no such device, naming DSI_SHARE_GPUS.
 Device rank_cuda_device(int r);
 
-// Whether make_thread_rank_device_comm gives `tp` thread ranks the peer communicator (else NCCL).
-bool thread_ranks_use_peer_comm(int tp);
+// Whether CUDA ranks move device tensors through the peer communicator (peer_comm.h) rather than
+// NCCL: when the build has no NCCL, when ranks share GPUs (NCCL refuses that), or with
+// DSI_DEVICE_COMM=peer; DSI_DEVICE_COMM=nccl insists on NCCL (an error where it cannot be had).
+// Thread ranks (make_thread_rank_device_comm) and processes (MpiRanks) both ask it.
+bool use_peer_comm(bool ranks_share_gpus);
 
 // Shared by the device communicators of the thread ranks of one process (NCCL's failure state).
 struct ThreadRankComms;
