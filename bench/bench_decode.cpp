@@ -200,7 +200,7 @@ int run(const Args& a) {
         TimedComm timed(given.comm);
         const dsi::RankContext rank =
             dsi::RankContext::make(pc, given.tp_rank, given.comm ? &timed : nullptr);
-        if (a.graphs && given.comm != nullptr && !given.comm->capturable())
+        if (a.graphs && given.comm != nullptr && given.comm->world_size() > 1 && !given.comm->capturable())
           dsi::fail("--graphs with {} ranks needs collectives that can be captured: the peer communicator "
                     "(DSI_DEVICE_COMM=peer), not NCCL", pc.tp);
         auto model = dsi::DsaModel::load(ck, cfg, rank, dsi::rank_cuda_device(given.tp_rank));
