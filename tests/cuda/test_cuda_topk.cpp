@@ -2,7 +2,7 @@
 // reference at the deployed sizes: k = 2048 over 8K..1M scores (cached and streamed chunks, 1..8 CTAs
 // per cluster), many rows, exact ties straddling the CTA chunks and the threshold (relu zeros, a
 // few distinct levels), -inf/NaN holes, bounds inside the row, strided rows; indices exact and values
-// bitwise, repeated runs identical; rows of up to 32K scores on the one-CTA kernel. The odd sizes
+// bitwise, repeated runs identical; rows of up to 16K scores on the one-CTA kernel. The odd sizes
 // are in test_cuda_attention.cpp.
 #include <gtest/gtest.h>
 
@@ -75,16 +75,19 @@ TEST_F(CudaTopkSelect, DecodeSizes) {
   }
 }
 
+// The threshold's first-digit bin decides the route: up to 16K keys go to one CTA as candidates
+// (random, relu zeros, holes; few levels at 32K: 8K keys per level, tied across every chunk), more
+// take the cluster-wide passes (few levels and all tied at 128K).
 TEST_F(CudaTopkSelect, TiesAtTheThresholdAndAcrossChunks) {
-  const int64_t n = 131072;
-  for (Fill f : {Fill::kReluZeros, Fill::kFewLevels, Fill::kHoles, Fill::kAllTied}) {
-    const char* fn[] = {"random", "relu zeros", "few levels", "holes", "all tied"};
-    const std::string label = fn[int(f)];
-    for (int k : {1, 100, 2047, 2048}) {
-      check(scores(3, n, f, uint64_t(k) + 7), {int32_t(n), int32_t(n / 2 + 1), 5000}, k,
-            name(label.c_str(), 3, n, k));
+  for (int64_t n : {32768, 131072})
+    for (Fill f : {Fill::kReluZeros, Fill::kFewLevels, Fill::kHoles, Fill::kAllTied}) {
+      const char* fn[] = {"random", "relu zeros", "few levels", "holes", "all tied"};
+      const std::string label = fn[int(f)];
+      for (int k : {1, 100, 2047, 2048}) {
+        check(scores(3, n, f, uint64_t(k) + 7), {int32_t(n), int32_t(n / 2 + 1), 5000}, k,
+              name(label.c_str(), 3, n, k));
+      }
     }
-  }
 }
 
 TEST_F(CudaTopkSelect, StreamedLongRowsAndStrides) {
@@ -98,7 +101,7 @@ TEST_F(CudaTopkSelect, StreamedLongRowsAndStrides) {
         name("few levels", 64, 2049, 2048));
 }
 
-// Rows of at most 32K scores run one CTA each (the row's keys in shared memory): every fill, ties
+// Rows of at most 16K scores run one CTA each (the row's keys in shared memory): every fill, ties
 // at the threshold, k from 1 to 2048 over rows shorter and longer than k, bounds inside the row,
 // the largest such row and the first larger one (back on the cluster kernel).
 TEST_F(CudaTopkSelect, OneCtaRows) {

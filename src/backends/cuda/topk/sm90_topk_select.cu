@@ -4,13 +4,18 @@
 //   1. every CTA of the cluster reads its contiguous chunk of the row, caches the scores' bits in
 //      shared memory and builds a histogram of the top 12 bits of their order keys (the float's
 //      bits made unsigned-monotone, -0 folded onto +0, 0 = not selectable);
-//   2. the CTAs read each other's histograms (DSMEM) and all find the same bin holding the k-th key;
-//      two more passes (12 and 8 bits) over the cached keys of that bin give the exact threshold key
-//      T and the count above it;
-//   3. each CTA learns from the others' counts where its winners go (every key > T and the lowest
-//      positions among the keys == T) and writes them straight to the output in position order
-//      (an ordered block scan over its chunk). Bitwise the CPU reference's selection.
-// Three digit passes over a row and one gather, no sort; one launch, capturable in a graph.
+//   2. the CTAs read each other's histograms (DSMEM) and all find the same bin holding the k-th key,
+//      and how many keys it holds;
+//   3. when CTA 0 has room for them (the usual case), every CTA sends it the keys of that bin (the
+//      candidates, tagged with the sender) and its count above the bin; CTA 0 alone runs the two
+//      remaining digit passes (12 and 8 bits) over the candidates with block barriers, finds the
+//      exact threshold key T and every CTA's share of the winners, and sends each its place. Else
+//      the two passes run cluster-wide over the cached keys, and the CTAs exchange their counts of
+//      keys > T and == T;
+//   4. each CTA writes its winners (every key > T and the lowest positions among the keys == T)
+//      straight to the output in position order (an ordered block scan over its chunk). Bitwise
+//      the CPU reference's selection.
+// One pass over the row, three digits, one gather; no sort; one launch, capturable in a graph.
 //
 // Rows of at most kCtaMaxN scores (a decode row up to 16K keys per rank, e.g. 64K at DCP 4) skip
 // the cluster: one CTA of 1024 threads keeps the row's order keys in shared memory and runs the
@@ -41,6 +46,7 @@ constexpr int kBins = 4096;                       // 12-bit digits (passes 1 and
 constexpr int kMaxCluster = 16;                   // non-portable cluster size (Hopper allows 16)
 constexpr int64_t kCacheMax = 32768;              // scores per CTA kept in shared memory
 constexpr int kGatherItems = 8;                   // consecutive keys per thread in the gather pass
+constexpr int64_t kCandMax = 16384;               // candidates CTA 0 refines alone (64 KiB)
 
 using Scan = cub::BlockScan<uint32_t, kSelThreads>;
 using Reduce = cub::BlockReduce<uint32_t, kSelThreads>;
@@ -53,7 +59,7 @@ union Temp {
 };
 
 struct Pick {
-  uint32_t bin, above, total;
+  uint32_t bin, above, total, count;  // count: the keys in `bin`, cluster-wide
 };
 
 // Order key of a score: larger = earlier; 0 for -inf and NaN (never selectable; a selectable score
@@ -81,8 +87,10 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 // Cross-CTA traffic of the cluster, written by the other CTAs (pushes: no CTA waits on a remote load).
 struct Mailbox {
   uint32_t totals[kMaxCluster];     // per CTA: the sum of its slice of the current merged histogram
-  uint32_t found[2];                // the crossing CTA's bin and the count above it
-  uint32_t counts[kMaxCluster][2];  // per CTA: its keys > T and == T
+  uint32_t found[3];                // the crossing CTA's bin, the count above it and in it
+  uint32_t counts[kMaxCluster][2];  // per CTA: its keys > T and == T (candidates: [0] = above bin 1)
+  uint32_t n_cand;                  // CTA 0: candidates pushed so far
+  uint32_t place[4];                // from CTA 0 (candidates): T, winners before, keys == T taken, keys > T
 };
 
 // Finds the bin of the cluster-wide histogram (this CTA holds `hist`, NB bins of its own keys) at
@@ -94,7 +102,7 @@ struct Mailbox {
 template <int NB>
 __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* hist, uint32_t* merged,
                              Mailbox& mail, uint32_t need_or_k, bool first, Temp& temp) {
-  __shared__ uint32_t s_tot, s_need, s_total, s_above, s_fbin, s_fabove;
+  __shared__ uint32_t s_tot, s_need, s_total, s_above, s_fbin, s_fabove, s_fcount;
   __shared__ int s_cross;  // the CTA whose slice holds the k-th key (-1: none)
   const int tid = threadIdx.x;
   const unsigned n_ctas = cluster.num_blocks(), me = cluster.block_rank();
@@ -154,6 +162,7 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
       if (acc < need && acc + cnt[i] >= need) {  // exactly one (thread, i) crosses
         s_fbin = uint32_t(int(me) * S + S - 1 - tid * per - i);
         s_fabove = s_above + acc;
+        s_fcount = cnt[i];
       }
       acc += cnt[i];
     }
@@ -162,6 +171,7 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
       uint32_t* f = cluster.map_shared_rank(mail.found, unsigned(tid));
       f[0] = s_fbin;
       f[1] = s_fabove;
+      f[2] = s_fcount;
     }
   }
   cluster.sync();  // every CTA has the bin
@@ -169,6 +179,7 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
   r.total = s_total;
   r.bin = s_cross >= 0 ? mail.found[0] : 0u;
   r.above = s_cross >= 0 ? mail.found[1] : 0u;
+  r.count = s_cross >= 0 ? mail.found[2] : 0u;
   return r;
 }
 
@@ -194,8 +205,44 @@ __device__ __forceinline__ void histogram_pass(const uint32_t* cache, int64_t le
   }
 }
 
+struct BlockPick {
+  uint32_t bin, above, total;
+};
+
+// The bin of hist[0, nb) (larger bins = larger keys) at which the count from the top reaches `need`
+// (first pass: min(k, total)), the count above it, and the total, found by one block of kThreads
+// (each owns up to kMaxPer bins, descending). The same on every thread; block-synchronising.
+template <int kThreads, int kMaxPer>
+__device__ BlockPick block_pick(const uint32_t* hist, int nb, uint32_t need_or_k, bool first,
+                                typename cub::BlockScan<uint32_t, kThreads>::TempStorage& tmp) {
+  __shared__ uint32_t s_bin, s_above;
+  const int tid = threadIdx.x, per = max(1, nb / kThreads);  // per <= kMaxPer
+  uint32_t c[kMaxPer], sum = 0, before = 0, total = 0;
+#pragma unroll
+  for (int i = 0; i < kMaxPer; ++i) {
+    const int j = nb - 1 - tid * per - i;
+    c[i] = i < per && j >= 0 ? hist[j] : 0u;
+    sum += c[i];
+  }
+  __syncthreads();  // s_bin / s_above of the previous pick are read
+  if (tid == 0) s_bin = s_above = 0;
+  cub::BlockScan<uint32_t, kThreads>(tmp).ExclusiveSum(sum, before, total);
+  const uint32_t need = first ? min(need_or_k, total) : need_or_k;
+  uint32_t acc = before;
+#pragma unroll
+  for (int i = 0; i < kMaxPer; ++i) {
+    if (need > 0 && acc < need && acc + c[i] >= need) {  // exactly one (thread, i) crosses
+      s_bin = uint32_t(nb - 1 - tid * per - i);
+      s_above = acc;
+    }
+    acc += c[i];
+  }
+  __syncthreads();
+  return BlockPick{s_bin, s_above, total};
+}
+
 template <bool kCached>
-__global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectParams p) {
+__global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectParams p, int cand_cap) {
   pdl_enter();
   extern __shared__ __align__(16) uint32_t dyn[];
   __shared__ Temp temp;
@@ -217,6 +264,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   const int64_t chunk = (p.n + n_ctas - 1) / n_ctas;
   const int64_t lo = std::min<int64_t>(p.n, int64_t(crank) * chunk);
   const int64_t len = std::min<int64_t>(p.n, lo + chunk) - lo;
+  uint32_t* cand = cache + (kCached ? chunk : 0);  // [cand_cap] CTA 0: the candidates of bin 1
   // The score bits at chunk index i (-inf bits at or past the bound).
   auto bits_at = [&](int64_t i) -> uint32_t {
     if constexpr (kCached) {
@@ -228,6 +276,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   };
 
   for (int64_t i = tid; i < 2 * kBins + merged_words(int(n_ctas)); i += kSelThreads) dyn[i] = 0;
+  if (tid == 0) mail.n_cand = 0;
   __syncthreads();
   cluster_arrive();  // this CTA's slices are zero: the others may add into them after the wait
   // Pass 1: scores (cached), histogram of bits 31..20 of the selectable keys.
@@ -261,100 +310,174 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     }
   if (kk == 0) return;  // no CTA touches another's shared memory any more
   const uint32_t b1 = pick.bin;
-  uint32_t above = pick.above;
-  // Pass 2: bits 19..8 of the keys in bin b1.
-  if constexpr (kCached) {
-    histogram_pass(cache, len, hist1, [&](uint32_t o) { return (o >> 20) == b1; },
-                   [](uint32_t o) { return (o >> 8) & 0xfffu; });
-  } else {
-    for (int64_t i = tid; i < len; i += kSelThreads) {
-      const uint32_t o = order_key(__uint_as_float(bits_at(i)));
-      if (o != 0u && (o >> 20) == b1) atomicAdd(&hist1[(o >> 8) & 0xfffu], 1u);
+  uint32_t thr, win_before, my_take, my_gt;  // the k-th key; this CTA's place in the winner list
+  if (pick.count <= uint32_t(cand_cap)) {
+    // Candidates: every CTA sends CTA 0 the keys of bin b1 (tagged with its rank) and its count of
+    // keys above b1; CTA 0 alone finds the k-th key among the candidates (two digit passes with
+    // block barriers), then every CTA's share of the winners, and sends each its place.
+    uint32_t* lead_cand = cluster.map_shared_rank(cand, 0u);
+    uint32_t* lead_n = cluster.map_shared_rank(&mail.n_cand, 0u);
+    const uint32_t below_lane = (1u << (tid & 31)) - 1u;
+    uint32_t gt1 = 0;
+    for (int64_t base = 0; base < len; base += kSelThreads) {  // block-uniform trip count
+      const int64_t i = base + tid;
+      const uint32_t o = i < len ? order_key(__uint_as_float(bits_at(i))) : 0u;
+      gt1 += (o >> 20) > b1 ? 1u : 0u;  // > b1 >= 0: selectable
+      const bool is_cand = o != 0u && (o >> 20) == b1;
+      const uint32_t m = __ballot_sync(0xffffffffu, is_cand);
+      if (m == 0u) continue;
+      uint32_t slot = 0;
+      if ((tid & 31) == 0) slot = atomicAdd(lead_n, uint32_t(__popc(m)));
+      slot = __shfl_sync(0xffffffffu, slot, 0) + uint32_t(__popc(m & below_lane));
+      if (is_cand) lead_cand[slot] = (crank << 20) | (o & 0xfffffu);
     }
-  }
-  pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, kk - above, false, temp);
-  const uint32_t prefix24 = (b1 << 12) | pick.bin;
-  above += pick.above;
-  // Pass 3: bits 7..0 of the keys with that 24-bit prefix (hist0 is free again: every CTA's pushes
-  // from it ended before the last barrier).
-  for (int i = tid; i < 256; i += kSelThreads) hist0[i] = 0;
-  __syncthreads();
-  if constexpr (kCached) {
-    histogram_pass(cache, len, hist0, [&](uint32_t o) { return (o >> 8) == prefix24; },
-                   [](uint32_t o) { return o & 0xffu; });
-  } else {
-    for (int64_t i = tid; i < len; i += kSelThreads) {
-      const uint32_t o = order_key(__uint_as_float(bits_at(i)));
-      if (o != 0u && (o >> 8) == prefix24) atomicAdd(&hist0[o & 0xffu], 1u);
-    }
-  }
-  pick = cluster_pick<256>(cluster, hist0, merged2, mail, kk - above, false, temp);
-  const uint32_t thr = (prefix24 << 8) | pick.bin;  // the k-th key (>= 1: selectable)
-  above += pick.above;
-  const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
-  // This CTA's keys > thr and == thr (the histograms only hold the keys of the threshold's bins).
-  uint32_t gt = 0, eq = 0;
-  if constexpr (kCached) {
-    const int64_t n4 = len / 4;
-    const uint4* c4 = reinterpret_cast<const uint4*>(cache);
-    for (int64_t i = tid; i < n4; i += kSelThreads) {
-      const uint4 w = c4[i];
-      const uint32_t b[4] = {w.x, w.y, w.z, w.w};
+    gt1 = Reduce(temp.reduce).Sum(gt1);
+    if (tid == 0) *cluster.map_shared_rank(&mail.counts[crank][0], 0u) = gt1;
+    cluster.sync();  // CTA 0 has every candidate and count
+    if (crank == 0) {
+      __shared__ uint32_t s_cgt[kMaxCluster], s_ceq[kMaxCluster];
+      const uint32_t n_cand = pick.count, need = kk - pick.above;
+      if (tid < kMaxCluster) s_cgt[tid] = s_ceq[tid] = 0u;
+      for (uint32_t i = tid; i < n_cand; i += kSelThreads) atomicAdd(&hist1[(cand[i] >> 8) & 0xfffu], 1u);
+      __syncthreads();
+      const BlockPick p2 = block_pick<kSelThreads, kBins / kSelThreads>(hist1, kBins, need, false, temp.scan);
+      for (int i = tid; i < 256; i += kSelThreads) hist0[i] = 0;
+      __syncthreads();
+      for (uint32_t i = tid; i < n_cand; i += kSelThreads)
+        if (((cand[i] >> 8) & 0xfffu) == p2.bin) atomicAdd(&hist0[cand[i] & 0xffu], 1u);
+      __syncthreads();
+      const BlockPick p3 = block_pick<kSelThreads, 1>(hist0, 256, need - p2.above, false, temp.scan);
+      const uint32_t thr20 = (p2.bin << 8) | p3.bin;
+      const uint32_t take_eq = need - p2.above - p3.above;  // keys == T to take, lowest positions first
+      for (uint32_t i = tid; i < n_cand; i += kSelThreads) {
+        const uint32_t w = cand[i], low = w & 0xfffffu;
+        if (low > thr20) atomicAdd(&s_cgt[w >> 20], 1u);
+        else if (low == thr20) atomicAdd(&s_ceq[w >> 20], 1u);
+      }
+      __syncthreads();
+      if (tid < 32) {  // lane q: CTA q's place
+        const unsigned q = unsigned(tid);
+        const uint32_t cgt = q < n_ctas ? mail.counts[q][0] + s_cgt[q] : 0u, ceq = q < n_ctas ? s_ceq[q] : 0u;
+        uint32_t eq_before = 0, before = 0, take = 0;
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const uint32_t o = order_key(__uint_as_float(b[u]));
+        for (int j = 0; j < kMaxCluster; ++j) {  // serial in j, every lane the same
+          const uint32_t gj = __shfl_sync(0xffffffffu, cgt, j), ej = __shfl_sync(0xffffffffu, ceq, j);
+          const uint32_t t = min(ej, take_eq - min(take_eq, eq_before));
+          if (unsigned(j) == q) take = t;
+          if (unsigned(j) < q) before += gj + t;
+          eq_before += ej;
+        }
+        if (q < n_ctas) {
+          uint32_t* pl = cluster.map_shared_rank(mail.place, q);
+          pl[0] = (b1 << 20) | thr20;
+          pl[1] = before;
+          pl[2] = take;
+          pl[3] = cgt;
+        }
+      }
+    }
+    cluster.sync();  // every CTA has its place; no shared memory is touched remotely after this
+    thr = mail.place[0];
+    win_before = mail.place[1];
+    my_take = mail.place[2];
+    my_gt = mail.place[3];
+  } else {
+    uint32_t above = pick.above;
+    // Pass 2: bits 19..8 of the keys in bin b1.
+    if constexpr (kCached) {
+      histogram_pass(cache, len, hist1, [&](uint32_t o) { return (o >> 20) == b1; },
+                     [](uint32_t o) { return (o >> 8) & 0xfffu; });
+    } else {
+      for (int64_t i = tid; i < len; i += kSelThreads) {
+        const uint32_t o = order_key(__uint_as_float(bits_at(i)));
+        if (o != 0u && (o >> 20) == b1) atomicAdd(&hist1[(o >> 8) & 0xfffu], 1u);
+      }
+    }
+    pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, kk - above, false, temp);
+    const uint32_t prefix24 = (b1 << 12) | pick.bin;
+    above += pick.above;
+    // Pass 3: bits 7..0 of the keys with that 24-bit prefix (hist0 is free again: every CTA's pushes
+    // from it ended before the last barrier).
+    for (int i = tid; i < 256; i += kSelThreads) hist0[i] = 0;
+    __syncthreads();
+    if constexpr (kCached) {
+      histogram_pass(cache, len, hist0, [&](uint32_t o) { return (o >> 8) == prefix24; },
+                     [](uint32_t o) { return o & 0xffu; });
+    } else {
+      for (int64_t i = tid; i < len; i += kSelThreads) {
+        const uint32_t o = order_key(__uint_as_float(bits_at(i)));
+        if (o != 0u && (o >> 8) == prefix24) atomicAdd(&hist0[o & 0xffu], 1u);
+      }
+    }
+    pick = cluster_pick<256>(cluster, hist0, merged2, mail, kk - above, false, temp);
+    thr = (prefix24 << 8) | pick.bin;  // the k-th key (>= 1: selectable)
+    above += pick.above;
+    const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
+    // This CTA's keys > thr and == thr (the histograms only hold the keys of the threshold's bins).
+    uint32_t gt = 0, eq = 0;
+    if constexpr (kCached) {
+      const int64_t n4 = len / 4;
+      const uint4* c4 = reinterpret_cast<const uint4*>(cache);
+      for (int64_t i = tid; i < n4; i += kSelThreads) {
+        const uint4 w = c4[i];
+        const uint32_t b[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          const uint32_t o = order_key(__uint_as_float(b[u]));
+          gt += o > thr ? 1u : 0u;
+          eq += o == thr ? 1u : 0u;
+        }
+      }
+      for (int64_t i = 4 * n4 + tid; i < len; i += kSelThreads) {
+        const uint32_t o = order_key(__uint_as_float(cache[i]));
+        gt += o > thr ? 1u : 0u;
+        eq += o == thr ? 1u : 0u;
+      }
+    } else {
+      for (int64_t i = tid; i < len; i += kSelThreads) {
+        const uint32_t o = order_key(__uint_as_float(bits_at(i)));
         gt += o > thr ? 1u : 0u;
         eq += o == thr ? 1u : 0u;
       }
     }
-    for (int64_t i = 4 * n4 + tid; i < len; i += kSelThreads) {
-      const uint32_t o = order_key(__uint_as_float(cache[i]));
-      gt += o > thr ? 1u : 0u;
-      eq += o == thr ? 1u : 0u;
+    const unsigned long long both =
+        ReduceU64(temp.reduce64).Sum((static_cast<unsigned long long>(eq) << 32) | gt);
+    if (tid == 0) {
+      s_place[0] = uint32_t(both);
+      s_place[1] = uint32_t(both >> 32);
     }
-  } else {
-    for (int64_t i = tid; i < len; i += kSelThreads) {
-      const uint32_t o = order_key(__uint_as_float(bits_at(i)));
-      gt += o > thr ? 1u : 0u;
-      eq += o == thr ? 1u : 0u;
+    __syncthreads();
+    if (tid < int(n_ctas)) {
+      uint32_t* c = cluster.map_shared_rank(mail.counts[crank], unsigned(tid));
+      c[0] = s_place[0];
+      c[1] = s_place[1];
     }
-  }
-  const unsigned long long both =
-      ReduceU64(temp.reduce64).Sum((static_cast<unsigned long long>(eq) << 32) | gt);
-  if (tid == 0) {
-    s_place[0] = uint32_t(both);
-    s_place[1] = uint32_t(both >> 32);
-  }
-  __syncthreads();
-  if (tid < int(n_ctas)) {
-    uint32_t* c = cluster.map_shared_rank(mail.counts[crank], unsigned(tid));
-    c[0] = s_place[0];
-    c[1] = s_place[1];
-  }
-  cluster.sync();  // every CTA has every CTA's counts; no shared memory is touched remotely after this
-  const uint32_t my_gt = mail.counts[crank][0];
-  // This CTA's place in the position-ordered winner list: the CTAs before it hold lower positions.
-  // Warp 0, lane q: CTA q's counts; the keys == thr go to the lowest CTAs first.
-  if (tid < 32) {
-    const unsigned q = unsigned(tid);
-    const uint32_t cgt = q < n_ctas ? mail.counts[q][0] : 0u, ceq = q < n_ctas ? mail.counts[q][1] : 0u;
-    uint32_t eq_before = 0, win_before = 0, my_take = 0;
+    cluster.sync();  // every CTA has every CTA's counts; no shared memory is touched remotely after this
+    my_gt = mail.counts[crank][0];
+    // This CTA's place in the position-ordered winner list: the CTAs before it hold lower positions.
+    // Warp 0, lane q: CTA q's counts; the keys == thr go to the lowest CTAs first.
+    if (tid < 32) {
+      const unsigned q = unsigned(tid);
+      const uint32_t cgt = q < n_ctas ? mail.counts[q][0] : 0u, ceq = q < n_ctas ? mail.counts[q][1] : 0u;
+      uint32_t eq_before = 0, before = 0, take = 0;
 #pragma unroll
-    for (int j = 0; j < kMaxCluster; ++j) {  // serial in j, every lane the same: 32 shuffles
-      const uint32_t gj = __shfl_sync(0xffffffffu, cgt, j), ej = __shfl_sync(0xffffffffu, ceq, j);
-      const uint32_t t = min(ej, take_eq - min(take_eq, eq_before));
-      if (unsigned(j) == crank) my_take = t;
-      if (unsigned(j) < crank) win_before += gj + t;
-      eq_before += ej;
+      for (int j = 0; j < kMaxCluster; ++j) {  // serial in j, every lane the same: 32 shuffles
+        const uint32_t gj = __shfl_sync(0xffffffffu, cgt, j), ej = __shfl_sync(0xffffffffu, ceq, j);
+        const uint32_t t = min(ej, take_eq - min(take_eq, eq_before));
+        if (unsigned(j) == crank) take = t;
+        if (unsigned(j) < crank) before += gj + t;
+        eq_before += ej;
+      }
+      __syncwarp();
+      if (q == 0) {
+        s_place[0] = before;
+        s_place[1] = take;
+      }
     }
-    __syncwarp();
-    if (q == 0) {
-      s_place[0] = win_before;
-      s_place[1] = my_take;
-    }
+    __syncthreads();
+    win_before = s_place[0];
+    my_take = s_place[1];
   }
-  __syncthreads();
-  const uint32_t win_before = s_place[0], my_take = s_place[1];
   if (my_gt + my_take == 0) return;  // block-uniform
   uint32_t run_gt = 0, run_eq = 0;
   for (int64_t base = 0; base < len; base += int64_t(kSelThreads) * kGatherItems) {
@@ -400,38 +523,6 @@ constexpr int kCtaBins = 2048;       // 11-bit digits: bits 31..21, 20..10; then
 
 using CtaScan = cub::BlockScan<uint32_t, kCtaThreads>;
 
-struct CtaPick {
-  uint32_t bin, above, total;
-};
-
-// The bin of hist[0, nb) (nb = 2048 or 1024; larger bins = larger keys) at which the count from the
-// top reaches `need` (first pass: min(k, total)), the count above it, and the total. The same on
-// every thread; block-synchronising.
-__device__ CtaPick cta_pick(const uint32_t* hist, int nb, uint32_t need_or_k, bool first,
-                            typename CtaScan::TempStorage& tmp) {
-  __shared__ uint32_t s_bin, s_above;
-  const int tid = threadIdx.x, per = nb / kCtaThreads;  // 2 or 1 bins per thread, descending
-  uint32_t c[2] = {0u, 0u}, sum = 0, before = 0, total = 0;
-  for (int i = 0; i < per; ++i) {
-    c[i] = hist[nb - 1 - tid * per - i];
-    sum += c[i];
-  }
-  __syncthreads();  // s_bin / s_above of the previous pick are read
-  if (tid == 0) s_bin = s_above = 0;
-  CtaScan(tmp).ExclusiveSum(sum, before, total);
-  const uint32_t need = first ? min(need_or_k, total) : need_or_k;
-  uint32_t acc = before;
-  for (int i = 0; i < per; ++i) {
-    if (need > 0 && acc < need && acc + c[i] >= need) {  // exactly one (thread, i) crosses
-      s_bin = uint32_t(nb - 1 - tid * per - i);
-      s_above = acc;
-    }
-    acc += c[i];
-  }
-  __syncthreads();
-  return CtaPick{s_bin, s_above, total};
-}
-
 __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSelectParams p) {
   pdl_enter();
   extern __shared__ __align__(16) uint32_t dyn[];
@@ -467,7 +558,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
     }
   }
   __syncthreads();
-  CtaPick pick = cta_pick(hist, kCtaBins, uint32_t(p.k), true, scan);
+  BlockPick pick = block_pick<kCtaThreads, 2>(hist, kCtaBins, uint32_t(p.k), true, scan);
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
   for (int j = int(kk) + tid; j < p.k; j += kCtaThreads) {
     out_idx[j] = -1;
@@ -484,7 +575,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
     if ((o >> 21) == b1) atomicAdd(&hist[(o >> 10) & 0x7ffu], 1u);
   }
   __syncthreads();
-  pick = cta_pick(hist, kCtaBins, kk - above, false, scan);
+  pick = block_pick<kCtaThreads, 2>(hist, kCtaBins, kk - above, false, scan);
   const uint32_t prefix22 = (b1 << 11) | pick.bin;
   above += pick.above;
   // Pass 3: bits 9..0 of the keys with that 22-bit prefix.
@@ -495,7 +586,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
     if ((o >> 10) == prefix22) atomicAdd(&hist[o & 0x3ffu], 1u);
   }
   __syncthreads();
-  pick = cta_pick(hist, kCtaBins / 2, kk - above, false, scan);
+  pick = block_pick<kCtaThreads, 2>(hist, kCtaBins / 2, kk - above, false, scan);
   const uint32_t thr = (prefix22 << 10) | pick.bin;  // the k-th key (>= 1: selectable)
   above += pick.above;
   const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
@@ -577,12 +668,26 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
     }
     return;
   }
-  const size_t max_smem = dynamic_smem(1, kCacheMax);
-  for (auto kernel : {topk_select_kernel<true>, topk_select_kernel<false>}) {
-    DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(max_smem)));
-    DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  }
+  // The dynamic shared memory a CTA may take: the device's opt-in limit less the kernel's static part.
+  static const size_t max_smem = [] {
+    int dev = 0, optin = 0;
+    DSI_CUDA_CHECK(cudaGetDevice(&dev));
+    DSI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    size_t static_smem = 0;
+    for (auto kernel : {topk_select_kernel<true>, topk_select_kernel<false>}) {
+      cudaFuncAttributes fa{};
+      DSI_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+      static_smem = std::max(static_smem, fa.sharedSizeBytes);
+    }
+    const size_t m = size_t(optin) - static_smem;
+    DSI_CHECK(m >= dynamic_smem(1, kCacheMax), "topk: {} bytes of shared memory per block, {} needed", m,
+              dynamic_smem(1, kCacheMax));
+    for (auto kernel : {topk_select_kernel<true>, topk_select_kernel<false>}) {
+      DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m)));
+      DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    }
+    return m;
+  }();
   // The largest cluster this GPU can place (16 needs a GPC with 16 free SMs; else 8, portable).
   static const int largest = [&] {
     cudaLaunchConfig_t cfg{};
@@ -609,7 +714,11 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
   while (ctas > 2 && p.rows * ctas > sms / 2) ctas /= 2;
   const int64_t chunk = (p.n + ctas - 1) / ctas;
   const bool cached = chunk <= kCacheMax;
-  const size_t smem = dynamic_smem(ctas, cached ? chunk : 0);
+  const size_t base = dynamic_smem(ctas, cached ? chunk : 0);
+  // Room for the candidates (the keys of the threshold's first-digit bin, sent to CTA 0): rows whose
+  // bin holds more take the cluster-wide digit passes instead.
+  const int cand_cap = int(std::min<int64_t>({kCandMax, p.n, int64_t(max_smem - base) / 4}));
+  const size_t smem = base + sizeof(uint32_t) * size_t(cand_cap);
   auto kernel = cached ? topk_select_kernel<true> : topk_select_kernel<false>;
   for (int64_t r0 = 0; r0 < p.rows; r0 += 65535) {
     TopkSelectParams q = p;
@@ -618,7 +727,8 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
     q.bounds = p.bounds + r0;
     q.indices = p.indices + r0 * p.k;
     if (q.values != nullptr) q.values = p.values + r0 * p.k;
-    launch_cluster(kernel, dim3(unsigned(ctas), unsigned(q.rows), 1), dim3(kSelThreads), smem, unsigned(ctas), s, q);
+    launch_cluster(kernel, dim3(unsigned(ctas), unsigned(q.rows), 1), dim3(kSelThreads), smem, unsigned(ctas), s, q,
+                   cand_cap);
   }
 }
 
