@@ -315,42 +315,78 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     // Candidates: every CTA sends CTA 0 the keys of bin b1 (tagged with its rank) and its count of
     // keys above b1; CTA 0 alone finds the k-th key among the candidates (two digit passes with
     // block barriers), then every CTA's share of the winners, and sends each its place.
-    uint32_t* lead_cand = cluster.map_shared_rank(cand, 0u);
-    uint32_t* lead_n = cluster.map_shared_rank(&mail.n_cand, 0u);
-    const uint32_t below_lane = (1u << (tid & 31)) - 1u;
+    // Each CTA gathers its candidates in its own `cand` (any order), then copies them to the top of
+    // CTA 0's, below those already there (one remote atomic per CTA); CTA 0's own stay at the bottom.
+    __shared__ uint32_t s_local, s_base;
+    if (tid == 0) s_local = 0;
+    __syncthreads();
+    const int lane = tid & 31;
     uint32_t gt1 = 0;
-    for (int64_t base = 0; base < len; base += kSelThreads) {  // block-uniform trip count
-      const int64_t i = base + tid;
-      const uint32_t o = i < len ? order_key(__uint_as_float(bits_at(i))) : 0u;
-      gt1 += (o >> 20) > b1 ? 1u : 0u;  // > b1 >= 0: selectable
-      const bool is_cand = o != 0u && (o >> 20) == b1;
-      const uint32_t m = __ballot_sync(0xffffffffu, is_cand);
-      if (m == 0u) continue;
+    for (int64_t base = 0; base < len; base += 4 * kSelThreads) {  // 4 consecutive keys per thread
+      const int64_t i0 = base + 4 * int64_t(tid);
+      uint32_t o[4];
+      if (kCached && i0 + 3 < len) {
+        const uint4 w = *reinterpret_cast<const uint4*>(cache + i0);  // i0 % 4 == 0: aligned
+        o[0] = w.x, o[1] = w.y, o[2] = w.z, o[3] = w.w;
+      } else {
+#pragma unroll
+        for (int u = 0; u < 4; ++u) o[u] = i0 + u < len ? bits_at(i0 + u) : kNoKeyBits;
+      }
+      uint32_t mine = 0;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        o[u] = order_key(__uint_as_float(o[u]));
+        gt1 += (o[u] >> 20) > b1 ? 1u : 0u;  // > b1 >= 0: selectable
+        mine += o[u] != 0u && (o[u] >> 20) == b1 ? 1u : 0u;
+      }
+      uint32_t incl = mine;  // warp-inclusive prefix of the candidate counts
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const uint32_t t = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += t;
+      }
+      const uint32_t warp_total = __shfl_sync(0xffffffffu, incl, 31);
+      if (warp_total == 0u) continue;
       uint32_t slot = 0;
-      if ((tid & 31) == 0) slot = atomicAdd(lead_n, uint32_t(__popc(m)));
-      slot = __shfl_sync(0xffffffffu, slot, 0) + uint32_t(__popc(m & below_lane));
-      if (is_cand) lead_cand[slot] = (crank << 20) | (o & 0xfffffu);
+      if (lane == 31) slot = atomicAdd(&s_local, warp_total);
+      slot = __shfl_sync(0xffffffffu, slot, 31) + incl - mine;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        if (o[u] != 0u && (o[u] >> 20) == b1) cand[slot++] = (crank << 20) | (o[u] & 0xfffffu);
+    }
+    __syncthreads();
+    const uint32_t n_local = s_local;
+    if (crank != 0) {
+      if (tid == 0) s_base = atomicAdd(cluster.map_shared_rank(&mail.n_cand, 0u), n_local);
+      __syncthreads();
+      uint32_t* dst = cluster.map_shared_rank(cand, 0u) + (cand_cap - s_base - n_local);
+      for (uint32_t i = tid; i < n_local; i += kSelThreads) dst[i] = cand[i];
     }
     gt1 = Reduce(temp.reduce).Sum(gt1);
     if (tid == 0) *cluster.map_shared_rank(&mail.counts[crank][0], 0u) = gt1;
     cluster.sync();  // CTA 0 has every candidate and count
     if (crank == 0) {
       __shared__ uint32_t s_cgt[kMaxCluster], s_ceq[kMaxCluster];
+      // The candidates: this CTA's in [0, n_local), the others' in [cand_cap - (n_cand - n_local), cand_cap).
       const uint32_t n_cand = pick.count, need = kk - pick.above;
+      const uint32_t shift = uint32_t(cand_cap) - n_cand;
+      auto cand_at = [&](uint32_t i) { return cand[i < n_local ? i : shift + i]; };
       if (tid < kMaxCluster) s_cgt[tid] = s_ceq[tid] = 0u;
-      for (uint32_t i = tid; i < n_cand; i += kSelThreads) atomicAdd(&hist1[(cand[i] >> 8) & 0xfffu], 1u);
+      for (uint32_t i = tid; i < n_cand; i += kSelThreads) atomicAdd(&hist1[(cand_at(i) >> 8) & 0xfffu], 1u);
       __syncthreads();
       const BlockPick p2 = block_pick<kSelThreads, kBins / kSelThreads>(hist1, kBins, need, false, temp.scan);
       for (int i = tid; i < 256; i += kSelThreads) hist0[i] = 0;
       __syncthreads();
-      for (uint32_t i = tid; i < n_cand; i += kSelThreads)
-        if (((cand[i] >> 8) & 0xfffu) == p2.bin) atomicAdd(&hist0[cand[i] & 0xffu], 1u);
+      for (uint32_t i = tid; i < n_cand; i += kSelThreads) {
+        const uint32_t w = cand_at(i);
+        if (((w >> 8) & 0xfffu) == p2.bin) atomicAdd(&hist0[w & 0xffu], 1u);
+      }
       __syncthreads();
       const BlockPick p3 = block_pick<kSelThreads, 1>(hist0, 256, need - p2.above, false, temp.scan);
       const uint32_t thr20 = (p2.bin << 8) | p3.bin;
       const uint32_t take_eq = need - p2.above - p3.above;  // keys == T to take, lowest positions first
       for (uint32_t i = tid; i < n_cand; i += kSelThreads) {
-        const uint32_t w = cand[i], low = w & 0xfffffu;
+        const uint32_t w = cand_at(i), low = w & 0xfffffu;
         if (low > thr20) atomicAdd(&s_cgt[w >> 20], 1u);
         else if (low == thr20) atomicAdd(&s_ceq[w >> 20], 1u);
       }
