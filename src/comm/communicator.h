@@ -63,6 +63,9 @@ class Communicator {
   // Whether collectives on device tensors can be recorded in a CUDA graph (they only enqueue
   // kernels on the device's stream and keep no host state per call).
   virtual bool capturable() const { return false; }
+  // The communicator of this rank's host tensors: a device communicator's host-side one (the
+  // control plane: agreements that must not queue kernels), else this one.
+  virtual Communicator& host() const { return const_cast<Communicator&>(*this); }
 };
 
 }  // namespace dsi

@@ -103,7 +103,7 @@ class NcclComm final : public Communicator {
 
   int device() const;
   cudaStream_t stream() const;  // where the collectives run: the CUDA backend's stream
-  Communicator& host() const;
+  Communicator& host() const override;
 
  private:
   struct State;  // NCCL handles live in the .cpp, so users of this header need no <nccl.h>

@@ -64,7 +64,7 @@ class PeerComm final : public Communicator {
   bool capturable() const override { return true; }
 
   int device() const;
-  Communicator& host() const;
+  Communicator& host() const override;
 
  private:
   struct State;

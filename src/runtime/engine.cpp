@@ -169,12 +169,14 @@ EngineImpl::EngineImpl(const EngineOptions& o, std::unique_ptr<RankGroup> ranks)
 // runs it (its collectives included), so the ranks also start in step.
 void EngineImpl::warm_up(int64_t rows) {
   const KvCacheDtype dtype = kv_dtype_;
+#ifdef DSI_WITH_CUDA
+  // Blocks cached from loading (or from an engine before this one) go back to the device first, in
+  // a run of its own: cudaFree waits for the whole GPU, and a rank's collective queued on it would
+  // wait for a rank still freeing.
+  ranks_->run([&](int r) { cuda::empty_cache(models_[size_t(ranks_->slot(r))]->device().index); });
+#endif
   ranks_->run([&](int r) {
     const DsaModel& m = *models_[size_t(ranks_->slot(r))];
-#ifdef DSI_WITH_CUDA
-    // Blocks cached from loading (or from an engine before this one) go back to the device first.
-    cuda::empty_cache(m.device().index);
-#endif
     SequenceKvCache scratch = m.make_cache(rows, /*with_mtp=*/false, dtype);
     const Tensor h = m.forward(Tensor::zeros({rows}, DType::I32), scratch);
     (void)to_host(m.logits(h.slice(rows - 1, rows)));  // waits for the step

@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 
 #include "runtime/ranks.h"
+#ifdef DSI_WITH_CUDA
+#include "backends/cuda/device.h"
+#endif
 
 
 namespace dsi {
@@ -73,6 +76,11 @@ void RankWorkers::stop_threads() {
 
 void RankWorkers::run(const std::function<void(int)>& fn) {
   if (failure_) std::rethrow_exception(failure_);
+#ifdef DSI_WITH_CUDA
+  // Rank 0 runs on the calling thread, which may be new to its device: it prepares before the job
+  // goes out to the other ranks (backends/cuda/device.h: prepare_thread).
+  if (!device_comms_.empty()) cuda::prepare_thread(rank_cuda_device(0).index);
+#endif
   {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = &fn;

@@ -55,15 +55,21 @@ std::unique_ptr<Communicator> make_thread_rank_device_comm(Communicator& host, c
                                                            const std::shared_ptr<ThreadRankComms>& shared) {
   const Device device = rank_cuda_device(r);
   const RankContext layout = RankContext::make(cfg, r, &host);
-  if (use_peer_comm(cfg.tp > cuda::device_count()))
-    return PeerComm::create(host, PeerSetup{device.index, {layout.tp_group, layout.dcp_group}});
+  cuda::prepare_thread(device.index);
+  std::unique_ptr<Communicator> comm;
+  if (use_peer_comm(cfg.tp > cuda::device_count())) {
+    comm = PeerComm::create(host, PeerSetup{device.index, {layout.tp_group, layout.dcp_group}});
+  } else {
 #ifdef DSI_WITH_NCCL
-  return NcclComm::create(host, NcclSetup{device.index, {layout.tp_group, layout.dcp_group},
-                                          NcclSumOrder::kMemberOrder, shared->nccl});
+    comm = NcclComm::create(host, NcclSetup{device.index, {layout.tp_group, layout.dcp_group},
+                                            NcclSumOrder::kMemberOrder, shared->nccl});
 #else
-  (void)shared;
-  fail("thread ranks on CUDA: no device communicator");  // unreachable: without NCCL the peer one
+    (void)shared;
+    fail("thread ranks on CUDA: no device communicator");  // unreachable: without NCCL the peer one
 #endif
+  }
+  host.barrier(layout.tp_group);  // every rank prepared before any queues a collective
+  return comm;
 }
 #endif
 

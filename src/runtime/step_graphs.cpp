@@ -153,9 +153,12 @@ StepGraphs::Step StepGraphs::add_graph(const Key& key, const LayerContext& host,
 bool StepGraphs::any_rank(bool mine) const {
   const RankContext& rc = model_.rank();
   if (rc.cfg.tp == 1 || rc.comm == nullptr) return mine;
-  Tensor flag = to_device(Tensor::from_f32({mine ? 1.0f : 0.0f}, {1}), model_.device());
-  rc.comm->all_reduce(rc.tp_group, flag);
-  return to_host(flag).f32()[0] > 0.0f;
+  // On the host communicator: between captures no rank queues a collective kernel, so a rank still
+  // instantiating its graph (which may wait for the whole GPU, shared by other ranks' streams)
+  // holds up no other rank's waiting kernel.
+  Tensor flag = Tensor::from_f32({mine ? 1.0f : 0.0f}, {1});
+  rc.comm->host().all_reduce(rc.tp_group, flag);
+  return flag.f32()[0] > 0.0f;
 }
 
 Tensor StepGraphs::copy_rows(const Tensor& t, int64_t rows) {

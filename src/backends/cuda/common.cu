@@ -4,9 +4,12 @@
 #include <mutex>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/device.h"
+#include "backends/cuda/linear/cublas.h"
+#include "backends/cuda/linear/fp8_gemm.h"
 #include "backends/cuda/memory/memory.h"
 
 namespace dsi::cuda {
@@ -80,6 +83,19 @@ bool pdl_enabled() {
 }
 
 void sync_stream() { DSI_CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+void prepare_thread(int i) {
+  thread_local std::vector<bool> done;
+  DSI_CHECK(i >= 0, "cuda:{}: no such device", i);
+  if (size_t(i) < done.size() && done[size_t(i)]) return;
+  DeviceGuard guard(Device::cuda(i));
+  (void)stream();
+  prepare_host_copies();
+  (void)cublas_handle();
+  prepare_fp8_gemm_lt();
+  if (done.size() <= size_t(i)) done.resize(size_t(i) + 1, false);
+  done[size_t(i)] = true;
+}
 
 Scratch::Scratch(size_t bytes) : size_(bytes) {
   if (bytes == 0) return;

@@ -171,6 +171,9 @@ void copy_to_host(void* dst, const void* src, size_t bytes);
 // dst (device) = bytes of host memory at src, queued on this device's stream (the source may be
 // reused when it returns; with GPU sharing it also waits for the stream).
 void copy_from_host(void* dst, const void* src, size_t bytes);
+// Makes the current device's pinned buffer of those copies now (with GPU sharing), not at the
+// first copy: device.h's prepare_thread.
+void prepare_host_copies();
 
 // Reads one T from device memory (synchronises).
 template <typename T>

@@ -29,6 +29,14 @@ bool gpu_sharing();
 // launch may wait for the device to go idle (the CUDA lazy-loading guide's caveat about kernels
 // that wait for each other).
 void prepare_for_spinning_kernels();
+// Makes now what this thread's first use of (logical) device i would make lazily: the device's
+// stream, its pinned buffer for host copies (with sharing), this thread's cuBLAS and cuBLASLt
+// handles and cuBLAS workspace. Some of that (the libraries' own cudaMalloc, cudaHostAlloc) is an
+// implicit synchronisation of the GPU: made while another rank's collective kernel already waits
+// for this rank's, it would never return. A rank thread prepares while none is in flight (thread
+// ranks prepare, then meet at a host barrier; RankWorkers prepares the thread that calls run()).
+// Cheap once done for (thread, i).
+void prepare_thread(int i);
 // The GPU logical device i runs on; throws dsi::Error if i names no device.
 int physical_device(int i);
 // "NVIDIA H200 (sm_90, 141 GiB)" for (logical) device i; throws dsi::Error if i is not visible.

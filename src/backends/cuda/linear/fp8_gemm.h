@@ -52,5 +52,7 @@ constexpr size_t kFp8GemmLtWorkspace = size_t(32) << 20;  // bytes of cuBLASLt w
 // no algorithm for it. `workspace`:
 // kFp8GemmLtWorkspace bytes on the device, 256-byte aligned.
 bool launch_fp8_gemm_lt(const Fp8GemmParams& p, void* workspace, cudaStream_t stream);
+// Makes this thread's cuBLASLt handle for the current GPU now, not at its first product.
+void prepare_fp8_gemm_lt();
 
 }  // namespace dsi::cuda

@@ -118,6 +118,12 @@ bool fp8_gemm_lt_supported(const Fp8GemmParams& p) {
 
 bool fp8_gemm_lt_available(const Fp8GemmParams& p) { return plan_for(p).ok; }
 
+void prepare_fp8_gemm_lt() {
+  int dev = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  (void)handle(dev);
+}
+
 bool launch_fp8_gemm_lt(const Fp8GemmParams& p, void* workspace, cudaStream_t stream) {
   if (!fp8_gemm_lt_supported(p)) return false;
   const Plan& pl = plan_for(p);

@@ -51,18 +51,20 @@ std::shared_ptr<BlockPool> shared_pool(int device) {
 }
 
 // Device memory for the caching allocator. With GPU sharing (device.h) stream-ordered, on the
-// current logical device's stream: a plain cudaMalloc may wait for the whole GPU, whose other
-// ranks' collectives wait for this rank. (Freeing stays cudaFree: only on an out-of-memory retry,
-// in empty_cache and at exit.)
+// current logical device's stream: a plain cudaMalloc or cudaFree may wait for the whole GPU, whose
+// other ranks' collectives wait for this rank. (A dying pool's destructor frees with cudaFree: at
+// exit, or a graph's pool once its rank has no collective in flight.)
 cudaError_t device_malloc(void** p, size_t size) {
   return gpu_sharing() ? cudaMallocAsync(p, size, stream()) : cudaMalloc(p, size);
 }
+cudaError_t device_free(void* p) { return gpu_sharing() ? cudaFreeAsync(p, stream()) : cudaFree(p); }
 
-// Frees every free block of a pool (not while capturing: freeing is not capturable).
+// Frees every free block of a pool (not while capturing: freeing is not capturable), on the pool's
+// device (the caller's DeviceGuard).
 void release_free_blocks(BlockPool& pool) {
   std::lock_guard<std::mutex> lock(pool.mu);
   for (const auto& [size, p] : pool.free) {
-    cudaFree(p);
+    device_free(p);
     pool.blocks.erase(p);
     counters(pool.device).reserved -= int64_t(size);
   }
@@ -192,6 +194,8 @@ void empty_cache(int device) {
   DeviceGuard guard(Device::cuda(device));
   DSI_CUDA_CHECK(cudaStreamSynchronize(stream()));
   release_free_blocks(*shared_pool(device));
+  // Stream-ordered frees (GPU sharing) go back to the GPU at the stream's next synchronisation.
+  if (gpu_sharing()) DSI_CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
 
 namespace {
@@ -286,18 +290,27 @@ class CudaStorage final : public Storage {
 // device's stream. With GPU sharing a pageable copy may have to wait for the CUDA driver's staging
 // buffers, which all the ranks of the process share; if another rank's copy holds them, queued
 // behind a collective that waits for this rank, this rank would never launch its part.
-void pinned_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  struct Buffer {
-    std::mutex mu;
-    void* ptr = nullptr;
-  };
-  constexpr size_t kBytes = size_t(4) << 20;
-  static Buffer buffers[kMaxDevices];
+struct PinnedBuffer {
+  std::mutex mu;
+  void* ptr = nullptr;
+};
+constexpr size_t kPinnedBytes = size_t(4) << 20;
+
+// The current logical device's pinned buffer, made at its first use and kept for the process.
+PinnedBuffer& pinned_buffer() {
+  static PinnedBuffer buffers[kMaxDevices];
   const int dev = current_device();
   DSI_CHECK(dev >= 0 && dev < kMaxDevices, "cuda:{}: device index beyond {}", dev, kMaxDevices);
-  Buffer& b = buffers[dev];
+  PinnedBuffer& b = buffers[dev];
   std::lock_guard<std::mutex> lock(b.mu);
-  if (b.ptr == nullptr) DSI_CUDA_CHECK(cudaHostAlloc(&b.ptr, kBytes, cudaHostAllocDefault));  // kept for the process
+  if (b.ptr == nullptr) DSI_CUDA_CHECK(cudaHostAlloc(&b.ptr, kPinnedBytes, cudaHostAllocDefault));
+  return b;
+}
+
+void pinned_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+  PinnedBuffer& b = pinned_buffer();
+  std::lock_guard<std::mutex> lock(b.mu);
+  constexpr size_t kBytes = kPinnedBytes;
   for (size_t off = 0; off < bytes; off += kBytes) {
     const size_t len = std::min(kBytes, bytes - off);
     if (kind == cudaMemcpyHostToDevice) {
@@ -380,6 +393,10 @@ void copy_to_host(void* dst, const void* src, size_t bytes) {
 void copy_from_host(void* dst, const void* src, size_t bytes) {
   if (gpu_sharing()) return pinned_copy(dst, src, bytes, cudaMemcpyHostToDevice);
   DSI_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream()));
+}
+
+void prepare_host_copies() {
+  if (gpu_sharing()) (void)pinned_buffer();
 }
 
 void launch_strided_copy(const StridedCopyParams& p, cudaStream_t s) {
