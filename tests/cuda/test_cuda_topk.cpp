@@ -2,7 +2,7 @@
 // reference at the deployed sizes: k = 2048 over 8K..1M scores (cached and streamed chunks, 1..8 CTAs
 // per cluster), many rows, exact ties straddling the CTA chunks and the threshold (relu zeros, a
 // few distinct levels), -inf/NaN holes, bounds inside the row, strided rows; indices exact and values
-// bitwise, repeated runs identical; rows of up to 16K scores on the one-CTA kernel. The odd sizes
+// bitwise, repeated runs identical; rows of up to 12K scores on the one-CTA kernel. The odd sizes
 // are in test_cuda_attention.cpp.
 #include <gtest/gtest.h>
 
@@ -101,12 +101,12 @@ TEST_F(CudaTopkSelect, StreamedLongRowsAndStrides) {
         name("few levels", 64, 2049, 2048));
 }
 
-// Rows of at most 16K scores run one CTA each (the row's keys in shared memory): every fill, ties
+// Rows of at most 12K scores run one CTA each (the row's keys in shared memory): every fill, ties
 // at the threshold, k from 1 to 2048 over rows shorter and longer than k, bounds inside the row,
 // the largest such row and the first larger one (back on the cluster kernel).
 TEST_F(CudaTopkSelect, OneCtaRows) {
   const char* fn[] = {"random", "relu zeros", "few levels", "holes", "all tied"};
-  for (int64_t n : {1, 100, 2049, 8192, 16384, 16385})
+  for (int64_t n : {1, 100, 2049, 8192, 12288, 12289})
     for (Fill f : {Fill::kRandom, Fill::kReluZeros, Fill::kFewLevels, Fill::kHoles, Fill::kAllTied})
       for (int k : {1, 77, 2048}) {
         const int32_t full = int32_t(n);

@@ -17,7 +17,7 @@
 //      the CPU reference's selection.
 // One pass over the row, three digits, one gather; no sort; one launch, capturable in a graph.
 //
-// Rows of at most kCtaMaxN scores (a decode row up to 16K keys per rank, e.g. 64K at DCP 4) skip
+// Rows of at most kCtaMaxN scores (a decode row up to 12K keys per rank, e.g. 48K at DCP 4) skip
 // the cluster: one CTA of 1024 threads keeps the row's order keys in shared memory and runs the
 // same three digit passes (11, 11 and 10 bits) and the ordered gather alone, with block barriers
 // instead of cluster barriers (the cluster's exchanges, not its reads, set its time at these
@@ -551,10 +551,10 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
 
 constexpr int kCtaThreads = 1024;
 constexpr int kCtaWarps = kCtaThreads / 32;
-// 64 KiB of keys in shared memory. On an H200 one CTA beats the cluster by 5.4 us at 8K keys and
-// loses by 4.2 us at 32K (bench_topk, one row): past ~16K its shared-memory histograms, not the
-// cluster's exchanges, set the time.
-constexpr int64_t kCtaMaxN = 16384;
+// 48 KiB of keys in shared memory. On an H200 (bench_topk, one row) one CTA takes 7.6 us at 8K
+// keys and 11.3 us at 16K, the cluster (its candidates refined in one CTA) 9.6 and 9.8 us: past
+// about 12K keys the CTA's passes over all its keys, not the cluster's exchanges, set the time.
+constexpr int64_t kCtaMaxN = 12288;
 constexpr int kCtaBins = 2048;       // 11-bit digits: bits 31..21, 20..10; then 10 bits: 9..0
 
 using CtaScan = cub::BlockScan<uint32_t, kCtaThreads>;
