@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf("%-56s %13s %14s %7s\n", "case", "time", "bandwidth", "of peak");
-    for (int64_t len : {int64_t(8192), int64_t(16384), int64_t(24576), int64_t(32768), int64_t(131072), int64_t(1) << 20})
+    for (int64_t len : {int64_t(8192), int64_t(12288), int64_t(16384), int64_t(32768), int64_t(131072), int64_t(1) << 20})
       for (int64_t rows : {int64_t(1), int64_t(16)}) bench(rows, len, false, reps);
     bench(1, 8192, true, reps);
     bench(1, 131072, true, reps);
