@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -110,6 +111,34 @@ TEST(CudaSources, EveryKernelWaitsForTheKernelBefore) {
         << f.filename() << " launches a kernel with <<<>>>: use launch() (common.cuh)";
   }
   EXPECT_GT(kernels, 30) << "fewer kernels than the backend has: the parser lost some";
+}
+
+// Calls that synchronise the whole GPU implicitly (cudaMalloc, cudaFree, pinned host allocations,
+// the synchronous copies and sets): made while another rank's collective kernel already waits for
+// this rank's, they never return (docs/parallelism.md, ranks sharing GPUs). They stay where they
+// run at safe points: the caching allocator (memory.cu; stream-ordered with GPU sharing) and a
+// peer group's creation and end (peer_collectives.cu, a rendezvous of its members). A new use
+// elsewhere fails here until it is shown safe and listed.
+TEST(CudaSources, GpuWideSynchronisingCallsStayInTheirPlaces) {
+  const char* calls[] = {"cudaMalloc(",     "cudaFree(",       "cudaHostAlloc(", "cudaMallocHost(",
+                         "cudaFreeHost(",   "cudaMemcpy(",     "cudaMemset(",    "cudaDeviceSynchronize(",
+                         "cudaHostRegister(", "cudaMallocManaged("};
+  const std::set<std::string> allowed = {"memory.cu", "peer_collectives.cu"};
+  int files = 0, seen_in_allowed = 0;
+  for (const auto& e : fs::recursive_directory_iterator(fs::path(test::source_dir()) / "src")) {
+    const std::string ext = e.path().extension().string();
+    if (!e.is_regular_file() || (ext != ".cu" && ext != ".cuh" && ext != ".cpp" && ext != ".h")) continue;
+    ++files;
+    const std::string src = strip_line_comments(read_text(e.path()));
+    const std::string name = e.path().filename().string();
+    for (const char* call : calls) {
+      if (src.find(call) == std::string::npos) continue;
+      if (allowed.count(name) != 0) ++seen_in_allowed;
+      else ADD_FAILURE() << e.path() << " calls " << call << ": a GPU-wide synchronisation";
+    }
+  }
+  EXPECT_GT(files, 100) << "the sources were not found";
+  EXPECT_GE(seen_in_allowed, 4) << "the scan no longer sees the allocator's own calls";
 }
 
 // The parser itself, on a small source: it finds both kernels, their names and bodies, and skips

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -110,10 +111,15 @@ EngineImpl::EngineImpl(const EngineOptions& o, std::unique_ptr<RankGroup> ranks)
   const DcpLayout& dcp = ranks_->context(ranks_->local().front()).dcp;
   const KvCacheDtype kv_dtype = kv_dtype_;
   const int64_t page_bytes = KvPool::bytes_per_page(cfg_, K_ > 0, kv_dtype);
-  // The graphs captured after the pool exists take their memory out of the budget's share.
-  const int64_t budget = pool_budget(o, models_[0]->device()) - (o.kv_cache_memory > 0 ? 0 : graph_bytes_);
+  // The graphs captured after the pool exists take their memory out of the budget's share. Every
+  // rank's pool has the same pages (the leader's scheduler hands out their ids): the fewest that any
+  // rank's device, of this process or another, affords (agreed over the host group, which is also
+  // the barrier between every process's warm-up and the pools).
+  int64_t budget = std::numeric_limits<int64_t>::max();
+  for (const auto& m : models_) budget = std::min(budget, pool_budget(o, m->device()));
+  budget -= o.kv_cache_memory > 0 ? 0 : graph_bytes_;
   const int64_t most = int64_t(o.max_num_seqs) * SequenceKvCache::pages_for(dcp, limit + 1 + K_);
-  const int64_t n_pages = std::min(budget / page_bytes, most);
+  const int64_t n_pages = ranks_->min_over_processes(std::min(budget / page_bytes, most));
   DSI_CHECK(n_pages >= SequenceKvCache::pages_for(dcp, std::min<int64_t>(limit, 2 + K_)),
             "the KV cache budget of {} bytes holds {} pages of {} bytes: too few for one request",
             budget, n_pages, page_bytes);

@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -105,6 +106,20 @@ void MpiRanks::share(std::vector<uint8_t>& bytes) {
   host_->broadcast(world, body, 0);
   bytes.resize(size_t(m));
   if (m > 0) std::memcpy(bytes.data(), body.raw(), m);
+}
+
+int64_t MpiRanks::min_over_processes(int64_t v) {
+  const Group world{"world", 0, size()};
+  const uint64_t u = uint64_t(v);
+  const Tensor mine = Tensor::from_i32({int32_t(u & 0xffffffffu), int32_t(u >> 32)}, {2});
+  Tensor all = Tensor::empty({2 * int64_t(size())}, DType::I32);
+  host_->all_gather(world, mine, all);
+  int64_t least = v;
+  for (int r = 0; r < size(); ++r) {
+    const int32_t* w = all.i32() + 2 * r;
+    least = std::min(least, int64_t(uint64_t(uint32_t(w[0])) | (uint64_t(uint32_t(w[1])) << 32)));
+  }
+  return least;
 }
 
 std::unique_ptr<Engine> start_engine_processes(const EngineOptions& o, MpiSession& session) {

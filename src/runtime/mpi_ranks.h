@@ -25,6 +25,7 @@ class MpiRanks final : public RankGroup {
   void run(const std::function<void(int)>& fn) override;
   bool failed() const override { return failed_; }
   void share(std::vector<uint8_t>& bytes) override;
+  int64_t min_over_processes(int64_t v) override;
   [[noreturn]] void abort_job(const std::string& why) override;
   int cuda_device(int rank) const override;
 

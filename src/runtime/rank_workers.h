@@ -41,6 +41,9 @@ class RankGroup {
   // theirs with them. Every process calls it at the same point of the same step. One process: a
   // no-op.
   virtual void share(std::vector<uint8_t>& bytes) { (void)bytes; }
+  // The smallest of the processes' values of v, on every process (each calls it at the same point;
+  // the engine sizes every rank's page pool alike with it). One process: v.
+  virtual int64_t min_over_processes(int64_t v) { return v; }
   // Processes: ends every process of the job with `why` (after a failure the processes' steps can
   // no longer agree). Threads of one process: does nothing (the engine reports the failure).
   virtual void abort_job(const std::string& why) { (void)why; }

@@ -1,7 +1,7 @@
 // The serving engine with its ranks in 4 processes (start_engine_processes, as `mpirun -np 4
 // dsinfer serve` runs it): the leader's requests, with chunked prefill, MTP drafts and a sampled
 // request, come out token for token as on thread ranks of one process, and greedy ones as the HF
-// goldens. Runs last in the MPI test binary: the other processes leave once the leader's engine
+// goldens; the processes' pools have the pages of the smallest budget among them. Runs last in the MPI test binary: the other processes leave once the leader's engine
 // stops, while the leader still runs its thread-rank reference.
 #include <gtest/gtest.h>
 
@@ -52,7 +52,8 @@ TEST(MpiEngine, ProcessRanksMatchThreadRanksAndGoldens) {
   o.speculative_tokens = 2;
   o.max_num_seqs = 4;
   o.max_num_batched_tokens = 16;  // the 40-token prompt is prefilled in chunks
-  o.kv_cache_memory = int64_t(8) << 20;
+  // Each process offers a different budget, rank 3 the least: every pool takes the least.
+  o.kv_cache_memory = (int64_t(11) - g_session->rank()) << 20;
   o.check_lockstep = true;  // every process issues the same collectives, checked on each
   const auto manifest = load_manifest("glm_tiny");
   std::vector<EngineRequest> requests;
@@ -79,14 +80,17 @@ TEST(MpiEngine, ProcessRanksMatchThreadRanksAndGoldens) {
   }
   ASSERT_NE(engine, nullptr);
   const std::vector<Result> got = run_all(*engine, requests);
+  const int64_t pages = engine->metrics().kv_pages_total;
   engine.reset();  // the other processes leave their step loop
   for (size_t i = 0; i < greedy.size(); ++i) {
     EXPECT_EQ(got[i].tokens, greedy[i]) << "request " << i;
     EXPECT_EQ(got[i].reason, "length") << "request " << i;
   }
   ASSERT_EQ(got.back().tokens.size(), 10u);
-  // The same requests on 4 thread ranks of this process.
+  // The same requests on 4 thread ranks of this process, with rank 3's budget.
+  o.kv_cache_memory = int64_t(8) << 20;
   std::unique_ptr<Engine> threads = Engine::start(o);
+  EXPECT_EQ(pages, threads->metrics().kv_pages_total);
   const std::vector<Result> want = run_all(*threads, requests);
   for (size_t i = 0; i < requests.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
 }
