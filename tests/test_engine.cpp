@@ -183,6 +183,20 @@ TEST(Engine, TensorAndContextParallelRanks) {
   expect_same_as_generator(test::fixture_dir("glm_tiny"), o, 5);
 }
 
+// A fraction of free memory belongs to the local ranks together: two thread ranks on the host's RAM
+// get about half the pages one rank gets (each pool would otherwise take the whole fraction).
+TEST(Engine, AFractionOfFreeMemoryIsSplitBetweenLocalRanks) {
+  EngineOptions o;
+  o.model_dir = test::fixture_dir("glm_tiny");
+  o.max_num_seqs = 1000;  // the cap of max_num_seqs full-length sequences does not bind
+  o.kv_cache_fraction = 1e-3;
+  const int64_t one = Engine::start(o)->metrics().kv_pages_total;
+  o.tp = 2;
+  const int64_t two = Engine::start(o)->metrics().kv_pages_total;
+  ASSERT_GT(one, 20) << "too little free memory for this test";
+  EXPECT_NEAR(double(two) / double(one), 0.5, 0.1) << one << " pages for one rank, " << two << " for two";
+}
+
 TEST(Engine, CancelFreesTheRequest) {
   EngineOptions o;
   o.model_dir = test::fixture_dir("glm_tiny");

@@ -48,7 +48,17 @@ Device rank_device(const std::string& name, const RankGroup& ranks, int rank) {
 #endif
 }
 
-// Bytes the page pool of one rank may take.
+// Which memory a device's pages take: the host's (-1) or a GPU's (ranks sharing a GPU share it).
+int memory_of(Device device) {
+  if (device.is_cpu()) return -1;
+#ifdef DSI_WITH_CUDA
+  return cuda::physical_device(device.index);
+#else
+  return device.index;
+#endif
+}
+
+// Bytes the page pool of one rank may take (of all the memory when it is not shared).
 int64_t pool_budget(const EngineOptions& o, Device device) {
   if (o.kv_cache_memory > 0) return o.kv_cache_memory;
   DSI_CHECK(o.kv_cache_fraction > 0.0 && o.kv_cache_fraction <= 1.0,
@@ -116,7 +126,14 @@ EngineImpl::EngineImpl(const EngineOptions& o, std::unique_ptr<RankGroup> ranks)
   // rank's device, of this process or another, affords (agreed over the host group, which is also
   // the barrier between every process's warm-up and the pools).
   int64_t budget = std::numeric_limits<int64_t>::max();
-  for (const auto& m : models_) budget = std::min(budget, pool_budget(o, m->device()));
+  for (const auto& m : models_) {
+    int64_t b = pool_budget(o, m->device());
+    // A fraction of free memory is split between the local ranks that draw on the same memory.
+    if (o.kv_cache_memory <= 0)
+      b /= std::count_if(models_.begin(), models_.end(),
+                         [&](const auto& other) { return memory_of(other->device()) == memory_of(m->device()); });
+    budget = std::min(budget, b);
+  }
   budget -= o.kv_cache_memory > 0 ? 0 : graph_bytes_;
   const int64_t most = int64_t(o.max_num_seqs) * SequenceKvCache::pages_for(dcp, limit + 1 + K_);
   const int64_t n_pages = ranks_->min_over_processes(std::min(budget / page_bytes, most));
