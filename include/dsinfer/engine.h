@@ -26,7 +26,8 @@ struct EngineOptions {
   int max_num_batched_tokens = 2048;    // tokens per engine step (prefill chunks + decode rows)
   int64_t max_model_len = 0;            // prompt + output tokens per request; 0 = the model's limit
   int64_t kv_cache_memory = 0;          // bytes for the KV pages (per rank); 0 = from the fraction
-  double kv_cache_fraction = 0.5;       // of free device memory (CPU: of available RAM)
+  double kv_cache_fraction = 0.5;       // of free device memory (CPU: of available RAM), shared by the
+                                        // local ranks on that memory
   // "auto" (CPU: f32; GPU: fp8 when the model's geometry allows, else bf16), "f32", "bf16", or
   // "fp8" (656-byte MLA entries, e4m3 indexer keys).
   std::string kv_cache_dtype = "auto";
