@@ -197,6 +197,23 @@ TEST(Engine, AFractionOfFreeMemoryIsSplitBetweenLocalRanks) {
   EXPECT_NEAR(double(two) / double(one), 0.5, 0.1) << one << " pages for one rank, " << two << " for two";
 }
 
+// Eight ranks (one attention head and one routed expert each), DCP 4 with two tokens per DCP rank
+// in a row, on both fixtures.
+TEST(Engine, EightRanks) {
+  for (const char* fixture : {"glm_tiny", "dsv32_tiny"}) {
+    EngineOptions o;
+    o.tp = 8;
+    o.dcp = 4;
+    o.dcp_interleave = 2;
+    o.speculative_tokens = 2;
+    o.max_num_seqs = 3;
+    o.max_num_batched_tokens = 16;
+    o.kv_cache_memory = 16 << 20;
+    SCOPED_TRACE(fixture);
+    expect_same_as_generator(test::fixture_dir(fixture), o, 4);
+  }
+}
+
 TEST(Engine, CancelFreesTheRequest) {
   EngineOptions o;
   o.model_dir = test::fixture_dir("glm_tiny");
