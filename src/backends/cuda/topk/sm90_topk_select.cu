@@ -209,6 +209,26 @@ struct BlockPick {
   uint32_t bin, above, total;
 };
 
+// Where CTA `who`'s winners go in the position-ordered output: the winners of the CTAs before it,
+// and how many of its keys == T it takes (the lowest CTAs' first, take_eq in all). Lane q of a full
+// warp holds CTA q's keys > T (gt) and == T (eq), 0 past the cluster; every lane gets the answer.
+struct Place {
+  uint32_t before, take;
+};
+__device__ __forceinline__ Place place_of(uint32_t gt, uint32_t eq, uint32_t take_eq, unsigned who) {
+  Place pl{0u, 0u};
+  uint32_t eq_before = 0;
+#pragma unroll
+  for (int j = 0; j < kMaxCluster; ++j) {  // serial in j, every lane the same: 32 shuffles
+    const uint32_t gj = __shfl_sync(0xffffffffu, gt, j), ej = __shfl_sync(0xffffffffu, eq, j);
+    const uint32_t t = min(ej, take_eq - min(take_eq, eq_before));
+    if (unsigned(j) == who) pl.take = t;
+    if (unsigned(j) < who) pl.before += gj + t;
+    eq_before += ej;
+  }
+  return pl;
+}
+
 // The bin of hist[0, nb) (larger bins = larger keys) at which the count from the top reaches `need`
 // (first pass: min(k, total)), the count above it, and the total, found by one block of kThreads
 // (each owns up to kMaxPer bins, descending). The same on every thread; block-synchronising.
@@ -394,20 +414,12 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       if (tid < 32) {  // lane q: CTA q's place
         const unsigned q = unsigned(tid);
         const uint32_t cgt = q < n_ctas ? mail.counts[q][0] + s_cgt[q] : 0u, ceq = q < n_ctas ? s_ceq[q] : 0u;
-        uint32_t eq_before = 0, before = 0, take = 0;
-#pragma unroll
-        for (int j = 0; j < kMaxCluster; ++j) {  // serial in j, every lane the same
-          const uint32_t gj = __shfl_sync(0xffffffffu, cgt, j), ej = __shfl_sync(0xffffffffu, ceq, j);
-          const uint32_t t = min(ej, take_eq - min(take_eq, eq_before));
-          if (unsigned(j) == q) take = t;
-          if (unsigned(j) < q) before += gj + t;
-          eq_before += ej;
-        }
+        const Place place = place_of(cgt, ceq, take_eq, q);
         if (q < n_ctas) {
           uint32_t* pl = cluster.map_shared_rank(mail.place, q);
           pl[0] = (b1 << 20) | thr20;
-          pl[1] = before;
-          pl[2] = take;
+          pl[1] = place.before;
+          pl[2] = place.take;
           pl[3] = cgt;
         }
       }
@@ -495,19 +507,10 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     if (tid < 32) {
       const unsigned q = unsigned(tid);
       const uint32_t cgt = q < n_ctas ? mail.counts[q][0] : 0u, ceq = q < n_ctas ? mail.counts[q][1] : 0u;
-      uint32_t eq_before = 0, before = 0, take = 0;
-#pragma unroll
-      for (int j = 0; j < kMaxCluster; ++j) {  // serial in j, every lane the same: 32 shuffles
-        const uint32_t gj = __shfl_sync(0xffffffffu, cgt, j), ej = __shfl_sync(0xffffffffu, ceq, j);
-        const uint32_t t = min(ej, take_eq - min(take_eq, eq_before));
-        if (unsigned(j) == crank) take = t;
-        if (unsigned(j) < crank) before += gj + t;
-        eq_before += ej;
-      }
-      __syncwarp();
+      const Place place = place_of(cgt, ceq, take_eq, crank);
       if (q == 0) {
-        s_place[0] = before;
-        s_place[1] = take;
+        s_place[0] = place.before;
+        s_place[1] = place.take;
       }
     }
     __syncthreads();
