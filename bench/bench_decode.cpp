@@ -58,6 +58,7 @@ class TimedComm final : public dsi::Communicator {
   int rank() const override { return in_->rank(); }
   int world_size() const override { return in_->world_size(); }
   dsi::Communicator& host() const override { return in_->host(); }
+  int device() const override { return in_->device(); }
   const dsi::CommOptions& options() const override { return in_->options(); }
   void all_gather(const dsi::Group& g, const dsi::Tensor& i, dsi::Tensor& o) override {
     time([&] { in_->all_gather(g, i, o); });

@@ -66,6 +66,8 @@ class Communicator {
   // The communicator of this rank's host tensors: a device communicator's host-side one (the
   // control plane: agreements that must not queue kernels), else this one.
   virtual Communicator& host() const { return const_cast<Communicator&>(*this); }
+  // The (logical) CUDA device a device communicator moves this rank's tensors on; -1 for a host one.
+  virtual int device() const { return -1; }
 };
 
 }  // namespace dsi

@@ -101,7 +101,7 @@ class NcclComm final : public Communicator {
   // group is aborted too (LocalComm: its waiters fail; MpiComm: the job ends).
   void abort(const std::string& why) override;
 
-  int device() const;
+  int device() const override;
   cudaStream_t stream() const;  // where the collectives run: the CUDA backend's stream
   Communicator& host() const override;
 

@@ -63,7 +63,7 @@ class PeerComm final : public Communicator {
   void check_async() override;
   bool capturable() const override { return true; }
 
-  int device() const;
+  int device() const override;
   Communicator& host() const override;
 
  private:

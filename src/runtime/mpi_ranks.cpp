@@ -39,6 +39,10 @@ int world_rank(MpiSession& session, const ParallelConfig& cfg) {
   return session.rank();
 }
 
+// A 64-bit value as the two i32 words the host collectives move, and back.
+Tensor words_of(uint64_t v) { return Tensor::from_i32({int32_t(v & 0xffffffffu), int32_t(v >> 32)}, {2}); }
+uint64_t value_of(const int32_t* w) { return uint64_t(uint32_t(w[0])) | (uint64_t(uint32_t(w[1])) << 32); }
+
 }  // namespace
 
 MpiRanks::MpiRanks(MpiSession& session, const ParallelConfig& cfg, const CommOptions& options, bool cuda)
@@ -97,10 +101,9 @@ void MpiRanks::run(const std::function<void(int)>& fn) {
 void MpiRanks::share(std::vector<uint8_t>& bytes) {
   const Group world{"world", 0, size()};
   // The size first (two i32 words), then the bytes padded to whole words.
-  const uint64_t n = bytes.size();
-  Tensor head = Tensor::from_i32({int32_t(n & 0xffffffffu), int32_t(n >> 32)}, {2});
+  Tensor head = words_of(bytes.size());
   host_->broadcast(world, head, 0);
-  const uint64_t m = uint64_t(uint32_t(head.i32()[0])) | (uint64_t(uint32_t(head.i32()[1])) << 32);
+  const uint64_t m = value_of(head.i32());
   Tensor body = Tensor::zeros({int64_t((m + 3) / 4)}, DType::I32);
   if (leader() && m > 0) std::memcpy(body.raw(), bytes.data(), m);
   host_->broadcast(world, body, 0);
@@ -110,15 +113,10 @@ void MpiRanks::share(std::vector<uint8_t>& bytes) {
 
 int64_t MpiRanks::min_over_processes(int64_t v) {
   const Group world{"world", 0, size()};
-  const uint64_t u = uint64_t(v);
-  const Tensor mine = Tensor::from_i32({int32_t(u & 0xffffffffu), int32_t(u >> 32)}, {2});
   Tensor all = Tensor::empty({2 * int64_t(size())}, DType::I32);
-  host_->all_gather(world, mine, all);
+  host_->all_gather(world, words_of(uint64_t(v)), all);
   int64_t least = v;
-  for (int r = 0; r < size(); ++r) {
-    const int32_t* w = all.i32() + 2 * r;
-    least = std::min(least, int64_t(uint64_t(uint32_t(w[0])) | (uint64_t(uint32_t(w[1])) << 32)));
-  }
+  for (int r = 0; r < size(); ++r) least = std::min(least, int64_t(value_of(all.i32() + 2 * r)));
   return least;
 }
 

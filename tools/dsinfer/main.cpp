@@ -36,10 +36,6 @@
 #endif
 #ifdef DSI_WITH_CUDA
 #include "backends/cuda/device.h"
-#include "comm/peer_comm.h"
-#endif
-#ifdef DSI_WITH_NCCL
-#include "comm/nccl_comm.h"
 #endif
 
 namespace dsi {
@@ -161,13 +157,7 @@ dsi::Device device_for(const CommonOptions& o, int rank) {
 std::unique_ptr<dsi::DsaModel> load_model(const CommonOptions& o, const dsi::RankContext& rank) {
   const auto t0 = std::chrono::steady_clock::now();
   // A process rank's GPU is its device communicator's (its node-local rank), not its world rank.
-  int comm_device = -1;
-#ifdef DSI_WITH_NCCL
-  if (const auto* nccl = dynamic_cast<const dsi::NcclComm*>(rank.comm)) comm_device = nccl->device();
-#endif
-#ifdef DSI_WITH_CUDA
-  if (const auto* peer = dynamic_cast<const dsi::PeerComm*>(rank.comm)) comm_device = peer->device();
-#endif
+  const int comm_device = rank.comm != nullptr ? rank.comm->device() : -1;
   const dsi::Device device = comm_device >= 0 ? dsi::Device::cuda(comm_device) : device_for(o, rank.tp_rank);
   auto model = dsi::load_rank_model(o.model_dir, rank, dsi::ModelOverrides{o.dense_attention}, device);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
