@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "dsinfer/engine.h"
@@ -172,15 +173,26 @@ TEST(Engine, FullCachePreemptsAndRecomputes) {
                            /*sampled=*/false);
 }
 
+// TP2/DCP2 on glm_tiny (5 requests); eight ranks (one attention head and one routed expert each),
+// DCP 4 with two tokens per DCP rank in a row, on both fixtures (4 requests).
 TEST(Engine, TensorAndContextParallelRanks) {
-  EngineOptions o;
-  o.tp = 2;
-  o.dcp = 2;
-  o.speculative_tokens = 2;
-  o.max_num_seqs = 3;
-  o.max_num_batched_tokens = 16;
-  o.kv_cache_memory = 64 << 20;
-  expect_same_as_generator(test::fixture_dir("glm_tiny"), o, 5);
+  struct Layout {
+    const char* fixture;
+    int tp, dcp, interleave, cases;
+  };
+  for (const Layout& l : {Layout{"glm_tiny", 2, 2, 1, 5}, Layout{"glm_tiny", 8, 4, 2, 4},
+                          Layout{"dsv32_tiny", 8, 4, 2, 4}}) {
+    EngineOptions o;
+    o.tp = l.tp;
+    o.dcp = l.dcp;
+    o.dcp_interleave = l.interleave;
+    o.speculative_tokens = 2;
+    o.max_num_seqs = 3;
+    o.max_num_batched_tokens = 16;
+    o.kv_cache_memory = (128 << 20) / l.tp;  // 64 MiB per rank at TP2, 16 at TP8
+    SCOPED_TRACE(std::string(l.fixture) + " tp " + std::to_string(l.tp) + " dcp " + std::to_string(l.dcp));
+    expect_same_as_generator(test::fixture_dir(l.fixture), o, l.cases);
+  }
 }
 
 // A fraction of free memory belongs to the local ranks together: two thread ranks on the host's RAM
@@ -195,23 +207,6 @@ TEST(Engine, AFractionOfFreeMemoryIsSplitBetweenLocalRanks) {
   const int64_t two = Engine::start(o)->metrics().kv_pages_total;
   ASSERT_GT(one, 20) << "too little free memory for this test";
   EXPECT_NEAR(double(two) / double(one), 0.5, 0.1) << one << " pages for one rank, " << two << " for two";
-}
-
-// Eight ranks (one attention head and one routed expert each), DCP 4 with two tokens per DCP rank
-// in a row, on both fixtures.
-TEST(Engine, EightRanks) {
-  for (const char* fixture : {"glm_tiny", "dsv32_tiny"}) {
-    EngineOptions o;
-    o.tp = 8;
-    o.dcp = 4;
-    o.dcp_interleave = 2;
-    o.speculative_tokens = 2;
-    o.max_num_seqs = 3;
-    o.max_num_batched_tokens = 16;
-    o.kv_cache_memory = 16 << 20;
-    SCOPED_TRACE(fixture);
-    expect_same_as_generator(test::fixture_dir(fixture), o, 4);
-  }
 }
 
 TEST(Engine, CancelFreesTheRequest) {
