@@ -1,6 +1,7 @@
 // The PTX instructions several kernels share: 16-byte asynchronous copies into shared memory
-// (cp.async, sm_80+), the f16 tensor-core tile product (mma.sync m16n8k16) and the e4m3 -> f16
-// conversion (sm_89+). The copies and the wait carry a memory clobber, so the compiler keeps plain
+// (cp.async, sm_80+), bulk copies completing on a shared-memory barrier (cp.async.bulk and
+// mbarrier, sm_90), the f16 tensor-core tile product (mma.sync m16n8k16) and the e4m3 -> f16
+// conversion (sm_89+). The copies and the waits carry a memory clobber, so the compiler keeps plain
 // shared-memory accesses on their side of them.
 #pragma once
 
@@ -31,6 +32,42 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ---- Bulk copies (sm_90) ----
+// A shared-memory barrier (8 bytes, 8-aligned) expecting `count` arrivals per phase. After the
+// inits, fence_barrier_init() makes them visible to the copy engine; then a block barrier.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival that also announces `bytes` of copies completing on this phase (0: a plain arrival).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// Waits until the phase with this parity (0, 1, 0, ... for its successive uses) has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// bytes (a multiple of 16; both addresses 16-aligned) global -> shared in one copy, completing on
+// bar's current phase (which must expect them: mbarrier_arrive_expect_tx).
+__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          smem_addr(smem)),
+      "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
 }
 
 // d += a b: a 16x16 f16 (row), b 16x8 f16 (col), d 16x8 f32. Fragments (g = lane / 4,

@@ -7,14 +7,17 @@
 //
 // Work split: a block owns a "row group" (up to 4 consecutive rows of one sequence: the MTP
 // verification rows; 2 with more than 64 heads) and walks that sequence's pages (one 64-key page per
-// tile) with a 4-stage cp.async pipeline whose page ids are read one tile ahead. Each page is read
-// from HBM once per group and reused for every row and head. Each warp holds the queries of 32 heads
+// tile) with an 8-stage pipeline of bulk copies: thread 0 copies each page (keys and scales, 8448
+// contiguous bytes) into its stage in one cp.async.bulk that completes on the stage's barrier; page
+// ids are read one tile ahead. Each page is read from HBM once per group and reused for every row
+// and head. Each warp holds the queries of 32 heads
 // of one row (rotate_quant writes them as e4m3 bytes) in registers (2 m16 tiles x 8 k16 steps) and
 // multiplies them by 8..64 keys of the page (n8 tiles read from shared memory); its partial head
 // sums go through shared memory so the head chunks of one row add in a fixed order.
 //
 // K order: for k16 step j a lane's A and B registers hold bytes tig*32 + 4j + [0, 4) of a query /
-// key row (two 16-byte loads per row). The dot product's k order is a permutation of the
+// key row (two 16-byte loads per row; lanes of odd g load their second 16 bytes first, which makes
+// the unpadded 128-byte key rows of a stage conflict-free). The dot product's k order is a permutation of the
 // reference's, identical for A and B, so each mma computes the same sum of exact products.
 //
 // Numerics: every product of two e4m3 values is exact in fp32, but the tensor core adds the
@@ -38,8 +41,11 @@ constexpr int kPage = ops::kKvPageTokens;  // keys per tile: one page
 constexpr int kD = 128;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kStages = 4;
-constexpr int kRowBytes = kD + 16;  // 144: padded key rows, conflict-free 16-byte fragment loads
+constexpr int kStages = 8;          // at 128K keys, all of a block's pages in flight at once
+constexpr int kKeyBytes = kPage * kD;                        // a page: [64 keys, 128 B] of e4m3 ...
+constexpr int kStageBytes = kKeyBytes + kPage * 4;           // ... then [64] fp32 key scales: 8448 B
+constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes;  // dynamic shared memory
+static_assert(kStageBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
 constexpr int kMaxGroupRows = 4;    // rows per group (MTP: 1 + 3 drafts)
 constexpr int kHeadsPerWarp = 32;   // 2 m16 tiles
 constexpr int kMaxHeads = kWarps / 2 * kHeadsPerWarp;  // 128: a group of 2 rows fills the warps
@@ -53,11 +59,6 @@ __host__ __device__ constexpr int group_rows(int heads) {
   return kWarps / chunks < kMaxGroupRows ? kWarps / chunks : kMaxGroupRows;
 }
 
-struct Stage {
-  uint8_t keys[kPage * kRowBytes];  // [64 keys, 144 B]: 128 e4m3 values + 16 B of padding
-  float scales[kPage];              // [64] key scales
-};
-
 // A row may start or extend a group when its sequence and bound are valid.
 __device__ __forceinline__ bool row_valid(int64_t seq, int64_t bound, int64_t n_seqs, int64_t max_bound) {
   return seq >= 0 && seq < n_seqs && bound >= 0 && bound <= max_bound;
@@ -65,7 +66,8 @@ __device__ __forceinline__ bool row_valid(int64_t seq, int64_t bound, int64_t n_
 
 __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(IndexerLogitsFp8Params p) {
   pdl_enter();
-  __shared__ __align__(16) Stage st[kStages];
+  extern __shared__ __align__(128) uint8_t stages[];  // [kStages][kStageBytes]: pages as in the pool
+  __shared__ uint64_t full[kStages];                   // a stage's page has landed
   __shared__ float part[kWarps][kPage];  // [m slice = (row, head chunk)][key] partial head sums
   __shared__ int s_bad[kStages];         // the stage's page id is invalid
   __shared__ int s_bound[kMaxGroupRows];
@@ -149,49 +151,52 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
     }
   }
 
-  const int64_t page_bytes = int64_t(kPage) * (kD + 4);
   const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
   const int64_t stride = gridDim.x;
   // Page id of tile t (page t of the sequence), or kNoTile past the keys any row of the group sees.
-  // The id a stage's copies need is loaded one iteration before it is used, so the block-table
-  // read's latency hides behind a tile instead of stalling every issue.
+  // Thread 0 alone issues the copies. The id a stage's copy needs is loaded one iteration before
+  // it is used, so the block-table read's latency hides behind a tile instead of stalling the issue.
   constexpr int32_t kNoTile = INT32_MIN;
   auto page_id = [&](int64_t t) -> int32_t {
     return t < n_tiles && t * kPage < gmax ? p.block_tables[seq * p.max_pages + t] : kNoTile;
   };
-  // Queues the loads of tile t, physical page `page`, into stage s; always commits a group.
+  // Thread 0: the copy of tile t, physical page `page`, into stage s. Every use of a stage's barrier
+  // gets exactly one arrival (with no bytes when there is nothing to copy), so its phases stay in
+  // step with the loop's uses of the stage.
   auto issue = [&](int64_t t, int32_t page, int s) {
+    const bool ok = page != kNoTile && page >= 0 && page < p.n_pages;
     if (page != kNoTile) {
-      const bool ok = page >= 0 && page < p.n_pages;
-      if (tid == 0) {
-        s_bad[s] = ok ? 0 : 1;
-        if (!ok) atomicMin(p.bad_page, static_cast<unsigned long long>(seq * p.max_pages + t));
-      }
-      if (ok) {
-        const uint8_t* pg = p.pool + int64_t(page) * page_bytes;
-        for (int c = tid; c < kPage * (kD / 16); c += kThreads) {
-          const int key = c / (kD / 16), piece = c % (kD / 16);
-          cp_async16(st[s].keys + key * kRowBytes + piece * 16, pg + key * kD + piece * 16);
-        }
-        if (tid < kPage / 4) cp_async16(st[s].scales + tid * 4, pg + kPage * kD + tid * 16);
-      }
+      s_bad[s] = ok ? 0 : 1;
+      if (!ok) atomicMin(p.bad_page, static_cast<unsigned long long>(seq * p.max_pages + t));
     }
-    cp_async_commit();
+    mbarrier_arrive_expect_tx(&full[s], ok ? unsigned(kStageBytes) : 0u);
+    if (ok) bulk_copy_g2s(stages + s * kStageBytes, p.pool + int64_t(page) * kStageBytes, kStageBytes, &full[s]);
   };
 
-  int32_t first[kStages];  // the ids of the first kStages tiles, loads in flight together
+  int32_t next = 0;  // thread 0: id of the tile the next iteration issues
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) mbarrier_init(&full[s], 1);
+    fence_barrier_init();
+    int32_t first[kStages];  // the ids of the first kStages tiles, loads in flight together
 #pragma unroll
-  for (int s = 0; s < kStages; ++s) first[s] = page_id(int64_t(blockIdx.x) + int64_t(s) * stride);
+    for (int s = 0; s < kStages; ++s) first[s] = page_id(int64_t(blockIdx.x) + int64_t(s) * stride);
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(int64_t(blockIdx.x) + int64_t(s) * stride, first[s], s);
-  int32_t next = first[kStages - 1];  // id of the tile the next iteration issues
+    for (int s = 0; s < kStages - 1; ++s) issue(int64_t(blockIdx.x) + int64_t(s) * stride, first[s], s);
+    next = first[kStages - 1];
+  }
+  __syncthreads();  // barriers initialised
   int it = 0;
   for (int64_t t = blockIdx.x; t < n_tiles; t += stride, ++it) {
     const int s = it % kStages;
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile t landed for every thread; the stage issued below is no longer read
-    issue(t + int64_t(kStages - 1) * stride, next, (it + kStages - 1) % kStages);
-    next = page_id(t + int64_t(kStages) * stride);
+    const uint8_t* keys = stages + s * kStageBytes;
+    const float* scales = reinterpret_cast<const float*>(keys + kKeyBytes);
+    // The stage issued below was last read in the previous iteration (its write phase included).
+    __syncthreads();
+    if (tid == 0) {
+      issue(t + int64_t(kStages - 1) * stride, next, (it + kStages - 1) % kStages);
+      next = page_id(t + int64_t(kStages) * stride);
+    }
+    mbarrier_wait(&full[s], unsigned(it / kStages) & 1u);  // tile t landed (or had nothing to copy)
     const bool has_keys = t * kPage < gmax;
     const bool bad = has_keys && s_bad[s] != 0;
     // NT n8 tiles of keys from n0, their MMA chains interleaved (2 x NT independent accumulators).
@@ -200,9 +205,11 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
       uint32_t bw[NT][kSteps];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const uint8_t* krow = st[s].keys + (n0 + 8 * nt + g) * kRowBytes + tig * 32;
-        const uint4 lo = *reinterpret_cast<const uint4*>(krow);
-        const uint4 hi = *reinterpret_cast<const uint4*>(krow + 16);
+        const uint8_t* krow = keys + (n0 + 8 * nt + g) * kD + tig * 32;
+        const int sw = (g & 1) * 16;  // odd rows: the second 16 bytes first (no bank conflicts)
+        const uint4 x = *reinterpret_cast<const uint4*>(krow + sw);
+        const uint4 y = *reinterpret_cast<const uint4*>(krow + (16 - sw));
+        const uint4 lo = sw ? y : x, hi = sw ? x : y;
         bw[nt][0] = lo.x, bw[nt][1] = lo.y, bw[nt][2] = lo.z, bw[nt][3] = lo.w;
         bw[nt][4] = hi.x, bw[nt][5] = hi.y, bw[nt][6] = hi.z, bw[nt][7] = hi.w;
       }
@@ -259,13 +266,12 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
         } else {
           float acc = part[rl * hc_count][kk];
           for (int h = 1; h < hc_count; ++h) acc += part[rl * hc_count + h][kk];
-          v = st[s].scales[kk] * acc;
+          v = scales[kk] * acc;
         }
         p.logits[(r0 + rl) * p.n_cols + col] = v;
       }
     }
   }
-  cp_async_wait<0>();
 }
 
 int device_sm_count() {
@@ -297,7 +303,10 @@ void launch_indexer_logits_fp8_mma(const IndexerLogitsFp8Params& p, cudaStream_t
   const int64_t groups = (p.rows + G - 1) / G;
   const int64_t want = std::max<int64_t>(1, 2 * int64_t(device_sm_count()) / groups);
   const unsigned gx = unsigned(std::max<int64_t>(1, std::min(n_tiles, want)));
-  launch(indexer_logits_mma_kernel, dim3(gx, unsigned(p.rows)), kThreads, 0, s, p);
+  // Per call (cheap, per device, allowed during stream capture).
+  DSI_CUDA_CHECK(cudaFuncSetAttribute(indexer_logits_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(kSmemBytes)));
+  launch(indexer_logits_mma_kernel, dim3(gx, unsigned(p.rows)), kThreads, kSmemBytes, s, p);
 }
 
 }  // namespace dsi::cuda
