@@ -131,13 +131,13 @@ struct LogitsCase {
 
 // Tensor-core logits (d = 128) against the CPU. Both sum exact e4m3 products; the CPU adds them in c
 // order in fp32 (relative error <= ~200 * 2^-24 of the magnitude below), the tensor core in k32
-// steps with a narrower internal accumulator (Hopper fp8 MMA: products aligned to the largest
-// exponent), then the heads lane-parallel. Bound per logit: kIndexerMmaRelBound times its magnitude
-// M = k_scale * sum_j |w'_j| * sum_c |q8_jc k8_c| (relu is 1-Lipschitz); and the normalised MSE over
-// all logits, kIndexerMmaNmse. Measured on an H200 (printed by the tests): at most 2.8e-8 of M and
-// NMSE <= 3.2e-14 on every case here, i.e. fp32-level sums at K = 128; the bounds keep ~30x margin.
-constexpr double kIndexerMmaRelBound = 1.0 / (1 << 20);
-constexpr double kIndexerMmaNmse = 1e-12;
+// steps with a narrower internal accumulator (Hopper's fp8 wgmma aligns the products of a step to
+// the largest exponent and keeps about 14 bits), then the heads lane-parallel. Bound per logit:
+// kIndexerMmaRelBound times its magnitude M = k_scale * sum_j |w'_j| * sum_c |q8_jc k8_c| (relu is
+// 1-Lipschitz); and the normalised MSE over all logits, kIndexerMmaNmse. The tests print what they
+// measure.
+constexpr double kIndexerMmaRelBound = 1.0 / (1 << 10);
+constexpr double kIndexerMmaNmse = 1e-6;
 
 // M[r, s] as above (0 where s >= bound), in double, from the CPU's own quantisation of q.
 Tensor logits_magnitude(const Tensor& q, const Tensor& w, const Tensor& pool, const Paged& pg,
@@ -292,7 +292,7 @@ TEST_F(CudaKvFp8, IndexerLogitsOddKeyCounts) {
 TEST_F(CudaKvFp8, IndexerLogitsSeveralSequencesMtpRowsAndHeads) {
   // Sequences of different lengths in one call; sequence 1 has 4 verification rows with consecutive
   // causal bounds; sequence 3 is empty.
-  for (int64_t heads : {1, 64, 128}) {
+  for (int64_t heads : {1, 32, 64, 96, 128}) {
     run_logits_case({128, heads, {2049, 129, 1, 0}, {0, 1, 1, 1, 1, 2, 3}, {2049, 126, 127, 128, 129, 1, 0}},
                     uint64_t(heads), "indexer logits batch" + sz("heads", heads));
   }

@@ -562,8 +562,8 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   DeviceGuard guard(q.device());
   check_aligned(pool.raw(), 16, "indexer_logits_fp8", "pool");
   // d = 128 (the models): the tensor-core kernel, which reads the query as e4m3 bytes; other head
-  // dims: the CUDA-core kernel (bitwise the reference), which reads it as f32.
-  const bool mma = indexer_logits_fp8_mma_supported(int(heads), int(d));
+  // dims (and an empty pool): the CUDA-core kernel (bitwise the reference), which reads it as f32.
+  const bool mma = pool.dim(0) > 0 && indexer_logits_fp8_mma_supported(int(heads), int(d));
   Scratch q8((mma ? 1 : sizeof(float)) * size_t(rows * heads * d)), wq(sizeof(float) * size_t(rows * heads));
   RotateQuantParams rq{};
   rq.x = q.f32();

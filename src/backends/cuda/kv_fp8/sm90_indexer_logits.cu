@@ -1,32 +1,31 @@
-// Indexer decode logits over the paged fp8 key cache on the tensor cores (sm_90; mma.sync
-// m16n8k16 f16, fp32 accumulate), after DeepGEMM's fp8_mqa_logits / paged_mqa_logits: the core is
-// the GEMM [rows * heads, 128] x [128, keys] of e4m3 values, followed by relu, the head weights, the
-// sum over heads and the key scale. Hopper's mma.sync has no fp8 path (an e4m3 mma.sync compiles to
-// a conversion of both operands to f16 and two f16 MMAs, every time), so the kernel converts the
-// queries to f16 once and each key fragment once per warp; e4m3 -> f16 is exact.
+// Indexer decode logits over the paged fp8 key cache on the tensor cores (sm_90a: wgmma with e4m3
+// operands from shared memory, f32 accumulators), after DeepGEMM's fp8_mqa_logits / paged_mqa_logits:
+// the core is the GEMM [keys, 128] x [128, rows * heads] of e4m3 values, followed by relu, the head
+// weights, the sum over heads and the key scale.
 //
-// Work split: a block owns a "row group" (up to 4 consecutive rows of one sequence: the MTP
-// verification rows; 2 with more than 64 heads) and walks that sequence's pages (one 64-key page per
-// tile) with an 8-stage pipeline of bulk copies: thread 0 copies each page (keys and scales, 8448
-// contiguous bytes) into its stage in one cp.async.bulk that completes on the stage's barrier; page
-// ids are read one tile ahead. Each page is read from HBM once per group and reused for every row
-// and head. Each warp holds the queries of 32 heads
-// of one row (rotate_quant writes them as e4m3 bytes) in registers (2 m16 tiles x 8 k16 steps) and
-// multiplies them by 8..64 keys of the page (n8 tiles read from shared memory); its partial head
-// sums go through shared memory so the head chunks of one row add in a fixed order.
+// Work split: a block is one warpgroup and owns a "row group" (up to 4 consecutive rows of one
+// sequence: the MTP verification rows; fewer with more than 64 heads). It walks that sequence's
+// pages (one 64-key page per tile) with a 6-stage pipeline: thread 0 loads each page's keys with a
+// tensor-map copy (the 128-byte swizzle the MMA reads) and its 64 scales with a bulk copy, both
+// completing on the stage's barrier; page ids are read one tile ahead. Each page is read from HBM
+// once per group and reused for every row and head.
 //
-// K order: for k16 step j a lane's A and B registers hold bytes tig*32 + 4j + [0, 4) of a query /
-// key row (two 16-byte loads per row; lanes of odd g load their second 16 bytes first, which makes
-// the unpadded 128-byte key rows of a stage conflict-free). The dot product's k order is a permutation of the
-// reference's, identical for A and B, so each mma computes the same sum of exact products.
+// Per page the MMA is D[key, head] = K Q^T, M = the page's 64 keys, N = a chunk of 32 or 64 heads of
+// one row (the queries sit in shared memory for the whole block, swizzled like the keys), K = 128
+// in four k32 steps. With keys as rows, a thread's accumulators cover 2 keys x N/4 heads: relu, the
+// weights and the head sum stay in its registers and two shuffles finish the sum; no partial sums
+// go through shared memory and one block barrier per page remains.
 //
-// Numerics: every product of two e4m3 values is exact in fp32, but the tensor core adds the
-// products of a k step in its own order and width and the heads are then summed lane-parallel, so
-// logits agree with the CPU's sequential fp32 sums to a small relative error, not bitwise
-// (tests/cuda/test_cuda_kv_fp8.cpp states the bound). Runs are deterministic: fixed orders only.
+// Numerics: every product of two e4m3 values is exact, but Hopper's fp8 MMA adds the products of a
+// k32 step in a narrower internal accumulator (products aligned to the largest exponent), so logits
+// agree with the CPU's sequential fp32 sums to a stated relative error of their magnitude
+// (tests/cuda/test_cuda_kv_fp8.cpp), not bitwise; the same as the deployed fp8 indexer kernels.
+// Runs are deterministic: fixed orders only.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
@@ -39,24 +38,31 @@ namespace {
 
 constexpr int kPage = ops::kKvPageTokens;  // keys per tile: one page
 constexpr int kD = 128;
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-constexpr int kStages = 8;          // at 128K keys, all of a block's pages in flight at once
-constexpr int kKeyBytes = kPage * kD;                        // a page: [64 keys, 128 B] of e4m3 ...
-constexpr int kStageBytes = kKeyBytes + kPage * 4;           // ... then [64] fp32 key scales: 8448 B
-constexpr size_t kSmemBytes = size_t(kStages) * kStageBytes;  // dynamic shared memory
-static_assert(kStageBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
-constexpr int kMaxGroupRows = 4;    // rows per group (MTP: 1 + 3 drafts)
-constexpr int kHeadsPerWarp = 32;   // 2 m16 tiles
-constexpr int kMaxHeads = kWarps / 2 * kHeadsPerWarp;  // 128: a group of 2 rows fills the warps
-constexpr int kSteps = kD / 16;     // k16 steps
+constexpr int kThreads = 128;  // one warpgroup
+constexpr int kStages = 6;     // at 128K keys and 3 blocks per SM, all of a block's pages in flight
+constexpr int kKeyBytes = kPage * kD;                // a page: [64 keys, 128 B] of e4m3 ...
+constexpr int kScaleBytes = kPage * 4;               // ... then [64] f32 key scales
+constexpr int kPageBytes = kKeyBytes + kScaleBytes;  // 8448
+constexpr int kMaxChunks = 4;     // (row, head chunk) MMAs per page: 4 x N/2 accumulator registers
+constexpr int kMaxGroupRows = 4;  // rows per group (MTP: 1 + 3 drafts)
+constexpr int kMaxHeads = 128;
+constexpr int kAlign = 1024;  // the 128-byte swizzle repeats every 8 rows: tiles 1024-byte aligned
+static_assert(kKeyBytes % kAlign == 0 && kScaleBytes % 16 == 0, "tile sizes");
 
-static_assert(kMaxGroupRows * kPage == kThreads, "the write phase maps one thread to (row, key)");
-
-// Rows per group for this head count: every (row, 32-head chunk) of a group gets its own warp.
+// Heads per chunk (the MMA's N): 32 when all heads fit in one chunk, else 64.
+__host__ __device__ constexpr int chunk_heads(int heads) { return heads <= 32 ? 32 : 64; }
+__host__ __device__ constexpr int chunks_per_row(int heads) {
+  return (heads + chunk_heads(heads) - 1) / chunk_heads(heads);
+}
+// Rows per group for this head count: every (row, chunk) of a group gets its own accumulators.
 __host__ __device__ constexpr int group_rows(int heads) {
-  const int chunks = (heads + kHeadsPerWarp - 1) / kHeadsPerWarp;
-  return kWarps / chunks < kMaxGroupRows ? kWarps / chunks : kMaxGroupRows;
+  return kMaxChunks / chunks_per_row(heads) < kMaxGroupRows ? kMaxChunks / chunks_per_row(heads) : kMaxGroupRows;
+}
+// Dynamic shared memory: [kStages] key tiles, [chunks] query tiles (N x 128 B each), [kStages][64]
+// scales, [chunks][N] weights, and the slack that aligns the base to kAlign.
+__host__ __device__ constexpr size_t smem_bytes(int chunks, int n) {
+  return size_t(kAlign) + size_t(kStages) * kKeyBytes + size_t(chunks) * n * kD + size_t(kStages) * kScaleBytes +
+         size_t(chunks) * n * 4;
 }
 
 // A row may start or extend a group when its sequence and bound are valid.
@@ -64,12 +70,35 @@ __device__ __forceinline__ bool row_valid(int64_t seq, int64_t bound, int64_t n_
   return seq >= 0 && seq < n_seqs && bound >= 0 && bound <= max_bound;
 }
 
-__global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(IndexerLogitsFp8Params p) {
+// acc[c] = the page's keys x query chunk c (c < NCH), over K = 128 in four k32 steps; waits for them.
+template <int N, int NCH>
+__device__ __forceinline__ void page_mma(float (&acc)[kMaxChunks][N / 2], const uint8_t* keys, const uint8_t* qs) {
+  const uint64_t ka = wgmma_desc_sw128(keys);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kD / 32; ++k) {
+#pragma unroll
+    for (int c = 0; c < NCH; ++c) wgmma_e4m3<N>(acc[c], ka + 2 * k, wgmma_desc_sw128(qs + c * N * kD) + 2 * k, k);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#pragma unroll
+  for (int c = 0; c < NCH; ++c) wgmma_fence_operands(acc[c]);
+}
+
+// N: heads per chunk (chunk_heads(p.heads)); chunk_cap: query chunks the shared memory holds.
+template <int N>
+__global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __grid_constant__ CUtensorMap key_map,
+                                                                       IndexerLogitsFp8Params p, int chunk_cap) {
   pdl_enter();
-  extern __shared__ __align__(128) uint8_t stages[];  // [kStages][kStageBytes]: pages as in the pool
-  __shared__ uint64_t full[kStages];                   // a stage's page has landed
-  __shared__ float part[kWarps][kPage];  // [m slice = (row, head chunk)][key] partial head sums
-  __shared__ int s_bad[kStages];         // the stage's page id is invalid
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const keys =  // [kStages][64 keys][128 B], swizzled
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + kAlign - 1) & ~uintptr_t(kAlign - 1));
+  uint8_t* const qs = keys + kStages * kKeyBytes;                            // [chunk_cap][N][128 B], swizzled
+  float* const scales = reinterpret_cast<float*>(qs + size_t(chunk_cap) * N * kD);  // [kStages][64]
+  float* const ws = scales + kStages * kPage;                                // [chunk_cap][N] folded weights
+  __shared__ uint64_t full[kStages];  // a stage's page has landed
+  __shared__ int s_bad[kStages];      // the stage's page id is invalid
   __shared__ int s_bound[kMaxGroupRows];
   __shared__ int64_t s_mseq[kMaxGroupRows + 1], s_mbound[kMaxGroupRows + 1];
   __shared__ int s_rows;
@@ -100,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
     } else if (leads(1)) {
       rows = 1;
       while (rows < G && r0 + rows < p.rows && valid(1 + rows) && !leads(1 + rows)) ++rows;
-      for (int i = 0; i < rows; ++i) s_bound[i] = s_mbound[1 + i];
+      for (int i = 0; i < rows; ++i) s_bound[i] = int(s_mbound[1 + i]);
       s_seq = s_mseq[1];
     }
     s_rows = rows;
@@ -111,45 +140,8 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
   const int64_t seq = s_seq;
   int gmax = 0;
   for (int i = 0; i < R; ++i) gmax = max(gmax, s_bound[i]);
-
-  // Warp roles: m slices (row, head chunk of 32) x k slices (keys of the page).
-  const int hc_count = (p.heads + kHeadsPerWarp - 1) / kHeadsPerWarp;  // 1..4
-  const int mslices = R * hc_count;                                     // 1..8
-  const int kslices = kWarps / mslices;
-  const int warp_keys = kPage / kslices;  // 8, 16, 32 or 64
-  const bool active = warp < mslices * kslices;
-  const int mslice = active ? warp / kslices : 0, kslice = warp % kslices;
-  const int64_t r = r0 + mslice / hc_count;
-  const int hc = mslice % hc_count;
-
-  // This warp's queries, in registers for the whole block as f16 (exact): two 16-byte loads of
-  // e4m3 bytes per m tile and half, all in flight together, converted once.
-  // K order: the lane with tig holds bytes tig*32 + 4j + [0, 4) of a row for k16 step j (bytes 0-1
-  // where the m16n8k16 layout has k = 2 tig + [0, 2), bytes 2-3 where it has k = 2 tig + 8 + [0, 2)).
-  // A and B use the same map, so each step sums exact products of matching elements.
-  uint32_t a[2][kSteps][4];  // [m tile][k step][a0..a3] f16x2
-  float wr[2][2];            // [m tile][head g, head g + 8]
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int h = hc * kHeadsPerWarp + mt * 16 + g + 8 * half;
-      const bool on = active && h < p.heads;
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (on) {
-        const uint4* src = reinterpret_cast<const uint4*>(p.q8_bytes + (r * p.heads + h) * kD + tig * 32);
-        lo = src[0];
-        hi = src[1];
-      }
-      const uint32_t w[kSteps] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};  // bytes tig*32 + 4j
-#pragma unroll
-      for (int j = 0; j < kSteps; ++j) {
-        a[mt][j][half] = e4m3x2_to_f16x2(w[j]);            // a0 / a1: k = 2 tig + [0, 2)
-        a[mt][j][half + 2] = e4m3x2_to_f16x2(w[j] >> 16);  // a2 / a3: k = 2 tig + 8 + [0, 2)
-      }
-      wr[mt][half] = on ? p.wq[r * p.heads + h] : 0.0f;
-    }
-  }
+  const int cpr = chunks_per_row(p.heads);
+  const int nch = R * cpr;  // <= chunk_cap
 
   const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
   const int64_t stride = gridDim.x;
@@ -160,17 +152,20 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
   auto page_id = [&](int64_t t) -> int32_t {
     return t < n_tiles && t * kPage < gmax ? p.block_tables[seq * p.max_pages + t] : kNoTile;
   };
-  // Thread 0: the copy of tile t, physical page `page`, into stage s. Every use of a stage's barrier
-  // gets exactly one arrival (with no bytes when there is nothing to copy), so its phases stay in
-  // step with the loop's uses of the stage.
+  // Thread 0: the copies of tile t, physical page `page`, into stage s. Every use of a stage's
+  // barrier gets exactly one arrival (with no bytes when there is nothing to copy), so its phases
+  // stay in step with the loop's uses of the stage.
   auto issue = [&](int64_t t, int32_t page, int s) {
     const bool ok = page != kNoTile && page >= 0 && page < p.n_pages;
     if (page != kNoTile) {
       s_bad[s] = ok ? 0 : 1;
       if (!ok) atomicMin(p.bad_page, static_cast<unsigned long long>(seq * p.max_pages + t));
     }
-    mbarrier_arrive_expect_tx(&full[s], ok ? unsigned(kStageBytes) : 0u);
-    if (ok) bulk_copy_g2s(stages + s * kStageBytes, p.pool + int64_t(page) * kStageBytes, kStageBytes, &full[s]);
+    mbarrier_arrive_expect_tx(&full[s], ok ? unsigned(kPageBytes) : 0u);
+    if (ok) {
+      tma_load_3d(keys + s * kKeyBytes, &key_map, 0, 0, page, &full[s]);
+      bulk_copy_g2s(scales + s * kPage, p.pool + int64_t(page) * kPageBytes + kKeyBytes, kScaleBytes, &full[s]);
+    }
   };
 
   int32_t next = 0;  // thread 0: id of the tile the next iteration issues
@@ -184,13 +179,28 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
     for (int s = 0; s < kStages - 1; ++s) issue(int64_t(blockIdx.x) + int64_t(s) * stride, first[s], s);
     next = first[kStages - 1];
   }
-  __syncthreads();  // barriers initialised
+  // The group's queries (e4m3 bytes from rotate_quant) and folded weights, chunk c = (row c / cpr,
+  // heads (c % cpr) N ..): 16-byte piece j of head i at i * 128 + ((j ^ (i % 8)) * 16). Heads past
+  // p.heads get zero queries and weights.
+  for (int i = tid; i < nch * N * (kD / 16); i += kThreads) {
+    const int c = i / (N * (kD / 16)), hl = i / (kD / 16) % N, j = i % (kD / 16);
+    const int h = (c % cpr) * N + hl;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (h < p.heads) v = reinterpret_cast<const uint4*>(p.q8_bytes + ((r0 + c / cpr) * p.heads + h) * kD)[j];
+    *reinterpret_cast<uint4*>(qs + (c * N + hl) * kD + ((j ^ (hl & 7)) * 16)) = v;
+  }
+  for (int i = tid; i < nch * N; i += kThreads) {
+    const int c = i / N, h = (c % cpr) * N + i % N;
+    ws[i] = h < p.heads ? p.wq[(r0 + c / cpr) * p.heads + h] : 0.0f;
+  }
+  fence_async_shared();  // the query tiles, written by threads, are read by the MMAs
+  __syncthreads();       // ... and the barriers are initialised
+
+  float acc[kMaxChunks][N / 2] = {};
   int it = 0;
   for (int64_t t = blockIdx.x; t < n_tiles; t += stride, ++it) {
     const int s = it % kStages;
-    const uint8_t* keys = stages + s * kStageBytes;
-    const float* scales = reinterpret_cast<const float*>(keys + kKeyBytes);
-    // The stage issued below was last read in the previous iteration (its write phase included).
+    // The stage issued below was last read in the previous iteration (MMAs and scales included).
     __syncthreads();
     if (tid == 0) {
       issue(t + int64_t(kStages - 1) * stride, next, (it + kStages - 1) % kStages);
@@ -199,76 +209,57 @@ __global__ void __launch_bounds__(kThreads, 2) indexer_logits_mma_kernel(Indexer
     mbarrier_wait(&full[s], unsigned(it / kStages) & 1u);  // tile t landed (or had nothing to copy)
     const bool has_keys = t * kPage < gmax;
     const bool bad = has_keys && s_bad[s] != 0;
-    // NT n8 tiles of keys from n0, their MMA chains interleaved (2 x NT independent accumulators).
-    auto keys_tiles = [&](int n0, auto nt_count) {
-      constexpr int NT = decltype(nt_count)::value;
-      uint32_t bw[NT][kSteps];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint8_t* krow = keys + (n0 + 8 * nt + g) * kD + tig * 32;
-        const int sw = (g & 1) * 16;  // odd rows: the second 16 bytes first (no bank conflicts)
-        const uint4 x = *reinterpret_cast<const uint4*>(krow + sw);
-        const uint4 y = *reinterpret_cast<const uint4*>(krow + (16 - sw));
-        const uint4 lo = sw ? y : x, hi = sw ? x : y;
-        bw[nt][0] = lo.x, bw[nt][1] = lo.y, bw[nt][2] = lo.z, bw[nt][3] = lo.w;
-        bw[nt][4] = hi.x, bw[nt][5] = hi.y, bw[nt][6] = hi.z, bw[nt][7] = hi.w;
-      }
-      float c[NT][2][4] = {};
-#pragma unroll
-      for (int j = 0; j < kSteps; ++j) {
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint32_t b0 = e4m3x2_to_f16x2(bw[nt][j]), b1 = e4m3x2_to_f16x2(bw[nt][j] >> 16);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) mma_f16(c[nt][mt], a[mt][j], b0, b1);
-        }
+    float sum[kMaxChunks][2] = {};  // [chunk][key 16 warp + g, + 8]: weighted relu sums over its heads
+    if (has_keys && !bad) {
+      const uint8_t* kt = keys + s * kKeyBytes;
+      switch (nch) {  // a compile-time chunk count: no MMA under a branch of its own
+        case 1: page_mma<N, 1>(acc, kt, qs); break;
+        case 2: page_mma<N, 2>(acc, kt, qs); break;
+        case 3: page_mma<N, 3>(acc, kt, qs); break;
+        default: page_mma<N, 4>(acc, kt, qs); break;
       }
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        // c[nt][mt]: heads (mt*16 + g, + 8) x keys (n0 + 8 nt + 2 tig, + 1). relu, weight, sum the heads.
+      for (int c = 0; c < kMaxChunks; ++c) {
+        if (c >= nch) continue;
         float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-          s0 = fmaf(wr[mt][0], fmaxf(c[nt][mt][0], 0.0f), s0);
-          s1 = fmaf(wr[mt][0], fmaxf(c[nt][mt][1], 0.0f), s1);
-          s0 = fmaf(wr[mt][1], fmaxf(c[nt][mt][2], 0.0f), s0);
-          s1 = fmaf(wr[mt][1], fmaxf(c[nt][mt][3], 0.0f), s1);
+        for (int j = 0; j < N / 8; ++j) {
+          const float2 w = *reinterpret_cast<const float2*>(ws + c * N + 8 * j + 2 * tig);
+          s0 = fmaf(w.x, fmaxf(acc[c][4 * j], 0.0f), s0);
+          s0 = fmaf(w.y, fmaxf(acc[c][4 * j + 1], 0.0f), s0);
+          s1 = fmaf(w.x, fmaxf(acc[c][4 * j + 2], 0.0f), s1);
+          s1 = fmaf(w.y, fmaxf(acc[c][4 * j + 3], 0.0f), s1);
         }
 #pragma unroll
-        for (int o = 4; o < 32; o <<= 1) {
+        for (int o = 1; o < 4; o <<= 1) {
           s0 += __shfl_xor_sync(0xffffffffu, s0, o);
           s1 += __shfl_xor_sync(0xffffffffu, s1, o);
         }
-        if (g == 0) {
-          part[mslice][n0 + 8 * nt + 2 * tig] = s0;
-          part[mslice][n0 + 8 * nt + 2 * tig + 1] = s1;
-        }
-      }
-    };
-    if (has_keys && !bad && active) {
-      const int k0 = kslice * warp_keys;
-      if (warp_keys == 8) {
-        keys_tiles(k0, std::integral_constant<int, 1>{});
-      } else {
-        for (int n0 = k0; n0 < k0 + warp_keys; n0 += 16) keys_tiles(n0, std::integral_constant<int, 2>{});
+        sum[c][0] = s0;
+        sum[c][1] = s1;
       }
     }
-    __syncthreads();  // partial sums complete
-    if (tid < R * kPage) {
-      const int rl = tid / kPage, kk = tid % kPage;
-      const int64_t col = t * kPage + kk;
-      if (col < p.n_cols) {
-        float v;
-        if (col >= s_bound[rl]) {
-          v = -INFINITY;
-        } else if (bad) {
-          v = NAN;
-        } else {
-          float acc = part[rl * hc_count][kk];
-          for (int h = 1; h < hc_count; ++h) acc += part[rl * hc_count + h][kk];
-          v = scales[kk] * acc;
+    // Lane t of each quad writes row t's logits of its two keys (rows past R: none).
+    if (tig < R) {
+      float v[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int c = 0; c < kMaxChunks; ++c)
+        if (c / cpr == tig && c < nch) v[0] += sum[c][0], v[1] += sum[c][1];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kk = 16 * warp + g + 8 * e;
+        const int64_t col = t * kPage + kk;
+        if (col < p.n_cols) {
+          float out;
+          if (col >= s_bound[tig]) {
+            out = -INFINITY;
+          } else if (bad) {
+            out = NAN;
+          } else {
+            out = scales[s * kPage + kk] * v[e];
+          }
+          p.logits[(r0 + tig) * p.n_cols + col] = out;
         }
-        p.logits[(r0 + rl) * p.n_cols + col] = v;
       }
     }
   }
@@ -281,14 +272,59 @@ int device_sm_count() {
   return n;
 }
 
+// The tensor map of the pool's key tiles: dimensions (128 bytes of a key, 64 keys, n_pages pages),
+// pages kPageBytes apart, one page per copy, written in the 128-byte swizzle. The driver's encoder
+// comes through the runtime (no link against the driver library).
+CUtensorMap key_tensor_map(const uint8_t* pool, int64_t n_pages) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    DSI_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
+    DSI_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
+              "indexer_logits_fp8: the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {cuuint64_t(kD), cuuint64_t(kPage), cuuint64_t(n_pages)};
+  const cuuint64_t strides[2] = {cuuint64_t(kD), cuuint64_t(kPageBytes)};  // bytes, of dims 1 and 2
+  const cuuint32_t box[3] = {cuuint32_t(kD), cuuint32_t(kPage), 1};
+  const cuuint32_t elem_strides[3] = {1, 1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(pool), dims, strides, box,
+                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  DSI_CHECK(r == CUDA_SUCCESS, "indexer_logits_fp8: cannot describe the key pool to the copy engine (error {})",
+            int(r));
+  return map;
+}
+
+template <int N>
+void launch_wgmma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
+  const int G = group_rows(p.heads);
+  const int chunk_cap = int(std::min<int64_t>(G, p.rows)) * chunks_per_row(p.heads);
+  const size_t smem = smem_bytes(chunk_cap, N);
+  // Per call (cheap, per device, allowed during stream capture).
+  DSI_CUDA_CHECK(
+      cudaFuncSetAttribute(indexer_logits_wgmma_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  int per_sm = 0;
+  DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, indexer_logits_wgmma_kernel<N>, kThreads, smem));
+  // Every resident block slot over all groups (a group is up to 4 rows of one sequence).
+  const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
+  const int64_t groups = (p.rows + G - 1) / G;
+  const int64_t want = std::max<int64_t>(1, int64_t(std::max(per_sm, 1)) * device_sm_count() / groups);
+  const unsigned gx = unsigned(std::max<int64_t>(1, std::min(n_tiles, want)));
+  launch(indexer_logits_wgmma_kernel<N>, dim3(gx, unsigned(p.rows)), kThreads, smem, s, key_tensor_map(p.pool, p.n_pages),
+         p, chunk_cap);
+}
+
 }  // namespace
 
 bool indexer_logits_fp8_mma_supported(int heads, int d) {
   if (d != kD || heads < 1 || heads > kMaxHeads) return false;
-  int dev = 0, major = 0;
+  int dev = 0, major = 0, minor = 0;
   DSI_CUDA_CHECK(cudaGetDevice(&dev));
   DSI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  return major >= 9;
+  DSI_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  return major == 9 && minor == 0;  // wgmma: sm_90a
 }
 
 void launch_indexer_logits_fp8_mma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
@@ -297,16 +333,11 @@ void launch_indexer_logits_fp8_mma(const IndexerLogitsFp8Params& p, cudaStream_t
             "indexer_logits_fp8: the tensor-core kernel takes d = 128 and 1..128 heads, got d = {}, {} heads",
             p.d, p.heads);
   DSI_CHECK(p.rows <= 65535, "indexer_logits_fp8: {} rows, at most 65535 per call", p.rows);
-  const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
-  // About two resident blocks per SM over all groups (a group is up to 4 rows of one sequence).
-  const int G = group_rows(p.heads);
-  const int64_t groups = (p.rows + G - 1) / G;
-  const int64_t want = std::max<int64_t>(1, 2 * int64_t(device_sm_count()) / groups);
-  const unsigned gx = unsigned(std::max<int64_t>(1, std::min(n_tiles, want)));
-  // Per call (cheap, per device, allowed during stream capture).
-  DSI_CUDA_CHECK(cudaFuncSetAttribute(indexer_logits_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(kSmemBytes)));
-  launch(indexer_logits_mma_kernel, dim3(gx, unsigned(p.rows)), kThreads, kSmemBytes, s, p);
+  DSI_CHECK(p.n_pages > 0, "indexer_logits_fp8: the tensor-core kernel needs a pool of at least one page");
+  if (chunk_heads(p.heads) == 32)
+    launch_wgmma<32>(p, s);
+  else
+    launch_wgmma<64>(p, s);
 }
 
 }  // namespace dsi::cuda

@@ -1,4 +1,4 @@
-// Indexer decode logits on the tensor cores (sm_89+/sm_90: mma.sync m16n8k32 e4m3 x e4m3 -> f32),
+// Indexer decode logits on the tensor cores (sm_90a: wgmma with e4m3 operands, f32 accumulators),
 // the fast path of ops::indexer_logits_fp8 for d = 128 and up to 128 heads. Same Params as the
 // CUDA-core kernel (kv_fp8.h). Design and numerics: docs in sm90_indexer_logits.cu's header.
 #pragma once
