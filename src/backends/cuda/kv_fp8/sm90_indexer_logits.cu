@@ -71,8 +71,9 @@ __device__ __forceinline__ bool row_valid(int64_t seq, int64_t bound, int64_t n_
 }
 
 // acc[c] = the page's keys x query chunk c (c < NCH), over K = 128 in four k32 steps; waits for them.
-template <int N, int NCH>
-__device__ __forceinline__ void page_mma(float (&acc)[kMaxChunks][N / 2], const uint8_t* keys, const uint8_t* qs) {
+template <int N, int CAP, int NCH>
+__device__ __forceinline__ void page_mma(float (&acc)[CAP][N / 2], const uint8_t* keys, const uint8_t* qs) {
+  static_assert(NCH <= CAP, "chunks within the accumulators");
   const uint64_t ka = wgmma_desc_sw128(keys);
   wgmma_fence();
 #pragma unroll
@@ -86,17 +87,18 @@ __device__ __forceinline__ void page_mma(float (&acc)[kMaxChunks][N / 2], const 
   for (int c = 0; c < NCH; ++c) wgmma_fence_operands(acc[c]);
 }
 
-// N: heads per chunk (chunk_heads(p.heads)); chunk_cap: query chunks the shared memory holds.
-template <int N>
+// N: heads per chunk (chunk_heads(p.heads)); CAP: the most (row, chunk) pairs of a group in this
+// call (the accumulators and query tiles held: 1 for one decode row, so no registers go unused).
+template <int N, int CAP>
 __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __grid_constant__ CUtensorMap key_map,
-                                                                       IndexerLogitsFp8Params p, int chunk_cap) {
+                                                                       IndexerLogitsFp8Params p) {
   pdl_enter();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const keys =  // [kStages][64 keys][128 B], swizzled
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + kAlign - 1) & ~uintptr_t(kAlign - 1));
-  uint8_t* const qs = keys + kStages * kKeyBytes;                            // [chunk_cap][N][128 B], swizzled
-  float* const scales = reinterpret_cast<float*>(qs + size_t(chunk_cap) * N * kD);  // [kStages][64]
-  float* const ws = scales + kStages * kPage;                                // [chunk_cap][N] folded weights
+  uint8_t* const qs = keys + kStages * kKeyBytes;                      // [CAP][N][128 B], swizzled
+  float* const scales = reinterpret_cast<float*>(qs + size_t(CAP) * N * kD);  // [kStages][64]
+  float* const ws = scales + kStages * kPage;                          // [CAP][N] folded weights
   __shared__ uint64_t full[kStages];  // a stage's page has landed
   __shared__ int s_bad[kStages];      // the stage's page id is invalid
   __shared__ int s_bound[kMaxGroupRows];
@@ -141,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   int gmax = 0;
   for (int i = 0; i < R; ++i) gmax = max(gmax, s_bound[i]);
   const int cpr = chunks_per_row(p.heads);
-  const int nch = R * cpr;  // <= chunk_cap
+  const int nch = R * cpr;  // <= CAP
 
   const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
   const int64_t stride = gridDim.x;
@@ -196,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   fence_async_shared();  // the query tiles, written by threads, are read by the MMAs
   __syncthreads();       // ... and the barriers are initialised
 
-  float acc[kMaxChunks][N / 2] = {};
+  float acc[CAP][N / 2] = {};
   int it = 0;
   for (int64_t t = blockIdx.x; t < n_tiles; t += stride, ++it) {
     const int s = it % kStages;
@@ -209,17 +211,17 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
     mbarrier_wait(&full[s], unsigned(it / kStages) & 1u);  // tile t landed (or had nothing to copy)
     const bool has_keys = t * kPage < gmax;
     const bool bad = has_keys && s_bad[s] != 0;
-    float sum[kMaxChunks][2] = {};  // [chunk][key 16 warp + g, + 8]: weighted relu sums over its heads
+    float sum[CAP][2] = {};  // [chunk][key 16 warp + g, + 8]: weighted relu sums over its heads
     if (has_keys && !bad) {
       const uint8_t* kt = keys + s * kKeyBytes;
       switch (nch) {  // a compile-time chunk count: no MMA under a branch of its own
-        case 1: page_mma<N, 1>(acc, kt, qs); break;
-        case 2: page_mma<N, 2>(acc, kt, qs); break;
-        case 3: page_mma<N, 3>(acc, kt, qs); break;
-        default: page_mma<N, 4>(acc, kt, qs); break;
+        case 1: page_mma<N, CAP, 1>(acc, kt, qs); break;
+        case 2: if constexpr (CAP >= 2) page_mma<N, CAP, 2>(acc, kt, qs); break;
+        case 3: if constexpr (CAP >= 3) page_mma<N, CAP, 3>(acc, kt, qs); break;
+        default: if constexpr (CAP >= 4) page_mma<N, CAP, 4>(acc, kt, qs); break;
       }
 #pragma unroll
-      for (int c = 0; c < kMaxChunks; ++c) {
+      for (int c = 0; c < CAP; ++c) {
         if (c >= nch) continue;
         float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
@@ -243,7 +245,7 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
     if (tig < R) {
       float v[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int c = 0; c < kMaxChunks; ++c)
+      for (int c = 0; c < CAP; ++c)
         if (c / cpr == tig && c < nch) v[0] += sum[c][0], v[1] += sum[c][1];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
@@ -297,23 +299,34 @@ CUtensorMap key_tensor_map(const uint8_t* pool, int64_t n_pages) {
   return map;
 }
 
-template <int N>
+template <int N, int CAP>
 void launch_wgmma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
   const int G = group_rows(p.heads);
-  const int chunk_cap = int(std::min<int64_t>(G, p.rows)) * chunks_per_row(p.heads);
-  const size_t smem = smem_bytes(chunk_cap, N);
+  const size_t smem = smem_bytes(CAP, N);
   // Per call (cheap, per device, allowed during stream capture).
   DSI_CUDA_CHECK(
-      cudaFuncSetAttribute(indexer_logits_wgmma_kernel<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      cudaFuncSetAttribute(indexer_logits_wgmma_kernel<N, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   int per_sm = 0;
-  DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, indexer_logits_wgmma_kernel<N>, kThreads, smem));
+  DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, indexer_logits_wgmma_kernel<N, CAP>, kThreads, smem));
   // Every resident block slot over all groups (a group is up to 4 rows of one sequence).
   const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
   const int64_t groups = (p.rows + G - 1) / G;
   const int64_t want = std::max<int64_t>(1, int64_t(std::max(per_sm, 1)) * device_sm_count() / groups);
   const unsigned gx = unsigned(std::max<int64_t>(1, std::min(n_tiles, want)));
-  launch(indexer_logits_wgmma_kernel<N>, dim3(gx, unsigned(p.rows)), kThreads, smem, s, key_tensor_map(p.pool, p.n_pages),
-         p, chunk_cap);
+  launch(indexer_logits_wgmma_kernel<N, CAP>, dim3(gx, unsigned(p.rows)), kThreads, smem, s,
+         key_tensor_map(p.pool, p.n_pages), p);
+}
+
+// The kernel for this call's chunk size and most chunks per group.
+template <int N>
+void launch_wgmma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
+  const int cap = int(std::min<int64_t>(group_rows(p.heads), p.rows)) * chunks_per_row(p.heads);
+  switch (cap) {
+    case 1: launch_wgmma<N, 1>(p, s); break;
+    case 2: launch_wgmma<N, 2>(p, s); break;
+    case 3: launch_wgmma<N, 3>(p, s); break;
+    default: launch_wgmma<N, 4>(p, s); break;
+  }
 }
 
 }  // namespace
