@@ -189,7 +189,7 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
   report(std::string("q rotation + quantisation alone ") + tag, t_rot, q_bytes * 2);
   report(std::string("indexer logits, CUDA cores (before) ") + tag, t_old, key_bytes + q_bytes + logit_bytes);
   report(std::string("indexer logits, tensor cores ") + tag, t_mma, key_bytes + q_bytes + logit_bytes);
-  std::printf("%-52s %10.1f TFLOP/s (fp8 mma.sync), floor %.1f us\n", "", flops / (t_mma * 1e-6) / 1e12,
+  std::printf("%-52s %10.1f TFLOP/s (fp8 wgmma), floor %.1f us\n", "", flops / (t_mma * 1e-6) / 1e12,
               key_bytes / (kPeakGBs * 1e3));
   report(std::string("top-2048 select of the logits ") + tag, t_topk, logit_bytes + idx_bytes);
   report(std::string("logits + top-2048 back to back ") + tag, t_both, key_bytes + q_bytes + idx_bytes);
