@@ -92,7 +92,11 @@ __device__ __forceinline__ void page_mma(float (&acc)[CAP][N / 2], const uint8_t
 template <int N, int CAP>
 __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __grid_constant__ CUtensorMap key_map,
                                                                        IndexerLogitsFp8Params p) {
-  pdl_enter();
+  // Until pdl_enter() below the kernel reads only what the query rotation, the kernel launched
+  // right before it (ops::indexer_logits_fp8), leaves alone: the rows' sequences and bounds, the
+  // block tables and the key pages (common.cuh: only the previous kernel may still be running). So
+  // the first pages are on their way while the rotation ends. The queries, the weights and every
+  // global write come after the wait; the tables are read past the L1 (__ldcg).
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const keys =  // [kStages][64 keys][128 B], swizzled
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + kAlign - 1) & ~uintptr_t(kAlign - 1));
@@ -116,8 +120,8 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   if (tid <= G) {
     const int64_t rr = r0 - 1 + tid;
     const bool in = rr >= 0 && rr < p.rows;
-    s_mseq[tid] = in ? p.row_seq[rr] : -1;
-    s_mbound[tid] = in ? p.bounds[rr] : -1;
+    s_mseq[tid] = in ? __ldcg(p.row_seq + rr) : -1;
+    s_mbound[tid] = in ? __ldcg(p.bounds + rr) : -1;
   }
   __syncthreads();
   if (tid == 0) {
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
     };
     int rows = 0;
     if (!valid(1)) {
-      if (blockIdx.x == 0) atomicMin(p.bad_row, static_cast<unsigned long long>(r0));
+      rows = -1;  // reported after the wait
     } else if (leads(1)) {
       rows = 1;
       while (rows < G && r0 + rows < p.rows && valid(1 + rows) && !leads(1 + rows)) ++rows;
@@ -138,7 +142,11 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   }
   __syncthreads();
   const int R = s_rows;
-  if (R == 0) return;  // block-uniform: not a leader, or an invalid row (reported)
+  if (R <= 0) {  // block-uniform: not a leader, or an invalid row
+    pdl_enter();
+    if (R < 0 && tid == 0 && blockIdx.x == 0) atomicMin(p.bad_row, static_cast<unsigned long long>(r0));
+    return;
+  }
   const int64_t seq = s_seq;
   int gmax = 0;
   for (int i = 0; i < R; ++i) gmax = max(gmax, s_bound[i]);
@@ -152,16 +160,18 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   // it is used, so the block-table read's latency hides behind a tile instead of stalling the issue.
   constexpr int32_t kNoTile = INT32_MIN;
   auto page_id = [&](int64_t t) -> int32_t {
-    return t < n_tiles && t * kPage < gmax ? p.block_tables[seq * p.max_pages + t] : kNoTile;
+    return t < n_tiles && t * kPage < gmax ? __ldcg(p.block_tables + seq * p.max_pages + t) : kNoTile;
   };
   // Thread 0: the copies of tile t, physical page `page`, into stage s. Every use of a stage's
   // barrier gets exactly one arrival (with no bytes when there is nothing to copy), so its phases
-  // stay in step with the loop's uses of the stage.
+  // stay in step with the loop's uses of the stage. An invalid page lowers bad_page (the first
+  // (sequence, page) flat index at fault; reported by thread 0 after the wait).
+  unsigned long long bad_page = ErrorFlag::kNone;
   auto issue = [&](int64_t t, int32_t page, int s) {
     const bool ok = page != kNoTile && page >= 0 && page < p.n_pages;
     if (page != kNoTile) {
       s_bad[s] = ok ? 0 : 1;
-      if (!ok) atomicMin(p.bad_page, static_cast<unsigned long long>(seq * p.max_pages + t));
+      if (!ok) bad_page = min(bad_page, static_cast<unsigned long long>(seq * p.max_pages + t));
     }
     mbarrier_arrive_expect_tx(&full[s], ok ? unsigned(kPageBytes) : 0u);
     if (ok) {
@@ -181,6 +191,7 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
     for (int s = 0; s < kStages - 1; ++s) issue(int64_t(blockIdx.x) + int64_t(s) * stride, first[s], s);
     next = first[kStages - 1];
   }
+  pdl_enter();
   // The group's queries (e4m3 bytes from rotate_quant) and folded weights, chunk c = (row c / cpr,
   // heads (c % cpr) N ..): 16-byte piece j of head i at i * 128 + ((j ^ (i % 8)) * 16). Heads past
   // p.heads get zero queries and weights.
@@ -207,6 +218,10 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
     if (tid == 0) {
       issue(t + int64_t(kStages - 1) * stride, next, (it + kStages - 1) % kStages);
       next = page_id(t + int64_t(kStages) * stride);
+      if (bad_page != ErrorFlag::kNone) {
+        atomicMin(p.bad_page, bad_page);
+        bad_page = ErrorFlag::kNone;
+      }
     }
     mbarrier_wait(&full[s], unsigned(it / kStages) & 1u);  // tile t landed (or had nothing to copy)
     const bool has_keys = t * kPage < gmax;
