@@ -306,6 +306,13 @@ TEST_F(CudaKvFp8, IndexerLogitsDecodeShapesAndSeparatedTopk) {
   run_logits_case({128, 64, {5000}, {0}, {5000}}, 201, "indexer logits decode rows=1");
   run_logits_case({128, 64, {5000, 3001}, {0, 0, 0, 0, 1, 1, 1, 1}, {4997, 4998, 4999, 5000, 2998, 2999, 3000, 3001}},
                   202, "indexer logits decode rows=2x4");
+  // Calls of 2 and 3 rows (the kernel sizes its accumulators by the call): GLM-5's 32 heads and 64.
+  for (int64_t heads : {32, 64}) {
+    run_logits_case({128, heads, {3000}, {0, 0}, {2999, 3000}}, 204 + uint64_t(heads),
+                    "indexer logits rows=2" + sz("heads", heads));
+    run_logits_case({128, heads, {3001}, {0, 0, 0}, {2999, 3000, 3001}}, 205 + uint64_t(heads),
+                    "indexer logits rows=3" + sz("heads", heads));
+  }
   // 64 planted keys per sequence (x1000, positive weights): the top-64 boundary is far apart, so the
   // GPU top-64 of the GPU logits must be the CPU's on every row.
   const int checked = run_logits_case(
