@@ -57,7 +57,7 @@ MpiRanks::MpiRanks(MpiSession& session, const ParallelConfig& cfg, const CommOpt
     int local = local_rank_from_env();
     if (local < 0) local = host_->rank();
     device_index_ = local % n_gpus;
-    if (use_peer_comm(/*ranks_share_gpus=*/false)) {  // the GPUs of one node, through CUDA IPC
+    if (use_peer_comm(/*ranks_share_gpus=*/false, /*peer_access=*/false)) {  // one node's GPUs, by CUDA IPC
       device_ = PeerComm::create(*host_, PeerSetup{device_index_, {layout.tp_group, layout.dcp_group}});
     } else {
 #ifdef DSI_WITH_NCCL

@@ -38,13 +38,14 @@ struct ThreadRankComms {
 
 std::shared_ptr<ThreadRankComms> make_thread_rank_comms() { return std::make_shared<ThreadRankComms>(); }
 
-bool use_peer_comm(bool shared_gpus) {
+bool use_peer_comm(bool shared_gpus, bool peer_access) {
   const char* env = std::getenv("DSI_DEVICE_COMM");
   const std::string_view want = env != nullptr ? env : "";
   DSI_CHECK(want.empty() || want == "nccl" || want == "peer", "DSI_DEVICE_COMM={}: expected nccl or peer", want);
 #ifdef DSI_WITH_NCCL
   DSI_CHECK(want != "nccl" || !shared_gpus, "DSI_DEVICE_COMM=nccl: ranks share GPUs, which NCCL refuses");
-  return shared_gpus || want == "peer";
+  if (!want.empty()) return want == "peer" || shared_gpus;
+  return shared_gpus || peer_access;
 #else
   DSI_CHECK(want != "nccl", "DSI_DEVICE_COMM=nccl: this build has no NCCL");
   return true;
@@ -57,7 +58,8 @@ std::unique_ptr<Communicator> make_thread_rank_device_comm(Communicator& host, c
   const RankContext layout = RankContext::make(cfg, r, &host);
   cuda::prepare_thread(device.index);
   std::unique_ptr<Communicator> comm;
-  if (use_peer_comm(cfg.tp > cuda::device_count())) {
+  const bool share_gpus = cfg.tp > cuda::device_count();
+  if (use_peer_comm(share_gpus, !share_gpus && cuda::peer_access_among(cfg.tp))) {
     comm = PeerComm::create(host, PeerSetup{device.index, {layout.tp_group, layout.dcp_group}});
   } else {
 #ifdef DSI_WITH_NCCL

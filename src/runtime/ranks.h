@@ -29,10 +29,13 @@ void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
 Device rank_cuda_device(int r);
 
 // Whether CUDA ranks move device tensors through the peer communicator (peer_comm.h) rather than
-// NCCL: when the build has no NCCL, when ranks share GPUs (NCCL refuses that), or with
+// NCCL: when the build has no NCCL, when ranks share GPUs (NCCL refuses that), when they are
+// threads of one process whose GPUs all have peer access (`peer_access`: its small collectives take
+// a few microseconds where NCCL's take 16-18, and they run inside CUDA graphs), or with
 // DSI_DEVICE_COMM=peer; DSI_DEVICE_COMM=nccl insists on NCCL (an error where it cannot be had).
-// Thread ranks (make_thread_rank_device_comm) and processes (MpiRanks) both ask it.
-bool use_peer_comm(bool ranks_share_gpus);
+// Thread ranks (make_thread_rank_device_comm) and processes (MpiRanks: peer_access false, as they
+// may be on other nodes) both ask it.
+bool use_peer_comm(bool ranks_share_gpus, bool peer_access);
 
 // Shared by the device communicators of the thread ranks of one process (NCCL's failure state).
 struct ThreadRankComms;

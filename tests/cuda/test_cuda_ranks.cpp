@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -155,9 +158,72 @@ TEST_P(CudaTwoRanks, TensorParallelGenerateMatchesTheCpu) {
   }
 }
 
+// DSI_DEVICE_COMM set to `value` ("": unset) for a scope; the device communicator is chosen from
+// it when ranks start.
+class DeviceCommEnv {
+ public:
+  explicit DeviceCommEnv(const std::string& value) {
+    const char* old = std::getenv("DSI_DEVICE_COMM");
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (value.empty())
+      unsetenv("DSI_DEVICE_COMM");
+    else
+      setenv("DSI_DEVICE_COMM", value.c_str(), 1);
+  }
+  ~DeviceCommEnv() {
+    if (had_)
+      setenv("DSI_DEVICE_COMM", old_.c_str(), 1);
+    else
+      unsetenv("DSI_DEVICE_COMM");
+  }
+
+ private:
+  bool had_ = false;
+  std::string old_;
+};
+
+// The communicators thread ranks get: the peer one whenever GPUs are shared or reach each other;
+// NCCL (when built) for GPUs without peer access or when asked for.
+TEST(DeviceComm, ChoiceFollowsSharingPeerAccessAndTheEnvironment) {
+  {
+    DeviceCommEnv env("");
+    EXPECT_TRUE(use_peer_comm(true, false));
+    EXPECT_TRUE(use_peer_comm(false, true));
+#ifdef DSI_WITH_NCCL
+    EXPECT_FALSE(use_peer_comm(false, false));
+#else
+    EXPECT_TRUE(use_peer_comm(false, false));
+#endif
+  }
+  {
+    DeviceCommEnv env("peer");
+    EXPECT_TRUE(use_peer_comm(false, false));
+  }
+#ifdef DSI_WITH_NCCL
+  {
+    DeviceCommEnv env("nccl");
+    EXPECT_FALSE(use_peer_comm(false, true));
+    EXPECT_THROW(use_peer_comm(true, false), Error);  // NCCL refuses ranks sharing a GPU
+  }
+#endif
+  {
+    DeviceCommEnv env("mpi");
+    EXPECT_THROW(use_peer_comm(false, false), Error);
+  }
+}
+
 TEST_P(CudaTwoRanks, TensorParallelEngineMatchesTheCpu) {
+  // With two GPUs and NCCL built, the default communicator (the peer one where the GPUs reach each
+  // other) and NCCL both; with one GPU the peer one (the ranks share it).
+  std::vector<std::string> comms = {""};
+#ifdef DSI_WITH_NCCL
+  if (cuda::device_count() >= 2) comms.push_back("nccl");
+#endif
+  for (const std::string& comm : comms)
   for (bool graphs : {true, false}) {
-  SCOPED_TRACE(fmt::format("CUDA graphs {}", graphs));
+  SCOPED_TRACE(fmt::format("DSI_DEVICE_COMM '{}', CUDA graphs {}", comm, graphs));
+  DeviceCommEnv env(comm);
   EngineOptions o;
   o.cuda_graphs = graphs;
   o.model_dir = test::fixture_dir(GetParam());
@@ -174,7 +240,8 @@ TEST_P(CudaTwoRanks, TensorParallelEngineMatchesTheCpu) {
     EXPECT_EQ(got[i], cpu_greedy(GetParam(), kPrompts[i], 10)) << "prompt " << i;
   // The peer communicator's collectives are captured with the rest of a decode step; NCCL's are
   // not (its collectives wait on the host), so with it every step runs eagerly.
-  const bool capturable = use_peer_comm(/*ranks_share_gpus=*/cuda::device_count() < 2);
+  const bool share = cuda::device_count() < 2;
+  const bool capturable = use_peer_comm(share, !share && cuda::peer_access_among(2));
   if (graphs && capturable) EXPECT_GT(m.graph_steps, 0);
   else EXPECT_EQ(m.graph_steps, 0);
   }

@@ -40,6 +40,18 @@ int physical_device(int i) {
   return i % n;
 }
 
+bool peer_access_among(int n) {
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
+      const int a = physical_device(i), b = physical_device(j);
+      if (a == b) continue;
+      int ok = 0;
+      DSI_CUDA_CHECK(cudaDeviceCanAccessPeer(&ok, a, b));
+      if (!ok) return false;
+    }
+  return true;
+}
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

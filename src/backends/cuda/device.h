@@ -39,6 +39,9 @@ void prepare_for_spinning_kernels();
 void prepare_thread(int i);
 // The GPU logical device i runs on; throws dsi::Error if i names no device.
 int physical_device(int i);
+// True when the GPUs of logical devices 0..n-1 can all read each other's memory (peer access:
+// NVLink or PCIe), or when they are one GPU; false when one pair cannot. A query, no setup.
+bool peer_access_among(int n);
 // "NVIDIA H200 (sm_90, 141 GiB)" for (logical) device i; throws dsi::Error if i is not visible.
 std::string device_description(int i);
 // Free bytes on the GPU of (logical) device i now (cudaMemGetInfo); throws dsi::Error if i is not
