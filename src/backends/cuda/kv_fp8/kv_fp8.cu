@@ -564,6 +564,10 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   // d = 128 (the models): the tensor-core kernel, which reads the query as e4m3 bytes; other head
   // dims (and an empty pool): the CUDA-core kernel (bitwise the reference), which reads it as f32.
   const bool mma = pool.dim(0) > 0 && indexer_logits_fp8_mma_supported(int(heads), int(d));
+  // The flags first (eagerly each is a memset): the rotation then runs right before the logits
+  // kernel, which overlaps its start with the rotation's end (sm90_indexer_logits.h).
+  ErrorFlag bad_row("indexer_logits_fp8: a row's bound outside [0, keys]");
+  ErrorFlag bad_page("indexer_logits_fp8: a page outside the pool");
   Scratch q8((mma ? 1 : sizeof(float)) * size_t(rows * heads * d)), wq(sizeof(float) * size_t(rows * heads));
   RotateQuantParams rq{};
   rq.x = q.f32();
@@ -577,8 +581,6 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   rq.q8_bytes = mma ? q8.as<uint8_t>() : nullptr;
   rq.wq = wq.as<float>();
   launch_rotate_quant(rq, stream());
-  ErrorFlag bad_row("indexer_logits_fp8: a row's bound outside [0, keys]");
-  ErrorFlag bad_page("indexer_logits_fp8: a page outside the pool");
   IndexerLogitsFp8Params p{};
   p.q8 = rq.q8;
   p.q8_bytes = rq.q8_bytes;
