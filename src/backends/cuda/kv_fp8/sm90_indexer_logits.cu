@@ -10,11 +10,12 @@
 // completing on the stage's barrier; page ids are read one tile ahead. Each page is read from HBM
 // once per group and reused for every row and head.
 //
-// Per page the MMA is D[key, head] = K Q^T, M = the page's 64 keys, N = a chunk of 32 or 64 heads of
-// one row (the queries sit in shared memory for the whole block, swizzled like the keys), K = 128
-// in four k32 steps. With keys as rows, a thread's accumulators cover 2 keys x N/4 heads: relu, the
-// weights and the head sum stay in its registers and two shuffles finish the sum; no partial sums
-// go through shared memory and one block barrier per page remains.
+// Per page the MMA is D[key, head] = K Q^T, M = the page's 64 keys, N = the group's query chunks
+// (32 or 64 heads of one row each, up to 4 chunks: N <= 256; the queries sit in shared memory for
+// the whole block, swizzled like the keys), K = 128 in four k32 steps of one instruction each.
+// With keys as rows, a thread's accumulators cover 2 keys x N/4 heads: relu, the weights and the
+// head sum stay in its registers and two shuffles finish the sum; no partial sums go through shared
+// memory and one block barrier per page remains.
 //
 // Numerics: every product of two e4m3 values is exact, but Hopper's fp8 MMA adds the products of a
 // k32 step in a narrower internal accumulator (products aligned to the largest exponent), so logits
@@ -30,6 +31,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
 #include "backends/cuda/ptx.cuh"
+#include "backends/cuda/wgmma.cuh"
 #include "ops/kv_fp8.h"
 
 namespace dsi::cuda {
@@ -70,21 +72,21 @@ __device__ __forceinline__ bool row_valid(int64_t seq, int64_t bound, int64_t n_
   return seq >= 0 && seq < n_seqs && bound >= 0 && bound <= max_bound;
 }
 
-// acc[c] = the page's keys x query chunk c (c < NCH), over K = 128 in four k32 steps; waits for them.
-template <int N, int CAP, int NCH>
+// acc[c] = the page's keys x query chunk c (every c < CAP), over K = 128 in four k32 steps, as one
+// MMA of N = CAP x N per step: the chunks' query tiles are consecutive rows of one swizzled tile, and
+// acc[c][4 j + e] is column block c N / 8 + j of the flat accumulator, the same registers in the
+// same order. Chunks past a group's own (a group cut short by its sequence) have zero tiles and are
+// never read. Waits for the MMAs.
+template <int N, int CAP>
 __device__ __forceinline__ void page_mma(float (&acc)[CAP][N / 2], const uint8_t* keys, const uint8_t* qs) {
-  static_assert(NCH <= CAP, "chunks within the accumulators");
-  const uint64_t ka = wgmma_desc_sw128(keys);
+  float(&flat)[CAP * N / 2] = reinterpret_cast<float(&)[CAP * N / 2]>(acc);
+  const uint64_t ka = wgmma_desc_sw128(keys), qa = wgmma_desc_sw128(qs);
   wgmma_fence();
 #pragma unroll
-  for (int k = 0; k < kD / 32; ++k) {
-#pragma unroll
-    for (int c = 0; c < NCH; ++c) wgmma_e4m3<N>(acc[c], ka + 2 * k, wgmma_desc_sw128(qs + c * N * kD) + 2 * k, k);
-  }
+  for (int k = 0; k < kD / 32; ++k) wgmma_e4m3<CAP * N>(flat, ka + 2 * k, qa + 2 * k, k);
   wgmma_commit();
   wgmma_wait<0>();
-#pragma unroll
-  for (int c = 0; c < NCH; ++c) wgmma_fence_operands(acc[c]);
+  wgmma_fence_operands(flat);
 }
 
 // N: heads per chunk (chunk_heads(p.heads)); CAP: the most (row, chunk) pairs of a group in this
@@ -194,17 +196,18 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   pdl_enter();
   // The group's queries (e4m3 bytes from rotate_quant) and folded weights, chunk c = (row c / cpr,
   // heads (c % cpr) N ..): 16-byte piece j of head i at i * 128 + ((j ^ (i % 8)) * 16). Heads past
-  // p.heads get zero queries and weights.
-  for (int i = tid; i < nch * N * (kD / 16); i += kThreads) {
+  // p.heads and chunks past the group's get zero queries and weights.
+  for (int i = tid; i < CAP * N * (kD / 16); i += kThreads) {
     const int c = i / (N * (kD / 16)), hl = i / (kD / 16) % N, j = i % (kD / 16);
     const int h = (c % cpr) * N + hl;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (h < p.heads) v = reinterpret_cast<const uint4*>(p.q8_bytes + ((r0 + c / cpr) * p.heads + h) * kD)[j];
+    if (c < nch && h < p.heads)
+      v = reinterpret_cast<const uint4*>(p.q8_bytes + ((r0 + c / cpr) * p.heads + h) * kD)[j];
     *reinterpret_cast<uint4*>(qs + (c * N + hl) * kD + ((j ^ (hl & 7)) * 16)) = v;
   }
-  for (int i = tid; i < nch * N; i += kThreads) {
+  for (int i = tid; i < CAP * N; i += kThreads) {
     const int c = i / N, h = (c % cpr) * N + i % N;
-    ws[i] = h < p.heads ? p.wq[(r0 + c / cpr) * p.heads + h] : 0.0f;
+    ws[i] = c < nch && h < p.heads ? p.wq[(r0 + c / cpr) * p.heads + h] : 0.0f;
   }
   fence_async_shared();  // the query tiles, written by threads, are read by the MMAs
   __syncthreads();       // ... and the barriers are initialised
@@ -229,12 +232,7 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
     float sum[CAP][2] = {};  // [chunk][key 16 warp + g, + 8]: weighted relu sums over its heads
     if (has_keys && !bad) {
       const uint8_t* kt = keys + s * kKeyBytes;
-      switch (nch) {  // a compile-time chunk count: no MMA under a branch of its own
-        case 1: page_mma<N, CAP, 1>(acc, kt, qs); break;
-        case 2: if constexpr (CAP >= 2) page_mma<N, CAP, 2>(acc, kt, qs); break;
-        case 3: if constexpr (CAP >= 3) page_mma<N, CAP, 3>(acc, kt, qs); break;
-        default: if constexpr (CAP >= 4) page_mma<N, CAP, 4>(acc, kt, qs); break;
-      }
+      page_mma<N, CAP>(acc, kt, qs);
 #pragma unroll
       for (int c = 0; c < CAP; ++c) {
         if (c >= nch) continue;
