@@ -396,6 +396,13 @@ TEST(TokenizerErrors, OneLineMessagesNamingFileAndField) {
   test::expect_error(load_with({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "^a"}}},
                                                    {"behavior", "Isolated"}}}}),
                      {path, "anchor '^' is not supported"});
+  // Patterns holding raw control characters are quoted escaped: the message stays one line.
+  test::expect_error(load_with({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "a\n[b[c]]\t"}}},
+                                                   {"behavior", "Isolated"}}}}),
+                     {path, "regex 'a\\n[b[c]]\\t'", "nested character classes"});
+  test::expect_error(load_with({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(\r\x01"}}},
+                                                   {"behavior", "Isolated"}}}}),
+                     {path, "regex '(\\r\\x01' does not compile"});
   test::expect_error(load_with({{"decoder", {{"type", "WordPiece"}}}}),
                      {path, "decoder", "'WordPiece' is not supported"});
   test::expect_error(load_with({{"post_processor", {{"type", "Weird"}}}}),
