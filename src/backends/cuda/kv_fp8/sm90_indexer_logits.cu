@@ -280,13 +280,6 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   }
 }
 
-int device_sm_count() {
-  int dev = 0, n = 0;
-  DSI_CUDA_CHECK(cudaGetDevice(&dev));
-  DSI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
-
 // The tensor map of the pool's key tiles: dimensions (128 bytes of a key, 64 keys, n_pages pages),
 // pages kPageBytes apart, one page per copy, written in the 128-byte swizzle. The driver's encoder
 // comes through the runtime (no link against the driver library).
@@ -319,12 +312,16 @@ void launch_wgmma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
   // Per call (cheap, per device, allowed during stream capture).
   DSI_CUDA_CHECK(
       cudaFuncSetAttribute(indexer_logits_wgmma_kernel<N, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  int per_sm = 0;
-  DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, indexer_logits_wgmma_kernel<N, CAP>, kThreads, smem));
+  // Blocks one SM holds: the same on every device that runs the kernel (sm_90a), so asked once.
+  static const int per_sm = [&] {
+    int n = 0;
+    DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_logits_wgmma_kernel<N, CAP>, kThreads, smem));
+    return std::max(n, 1);
+  }();
   // Every resident block slot over all groups (a group is up to 4 rows of one sequence).
   const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
   const int64_t groups = (p.rows + G - 1) / G;
-  const int64_t want = std::max<int64_t>(1, int64_t(std::max(per_sm, 1)) * device_sm_count() / groups);
+  const int64_t want = std::max<int64_t>(1, int64_t(per_sm) * sm_count() / groups);
   const unsigned gx = unsigned(std::max<int64_t>(1, std::min(n_tiles, want)));
   launch(indexer_logits_wgmma_kernel<N, CAP>, dim3(gx, unsigned(p.rows)), kThreads, smem, s,
          key_tensor_map(p.pool, p.n_pages), p);
