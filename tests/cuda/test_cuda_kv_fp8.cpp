@@ -127,7 +127,6 @@ struct LogitsCase {
   std::vector<int64_t> lens;
   std::vector<int32_t> row_seq, bounds;
   int plant = 0;  // > 0: this many keys per sequence scaled by 1000 and positive head weights
-  bool unaligned_q = false;  // the device query 4 bytes off a 16-byte boundary: the CUDA-core kernel
 };
 
 // Tensor-core logits (d = 128) against the CPU. Both sum exact e4m3 products; the CPU adds them in c
@@ -260,30 +259,19 @@ int run_logits_case(const LogitsCase& c, uint64_t seed, const std::string& what)
   Tensor cpu = Tensor::empty({rows, n_cols}, DType::F32);
   ops::indexer_logits_fp8(q, w, pool, table, rs, bd, scale, cpu);
   test::Guarded g = test::guarded({rows, n_cols}, DType::F32);
-  Tensor dq = dev(q);
-  if (c.unaligned_q) {  // the same values one float into a larger buffer
-    Tensor flat = Tensor::zeros({q.numel() + 1}, DType::F32);
-    std::memcpy(flat.f32() + 1, q.f32(), q.nbytes());
-    dq = dev(flat).slice(1, q.numel() + 1).view(q.shape());
-    if (reinterpret_cast<uintptr_t>(dq.raw()) % 16 == 0) {
-      ADD_FAILURE() << what << ": the query view is 16-byte aligned";
-      return 0;
-    }
-  }
-  const Tensor dw = dev(w), dp = dev(pool), dt = dev(table), drs = dev(rs), dbd = dev(bd);
+  const Tensor dq = dev(q), dw = dev(w), dp = dev(pool), dt = dev(table), drs = dev(rs), dbd = dev(bd);
   ops::indexer_logits_fp8(dq, dw, dp, dt, drs, dbd, scale, g.view);
   const Tensor got = g.check(what);
   test::expect_same_specials(got, cpu, what);
   int checked = 0;
-  if (d == 128 && !c.unaligned_q) {
+  if (d == 128) {
     // The tensor-core kernel (sm90_indexer_logits.cu): exact e4m3 products, other summation order
     // and width; bounded by the magnitude of the terms, and the top-k must agree where separated.
     const Tensor bnd = logits_magnitude(q, w, pool, pg, c, scale, n_cols);
     expect_logits_within(got, cpu, bnd, what);
     checked = expect_topk_agrees(got, cpu, bnd, c.bounds, what);
   } else {
-    // The CUDA-core kernel (other head dims, or a query the tensor-core kernel cannot load with
-    // 16-byte loads): same rounding at every step (the heads summed in order): bitwise.
+    // The CUDA-core kernel: same rounding at every step (the heads summed in order): bitwise.
     test::expect_nmse_close(got, cpu, tol::kCudaReductionNmse, what);
     test::expect_bitwise(got, cpu, what + " (bitwise)");
   }
@@ -330,10 +318,6 @@ TEST_F(CudaKvFp8, IndexerLogitsDecodeShapesAndSeparatedTopk) {
   const int checked = run_logits_case(
       {128, 64, {4099, 2051}, {0, 0, 0, 1}, {4099, 4000, 4098, 2051}, 64}, 203, "indexer logits planted");
   EXPECT_GE(checked, 4) << "every row's top-64 boundary is separated";
-}
-
-TEST_F(CudaKvFp8, IndexerLogitsUnalignedQueryTakesTheExactKernel) {
-  run_logits_case({128, 64, {300, 64}, {1, 0, 0}, {64, 300, 65}, 0, true}, 206, "indexer logits unaligned q");
 }
 
 TEST_F(CudaKvFp8, IndexerLogitsBadInputsGiveTheCpuErrors) {

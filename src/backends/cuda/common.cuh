@@ -97,7 +97,8 @@ class ErrorFlag {
 //     triggers when it exits.
 // So when a kernel starts, every grid before the previous one has completed: before its wait a
 // kernel may also read what the kernel launched right before it does not write, if its launcher
-// fixes which kernel that is, reading past the L1 (ld.global.cg, or copies through the L2).
+// fixes which kernel that is (the indexer logits kernel: its tables and key pages, behind the
+// query rotation), reading past the L1 (ld.global.cg, or copies through the L2).
 // Without the attribute (older GPUs, DSI_PDL=0) both are no-ops and launches serialise as usual.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

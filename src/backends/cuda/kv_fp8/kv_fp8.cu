@@ -8,7 +8,6 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_kv_fp8.h"
-#include "backends/cuda/kv_fp8/fp8_quant.cuh"
 #include "backends/cuda/kv_fp8/kv_fp8.h"
 #include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
@@ -23,6 +22,24 @@ constexpr int kLora = ops::kMlaFp8Lora;
 constexpr int kRope = ops::kMlaFp8Rope;
 constexpr int kDk = kLora + kRope;
 constexpr int kEntry = ops::kMlaFp8Bytes;
+
+// ---- scalar numerics shared by the kernels (the CPU twins are in backends/cpu/kv_fp8.cpp) ----
+
+// ceil(log2(max(amax, 1e-4) / 448)) from the bits of the IEEE fp32 quotient.
+__device__ __forceinline__ int ue8m0_exponent(float amax) {
+  const float ratio = __fdiv_rn(fmaxf(amax, ops::kFp8AmaxFloor), 448.0f);
+  const unsigned bits = __float_as_uint(ratio);
+  const int e = int((bits >> 23) & 0xffu) - 127;
+  return (bits & 0x7fffffu) != 0u ? e + 1 : e;
+}
+// 2^e for e in [-126, 127] (the exponents above stay within [-22, 121]).
+__device__ __forceinline__ float pow2f(int e) { return __uint_as_float(unsigned(e + 127) << 23); }
+
+// e4m3 byte of x (|x| <= 448): hardware round to nearest even; -0 stored as +0 as on the CPU.
+__device__ __forceinline__ uint8_t quantize_e4m3(float x) {
+  const uint8_t b = static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+  return (b & 0x7fu) == 0u ? uint8_t(0) : b;
+}
 
 // f32 -> bf16 bits, round to nearest even, NaN kept quiet (dsi::f32_to_bf16).
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
@@ -88,7 +105,11 @@ __global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantPar
       if (threadIdx.x == 0)
         *reinterpret_cast<float*>(page + int64_t(kPage) * d + off * 4) = pow2f(e);
     } else {
-      for (int c = threadIdx.x; c < d; c += blockDim.x) p.q8[i * d + c] = e4m3_to_float(quantize_e4m3(__fmul_rn(xs[c], inv)));
+      for (int c = threadIdx.x; c < d; c += blockDim.x) {
+        const uint8_t b = quantize_e4m3(__fmul_rn(xs[c], inv));
+        if (p.q8 != nullptr) p.q8[i * d + c] = e4m3_to_float(b);
+        if (p.q8_bytes != nullptr) p.q8_bytes[i * d + c] = b;
+      }
       if (threadIdx.x == 0) p.wq[i] = __fmul_rn(__fmul_rn(p.weights[i], pow2f(e)), p.softmax_scale);
     }
     __syncthreads();  // xs is rewritten by the next vector
@@ -540,15 +561,14 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   DSI_CHECK(heads <= (1 << 20), "indexer_logits_fp8: {} heads", heads);
   DeviceGuard guard(q.device());
   check_aligned(pool.raw(), 16, "indexer_logits_fp8", "pool");
-  // d = 128 (the models): the tensor-core kernel, which rotates and quantises the f32 query itself
-  // (16-byte aligned rows); other head dims, an empty pool or an unaligned query: the rotation
-  // kernel, then the CUDA-core kernel (bitwise the reference), which reads the query as f32 e4m3
-  // values.
-  const bool mma = pool.dim(0) > 0 && indexer_logits_fp8_mma_supported(int(heads), int(d)) &&
-                   reinterpret_cast<uintptr_t>(q.raw()) % 16 == 0;
+  // d = 128 (the models): the tensor-core kernel, which reads the query as e4m3 bytes; other head
+  // dims (and an empty pool): the CUDA-core kernel (bitwise the reference), which reads it as f32.
+  const bool mma = pool.dim(0) > 0 && indexer_logits_fp8_mma_supported(int(heads), int(d));
+  // The flags first (eagerly each is a memset): the rotation then runs right before the logits
+  // kernel, which overlaps its start with the rotation's end (sm90_indexer_logits.h).
   ErrorFlag bad_row("indexer_logits_fp8: a row's bound outside [0, keys]");
   ErrorFlag bad_page("indexer_logits_fp8: a page outside the pool");
-  Scratch q8(mma ? 0 : sizeof(float) * size_t(rows * heads * d)), wq(mma ? 0 : sizeof(float) * size_t(rows * heads));
+  Scratch q8((mma ? 1 : sizeof(float)) * size_t(rows * heads * d)), wq(sizeof(float) * size_t(rows * heads));
   RotateQuantParams rq{};
   rq.x = q.f32();
   rq.x_stride = d;
@@ -557,16 +577,14 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   rq.hadamard_scale = float(1.0 / std::sqrt(double(d)));
   rq.weights = weights.f32();
   rq.softmax_scale = softmax_scale;
-  rq.q8 = q8.as<float>();
+  rq.q8 = mma ? nullptr : q8.as<float>();
+  rq.q8_bytes = mma ? q8.as<uint8_t>() : nullptr;
   rq.wq = wq.as<float>();
-  if (!mma) launch_rotate_quant(rq, stream());
+  launch_rotate_quant(rq, stream());
   IndexerLogitsFp8Params p{};
   p.q8 = rq.q8;
-  p.wq = rq.wq;
-  p.q = rq.x;
-  p.weights = rq.weights;
-  p.softmax_scale = rq.softmax_scale;
-  p.hadamard_scale = rq.hadamard_scale;
+  p.q8_bytes = rq.q8_bytes;
+  p.wq = wq.as<float>();
   p.pool = static_cast<const uint8_t*>(pool.raw());
   p.block_tables = block_tables.i32();
   p.row_seq = row_seq.i32();

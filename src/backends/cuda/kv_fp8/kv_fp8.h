@@ -12,8 +12,8 @@
 namespace dsi::cuda {
 
 // Rotate + quantise d-vectors, one block per vector. Store mode (pool != null): into the paged
-// indexer-key cache. Query mode (pool null): the e4m3 values as f32 and the folded head weights
-// (the CUDA-core logits kernel's query; the tensor-core kernel does the same steps itself).
+// indexer-key cache. Query mode (q8 or q8_bytes != null): the e4m3 values (as f32, as bytes or
+// both) and the folded head weights.
 struct RotateQuantParams {
   const float* x;          // [n, d], row stride x_stride (keys [m, d] or q [rows * heads, d])
   int64_t x_stride, n;
@@ -27,7 +27,8 @@ struct RotateQuantParams {
   // query mode
   const float* weights;    // [n] head weights (already carrying H^-1/2)
   float softmax_scale;
-  float* q8;               // [n, d] e4m3 values as f32 (exact)
+  float* q8;               // [n, d] e4m3 values as f32 (exact), or null
+  uint8_t* q8_bytes;       // [n, d] the same values as e4m3 bytes, or null
   float* wq;               // [n] (weights * q_scale) * softmax_scale
 };
 void launch_rotate_quant(const RotateQuantParams& p, cudaStream_t stream);
@@ -35,12 +36,9 @@ void launch_rotate_quant(const RotateQuantParams& p, cudaStream_t stream);
 struct IndexerLogitsFp8Params {
   const float* q8;             // [rows, heads, d] e4m3 values as f32 (rotate_quant query mode):
                                // the CUDA-core kernel's query
-  const float* wq;             // [rows, heads] folded weights (CUDA-core kernel)
-  // The tensor-core kernel's inputs instead of q8 and wq: it rotates and quantises the queries
-  // itself (rotate_quant's query mode, the same roundings).
-  const float* q = nullptr;        // [rows, heads, 128] f32, contiguous, 16-byte aligned
-  const float* weights = nullptr;  // [rows, heads] head weights
-  float softmax_scale = 0.0f, hadamard_scale = 0.0f;
+  const uint8_t* q8_bytes;     // [rows, heads, d] the same as e4m3 bytes, 16-byte aligned: the
+                               // tensor-core kernel's query
+  const float* wq;             // [rows, heads] folded weights
   const uint8_t* pool;         // [n_pages, 64 * (d + 4)], 16-byte aligned
   const int32_t* block_tables; // [n_seqs, max_pages] physical page ids, -1 = unused
   const int32_t* row_seq;      // [rows] sequence of each row

@@ -10,13 +10,6 @@
 // completing on the stage's barrier; page ids are read one tile ahead. Each page is read from HBM
 // once per group and reused for every row and head.
 //
-// The queries arrive in f32: while the first pages are in flight, every block rotates and
-// quantises its group's queries itself (one warp per 128-vector, the Hadamard butterflies across
-// the lanes; the roundings of rotate_quant's query mode, so the same e4m3 bytes and folded
-// weights). A separate rotation kernel cost a launch and about 2.6 us in the chain of a decode
-// step; the block's redundant share of it (at most 256 vectors, from the L2) hides under the
-// copies. Nothing is read before the programmatic wait, so any kernel may come right before it.
-//
 // Per page the MMA is D[key, head] = K Q^T, M = the page's 64 keys, N = the group's query chunks
 // (32 or 64 heads of one row each, up to 4 chunks: N <= 256; the queries sit in shared memory for
 // the whole block, swizzled like the keys), K = 128 in four k32 steps of one instruction each.
@@ -36,7 +29,6 @@
 #include <cstdint>
 
 #include "backends/cuda/common.cuh"
-#include "backends/cuda/kv_fp8/fp8_quant.cuh"
 #include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
 #include "backends/cuda/ptx.cuh"
 #include "backends/cuda/wgmma.cuh"
@@ -97,45 +89,16 @@ __device__ __forceinline__ void page_mma(float (&acc)[CAP][N / 2], const uint8_t
   wgmma_fence_operands(flat);
 }
 
-// The Hadamard rotation of a 128-vector held by a warp (lane l: elements 4l .. 4l + 3), in the
-// CPU's butterfly order (h = 1, 2 inside the lane, 4 .. 64 across lanes l ^ h / 4; the upper
-// element of a pair becomes a - b, the lower a + b), times hscale, quantised with a power-of-two
-// scale 2^e (ue8m0_exponent of the vector's amax): the lane's four e4m3 bytes, element 4l lowest.
-__device__ __forceinline__ uint32_t rotate_quant_128(float4 x, float hscale, int lane, int& e) {
-  const float a0 = __fadd_rn(x.x, x.y), a1 = __fsub_rn(x.x, x.y);
-  const float a2 = __fadd_rn(x.z, x.w), a3 = __fsub_rn(x.z, x.w);
-  float v[4] = {__fadd_rn(a0, a2), __fadd_rn(a1, a3), __fsub_rn(a0, a2), __fsub_rn(a1, a3)};
-#pragma unroll
-  for (int m = 1; m < 32; m <<= 1) {
-    const bool upper = (lane & m) != 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float o = __shfl_xor_sync(0xffffffffu, v[i], m);
-      v[i] = upper ? __fsub_rn(o, v[i]) : __fadd_rn(v[i], o);
-    }
-  }
-  float amax = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    v[i] = __fmul_rn(v[i], hscale);
-    amax = fmaxf(amax, fabsf(v[i]));
-  }
-  e = ue8m0_exponent(warp_max(amax));
-  const float inv = pow2f(-e);  // exact: x * inv is x / scale
-  uint32_t bytes = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) bytes |= uint32_t(quantize_e4m3(__fmul_rn(v[i], inv))) << (8 * i);
-  return bytes;
-}
-
 // N: heads per chunk (chunk_heads(p.heads)); CAP: the most (row, chunk) pairs of a group in this
 // call (the accumulators and query tiles held: 1 for one decode row, so no registers go unused).
 template <int N, int CAP>
 __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __grid_constant__ CUtensorMap key_map,
                                                                        IndexerLogitsFp8Params p) {
-  // Every input may be written by the kernel right before this one (the key store, the queries'
-  // RoPE): nothing is read before the programmatic wait.
-  pdl_enter();
+  // Until pdl_enter() below the kernel reads only what the query rotation, the kernel launched
+  // right before it (ops::indexer_logits_fp8), leaves alone: the rows' sequences and bounds, the
+  // block tables and the key pages (common.cuh: only the previous kernel may still be running). So
+  // the first pages are on their way while the rotation ends. The queries, the weights and every
+  // global write come after the wait; the tables are read past the L1 (__ldcg).
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const keys =  // [kStages][64 keys][128 B], swizzled
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + kAlign - 1) & ~uintptr_t(kAlign - 1));
@@ -182,6 +145,7 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   __syncthreads();
   const int R = s_rows;
   if (R <= 0) {  // block-uniform: not a leader, or an invalid row
+    pdl_enter();
     if (R < 0 && tid == 0 && blockIdx.x == 0) atomicMin(p.bad_row, static_cast<unsigned long long>(r0));
     return;
   }
@@ -229,36 +193,21 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
     for (int s = 0; s < kStages - 1; ++s) issue(int64_t(blockIdx.x) + int64_t(s) * stride, first[s], s);
     next = first[kStages - 1];
   }
-  // The group's queries, rotated and quantised (rotate_quant_128), and their folded weights: warp w
-  // takes kBatch vectors at a time, every 4 kBatch-th from w kBatch on. Chunk c = (row c / cpr,
-  // heads (c % cpr) N ..), vector v = c N + head: 16-byte piece j of its 128 bytes at
-  // v * 128 + ((j ^ (v % 8)) * 16) (N is a multiple of 8). Heads past p.heads and chunks past the
-  // group's get zero queries and weights.
-  constexpr int kBatch = 4;  // vectors per warp with their loads in flight together
-  for (int v0 = warp * kBatch; v0 < CAP * N; v0 += 4 * kBatch) {
-    float4 x[kBatch];
-    float w[kBatch];
-    int64_t src[kBatch];
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int v = v0 + u, c = v / N, h = (c % cpr) * N + v % N;
-      src[u] = c < nch && h < p.heads ? (r0 + c / cpr) * p.heads + h : -1;  // warp-uniform
-      x[u] = src[u] >= 0 ? __ldg(reinterpret_cast<const float4*>(p.q + src[u] * kD) + lane) : make_float4(0, 0, 0, 0);
-      w[u] = src[u] >= 0 ? __ldg(p.weights + src[u]) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kBatch; ++u) {
-      const int v = v0 + u;
-      uint32_t bytes = 0;
-      float wq = 0.0f;
-      if (src[u] >= 0) {
-        int e = 0;
-        bytes = rotate_quant_128(x[u], p.hadamard_scale, lane, e);
-        wq = __fmul_rn(__fmul_rn(w[u], pow2f(e)), p.softmax_scale);  // rotate_quant's wq
-      }
-      *reinterpret_cast<uint32_t*>(qs + v * kD + (((lane >> 2) ^ (v & 7)) * 16) + (lane & 3) * 4) = bytes;
-      if (lane == 0) ws[v] = wq;
-    }
+  pdl_enter();
+  // The group's queries (e4m3 bytes from rotate_quant) and folded weights, chunk c = (row c / cpr,
+  // heads (c % cpr) N ..): 16-byte piece j of head i at i * 128 + ((j ^ (i % 8)) * 16). Heads past
+  // p.heads and chunks past the group's get zero queries and weights.
+  for (int i = tid; i < CAP * N * (kD / 16); i += kThreads) {
+    const int c = i / (N * (kD / 16)), hl = i / (kD / 16) % N, j = i % (kD / 16);
+    const int h = (c % cpr) * N + hl;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (c < nch && h < p.heads)
+      v = reinterpret_cast<const uint4*>(p.q8_bytes + ((r0 + c / cpr) * p.heads + h) * kD)[j];
+    *reinterpret_cast<uint4*>(qs + (c * N + hl) * kD + ((j ^ (hl & 7)) * 16)) = v;
+  }
+  for (int i = tid; i < CAP * N; i += kThreads) {
+    const int c = i / N, h = (c % cpr) * N + i % N;
+    ws[i] = c < nch && h < p.heads ? p.wq[(r0 + c / cpr) * p.heads + h] : 0.0f;
   }
   fence_async_shared();  // the query tiles, written by threads, are read by the MMAs
   __syncthreads();       // ... and the barriers are initialised

@@ -12,10 +12,11 @@ namespace dsi::cuda {
 // True when the tensor-core kernel handles this shape (d = 128, 1..128 heads) on the current device.
 bool indexer_logits_fp8_mma_supported(int heads, int d);
 
-// Same contract as launch_indexer_logits_fp8, except that it takes the f32 queries and head
-// weights (q, weights, softmax_scale, hadamard_scale) and rotates and quantises them itself, and
-// that the head sums are not in the CPU's order: logits agree with the reference to a stated
-// tolerance (see the .cu), not bitwise.
+// Same contract as launch_indexer_logits_fp8, except that the head sums are not in the CPU's order:
+// logits agree with the reference to a stated tolerance (see the .cu), not bitwise. It reads the
+// rows' sequences and bounds, the block tables and the key pages before its programmatic wait
+// (common.cuh), so the kernel launched right before it on the stream must not write those
+// (ops::indexer_logits_fp8 launches the query rotation there).
 void launch_indexer_logits_fp8_mma(const IndexerLogitsFp8Params& p, cudaStream_t stream);
 
 }  // namespace dsi::cuda
