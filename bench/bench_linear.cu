@@ -8,7 +8,8 @@
 // 2..8 x rows over fp8 weights also time the tensor-core kernel (plan "mma").
 //
 // The MoE rows time the grouped GEMVs of one token's experts as the MoE layer launches them.
-//   bench_linear [--sweep] [--reps N] [--gemm-only | --gemv-only | --moe-only]
+// --only NAME keeps the shapes whose layer name contains NAME (and skips the MoE rows).
+//   bench_linear [--sweep] [--reps N] [--only NAME] [--gemm-only | --gemv-only | --moe-only]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -208,14 +209,17 @@ void bench_grouped(const char* model, int64_t hidden, int64_t inter, int sms, in
 int main(int argc, char** argv) {
   bool sweep = false, gemv = true, gemm = true, moe_only = false;
   int reps = 30;
+  std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sweep")) sweep = true;
     else if (!std::strcmp(argv[i], "--gemm-only")) gemv = false;
     else if (!std::strcmp(argv[i], "--gemv-only")) gemm = false;
     else if (!std::strcmp(argv[i], "--moe-only")) gemm = false, moe_only = true;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(3, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--gemm-only | --gemv-only | --moe-only]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--only NAME] [--gemm-only | --gemv-only | --moe-only]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -230,11 +234,18 @@ int main(int argc, char** argv) {
     DSI_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
     std::printf("device: %s, %d SMs, L2 %d MiB; peak taken as %.0f GB/s\n",
                 dsi::cuda::device_description(0).c_str(), sms, l2 >> 20, kPeakGBs);
-    const std::vector<Shape> shapes = {
+    // in_proj: the stacked q_a, kv_a (576 rows padded to 640, whole scale blocks) and indexer wk
+    // (AttentionWeights::in_proj; GLM-5.2's shared-indexer layers have no wk: 2688 rows).
+    std::vector<Shape> shapes = {
+        {"GLM-5", "in_proj", 2816, 6144},     {"DSV3.2", "in_proj", 2304, 7168},
         {"GLM-5", "o_proj", 6144, 16384},     {"GLM-5", "q_b_proj", 16384, 2048},
         {"GLM-5", "expert_gate", 2048, 6144}, {"GLM-5", "expert_down", 6144, 2048},
         {"DSV3.2", "o_proj", 7168, 16384},    {"DSV3.2", "expert_gate", 2048, 7168},
         {"DSV3.2", "expert_down", 7168, 2048}};
+    if (!only.empty())
+      shapes.erase(std::remove_if(shapes.begin(), shapes.end(),
+                                  [&](const Shape& sh) { return std::string(sh.name).find(only) == std::string::npos; }),
+                   shapes.end());
     // (Shared experts have the routed experts' shapes; q_b_proj of DSV3.2 is GLM-5's [16384, 1536].)
     std::printf("%-8s %-14s %5s %6s %-5s %4s %-10s %9s %8s %7s %8s  %s\n", "model", "layer", "out", "in",
                 "dtype", "n", "kernel", "us", "GB/s", "%peak", "TFLOP/s", "plan");
@@ -251,7 +262,7 @@ int main(int argc, char** argv) {
     fill_f32<<<1024, 256>>>(x, max_n * max_in, 7, -1.0f, 1.0f);
     DSI_CUDA_CHECK(cudaDeviceSynchronize());
 
-    if (gemv) {
+    if (gemv && only.empty()) {
       bench_grouped("GLM-5", 6144, 2048, sms, l2, reps, sweep, x, y);
       bench_grouped("DSV3.2", 7168, 2048, sms, l2, reps, sweep, x, y);
     }
