@@ -313,7 +313,7 @@ void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, 
   };
   run_plan(dsi::cuda::plan_sparse_mla_decode(rows, heads, topk, sms), "");
   if (sweep) {
-    for (int mt : {1, 2})
+    for (int mt : {1, 2, 4})
       for (int splits : {1, 2, 4, 8, 16, 32}) {
         const auto plan = dsi::cuda::plan_sparse_mla_decode(rows, heads, topk, sms, mt, splits);
         if (plan.n_splits != splits) continue;  // rounded to another tiling: already listed

@@ -500,7 +500,7 @@ TEST_F(CudaKvFp8, SparseMlaOddTopk) {
 }
 
 TEST_F(CudaKvFp8, SparseMlaHeads) {
-  for (int64_t heads : {1, 2, 3, 8, 9, 17, 64, 128})
+  for (int64_t heads : {1, 2, 3, 8, 9, 17, 64, 72, 128})
     run_sparse_case(3, heads, 129, uint64_t(heads) + 50, "sparse mla fp8" + sz("heads", heads));
   run_sparse_case(2, 128, 2049, 77, "sparse mla fp8 heads=128 topk=2049");
   run_sparse_case(2, 64, 4100, 78, "sparse mla fp8 heads=64 topk=4100");
@@ -520,8 +520,8 @@ TEST_F(CudaKvFp8, SparseMlaSubnormalLatents) {
   run_sparse_case(2, 64, 2048, 96, "sparse mla fp8 subnormal latents heads=64", true);
 }
 
-// Every tiling of the split-KV kernel (16 or 32 heads per CTA, no split .. one tile per split), called
-// through the launcher with a caller-provided workspace, against the CPU.
+// Every tiling of the split-KV kernels (mma.sync with 16 or 32 heads per CTA, wgmma with 64; no split
+// .. one tile per split), called through the launcher with a caller-provided workspace, against the CPU.
 TEST_F(CudaKvFp8, SparseMlaDecodeEveryTiling) {
   const int64_t rows = 3, heads = 40, topk = 2049;  // 40 heads: padded head groups either way
   const SparseInputs in = sparse_inputs(rows, heads, topk, 123);
@@ -529,7 +529,7 @@ TEST_F(CudaKvFp8, SparseMlaDecodeEveryTiling) {
   Tensor co = Tensor::empty({rows, heads, 512}, DType::F32), cl = Tensor::empty({rows, heads}, DType::F32);
   ops::sparse_mla_fp8(in.q, in.pool, in.idx, scale, 512, co, cl);
   const Tensor dq = test::dev_strided(in.q), dp = dev(in.pool), di = dev(in.idx);
-  for (int mt : {1, 2}) {
+  for (int mt : {1, 2, 4}) {
     for (int splits : {1, 2, 5, 33, 200}) {
       const cuda::SparseMlaDecodePlan plan = cuda::plan_sparse_mla_decode(rows, heads, topk, 132, mt, splits);
       const std::string what = "sparse mla decode" + sz("m_tiles", mt) + sz("splits", plan.n_splits) +

@@ -47,6 +47,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ptx.cuh"
+#include "backends/cuda/wgmma.cuh"
 #include "ops/kv_fp8.h"
 
 namespace dsi::cuda {
@@ -413,6 +414,275 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   }
 }
 
+// ---- The warpgroup kernel (m_tiles = 4): 64 heads per CTA on wgmma ----
+//
+// One CTA = (row, block of 64 heads, split of up to 32 tiles of 64 keys), two warpgroups. The heads
+// are the MMA's M (64: heads past the end are zero rows). Per tile:
+//   1. the raw entries (cp.async, fetched during the previous tile) are unpacked into a bf16 K tile
+//      [64 keys][576] in the 128-byte swizzle (9 chunks of 64 dims), each latent value multiplied by
+//      its tile scale (exact for the power-of-two scales dsinfer writes); then the next tile's
+//      entries are fetched;
+//   2. S = q K^T: warpgroup w takes keys [32 w, 32 w + 32), 36 m64n32k16 steps over the 576 dims
+//      (q in shared memory, bf16, the same swizzle);
+//   3. online softmax in registers: the two warpgroups' row maxima meet in shared memory (read in a
+//      fixed order, so both hold the same running maximum), P = exp2(s - m) is stored in bf16 as
+//      one [64 heads][64 keys] operand tile, l and the output rescale stay per thread;
+//   4. out[64, 512] += P V: warpgroup w owns value columns [256 w, 256 w + 256), four m64n256k16
+//      steps with V = the first 512 dims of the same K tile read MN-major (no second copy).
+// Each thread holds two head rows (16 warp + g, + 8) of S and of its output: the alpha rescale and
+// the softmax need no shared memory beyond the maxima. Numerics as the mma.sync kernel's, except
+// that the tile scales ride on K and V (bf16 products, exact for power-of-two scales) instead of
+// the fp32 scores and P.
+namespace wgk {
+constexpr int kHeads = 64;                    // the MMA's M: heads per CTA
+constexpr int kChunkBytes = 64 * 128;         // a [64 rows][64 bf16] swizzled chunk
+constexpr int kChunks = kDk / 64;             // 9: 8 latent chunks and the RoPE chunk
+constexpr int kUnits = kDk / 8;               // 72 16-byte bf16 units per key (64 latent, 8 RoPE)
+constexpr size_t kQ = 0;                                          // bf16 [9][64 heads][128 B]
+constexpr size_t kK = kQ + size_t(kChunks) * kChunkBytes;         // bf16 [9][64 keys][128 B]
+constexpr size_t kP = kK + size_t(kChunks) * kChunkBytes;         // bf16 [64 heads][64 keys]
+constexpr size_t kRaw = kP + kChunkBytes;                         // u8 [64][656]
+constexpr size_t kIdx = kRaw + size_t(kBK) * kEntry;              // i32 [32 * 64]
+constexpr size_t kMax = kIdx + size_t(kSparseMlaMaxSplitTiles) * kBK * 4;  // f32 [2][64] row maxima
+constexpr size_t kL = kMax + 2 * kHeads * 4;                      // f32 [2][64] row sums
+constexpr size_t kBytes = kL + 2 * kHeads * 4;
+constexpr size_t kAlign = 1024;                                   // the swizzle's 8-row period
+constexpr size_t kAlloc = kBytes + kAlign;                        // + slack to align the base
+static_assert(kK % kAlign == 0 && kP % kAlign == 0 && kRaw % 16 == 0, "tile alignment");
+
+// Byte offset of element (r, c < 64) in a [rows][64] bf16 chunk in the 128-byte swizzle.
+__device__ __forceinline__ uint32_t sw128(int r, int c) {
+  return uint32_t(r) * 128u + ((uint32_t((c >> 3) ^ (r & 7)) << 4) | (uint32_t(c & 7) << 1));
+}
+}  // namespace wgk
+
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMlaDecodeParams p, SplitArgs a) {
+  pdl_enter();
+  using namespace wgk;
+  extern __shared__ uint8_t smem_base[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_base) + kAlign - 1) & ~(kAlign - 1));
+  uint8_t* q_s = smem + kQ;
+  uint8_t* k_s = smem + kK;
+  uint8_t* p_s = smem + kP;
+  uint8_t* raw = smem + kRaw;
+  int32_t* idx_s = reinterpret_cast<int32_t*>(smem + kIdx);
+  float* max_s = reinterpret_cast<float*>(smem + kMax);
+  float* sum_s = reinterpret_cast<float*>(smem + kL);
+
+  const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int r0 = 16 * warp + g, r1 = r0 + 8;  // this thread's two head rows (of 64)
+  const int64_t b = blockIdx.x;
+  const int hb = int(b % a.head_groups);
+  const int split = int((b / a.head_groups) % a.n_splits);
+  const int64_t row = b / (int64_t(a.head_groups) * a.n_splits);
+  const int64_t h0 = int64_t(hb) * kHeads;
+
+  const int64_t key0 = int64_t(split) * a.tiles_per_split * kBK;
+  const int64_t left = p.topk - key0, span = int64_t(a.tiles_per_split) * kBK;
+  const int n_keys = int(left < 0 ? 0 : (left < span ? left : span));
+  const int n_tiles = (n_keys + kBK - 1) / kBK;
+
+  const int32_t* idx_row = p.indices + row * p.topk + key0;
+#pragma unroll 8
+  for (int i = tid; i < n_tiles * kBK; i += kThreads) idx_s[i] = i < n_keys ? idx_row[i] : -1;
+  __syncthreads();
+
+  auto issue_tile = [&](int t) {
+    for (int i = tid; i < kBK * kPieces; i += kThreads) {
+      const int k = i / kPieces, piece = i - k * kPieces;
+      const int32_t slot = idx_s[t * kBK + k];
+      const bool ok = slot >= 0 && slot < p.n_slots;
+      if (piece == 0 && slot >= p.n_slots && hb == 0)
+        atomicMin(p.bad, static_cast<unsigned long long>(row * p.topk + key0 + t * kBK + k));
+      const uint8_t* src = p.pool + (ok ? int64_t(slot) * kEntry : 0) + piece * 16;
+      cp_async16_zfill(raw + k * kEntry + piece * 16, src, ok ? 16 : 0);
+    }
+    cp_async_commit();
+  };
+  if (n_tiles > 0) issue_tile(0);
+
+  // q -> bf16 in the swizzle, 4 dims per item (heads past the end: zeros), 12 loads in flight.
+  {
+    const float* qrow = p.q + row * p.q_s0;
+    const bool vec = ((reinterpret_cast<uintptr_t>(qrow) | uintptr_t(p.q_s1) * 4) & 15) == 0;
+    constexpr int kItems = kHeads * kDk / 4, kBatch = 12;
+    static_assert(kItems % (kThreads * kBatch) == 0, "q items split evenly");
+    for (int base = 0; base < kItems; base += kThreads * kBatch) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = base + u * kThreads + tid, h = i / (kDk / 4), c = (i - h * (kDk / 4)) * 4;
+        v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (h0 + h < p.heads) {
+          const float* src = qrow + (h0 + h) * p.q_s1 + c;
+          v[u] = vec ? *reinterpret_cast<const float4*>(src) : make_float4(src[0], src[1], src[2], src[3]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = base + u * kThreads + tid, h = i / (kDk / 4), c = (i - h * (kDk / 4)) * 4;
+        *reinterpret_cast<uint2*>(q_s + (c >> 6) * kChunkBytes + sw128(h, c & 63)) =
+            make_uint2(pack_bf16x2(v[u].x, v[u].y), pack_bf16x2(v[u].z, v[u].w));
+      }
+    }
+  }
+
+  const float scale2 = p.softmax_scale * kLog2e;  // scores in base-2 units
+  float o[128];  // out[16 warp + g + 8 (e / 2)][256 wg + 8 j + 2 t4 + e % 2] = o[4 j + e]
+#pragma unroll
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+  for (int t = 0; t < n_tiles; ++t) {
+    cp_async_wait<0>();
+    __syncthreads();  // raw holds tile t; both warpgroups' products of tile t - 1 are done
+
+    // 1. Unpack into the swizzled K tile: 16 bytes (8 dims) per item.
+    for (int i = tid; i < kBK * kUnits; i += kThreads) {
+      const int k = i / kUnits, u = i - k * kUnits;
+      const uint8_t* e = raw + k * kEntry;
+      uint4 out;
+      if (u < kLora / 8) {
+        const uint2 v = *reinterpret_cast<const uint2*>(e + 8 * u);
+        const float sc = *reinterpret_cast<const float*>(e + ops::kMlaFp8ScaleOffset + 4 * (u >> 4));
+        const __nv_bfloat162 sc2 = __float2bfloat162_rn(sc);
+        unsigned w[4];
+        e4m3x4_to_bf16(v.x, w[0], w[1]);
+        e4m3x4_to_bf16(v.y, w[2], w[3]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const __nv_bfloat162 x = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]), sc2);
+          w[j] = *reinterpret_cast<const unsigned*>(&x);
+        }
+        out = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        out = *reinterpret_cast<const uint4*>(e + ops::kMlaFp8RopeOffset + 16 * (u - kLora / 8));
+      }
+      const int d = 8 * u;
+      *reinterpret_cast<uint4*>(k_s + (d >> 6) * kChunkBytes + sw128(k, d & 63)) = out;
+    }
+    fence_async_shared();
+    __syncthreads();  // K (and, first time, q) visible to the tensor cores; raw is free
+
+    // 2. Prefetch the next tile while this one is computed.
+    if (t + 1 < n_tiles) issue_tile(t + 1);
+
+    // 3. S = q K^T over this warpgroup's 32 keys.
+    float s[16];  // S[16 warp + g + 8 (e / 2)][32 wg + 8 j + 2 t4 + e % 2] = s[4 j + e]
+    wgmma_fence();
+#pragma unroll
+    for (int kc = 0; kc < kDk / 16; ++kc) {
+      const int off = (kc >> 2) * kChunkBytes + (kc & 3) * 32;
+      wgmma_bf16_n32<0>(s, wgmma_desc_sw128(q_s + off), wgmma_desc_sw128(k_s + off + wg * 32 * 128), kc > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(s);
+
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int32_t slot = idx_s[t * kBK + wg * 32 + 8 * j + 2 * t4 + (e & 1)];
+        s[4 * j + e] = (slot >= 0 && slot < p.n_slots) ? s[4 * j + e] * scale2 : -INFINITY;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    }
+    if (t4 == 0) {
+      max_s[wg * kHeads + r0] = mx[0];
+      max_s[wg * kHeads + r1] = mx[1];
+    }
+    __syncthreads();  // both warpgroups' maxima
+
+    // 4. The running maximum (the same in both warpgroups), P, l, the output rescale.
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int hr = r ? r1 : r0;
+      const float m_new = fmaxf(m_run[r], fmaxf(max_s[hr], max_s[kHeads + hr]));
+      alpha[r] = m_run[r] == -INFINITY ? 0.0f : exp2f(m_run[r] - m_new);
+      m_run[r] = m_new;
+    }
+    float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float m = m_run[e >> 1];
+        const float pr = m == -INFINITY ? 0.0f : exp2f(s[4 * j + e] - m);
+        s[4 * j + e] = pr;
+        ps[e >> 1] += pr;
+      }
+      const int key = wg * 32 + 8 * j + 2 * t4;
+      *reinterpret_cast<unsigned*>(p_s + sw128(r0, key)) = pack_bf16x2(s[4 * j], s[4 * j + 1]);
+      *reinterpret_cast<unsigned*>(p_s + sw128(r1, key)) = pack_bf16x2(s[4 * j + 2], s[4 * j + 3]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      ps[r] += __shfl_xor_sync(0xffffffffu, ps[r], 1);
+      ps[r] += __shfl_xor_sync(0xffffffffu, ps[r], 2);
+      l_run[r] = l_run[r] * alpha[r] + ps[r];
+    }
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
+    fence_async_shared();
+    __syncthreads();  // P complete (both halves of the keys)
+
+    // 5. out += P V over this warpgroup's 256 value columns (V: the K tile, MN-major).
+    wgmma_fence_operands(o);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks)
+      wgmma_bf16_n256<1>(o, wgmma_desc_sw128(p_s + ks * 32),
+                         wgmma_desc_sw128_mn(k_s + ks * 16 * 128 + wg * 4 * kChunkBytes, kChunkBytes), 1);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
+  }
+
+  // Epilogue: l = the two warpgroups' sums (fixed order); o / l (0 without a key) and the LSE.
+  if (t4 == 0) {
+    sum_s[wg * kHeads + r0] = l_run[0];
+    sum_s[wg * kHeads + r1] = l_run[1];
+  }
+  __syncthreads();
+  const bool direct = a.n_splits == 1;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int hr = r ? r1 : r0;
+    const int64_t h = h0 + hr;
+    if (h >= p.heads) continue;
+    const float l = sum_s[hr] + sum_s[kHeads + hr];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    if (direct) {  // out may be any f32 view (4-byte aligned): scalar stores
+      float* dst = p.out + (row * p.heads + h) * kLora + wg * 256 + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        dst[8 * j] = o[4 * j + 2 * r] * inv;
+        dst[8 * j + 1] = o[4 * j + 2 * r + 1] * inv;
+      }
+    } else {
+      float* dst = a.part_o + ((row * p.heads + h) * a.n_splits + split) * kLora + wg * 256 + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+    }
+    if (wg == 0 && t4 == 0) {
+      const float lse = l > 0.0f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
+      if (direct)
+        p.lse[row * p.heads + h] = lse;
+      else
+        a.part_lse[(row * p.heads + h) * a.n_splits + split] = lse;
+    }
+  }
+}
+
 // One block per (row, head): out = sum_i exp(lse_i - L) o_i, lse = L = log sum_i exp(lse_i).
 // Splits that saw no key have lse_i = -inf and weigh 0; all -inf gives out = 0, lse = -inf.
 // The split LSEs and weights are staged in shared memory (one parallel load). The partials are
@@ -501,10 +771,10 @@ SparseMlaDecodePlan plan_sparse_mla_decode(int64_t rows, int64_t heads, int64_t 
   const int64_t sms = std::max(1, sm_count);
   // Two m-tiles per CTA halve the K fragment loads per mma (better tensor-core use) but halve the
   // CTAs: worth it once one-tile CTAs of 16 heads would need more than one wave.
-  if (force_m_tiles == 1 || force_m_tiles == 2)
+  if (force_m_tiles == 1 || force_m_tiles == 2 || force_m_tiles == 4)
     pl.m_tiles = force_m_tiles;
   else
-    pl.m_tiles = (heads <= 16 || rows * ((heads + 15) / 16) * n_tiles <= sms) ? 1 : 2;
+    pl.m_tiles = 4;
   pl.head_groups = int((heads + 16 * pl.m_tiles - 1) / (16 * pl.m_tiles));
   const int64_t base = rows * pl.head_groups;
   int64_t splits = force_splits > 0 ? force_splits : std::max<int64_t>(1, sms / std::max<int64_t>(1, base));
@@ -540,10 +810,16 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
   }
   const int64_t blocks = p.rows * plan.head_groups * plan.n_splits;
   DSI_CHECK(blocks < (int64_t(1) << 31), "sparse_mla_decode: {} blocks", blocks);
-  if (plan.m_tiles == 1)
+  if (plan.m_tiles == 4) {
+    static_assert(wgk::kAlloc <= 227 * 1024, "sparse_mla_wgmma_kernel: shared memory over the sm_90 limit");
+    DSI_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(wgk::kAlloc)));
+    launch(sparse_mla_wgmma_kernel, unsigned(blocks), kThreads, wgk::kAlloc, s, p, a);
+  } else if (plan.m_tiles == 1) {
     launch_split<1>(p, a, unsigned(blocks), s);
-  else
+  } else {
     launch_split<2>(p, a, unsigned(blocks), s);
+  }
   if (plan.n_splits > 1) {
     DSI_CHECK(p.rows * p.heads < (int64_t(1) << 31), "sparse_mla_decode: {} rows x heads", p.rows * p.heads);
     const size_t smem = sizeof(float) * size_t(plan.n_splits);
