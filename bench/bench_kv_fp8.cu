@@ -398,6 +398,7 @@ int main(int argc, char** argv) {
                 mp.n_slots * 656.0 / 1e6, sorted ? "per-row sorted" : "random");
     bench_sparse_mla(mp, 1, 64, 2048, reps, sweep, !only_mla);
     bench_sparse_mla(mp, 1, 8, 2048, reps, sweep, false);
+    bench_sparse_mla(mp, 4, 64, 2048, reps, sweep, false);  // one request's MTP-3 verification rows
     bench_sparse_mla(mp, 16, 64, 2048, reps, sweep, false);
     bench_sparse_mla(mp, 1, 128, 2048, reps, sweep, false);
     DSI_CUDA_CHECK(cudaFree(mp.pool));

@@ -15,12 +15,14 @@
 namespace dsi::cuda {
 
 // Tiling of one call. A CTA handles one (row, head group, key split): 16 * m_tiles heads and
-// tiles_per_split tiles of 64 selected keys; grid = rows * head_groups * n_splits CTAs.
+// tiles_per_split tiles of 64 selected keys; grid = rows * head_groups * n_splits CTAs. Two kernels:
+// m_tiles 1 or 2 run mma.sync (16 or 32 heads per CTA), m_tiles 4 the warpgroup kernel (wgmma, 64
+// heads per CTA, the MMA's M).
 struct SparseMlaDecodePlan {
   int64_t rows = 0, heads = 0, topk = 0;
-  int m_tiles = 1;          // 16-head mma tiles per CTA: 1 or 2
+  int m_tiles = 1;          // 16-head tiles per CTA: 1, 2 (mma.sync) or 4 (wgmma)
   int head_groups = 1;      // ceil(heads / (16 * m_tiles))
-  int n_splits = 1;         // key splits per (row, head group); 1 = no combine pass
+  int n_splits = 1;         // key splits per (row, head group); 1 = no combine
   int tiles_per_split = 0;  // 64-key tiles per split (<= kSparseMlaMaxSplitTiles)
   size_t workspace_bytes = 0;  // partial outputs + LSEs; 0 when n_splits == 1
 };
@@ -28,9 +30,9 @@ inline constexpr int kSparseMlaKeyTile = 64;
 inline constexpr int kSparseMlaMaxSplitTiles = 32;  // a split's indices are staged in shared memory
 
 // Chooses the tiling for a shape on a device with sm_count SMs: one wave of CTAs (one CTA per SM,
-// the kernel's shared memory allows no more), as many key splits as fill it. force_m_tiles /
-// force_splits (0 = choose) override the choice for benchmark sweeps; force_splits is rounded to a
-// whole number of tiles per split.
+// the kernels' shared memory allows no more), as many key splits as fill it. force_m_tiles /
+// force_splits (0 = choose) override the choice for benchmark sweeps and tests; force_splits is
+// rounded to a whole number of tiles per split.
 SparseMlaDecodePlan plan_sparse_mla_decode(int64_t rows, int64_t heads, int64_t topk, int sm_count,
                                            int force_m_tiles = 0, int force_splits = 0);
 
