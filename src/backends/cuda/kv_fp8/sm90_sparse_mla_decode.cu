@@ -1,5 +1,8 @@
 // Sparse MLA decode over the fp8 MLA cache (ops::sparse_mla_fp8) for sm_90a: split-KV with bf16
-// mma.sync tensor cores, then an LSE-weighted combine (FlashMLA's decode structure; written here).
+// tensor cores, then an LSE-weighted combine (FlashMLA's decode structure; written here). Two split
+// kernels share the combine: the mma.sync kernel described first (16 or 32 heads per CTA) and the
+// warpgroup kernel further down (wgmma, 64 heads per CTA), which plan_sparse_mla_decode takes once a
+// call has 128 (row, head) pairs or more.
 //
 // Why this shape. A decode row attends 64..128 heads to the same top-2048 cache rows (MLA has one
 // latent "KV head"), so every key is loaded and dequantised once per CTA and reused by all the heads
@@ -794,11 +797,12 @@ SparseMlaDecodePlan plan_sparse_mla_decode(int64_t rows, int64_t heads, int64_t 
   pl.topk = topk;
   const int64_t n_tiles = (topk + kBK - 1) / kBK;
   const int64_t sms = std::max(1, sm_count);
-  // The warpgroup kernel once a call has 128 (row, head) pairs or more: measured on an H200, 16 rows
-  // x 64 heads take 38.0 us on it against 61.1 us (mma.sync), 128 heads of one row 16.7 against 18.0;
-  // one row of 64 heads (32 CTAs of one tile) 16.0 against 13.2, 8 heads 12.7 against 11.1. Below
-  // that, two m-tiles per CTA halve the K fragment loads per mma (better tensor-core use) but halve
-  // the CTAs: worth it once one-tile CTAs of 16 heads would need more than one wave.
+  // The warpgroup kernel once a call has 128 (row, head) pairs or more. Measured on an H200 (top-2048,
+  // bench_kv_fp8 --sweep, each kernel's best tiling): 16 rows x 64 heads 37.6 us against 63.3 us on
+  // mma.sync, 4 rows x 64 heads 22.3 against 24.0, one row of 128 heads 16.5 against 18.0; but one row
+  // of 64 heads (32 CTAs of one tile) 16.0 against 13.2, and of 8 heads 12.7 against 11.0. Below that,
+  // two m-tiles per CTA halve the K fragment loads per mma (better tensor-core use) but halve the
+  // CTAs: worth it once one-tile CTAs of 16 heads would need more than one wave.
   if (force_m_tiles == 1 || force_m_tiles == 2 || force_m_tiles == 4)
     pl.m_tiles = force_m_tiles;
   else if (rows * heads >= 128)

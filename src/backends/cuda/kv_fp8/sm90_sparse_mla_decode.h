@@ -1,5 +1,6 @@
 // Sparse MLA decode over the 656-byte fp8 MLA cache on Hopper (sm_90a): split-KV over the selected
-// keys, bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation), one LSE-weighted combine. Plays the
+// keys, bf16 tensor cores with fp32 accumulation (mma.sync m16n8k16 for few rows and heads, the
+// warpgroup MMA with 64 heads per CTA above), one LSE-weighted combine. Plays the
 // role of FlashMLA's sparse fp8 decode (split-KV + combine); the design and numerics are described
 // in sm90_sparse_mla_decode.cu. Plan/run split: plan_sparse_mla_decode() fixes the tiling and the
 // workspace size for a shape, so a caller can allocate the workspace once and capture the launch.
