@@ -136,6 +136,26 @@ struct SplitArgs {
   float* part_lse;  // [rows, heads, n_splits] natural-log LSE of each split, -inf if it saw no key
 };
 
+// A split kernel's CTA: its row, head group and split, and the split's keys [key0, key0 + n_keys)
+// of the row's top-k in n_tiles tiles. CTA order: the head groups of one (row, split) are
+// neighbours, so they read the same keys from the L2.
+struct SplitCta {
+  int64_t row, key0;
+  int hg, split, n_keys, n_tiles;
+};
+__device__ __forceinline__ SplitCta split_cta(const SparseMlaDecodeParams& p, const SplitArgs& a) {
+  SplitCta c;
+  const int64_t b = blockIdx.x;
+  c.hg = int(b % a.head_groups);
+  c.split = int((b / a.head_groups) % a.n_splits);
+  c.row = b / (int64_t(a.head_groups) * a.n_splits);
+  c.key0 = int64_t(c.split) * a.tiles_per_split * kBK;
+  const int64_t left = p.topk - c.key0, span = int64_t(a.tiles_per_split) * kBK;
+  c.n_keys = int(left < 0 ? 0 : (left < span ? left : span));
+  c.n_tiles = (c.n_keys + kBK - 1) / kBK;
+  return c;
+}
+
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMlaDecodeParams p, SplitArgs a) {
   pdl_enter();
@@ -159,17 +179,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  // CTA order: head groups of one (row, split) are neighbours, so they read the same keys from L2.
-  const int64_t b = blockIdx.x;
-  const int hg = int(b % a.head_groups);
-  const int split = int((b / a.head_groups) % a.n_splits);
-  const int64_t row = b / (int64_t(a.head_groups) * a.n_splits);
-  const int64_t h0 = int64_t(hg) * HG;
-
-  const int64_t key0 = int64_t(split) * a.tiles_per_split * kBK;
-  const int64_t left = p.topk - key0, span = int64_t(a.tiles_per_split) * kBK;
-  const int n_keys = int(left < 0 ? 0 : (left < span ? left : span));
-  const int n_tiles = (n_keys + kBK - 1) / kBK;
+  const SplitCta cta = split_cta(p, a);
+  const int hg = cta.hg, split = cta.split, n_keys = cta.n_keys, n_tiles = cta.n_tiles;
+  const int64_t row = cta.row, key0 = cta.key0, h0 = int64_t(hg) * HG;
 
   // q -> bf16 (heads past the end are zero rows): the loads are issued first, so they are in flight
   // with the index loads and the first tile's gather; converted once the gather is issued.
@@ -474,17 +486,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
   const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const int r0 = 16 * warp + g, r1 = r0 + 8;  // this thread's two head rows (of 64)
-  // CTA order: the splits of one (row, head block) are neighbours.
-  const int64_t b = blockIdx.x;
-  const int split = int(b % a.n_splits);
-  const int hb = int((b / a.n_splits) % a.head_groups);
-  const int64_t row = b / (int64_t(a.head_groups) * a.n_splits);
-  const int64_t h0 = int64_t(hb) * kHeads;
-
-  const int64_t key0 = int64_t(split) * a.tiles_per_split * kBK;
-  const int64_t left = p.topk - key0, span = int64_t(a.tiles_per_split) * kBK;
-  const int n_keys = int(left < 0 ? 0 : (left < span ? left : span));
-  const int n_tiles = (n_keys + kBK - 1) / kBK;
+  const SplitCta cta = split_cta(p, a);
+  const int hb = cta.hg, split = cta.split, n_keys = cta.n_keys, n_tiles = cta.n_tiles;
+  const int64_t row = cta.row, key0 = cta.key0, h0 = int64_t(hb) * kHeads;
 
   const int32_t* idx_row = p.indices + row * p.topk + key0;
 #pragma unroll 8
