@@ -10,6 +10,12 @@
 
 namespace dsi::cuda {
 
+// The byte offset of 16-byte piece j (0..7) of row r in a tile of 128-byte rows in the 128-byte
+// swizzle (what the descriptors below describe), from a 1024-byte-aligned base.
+__device__ __forceinline__ uint32_t sw128_offset(int r, int j) {
+  return uint32_t(r) * 128u + (uint32_t(j ^ (r & 7)) << 4);
+}
+
 // The shared-memory descriptor of a K-major operand tile with 128-byte rows in the 128-byte swizzle
 // (16-byte chunk c of row r at r * 128 + ((c ^ (r % 8)) * 16); what a tensor map with
 // CU_TENSOR_MAP_SWIZZLE_128B writes), based at a 1024-byte-aligned address: 8-row groups 1024 bytes

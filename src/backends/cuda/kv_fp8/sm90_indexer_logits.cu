@@ -197,13 +197,14 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   // The group's queries (e4m3 bytes from rotate_quant) and folded weights, chunk c = (row c / cpr,
   // heads (c % cpr) N ..): 16-byte piece j of head i at i * 128 + ((j ^ (i % 8)) * 16). Heads past
   // p.heads and chunks past the group's get zero queries and weights.
+  static_assert(kD == 128 && N % 8 == 0, "query rows are the swizzle's 128-byte rows, chunks whole 8-row groups");
   for (int i = tid; i < CAP * N * (kD / 16); i += kThreads) {
     const int c = i / (N * (kD / 16)), hl = i / (kD / 16) % N, j = i % (kD / 16);
     const int h = (c % cpr) * N + hl;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (c < nch && h < p.heads)
       v = reinterpret_cast<const uint4*>(p.q8_bytes + ((r0 + c / cpr) * p.heads + h) * kD)[j];
-    *reinterpret_cast<uint4*>(qs + (c * N + hl) * kD + ((j ^ (hl & 7)) * 16)) = v;
+    *reinterpret_cast<uint4*>(qs + sw128_offset(c * N + hl, j)) = v;
   }
   for (int i = tid; i < CAP * N; i += kThreads) {
     const int c = i / N, h = (c % cpr) * N + i % N;

@@ -465,9 +465,7 @@ constexpr size_t kAlloc = kBytes + kAlign;                        // + slack to 
 static_assert(kK % kAlign == 0 && kP % kAlign == 0 && kRaw % 16 == 0, "tile alignment");
 
 // Byte offset of element (r, c < 64) in a [rows][64] bf16 chunk in the 128-byte swizzle.
-__device__ __forceinline__ uint32_t sw128(int r, int c) {
-  return uint32_t(r) * 128u + ((uint32_t((c >> 3) ^ (r & 7)) << 4) | (uint32_t(c & 7) << 1));
-}
+__device__ __forceinline__ uint32_t sw128(int r, int c) { return sw128_offset(r, c >> 3) | (uint32_t(c & 7) << 1); }
 }  // namespace wgk
 
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMlaDecodeParams p, SplitArgs a) {
@@ -781,15 +779,16 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
 
-template <int MT>
-void launch_split(const SparseMlaDecodeParams& p, const SplitArgs& a, unsigned blocks, cudaStream_t s) {
-  constexpr size_t smem = Smem<MT>::kBytes;
-  static_assert(smem <= 227 * 1024, "sparse_mla_split_kernel: shared memory over the sm_90 limit");
-  // Per call (cheap, per device, allowed during stream capture).
-  DSI_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_split_kernel<MT>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch(sparse_mla_split_kernel<MT>, blocks, kThreads, smem, s, p, a);
+// Launches one of the split kernels with `smem` bytes of dynamic shared memory (opted into per call:
+// cheap, per device, allowed during stream capture).
+template <typename Kernel>
+void launch_split(Kernel kernel, size_t smem, const SparseMlaDecodeParams& p, const SplitArgs& a, unsigned blocks,
+                  cudaStream_t s) {
+  DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  launch(kernel, blocks, kThreads, smem, s, p, a);
 }
+static_assert(Smem<1>::kBytes <= 227 * 1024 && Smem<2>::kBytes <= 227 * 1024 && wgk::kAlloc <= 227 * 1024,
+              "sparse MLA split kernels: shared memory over the sm_90 limit");
 
 }  // namespace
 
@@ -848,16 +847,12 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
   }
   const int64_t blocks = p.rows * plan.head_groups * plan.n_splits;
   DSI_CHECK(blocks < (int64_t(1) << 31), "sparse_mla_decode: {} blocks", blocks);
-  if (plan.m_tiles == 4) {
-    static_assert(wgk::kAlloc <= 227 * 1024, "sparse_mla_wgmma_kernel: shared memory over the sm_90 limit");
-    DSI_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(wgk::kAlloc)));
-    launch(sparse_mla_wgmma_kernel, unsigned(blocks), kThreads, wgk::kAlloc, s, p, a);
-  } else if (plan.m_tiles == 1) {
-    launch_split<1>(p, a, unsigned(blocks), s);
-  } else {
-    launch_split<2>(p, a, unsigned(blocks), s);
-  }
+  if (plan.m_tiles == 4)
+    launch_split(sparse_mla_wgmma_kernel, wgk::kAlloc, p, a, unsigned(blocks), s);
+  else if (plan.m_tiles == 1)
+    launch_split(sparse_mla_split_kernel<1>, Smem<1>::kBytes, p, a, unsigned(blocks), s);
+  else
+    launch_split(sparse_mla_split_kernel<2>, Smem<2>::kBytes, p, a, unsigned(blocks), s);
   if (plan.n_splits > 1) {
     DSI_CHECK(p.rows * p.heads < (int64_t(1) << 31), "sparse_mla_decode: {} rows x heads", p.rows * p.heads);
     const size_t smem = sizeof(float) * size_t(plan.n_splits);
