@@ -24,38 +24,13 @@
 #include "backends/cuda/device.h"
 #include "backends/cuda/linear/fp8_gemm.h"
 #include "backends/cuda/linear/gemv.h"
+#include "bench_fill.cuh"
 #include "bench_util.h"
 
 namespace {
 
 using dsi::cuda::FloatKind;
 
-
-// Fills bytes with a hash of their index: fp8 bytes other than NaN, bf16 values in [-1, 1),
-// fp32 values in [lo, hi).
-__device__ uint32_t mix(uint64_t i, uint32_t seed) {
-  uint64_t z = i * 0x9e3779b97f4a7c15ull + seed;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return uint32_t(z >> 32);
-}
-__global__ void fill_fp8(uint8_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint8_t b = uint8_t(mix(uint64_t(i), seed));
-    if ((b & 0x7f) == 0x7f) b = 0x30;
-    p[i] = b;
-  }
-}
-__global__ void fill_bf16(uint16_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const float v = float(mix(uint64_t(i), seed) >> 8) * 0x1.0p-23f - 1.0f;
-    p[i] = uint16_t(__float_as_uint(v) >> 16);
-  }
-}
-__global__ void fill_f32(float* p, int64_t n, uint32_t seed, float lo, float hi) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = lo + (hi - lo) * float(mix(uint64_t(i), seed) >> 8) * 0x1.0p-24f;
-}
 
 struct Shape {
   const char* model;
@@ -82,7 +57,7 @@ Weights make_weights(const Shape& sh, bool fp8, int64_t l2_bytes) {
     if (fp8)
       fill_fp8<<<1024, 256>>>(static_cast<uint8_t*>(w), numel, uint32_t(c + 1));
     else
-      fill_bf16<<<1024, 256>>>(static_cast<uint16_t*>(w), numel, uint32_t(c + 1));
+      fill_bf16<<<1024, 256>>>(static_cast<uint16_t*>(w), numel, uint32_t(c + 1), 1.0f);
     ws.w.push_back(w);
     if (fp8) {
       float* s = nullptr;

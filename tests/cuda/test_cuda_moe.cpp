@@ -57,6 +57,10 @@ TEST_F(CudaMoe, RouteGroupsTiesAndScaling) {
 }
 
 LinearWeight weight_of(DType dt, int64_t out, int64_t in, uint64_t seed, bool on_gpu) {
+  if (dt == DType::F8_E4M3) {  // 128 x 128 scale blocks (partial ones below 128)
+    const LinearWeight w = test::make_weight(dt, out, in, seed);
+    return on_gpu ? test::to_gpu(w) : w;
+  }
   const std::vector<float> v = test::random_floats(size_t(out * in), seed);
   LinearWeight w;
   if (dt == DType::F32) {
@@ -74,21 +78,28 @@ MlpWeights mlp_of(DType dt, int64_t hidden, int64_t inter, uint64_t seed, bool o
           weight_of(dt, hidden, inter, seed + 2, on_gpu)};
 }
 
+struct RestoreGemvPlans {
+  ~RestoreGemvPlans() {
+    cuda::set_gemv_row_groups_per_warp(0);
+    cuda::set_gemv_seg_plan(0, 0);
+  }
+};
+
 // Decode batches (up to kMoeDeviceRoutedPairs pairs) route on the device; n = 100 (300 pairs) and
 // a hidden size that breaks 16-byte row alignment (66) take the host-routed path. The shared
 // expert: none, as wide as the routed ones or narrower (both fused into the device launches), or
 // wider (added after them). n = 5 repeats an expert within a token's slots.
-// Also with every grouped GEMV streaming 3 row groups per warp (forced; the plan chooses it for
-// products larger than these): groups whose rows end inside a block, a smaller shared expert.
+// Also with the gate/up/SwiGLU GEMV streaming 3 row groups per warp (forced; the plan chooses it
+// for products larger than these): groups whose rows end inside a block, a smaller shared expert;
+// and with the down launch's rows split over 8 warps, 4 chunks in flight (forced): a token's slots
+// of 8 to 32 chunks, so a lane's stretch runs from one slot into the next.
 TEST_F(CudaMoe, ExpertsOnARankSlice) {
   const int64_t inter = 32, k = 3;
   const int n_experts = 8, first = 2, held = 4;  // this rank holds experts [2, 6)
-  struct Restore {
-    ~Restore() { cuda::set_gemv_row_groups_per_warp(0); }
-  } restore;
+  RestoreGemvPlans restore;
   for (int rgw : {0, 3})
   for (int64_t hidden : {64, 66})
-  for (DType dt : {DType::F32, DType::BF16})
+  for (DType dt : {DType::F32, DType::BF16, DType::F8_E4M3})
   for (int64_t shared_inter : {0, 32, 16, 48}) {
     std::vector<MlpWeights> cpu_experts, gpu_experts;
     for (int e = 0; e < held; ++e) {
@@ -100,6 +111,7 @@ TEST_F(CudaMoe, ExpertsOnARankSlice) {
     const MlpWeights* cs = shared_inter ? &cpu_shared : nullptr;
     const MlpWeights* gs = shared_inter ? &gpu_shared : nullptr;
     cuda::set_gemv_row_groups_per_warp(rgw);
+    cuda::set_gemv_seg_plan(rgw ? 8 : 0, rgw ? 4 : 0);
     for (int64_t n : {0, 1, 5, 33, 100}) {
       const std::string what = std::string("moe_experts ") + std::string(dtype_name(dt)) +
                                sz("n", n) + sz("hidden", hidden) + sz("shared inter", shared_inter) +
@@ -119,6 +131,43 @@ TEST_F(CudaMoe, ExpertsOnARankSlice) {
       const Tensor got = g.check(what);
       test::expect_nmse_close(got, cpu, tol::kCudaGemmNmse, what);
       ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, first, n_experts, g.view, gs);
+      test::expect_bitwise(g.check(what), got, what + " repeat");
+    }
+  }
+}
+
+// Decode widths (fp8, 128 x 128 blocks): 8 of 16 experts per token and a shared expert, slots of
+// 1024 columns (the down launch's rows 9 KiB long, so its plan splits them between warps), one and
+// two tokens (shared expert fused) and four (its own MLP, added by the down launch); the down
+// launch with every split and batch depth.
+TEST_F(CudaMoe, ExpertsAtDecodeWidths) {
+  const int64_t hidden = 512, inter = 1024, k = 8;
+  const int n_experts = 16;
+  RestoreGemvPlans restore;
+  std::vector<MlpWeights> cpu_experts, gpu_experts;
+  for (int e = 0; e < n_experts; ++e) {
+    cpu_experts.push_back(mlp_of(DType::F8_E4M3, hidden, inter, uint64_t(e) * 10 + 3, false));
+    gpu_experts.push_back(mlp_of(DType::F8_E4M3, hidden, inter, uint64_t(e) * 10 + 3, true));
+  }
+  const MlpWeights cpu_shared = mlp_of(DType::F8_E4M3, hidden, inter, 99, false);
+  const MlpWeights gpu_shared = mlp_of(DType::F8_E4M3, hidden, inter, 99, true);
+  for (int64_t n : {1, 2, 4}) {
+    const Tensor x = test::rand_tensor({n, hidden}, uint64_t(n) + 40);
+    std::vector<int32_t> ids(static_cast<size_t>(n * k));
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 0; j < k; ++j) ids[size_t(t * k + j)] = int32_t((t * 5 + j * 3 + 2) % n_experts);
+    const Tensor hid = Tensor::from_i32(ids, {n, k});
+    const Tensor hw = test::rand_tensor({n, k}, uint64_t(n) + 41);
+    Tensor cpu = Tensor::empty({n, hidden}, DType::F32);
+    ops::moe_experts(x, hid, hw, cpu_experts, 0, n_experts, cpu, &cpu_shared);
+    for (auto [ks, u] : std::vector<std::pair<int, int>>{{0, 0}, {1, 2}, {2, 4}, {4, 2}, {8, 4}}) {
+      cuda::set_gemv_seg_plan(ks, u);
+      const std::string what = "moe_experts fp8" + sz("n", n) + sz("k_split", ks) + sz("unroll", u);
+      test::Guarded g = test::guarded({n, hidden}, DType::F32);
+      ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, 0, n_experts, g.view, &gpu_shared);
+      const Tensor got = g.check(what);
+      test::expect_nmse_close(got, cpu, tol::kCudaGemmNmse, what);
+      ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, 0, n_experts, g.view, &gpu_shared);
       test::expect_bitwise(g.check(what), got, what + " repeat");
     }
   }

@@ -204,6 +204,10 @@ void check_on(const Tensor& t, Device device, const char* op, const char* what);
 // reference) except in rare double-rounding cases, where the CUDA single-precision functions are
 // off by up to 2 ulp.
 __device__ __forceinline__ float exp_f(float x) { return float(exp(double(x))); }
+// SwiGLU's activation as the CPU computes it: g / (1 + exp(-g)) * u, each step rounded in fp32.
+__device__ __forceinline__ float silu_mul_f(float g, float u) {
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_f(-g))), u);
+}
 __device__ __forceinline__ float log_f(float x) { return float(log(double(x))); }
 
 __device__ __forceinline__ float warp_sum(float v) {

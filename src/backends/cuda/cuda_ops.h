@@ -82,6 +82,10 @@ uint64_t gemv_tensor_core_launches();
 // from DSI_GEMV_ROW_GROUPS.
 int gemv_row_groups_per_warp();
 void set_gemv_row_groups_per_warp(int n);
+// The plan of the segment-sum GEMV (the MoE's down products and their weighted sum) forced for
+// tests and comparisons: warps per row group (1, 2, 4 or 8) and 16-byte chunks per lane and row in
+// flight (2 or 4); 0 (the default) lets the plan choose either.
+void set_gemv_seg_plan(int k_split, int unroll);
 // Sampling is host logic: the logits row is copied to the host and the CPU code runs on it, so the
 // result is bitwise the CPU's.
 std::vector<double> token_distribution(const Tensor& logits, const SamplingParams& sp);

@@ -17,11 +17,7 @@ __global__ void rowwise_kernel(RowwiseParams p) {
       case RowOp::kScale: *a = __fmul_rn(*a, p.scale); break;
       case RowOp::kAdd: *a = __fadd_rn(*a, p.b[r * p.b_stride + c]); break;
       case RowOp::kAxpy: *a = __fadd_rn(*a, __fmul_rn(p.b[r * p.b_stride + c], p.scale)); break;
-      default: {
-        // CPU: g / (1 + exp(-g)) * u
-        const float g = *a, u = p.b[r * p.b_stride + c];
-        p.out[r * p.out_stride + c] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, exp_f(-g))), u);
-      }
+      default: p.out[r * p.out_stride + c] = silu_mul_f(*a, p.b[r * p.b_stride + c]);
     }
   }
 }

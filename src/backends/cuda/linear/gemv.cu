@@ -132,7 +132,8 @@ __device__ __forceinline__ void accumulate_chunk(const GemvParams& p, const uint
 }
 
 // Reduces acc over the warp (xor butterfly), then over the k_split warps of the row group in warp
-// order, and stores rows < out. Every thread of the block calls it.
+// order, and stores rows < out (p.swiglu: output r < R / 2 from gate row r and up row r + R / 2).
+// Every thread of the block calls it.
 template <int N, int R>
 __device__ __forceinline__ void reduce_store(const GemvParams& p, float (&acc)[N][R],
                                              int64_t row_base, int k_split) {
@@ -146,18 +147,26 @@ __device__ __forceinline__ void reduce_store(const GemvParams& p, float (&acc)[N
       if (lane == 0) red[warp][i * R + r] = v;
     }
   __syncthreads();
-  if (warp % k_split == 0 && lane < N * R) {
-    float v = red[warp][lane];
-    for (int k = 1; k < k_split; ++k) v += red[warp + k][lane];
+  if (warp % k_split != 0) return;
+  auto total = [&](int j) {
+    float v = red[warp][j];
+    for (int k = 1; k < k_split; ++k) v += red[warp + k][j];
+    return v;
+  };
+  if (p.swiglu) {
+    const int64_t row = row_base + lane;
+    if (lane < R / 2 && row < p.out) p.y[row] = silu_mul_f(total(lane), total(lane + R / 2));
+  } else if (lane < N * R) {
     const int i = lane / R, r = lane % R;
     const int64_t row = row_base + r;
-    if (row < p.out) p.y[i * p.ldy + row] = v;
+    if (row < p.out) p.y[i * p.ldy + row] = total(lane);
   }
 }
 
-// The product of this block row: the params themselves, or (grouped) with its group's pointers;
-// false when the group is skipped.
-__device__ __forceinline__ bool group_params(const GemvParams& p0, GemvParams& p) {
+// The product of this block row: the params themselves, or (grouped) with its group's pointers
+// (and, when w2 is given, its up projection's); false when the group is skipped.
+__device__ __forceinline__ bool group_params(const GemvParams& p0, GemvParams& p, const void** w2 = nullptr,
+                                             const float** s2 = nullptr) {
   p = p0;
   if (p0.groups == nullptr) {
     if (p0.n_groups > 1) {  // strided batch
@@ -179,6 +188,10 @@ __device__ __forceinline__ bool group_params(const GemvParams& p0, GemvParams& p
   p.scale_cols = g.scale_cols;
   p.row0 = g.row0;
   p.col0 = g.col0;
+  if (w2 != nullptr) {
+    *w2 = g.w2;
+    *s2 = g.scale_inv2;
+  }
   return g.w != nullptr;
 }
 
@@ -209,8 +222,13 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
   const bool grouped = p0.groups != nullptr;
-  const int64_t block_rows = int64_t(groups) * R * rgw, first = int64_t(blockIdx.x) * block_rows;
+  // Outputs per row group: R, or with swiglu R / 2 (rows [0, RH) of a warp read gate rows, rows
+  // [RH, R) the up rows of the same outputs).
+  const int RH = p0.swiglu ? R / 2 : R;
+  const int64_t block_rows = int64_t(groups) * RH * rgw, first = int64_t(blockIdx.x) * block_rows;
   GemvParams p;
+  const void* w2 = nullptr;
+  const float* s2 = nullptr;
   if (!grouped) {
     group_params(p0, p);
     if (threadIdx.x == 0 && prefetch > 0 && first < p.out) {
@@ -220,7 +238,7 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
     }
   } else {
     pdl_enter();
-    if (!group_params(p0, p)) return;
+    if (!group_params(p0, p, &w2, &s2)) return;
   }
   if (first >= p.out) {  // past this group's rows (grouped form)
     if (!grouped) pdl_enter();
@@ -228,7 +246,7 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
   }
   // Row group j of this warp (j < rgw) starts at row_of(j); the block's row groups are taken in
   // turn by its warps, so at each step the block streams contiguous rows.
-  auto row_of = [&](int j) { return first + (int64_t(j) * groups + group) * R; };
+  auto row_of = [&](int j) { return first + (int64_t(j) * groups + group) * RH; };
   const int64_t chunks = p.in / E;  // 16-byte chunks per row
   const uint4* const w0 = static_cast<const uint4*>(p.w);
   const uint4* wrow[R];
@@ -237,12 +255,14 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
     // Rows past the end (last block) re-read the last row; their results are not stored.
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t row = min(row_of(j) + r, p.out - 1);
+      const bool up = r >= RH;  // swiglu's up rows
+      const int64_t row = min(row_of(j) + (up ? r - RH : r), p.out - 1);
       if (scales)
-        srow[r] = K == FloatKind::kE4M3 ? p.scale_inv + ((p.row0 + row) / p.block_out) * p.scale_cols
-                                        : nullptr;
+        srow[r] = K == FloatKind::kE4M3
+                      ? (up ? s2 : p.scale_inv) + ((p.row0 + row) / p.block_out) * p.scale_cols
+                      : nullptr;
       else
-        wrow[r] = w0 + row * chunks;
+        wrow[r] = (up ? static_cast<const uint4*>(w2) : w0) + row * chunks;
     }
   };
   point(0, false);
@@ -301,14 +321,25 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
       }
       if (k_split == 1) {  // the warp holds whole rows: sum over its lanes and store
         const int64_t row_base = row_of(j);
+        float v[N][R];
 #pragma unroll
         for (int i = 0; i < N; ++i)
 #pragma unroll
           for (int r = 0; r < R; ++r) {
-            const float v = warp_sum(acc[i][r]);
+            v[i][r] = warp_sum(acc[i][r]);
             acc[i][r] = 0.0f;
-            if (lane == i * R + r && row_base + r < p.out) p.y[i * p.ldy + row_base + r] = v;
           }
+        if (p0.swiglu) {
+#pragma unroll
+          for (int r = 0; r < R / 2; ++r)
+            if (lane == r && row_base + r < p.out) p.y[row_base + r] = silu_mul_f(v[0][r], v[0][r + R / 2]);
+        } else {
+#pragma unroll
+          for (int i = 0; i < N; ++i)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+              if (lane == i * R + r && row_base + r < p.out) p.y[i * p.ldy + row_base + r] = v[i][r];
+        }
       }
     }
     cp_async_wait<0>();
@@ -471,10 +502,15 @@ void launch_vec(const GemvParams& p, const GemvPlan& plan, dim3 grid, cudaStream
   }
 }
 
+// Output rows of one warp's row group: rows_per_warp, half of them with swiglu.
+int64_t outputs_per_row_group(const GemvParams& p, int rows_per_warp) {
+  return p.swiglu ? rows_per_warp / 2 : rows_per_warp;
+}
+
 template <FloatKind K, int N>
 void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   const int64_t rows_per_block =
-      int64_t(plan.rows_per_warp) * (kWarps / plan.k_split) * plan.row_groups_per_warp;
+      outputs_per_row_group(p, plan.rows_per_warp) * (kWarps / plan.k_split) * plan.row_groups_per_warp;
   const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
   switch (plan.rows_per_warp) {
     case 1: launch_vec<K, N, 1>(p, plan, grid, s); break;
@@ -663,6 +699,170 @@ void launch_mma(const GemvParams& p, int k_split, cudaStream_t s) {
   }
 }
 
+// ---- Segment sums (GemvSegParams): y[t] = add[t] + sum over s of coef_s x_s W_s^T ----
+//
+// The reduced dimension of an output row runs through token t's segments in turn (the MoE's down
+// products: 9 x 2048 columns), so adding the experts' outputs costs no pass of its own and the rows
+// are long enough for every warp to keep loads in flight. A warp owns kSegRows output rows and
+// k_split warps share them, each taking every k_split-th stretch of 32 chunks of the concatenated
+// columns; a stretch may run from one segment into the next, so each lane follows its own chunk
+// cursor. Per chunk, the 16 products of a row are summed unscaled and added to the row's
+// accumulator times the segment's scale_inv x coef. Each lane keeps `U` chunks of its rows in flight
+// while it sums the previous batch; the first batch is asked for before the programmatic wait
+// (weights and the segment table are no output of the kernel right before: launch_gemv_seg).
+// Partial sums: a fixed xor-butterfly per warp, then the k_split warps in order (bitwise
+// reproducible).
+constexpr int kSegRows = 4;
+
+struct SegDesc {  // a segment as the kernel keeps it in shared memory
+  const uint4* w;
+  const float* x;
+  const float* scale_inv;
+  float coef;
+  int chunks;  // 16-byte chunks per W row; 0 for a skipped segment
+  int scale_cols, row0, col0;
+};
+struct SegCursor {
+  int seg;  // n_seg once past the last segment
+  int c;    // chunk inside the segment's rows
+};
+static_assert(sizeof(GemvSegment) == 64, "GemvSegment: four 16-byte loads");
+
+template <FloatKind K, int U>
+__global__ void __launch_bounds__(kThreads) gemv_seg_kernel(const GemvSegParams p, const int k_split,
+                                                            const int bo_log2, const int bi_log2) {
+  constexpr int E = elems_per_16b<K>();
+  constexpr int R = kSegRows;
+  constexpr bool kFp8 = K == FloatKind::kE4M3;
+  __shared__ SegDesc sd[kGemvMaxSegments];
+  __shared__ float red[kWarps][R];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
+  const int64_t t = blockIdx.y;
+  const int64_t row_base = (int64_t(blockIdx.x) * groups + group) * R;
+  const int n_seg = p.n_seg;
+  if (threadIdx.x < n_seg) {
+    // Written by an earlier kernel that has completed (launch_gemv_seg): read past the L1.
+    const longlong2* src = reinterpret_cast<const longlong2*>(p.segs + t * n_seg + threadIdx.x);
+    longlong2 v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = __ldcg(src + i);
+    GemvSegment g;
+    memcpy(&g, v, sizeof(g));
+    SegDesc d;
+    d.w = static_cast<const uint4*>(g.w);
+    d.x = g.x;
+    d.scale_inv = g.scale_inv;
+    d.coef = g.coef != nullptr ? __ldcg(g.coef) : 1.0f;
+    d.chunks = g.w != nullptr ? int(g.in / E) : 0;
+    d.scale_cols = int(g.scale_cols);
+    d.row0 = int(g.row0);
+    d.col0 = int(g.col0);
+    sd[threadIdx.x] = d;
+  }
+  __syncthreads();
+  int rows[R];  // rows past the end (last block) re-read the last row; not stored
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = int(min(row_base + r, p.out - 1));
+  const int stride = k_split * 32;
+  SegCursor cur{0, kw * 32 + lane};
+  auto settle = [&]() {  // onto the segment that holds chunk c (skipped segments hold none)
+    while (cur.seg < n_seg && cur.c >= sd[cur.seg].chunks) {
+      cur.c -= sd[cur.seg].chunks;
+      ++cur.seg;
+    }
+  };
+  settle();
+  auto load = [&](uint4 (&v)[U][R], SegCursor (&at)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      at[u] = cur;
+      if (cur.seg < n_seg) {
+        const SegDesc& d = sd[cur.seg];
+#pragma unroll
+        for (int r = 0; r < R; ++r) v[u][r] = load_stream(d.w + int64_t(rows[r]) * d.chunks + cur.c);
+        cur.c += stride;
+        settle();
+      }
+    }
+  };
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  auto sum = [&](const uint4 (&v)[U][R], const SegCursor (&at)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (at[u].seg >= n_seg) break;
+      const SegDesc& d = sd[at[u].seg];
+      float sc[R];
+      if constexpr (kFp8) {
+        const int col_block = (d.col0 + at[u].c * E) >> bi_log2;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+          sc[r] = __ldg(d.scale_inv + int64_t((d.row0 + rows[r]) >> bo_log2) * d.scale_cols + col_block) * d.coef;
+      } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r) sc[r] = d.coef;
+      }
+      float part[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) part[r] = 0.0f;
+      const float4* xc = reinterpret_cast<const float4*>(d.x + int64_t(at[u].c) * E);
+#pragma unroll
+      for (int sub = 0; sub < E / 4; ++sub) {
+        const float4 xv = __ldg(xc + sub);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          float f[4];
+          decode4<K>(v[u][r], sub, f);
+          part[r] = fmaf(xv.x, f[0], part[r]);
+          part[r] = fmaf(xv.y, f[1], part[r]);
+          part[r] = fmaf(xv.z, f[2], part[r]);
+          part[r] = fmaf(xv.w, f[3], part[r]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] = fmaf(part[r], sc[r], acc[r]);
+    }
+  };
+  uint4 a[U][R], b[U][R];
+  SegCursor at_a[U], at_b[U];
+  load(a, at_a);
+  pdl_enter();  // x (and add) are outputs of the kernels before
+  while (at_a[0].seg < n_seg) {
+    load(b, at_b);
+    sum(a, at_a);
+    if (at_b[0].seg >= n_seg) break;
+    load(a, at_a);
+    sum(b, at_b);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0) red[warp][r] = v;
+  }
+  __syncthreads();
+  if (kw != 0 || lane >= R) return;
+  float v = red[warp][lane];
+  for (int k = 1; k < k_split; ++k) v += red[warp + k][lane];
+  const int64_t row = row_base + lane;
+  if (row >= p.out) return;
+  if (p.add != nullptr) v = __fadd_rn(v, p.add[t * p.ldy + row]);  // the CPU: routed sum, then + shared
+  p.y[t * p.ldy + row] = v;
+}
+
+template <FloatKind K>
+void launch_seg(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t s) {
+  const int64_t rows_per_block = int64_t(kSegRows) * (kWarps / plan.k_split);
+  const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n));
+  const int bo = K == FloatKind::kE4M3 ? __builtin_ctz(unsigned(p.block_out)) : 0;
+  const int bi = K == FloatKind::kE4M3 ? __builtin_ctz(unsigned(p.block_in)) : 0;
+  if (plan.unroll == 4)
+    launch(gemv_seg_kernel<K, 4>, grid, kThreads, 0, s, p, plan.k_split, bo, bi);
+  else
+    launch(gemv_seg_kernel<K, 2>, grid, kThreads, 0, s, p, plan.k_split, bo, bi);
+}
+
 }  // namespace
 
 bool gemv_vector_ok(const GemvParams& p) {
@@ -757,7 +957,7 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // bench_linear --gemv-only, one H200, us FMA -> tensor cores: o_proj 2 rows 39.5 -> 35.1, 4 rows
   // 75.7 -> 35.7, 8 rows 127.1 -> 40.0; the experts' down rows [6144, 2048] 2 rows 7.9 -> 7.5,
   // 4 rows 13.6 -> 7.6; their gate rows [2048, 6144] 2 rows 8.8 -> 11.3: too few warps).
-  if (gemv_tensor_cores() && gemv_mma_ok(p) && (p.n >= 3 || p.out >= 4096))
+  if (gemv_tensor_cores() && gemv_mma_ok(p) && !p.swiglu && (p.n >= 3 || p.out >= 4096))
     return gemv_mma_plan(p, num_sms);
   GemvPlan plan;
   plan.vec = gemv_vector_ok(p);
@@ -766,14 +966,15 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // shape, one row or several, bench_linear --sweep).
   plan.rows_per_warp = 4;
   const int64_t row_bytes = p.in * elem_bytes(p.kind);
-  const int64_t row_groups = (p.out + 3) / 4 * p.n_groups;
+  const int64_t per_rg = outputs_per_row_group(p, plan.rows_per_warp);  // outputs per row group
+  const int64_t group_rgs = (p.out + per_rg - 1) / per_rg;              // row groups per product
+  const int64_t row_groups = group_rgs * p.n_groups;
   // Streaming: a product with at least twice as many row groups as the GPU holds warps of the ring
   // kernel at once gives each warp several row groups, streamed through its ring back to back: the
   // fewest per warp that fit all blocks in one wave (grouped products round per group). Measured,
   // bench_linear --gemv-only, one H200, % of 4.3 TB/s: MoE gate + up 75.4 -> 85.8 (3 per warp),
   // MoE down 61.4 -> 67.7 (5); q_b, 2 per warp, 65.2 -> 50.1, hence the factor two.
   const int64_t resident_blocks = int64_t(num_sms) * kGemvStreamBlocksPerSm;
-  const int64_t group_rgs = (p.out + 3) / 4;  // row groups per product
   int rgw = gemv_row_groups_per_warp();
   if (rgw == 0 && row_groups >= 2 * resident_blocks * kWarps) {
     rgw = 2;
@@ -802,7 +1003,7 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // product. Grouped products cannot (their pointers are data).
   if (p.groups == nullptr) {
     const int64_t rows_per_block =
-        int64_t(plan.rows_per_warp) * (kWarps / plan.k_split) * plan.row_groups_per_warp;
+        per_rg * (kWarps / plan.k_split) * plan.row_groups_per_warp;
     const int64_t blocks = (p.out + rows_per_block - 1) / rows_per_block * p.n_groups;
     const int64_t share = gemv_prefetch_budget() / std::max<int64_t>(1, blocks);
     plan.prefetch = std::min(share, rows_per_block * row_bytes) / 16 * 16;
@@ -824,6 +1025,9 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
                                               plan.k_split == 1 && plan.vec && !plan.mma),
             "gemv: {} row groups per warp (the ring kernel without split-K only)",
             plan.row_groups_per_warp);
+  DSI_CHECK(!p.swiglu || (p.groups != nullptr && plan.vec && !plan.mma &&
+                           (plan.rows_per_warp == 2 || plan.rows_per_warp == 4)),
+            "gemv: swiglu takes the grouped vector kernel with 2 or 4 rows per warp");
   if (plan.mma) {
     DSI_CHECK(gemv_mma_ok(p), "gemv: the tensor-core kernel takes 2..{} rows of fp8 weights with "
               "128-column blocks, got {} rows", kGemvMaxRows, p.n);
@@ -862,6 +1066,54 @@ void launch_gemv_t(const GemvParams& p, cudaStream_t stream) {
     case FloatKind::kBF16: launch_t<FloatKind::kBF16>(p, stream); break;
     case FloatKind::kF16: launch_t<FloatKind::kF16>(p, stream); break;
     default: launch_t<FloatKind::kE4M3>(p, stream); break;
+  }
+}
+
+bool gemv_seg_ok(const GemvSegParams& p) {
+  if (p.n < 1 || p.n > 65535 || p.n_seg < 1 || p.n_seg > kGemvMaxSegments || p.out <= 0 ||
+      p.out >= (int64_t(1) << 31) || p.max_in * elem_bytes(p.kind) >= (int64_t(1) << 31))
+    return false;
+  if (p.kind == FloatKind::kE4M3) {
+    const auto pow2 = [](int b) { return b > 0 && (b & (b - 1)) == 0; };
+    return pow2(p.block_out) && pow2(p.block_in) && p.block_in >= 16;
+  }
+  return true;
+}
+
+namespace {
+std::atomic<int> g_seg_k_split{0}, g_seg_unroll{0};  // 0: the plan chooses
+}  // namespace
+
+void set_gemv_seg_plan(int k_split, int unroll) {
+  g_seg_k_split.store(k_split);
+  g_seg_unroll.store(unroll);
+}
+
+GemvSegPlan gemv_seg_plan(const GemvSegParams& p, int num_sms) {
+  // As the register path of the vector kernel: rows are split between warps while the GPU has
+  // under 32 warps per SM and each warp still streams >= 2 KB of a row.
+  GemvSegPlan plan;
+  const int64_t row_bytes = p.max_in * elem_bytes(p.kind);
+  const int64_t row_groups = (p.out + kSegRows - 1) / kSegRows * p.n;
+  while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 32 &&
+         row_bytes / (2 * plan.k_split) >= 2048)
+    plan.k_split *= 2;
+  if (const int k = g_seg_k_split.load(); k > 0) plan.k_split = k;
+  if (const int u = g_seg_unroll.load(); u > 0) plan.unroll = u;
+  return plan;
+}
+
+void launch_gemv_seg(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t stream) {
+  DSI_CHECK(gemv_seg_ok(p), "gemv_seg: {} tokens x {} segments of [{}, *] outside the segment kernel", p.n,
+            p.n_seg, p.out);
+  DSI_CHECK(plan.k_split == 1 || plan.k_split == 2 || plan.k_split == 4 || plan.k_split == 8,
+            "gemv_seg: k_split {}", plan.k_split);
+  DSI_CHECK(plan.unroll == 2 || plan.unroll == 4, "gemv_seg: unroll {}", plan.unroll);
+  switch (p.kind) {
+    case FloatKind::kF32: launch_seg<FloatKind::kF32>(p, plan, stream); break;
+    case FloatKind::kBF16: launch_seg<FloatKind::kBF16>(p, plan, stream); break;
+    case FloatKind::kF16: launch_seg<FloatKind::kF16>(p, plan, stream); break;
+    default: launch_seg<FloatKind::kE4M3>(p, plan, stream); break;
   }
 }
 

@@ -29,6 +29,9 @@ struct GemvGroup {
   float* y;                // [1, out]
   int64_t out, in;         // out <= GemvParams::out
   int64_t scale_cols, row0, col0;
+  // GemvParams::swiglu: the up projection, the same shape, dtype and scale blocks as w.
+  const void* w2 = nullptr;
+  const float* scale_inv2 = nullptr;
 };
 
 struct GemvParams {
@@ -49,6 +52,10 @@ struct GemvParams {
   // checks, which every group must pass as well); n must be 1.
   const GemvGroup* groups = nullptr;
   int n_groups = 1;
+  // Grouped SwiGLU (groups set, n = 1, the vector kernel): each group's y = silu(x w^T) * (x w2^T),
+  // an MLP's gate and up products with its activation, so neither product reaches memory. Half of
+  // a warp's rows are gate rows, half the up rows of the same outputs (rows_per_warp 2 or 4).
+  bool swiglu = false;
   // Strided batch (groups null, n_groups > 1): product g reads x + g * batch_x, the out rows of w
   // from row g * batch_rows on (scale rows follow: row0 + g * batch_rows) and writes y + g * batch_y;
   // any n. The per-head matrices of MLA's absorbed form, read in place from kv_b_proj.
@@ -105,5 +112,42 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
 // x rows that fit in shared memory).
 bool gemv_t_ok(const GemvParams& p);
 void launch_gemv_t(const GemvParams& p, cudaStream_t stream);
+
+// A weighted sum of products over one row of output: y[t] = add[t] + sum over segments s of
+// coef_s * (x_s W_s^T), every W_s [out, in_s] of one dtype and scale blocks, out shared (the down
+// projections of a token's experts with its routing weights: the MoE's down products and their
+// combine in one pass, as one GEMV whose reduced dimension runs through the segments in turn).
+// Segments are data (an earlier kernel may write them; see launch_gemv_seg for which).
+struct GemvSegment {
+  const float* x;          // [in] (16-byte aligned)
+  const void* w;           // [out, in] contiguous; null: the segment is skipped
+  const float* scale_inv;  // fp8 only
+  const float* coef;       // the segment's weight (one float), null for 1
+  int64_t in, scale_cols, row0, col0;
+};
+inline constexpr int kGemvMaxSegments = 32;
+struct GemvSegParams {
+  const GemvSegment* segs;  // [n, n_seg]: token t's segments in summation order
+  const float* add;         // [n, out] with row stride ldy, or null
+  float* y;                 // [n, out] with row stride ldy
+  int64_t ldy = 0, out = 0;
+  int64_t max_in = 0;       // the sum of the segments' in, for the plan (an upper bound)
+  int n = 0, n_seg = 0;     // tokens (grid rows), segments per token (<= kGemvMaxSegments)
+  FloatKind kind = FloatKind::kF32;
+  int block_out = 128, block_in = 128;  // fp8: power-of-two blocks, block_in >= 16
+};
+struct GemvSegPlan {
+  int k_split = 1;   // warps per row group (1, 2, 4, 8), each taking every k_split-th stretch
+  int unroll = 2;    // 16-byte chunks per lane and row in flight per batch (2 or 4)
+};
+// True when the segment kernel can run a call of this kind: fp8 blocks that are powers of two with
+// block_in >= 16 (every segment's in a multiple of 16 bytes and 16-byte aligned x and W are the
+// caller's to ensure, as for the vector kernel).
+bool gemv_seg_ok(const GemvSegParams& p);
+GemvSegPlan gemv_seg_plan(const GemvSegParams& p, int num_sms);
+// The kernel reads the segment table (and the coefficients) before its programmatic wait, the
+// weights' first bytes too: the caller must make sure that the kernel launched right before it
+// writes none of them (common.cuh); x and add are read after the wait.
+void launch_gemv_seg(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t stream);
 
 }  // namespace dsi::cuda

@@ -131,53 +131,26 @@ __global__ void moe_pairs_kernel(MoePairParams p) {
     ex = held ? p.experts + local : nullptr;
   }
   const GemvGroup(&shape)[3] = p.shape[routed ? 0 : 1];
-  const float* x = p.x + t * p.d;
-  float* gate = p.gate + q * p.inter;
-  const float* in[3] = {x, x, gate};
-  float* out[3] = {gate, p.up + q * p.inter, p.ys + q * p.d};
-  for (int i = 0; i < 3; ++i) {
-    GemvGroup g = shape[i];
-    g.x = in[i];
-    g.w = held ? ex->w[i] : nullptr;
-    g.scale_inv = held ? ex->scale[i] : nullptr;
-    g.y = out[i];
-    p.groups[i * p.slots + q] = g;
-  }
-}
-
-// A block per (token, column range): the token's held slots are ordered once, by rank counting
-// in (expert id, slot) order, then each thread sums its columns in that order.
-__global__ void moe_combine_kernel(MoeCombineParams p) {
-  pdl_enter();
-  extern __shared__ int order[];  // [k]
-  __shared__ int held;
-  const int64_t t = blockIdx.y;
-  const int32_t* ids = p.ids + t * p.k;
-  if (threadIdx.x == 0) held = 0;
-  __syncthreads();
-  for (int64_t j = threadIdx.x; j < p.k; j += blockDim.x) {
-    const int32_t e = ids[j];
-    const int64_t local = int64_t(e) - p.first_expert;
-    if (local < 0 || local >= p.n_local) continue;
-    int rank = 0;
-    for (int64_t i = 0; i < p.k; ++i) {
-      const int64_t li = int64_t(ids[i]) - p.first_expert;
-      rank += li >= 0 && li < p.n_local && (ids[i] < e || (ids[i] == e && i < j));
-    }
-    order[rank] = int(j);
-    atomicAdd(&held, 1);
-  }
-  __syncthreads();
-  const int count = held;
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= p.d) return;
-  float acc = 0.0f;
-  for (int r = 0; r < count; ++r) {
-    const int64_t q = t * p.k + order[r];
-    acc = __fadd_rn(acc, __fmul_rn(p.ys[q * p.d + c], p.w[q]));  // CPU: o[c] += y[c] * wt
-  }
-  if (p.shared != nullptr) acc = __fadd_rn(acc, p.shared[t * p.d + c]);  // CPU: ffn += shared
-  p.out[t * p.d + c] = acc;
+  float* act = p.act + q * p.inter;
+  GemvGroup g = shape[0];
+  g.x = p.x + t * p.d;
+  g.w = held ? ex->w[0] : nullptr;
+  g.scale_inv = held ? ex->scale[0] : nullptr;
+  g.w2 = held ? ex->w[1] : nullptr;
+  g.scale_inv2 = held ? ex->scale[1] : nullptr;
+  g.y = act;
+  p.groups[q] = g;
+  const GemvGroup& down = shape[2];
+  GemvSegment sg{};
+  sg.x = act;
+  sg.w = held ? ex->w[2] : nullptr;
+  sg.scale_inv = held ? ex->scale[2] : nullptr;
+  sg.coef = routed ? p.weights + q : nullptr;
+  sg.in = down.in;
+  sg.scale_cols = down.scale_cols;
+  sg.row0 = down.row0;
+  sg.col0 = down.col0;
+  p.segs[t * p.n_seg + (routed ? q - t * p.k : p.k)] = sg;
 }
 
 }  // namespace
@@ -185,13 +158,6 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
 void launch_moe_pairs(const MoePairParams& p, cudaStream_t s) {
   if (p.slots == 0) return;
   launch(moe_pairs_kernel, unsigned((p.slots + 127) / 128), 128, 0, s, p);
-}
-
-void launch_moe_combine(const MoeCombineParams& p, cudaStream_t s) {
-  if (p.n * p.d == 0) return;
-  DSI_CHECK(p.n <= 65535, "moe_combine: {} tokens", p.n);
-  const dim3 grid(unsigned((p.d + 255) / 256), unsigned(p.n));
-  launch(moe_combine_kernel, grid, 256, size_t(std::max<int64_t>(p.k, 1)) * sizeof(int), s, p);
 }
 
 size_t moe_route_smem_bytes(const MoeRouteParams& p) {
@@ -367,10 +333,25 @@ GemvGroup group_shape(const GemvParams& p) {
   return g;
 }
 
+// The down launch of n tokens with n_seg slots each (segments and operands set by the caller).
+GemvSegParams seg_params(const ExpertTable& table, int64_t n, int n_seg) {
+  const GemvParams& down = table.proj[2];
+  GemvSegParams sp{};
+  sp.ldy = down.out;
+  sp.out = down.out;
+  sp.max_in = int64_t(n_seg) * down.in;
+  sp.n = int(n);
+  sp.n_seg = n_seg;
+  sp.kind = down.kind;
+  sp.block_out = down.block_out;
+  sp.block_in = down.block_in;
+  return sp;
+}
+
 // The experts of a decode batch, routed on the device (moe.h); with table.shared, the shared
-// expert's output is added too: for one or two tokens as slots of the grouped launches (one x row
-// per group, so its weights are read once per token), for more as its own product over all the
-// tokens (`shared`: its weights read once, 3..8 rows on the GEMV's tensor cores).
+// expert's output is added too: for one or two tokens as slots of the two launches (one x row per
+// slot, so its weights are read once per token), for more as its own MLP over all the tokens
+// (`shared`: its weights read once, 3..8 rows on the GEMV's tensor cores), added by the down launch.
 void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                            const ExpertTable& table, const MlpWeights* shared, int first_expert,
                            int n_experts, Tensor& out) {
@@ -382,18 +363,20 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
     mlp(x, *shared, shared_out);
   }
   const int64_t slots = pairs + (fused ? n : 0);
+  const int n_seg = int(k) + (fused ? 1 : 0);
   const int64_t inter = table.proj[0].out;  // the shared expert's is no larger
-  Scratch buf(size_t(slots * (2 * inter + d)) * sizeof(float));
-  Scratch groups(size_t(3 * slots) * sizeof(GemvGroup));
+  Scratch act(size_t(slots * inter) * sizeof(float));
+  Scratch groups(size_t(slots) * sizeof(GemvGroup));
+  Scratch segs(size_t(n * n_seg) * sizeof(GemvSegment));
   ErrorFlag bad("moe_experts: an expert id outside [0, experts)");
   MoePairParams pp{};
   pp.ids = expert_ids.i32();
+  pp.weights = weights.f32();
   pp.experts = static_cast<const MoeExpertPtrs*>(table.device.raw());
   pp.x = x.f32();
-  pp.gate = buf.as<float>();
-  pp.up = pp.gate + slots * inter;
-  pp.ys = pp.up + slots * inter;
+  pp.act = act.as<float>();
   pp.groups = groups.as<GemvGroup>();
+  pp.segs = segs.as<GemvSegment>();
   for (int i = 0; i < 3; ++i) {
     pp.shape[0][i] = group_shape(table.proj[i]);
     pp.shape[1][i] = group_shape(table.shared ? table.shared_proj[i] : table.proj[i]);
@@ -404,32 +387,30 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
   pp.k = k;
   pp.d = d;
   pp.inter = inter;
+  pp.n_seg = n_seg;
   pp.first_expert = first_expert;
   pp.n_local = int(table.host.size()) - (table.shared ? 1 : 0);
   pp.n_experts = n_experts;
   launch_moe_pairs(pp, stream());
   const int sms = sm_count();
-  // Gate and up of every slot in one launch (groups [0, 2 slots)), then down.
-  for (int i : {0, 2}) {
-    GemvParams g = table.proj[i];
-    g.x = i == 2 ? pp.gate : pp.x;  // representative operands for the alignment checks
-    g.y = i == 0 ? pp.gate : pp.ys;
-    g.ldx = g.in;
-    g.ldy = g.out;
-    g.n = 1;
-    g.groups = pp.groups + i * slots;
-    g.n_groups = int(i == 0 ? 2 * slots : slots);
-    launch_gemv(g, gemv_plan(g, sms), stream());
-    if (i == 0) {
-      Tensor gate = Tensor::wrap(pp.gate, {slots, inter}, DType::F32, x.device());
-      Tensor up = Tensor::wrap(pp.up, {slots, inter}, DType::F32, x.device());
-      silu_mul(gate, up, gate);
-    }
-  }
-  const float* shared_rows = fused ? pp.ys + pairs * d : table.shared ? shared_out.f32() : nullptr;
-  launch_moe_combine({expert_ids.i32(), weights.f32(), pp.ys, shared_rows, out.f32(), n, k, d, first_expert,
-                      pp.n_local},
-                     stream());
+  // Gate, up and SwiGLU of every slot: one grouped launch.
+  GemvParams g = table.proj[0];
+  g.x = pp.x;  // representative operands for the alignment checks
+  g.y = pp.act;
+  g.ldx = g.in;
+  g.ldy = g.out;
+  g.n = 1;
+  g.groups = pp.groups;
+  g.n_groups = int(slots);
+  g.swiglu = true;
+  launch_gemv(g, gemv_plan(g, sms), stream());
+  // Down of every slot, weighted and summed per token (right after the launch above, which writes
+  // none of the segments: launch_gemv_seg's contract).
+  GemvSegParams sp = seg_params(table, n, n_seg);
+  sp.segs = pp.segs;
+  sp.add = fused || !table.shared ? nullptr : shared_out.f32();
+  sp.y = out.f32();
+  launch_gemv_seg(sp, gemv_seg_plan(sp, sms), stream());
   const unsigned long long first = bad.read();
   if (first != ErrorFlag::kNone)
     fail("moe_experts: expert id {} outside [0, {})", read_device(expert_ids.i32() + first),
@@ -524,7 +505,8 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
     // Every pair's rows (x rows, gate rows) must keep the GEMV's 16-byte alignment.
     const bool aligned = d % 4 == 0 && table.proj[0].out % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
-    if (table.uniform && aligned) {
+    const int n_seg = int(k) + (table.shared && n <= kMoeFusedSharedTokens ? 1 : 0);
+    if (table.uniform && aligned && gemv_seg_ok(seg_params(table, n, n_seg))) {
       moe_experts_on_device(x, expert_ids, weights, table, shared, first_expert, n_experts, out);
       if (table.shared) return;
       add_shared(x, shared, out);

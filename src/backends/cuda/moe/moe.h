@@ -2,12 +2,14 @@
 // picks by rank counting in the total order (score desc, then lower id), so expert ids are exactly
 // the CPU's. Experts, two ways:
 // - Decode batches (at most kMoeDeviceRoutedPairs (token, expert) pairs) stay on the device, so a
-//   step can be captured into a graph: a kernel turns the ids into one grouped-GEMV product per pair
-//   and projection (expert weights through a per-layer pointer table built once), the shared
-//   expert as one more product per token (up to kMoeFusedSharedTokens tokens; with more its own
-//   product over all of them, so its weights are read once); gate and up of all of them are one
-//   launch, down another; then the weighted sum per token in ascending expert order, as the CPU
-//   reference adds, and the shared expert's output.
+//   step can be captured into a graph: a kernel turns the ids into one slot per pair (expert
+//   weights through a per-layer pointer table built once), the shared expert as one more slot per
+//   token (up to kMoeFusedSharedTokens tokens; with more its own MLP over all of them, so its
+//   weights are read once). Then two GEMV launches: gate, up and SwiGLU of every slot (one grouped
+//   GEMV whose warps read a gate row and the up row of the same output, so only the activation
+//   reaches memory), and per token the down products of its slots weighted by their routing
+//   weights and summed in one pass (a segment-sum GEMV whose reduced dimension runs through the
+//   slots in turn), plus the unfused shared expert's output.
 // - Larger batches group tokens per expert on the host (ids and weights are read back), then per
 //   expert a gather, the SwiGLU MLP through linear(), and a weighted scatter-add in expert order.
 #pragma once
@@ -61,37 +63,26 @@ struct MoeExpertPtrs {
   const float* scale[3];    // null unless fp8
 };
 
-// The products of a decode batch, one slot each: routed pair q = t * k + j (q < pairs) computes
-// its expert (skipped, w = null, when another rank holds it); with a shared expert, slot
-// pairs + t computes the shared expert of token t. Per slot: gate and up rows [slots, inter] (inter
-// the larger of the two experts' widths), ys [slots, d]. Groups: gate of every slot, then up of
-// every slot (one launch), then down of every slot. Ids outside [0, n_experts) lower *bad to q.
+// The slots of a decode batch: routed pair q = t * k + j (q < pairs) computes its expert (skipped,
+// w = null, when another rank holds it); with a shared expert, slot pairs + t computes the shared
+// expert of token t. Per slot q: groups[q], the swiglu product of gate and up into act row q
+// ([slots, inter], inter the larger of the two experts' widths); and the down product of act row q
+// as segment j of token t (segs[t * n_seg + j], j = k for the shared slot) with coefficient
+// weights[q] (1 for the shared expert). Ids outside [0, n_experts) lower *bad to q.
 struct MoePairParams {
   const int32_t* ids;             // [n, k]
+  const float* weights;           // [n, k] routing weights
   const MoeExpertPtrs* experts;   // [n_local], then the shared expert when shared
   const float* x;                 // [n, d]
-  float* gate;                    // [slots, inter]
-  float* up;                      // [slots, inter]
-  float* ys;                      // [slots, d]
-  GemvGroup* groups;              // [3, slots]: gate, up, down
-  GemvGroup shape[2][3];          // shapes of the routed [0] and shared [1] projections
+  float* act;                     // [slots, inter]
+  GemvGroup* groups;              // [slots]: gate and up (swiglu)
+  GemvSegment* segs;              // [n, n_seg]: down
+  GemvGroup shape[2][3];          // shapes of the routed [0] and shared [1] gate, up and down
   unsigned long long* bad;
   int64_t pairs, slots, k, d, inter;
+  int n_seg;                      // k, or k + 1 with the shared slot
   int first_expert, n_local, n_experts;
 };
 void launch_moe_pairs(const MoePairParams& p, cudaStream_t stream);
-
-// out[t] = sum over its slots of held experts in ascending (expert id, slot), as the CPU adds:
-// w[t, j] * ys[t * k + j]; then + shared[t] when shared is not null.
-struct MoeCombineParams {
-  const int32_t* ids;   // [n, k]
-  const float* w;       // [n, k]
-  const float* ys;      // [n * k, d]
-  const float* shared;  // [n, d] or null
-  float* out;           // [n, d]
-  int64_t n, k, d;
-  int first_expert, n_local;
-};
-void launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream);
 
 }  // namespace dsi::cuda
