@@ -133,48 +133,84 @@ void print_row(const Shape& sh, const char* dt, int n, const char* kernel, doubl
               us, gbs, 100.0 * gbs / kPeakGBs, tflops, extra.c_str());
 }
 
-// The MoE decode launches of one token, fp8: gate and up of 8 routed and 1 shared expert in one
-// grouped GEMV (18 groups of [inter, hidden]), then down (9 groups of [hidden, inter]). Each group
-// reads its own weight; `copies` sets of them rotate through the graph.
+// The MoE decode launches of one token, fp8, as moe_experts makes them: gate, up and SwiGLU of 8
+// routed and 1 shared expert as one grouped GEMV (9 groups, each reading a [inter, hidden] gate and
+// up weight), then the down products and their sum as one segment-sum GEMV (9 segments of
+// [hidden, inter]). `copies` sets of weights rotate through the graph. --sweep also times every
+// plan of the down launch.
 void bench_grouped(const char* model, int64_t hidden, int64_t inter, int sms, int64_t l2, int reps,
                    bool sweep, const float* x, float* y) {
+  constexpr int kSlots = 9;
+  const int64_t per_w = inter * hidden, per_s = ((inter + 127) / 128) * ((hidden + 127) / 128);
   for (int proj = 0; proj < 2; ++proj) {
     const Shape sh = proj == 0 ? Shape{model, "moe_gate_up", inter, hidden}
                                : Shape{model, "moe_down", hidden, inter};
-    const int n_groups = proj == 0 ? 18 : 9;
-    Weights ws = make_weights(Shape{model, "", sh.out * n_groups, sh.in}, true, l2);
+    const int n_weights = proj == 0 ? 2 * kSlots : kSlots;
+    Weights ws = make_weights(Shape{model, "", sh.out * n_weights, sh.in}, true, l2);
     const int copies = int(ws.w.size());
-    const int64_t per_w = sh.out * sh.in, per_s = ((sh.out + 127) / 128) * ((sh.in + 127) / 128);
-    std::vector<dsi::cuda::GemvGroup*> tables(static_cast<size_t>(copies));
+    const double bytes = double(ws.bytes + ws.scale_bytes) + 4.0 * kSlots * (sh.in + sh.out);
+    std::vector<void*> tables(static_cast<size_t>(copies));
     for (int c = 0; c < copies; ++c) {
-      std::vector<dsi::cuda::GemvGroup> g(static_cast<size_t>(n_groups));
-      for (int i = 0; i < n_groups; ++i)
-        g[size_t(i)] = {x + i * sh.in, static_cast<const uint8_t*>(ws.w[size_t(c)]) + i * per_w,
-                        ws.s[size_t(c)] + i * per_s, y + i * sh.out, sh.out, sh.in,
-                        (sh.in + 127) / 128, 0, 0};
-      DSI_CUDA_CHECK(cudaMalloc(&tables[size_t(c)], g.size() * sizeof(g[0])));
-      DSI_CUDA_CHECK(cudaMemcpy(tables[size_t(c)], g.data(), g.size() * sizeof(g[0]), cudaMemcpyHostToDevice));
+      const uint8_t* w = static_cast<const uint8_t*>(ws.w[size_t(c)]);
+      const float* s = ws.s[size_t(c)];
+      std::vector<dsi::cuda::GemvGroup> g(kSlots);
+      std::vector<dsi::cuda::GemvSegment> seg(kSlots);
+      for (int i = 0; i < kSlots; ++i) {
+        g[size_t(i)] = {x, w + i * per_w, s + i * per_s, y + i * inter, inter, hidden, (hidden + 127) / 128, 0, 0,
+                        w + (kSlots + i) * per_w, s + (kSlots + i) * per_s};
+        seg[size_t(i)] = {x + i * inter, w + i * per_w, s + i * per_s, nullptr, inter, (inter + 127) / 128, 0, 0};
+      }
+      const size_t n = proj == 0 ? g.size() * sizeof(g[0]) : seg.size() * sizeof(seg[0]);
+      DSI_CUDA_CHECK(cudaMalloc(&tables[size_t(c)], n));
+      DSI_CUDA_CHECK(cudaMemcpy(tables[size_t(c)], proj == 0 ? static_cast<const void*>(g.data()) : seg.data(), n,
+                                cudaMemcpyHostToDevice));
     }
-    dsi::cuda::GemvParams p = gemv_params(sh, true, 1, x, y);
-    p.w = ws.w[0];
-    p.scale_inv = ws.s[0];
-    p.n_groups = n_groups;
-    const double bytes = double(ws.bytes + ws.scale_bytes) + 4.0 * n_groups * (sh.in + sh.out);
-    auto run_plan = [&](const dsi::cuda::GemvPlan& plan) {
-      return time_graph(copies, reps, [&](int c, cudaStream_t st) {
+    std::string extra;
+    double us = 0;
+    if (proj == 0) {
+      dsi::cuda::GemvParams p = gemv_params(sh, true, 1, x, y);
+      p.w = ws.w[0];
+      p.scale_inv = ws.s[0];
+      p.n_groups = kSlots;
+      p.swiglu = true;
+      const dsi::cuda::GemvPlan plan = dsi::cuda::gemv_plan(p, sms);
+      us = time_graph(copies, reps, [&](int c, cudaStream_t st) {
         dsi::cuda::GemvParams q = p;
-        q.groups = tables[size_t(c)];
+        q.groups = static_cast<const dsi::cuda::GemvGroup*>(tables[size_t(c)]);
         dsi::cuda::launch_gemv(q, plan, st);
       });
-    };
-    const dsi::cuda::GemvPlan plan = dsi::cuda::gemv_plan(p, sms);
-    const double us = run_plan(plan);
-    std::string extra = plan_name(plan);
-    if (sweep) extra += sweep_plans(plan, us, bytes, run_plan);
+      extra = plan_name(plan) + " swiglu";
+    } else {
+      dsi::cuda::GemvSegParams p;
+      p.y = y;
+      p.ldy = hidden;
+      p.out = hidden;
+      p.max_in = kSlots * inter;
+      p.n = 1;
+      p.n_seg = kSlots;
+      p.kind = FloatKind::kE4M3;
+      auto run_plan = [&](const dsi::cuda::GemvSegPlan& plan) {
+        return time_graph(copies, reps, [&](int c, cudaStream_t st) {
+          dsi::cuda::GemvSegParams q = p;
+          q.segs = static_cast<const dsi::cuda::GemvSegment*>(tables[size_t(c)]);
+          dsi::cuda::launch_gemv_seg(q, plan, st);
+        });
+      };
+      const dsi::cuda::GemvSegPlan plan = dsi::cuda::gemv_seg_plan(p, sms);
+      us = run_plan(plan);
+      extra = "segment sum ks" + std::to_string(plan.k_split) + " u" + std::to_string(plan.unroll);
+      if (sweep)
+        for (int ks : {1, 2, 4, 8})
+          for (int u : {2, 4}) {
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "; ks%d u%d %.2f", ks, u, run_plan({ks, u}));
+            extra += buf;
+          }
+    }
     Shape all = sh;
-    all.out = sh.out * n_groups;
-    print_row(all, "fp8", 1, "grouped", us, bytes, extra + " (" + std::to_string(n_groups) + " groups)");
-    for (auto* t : tables) cudaFree(t);
+    all.out = sh.out * (proj == 0 ? 2 * kSlots : kSlots);
+    print_row(all, "fp8", 1, "grouped", us, bytes, extra + " (" + std::to_string(kSlots) + " slots)");
+    for (void* t : tables) cudaFree(t);
     free_weights(ws);
   }
 }
@@ -216,7 +252,8 @@ int main(int argc, char** argv) {
         {"GLM-5", "o_proj", 6144, 16384},     {"GLM-5", "q_b_proj", 16384, 2048},
         {"GLM-5", "expert_gate", 2048, 6144}, {"GLM-5", "expert_down", 6144, 2048},
         {"DSV3.2", "o_proj", 7168, 16384},    {"DSV3.2", "expert_gate", 2048, 7168},
-        {"DSV3.2", "expert_down", 7168, 2048}};
+        {"DSV3.2", "expert_down", 7168, 2048}, {"GLM-5", "router", 256, 6144},
+        {"DSV3.2", "router", 256, 7168},      {"GLM-5", "idx_wproj", 32, 6144}};
     if (!only.empty())
       shapes.erase(std::remove_if(shapes.begin(), shapes.end(),
                                   [&](const Shape& sh) { return std::string(sh.name).find(only) == std::string::npos; }),

@@ -965,6 +965,12 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // Four rows per warp (each x load serves 4 rows; measured fastest on every GLM-5 / DeepSeek-V3.2
   // shape, one row or several, bench_linear --sweep).
   plan.rows_per_warp = 4;
+  // ... except on products of a few hundred rows (the router, the indexer's weights_proj), where
+  // four rows per warp leave most SMs idle even with 8 warps per row group: fewer rows per warp
+  // until there are warps for two blocks per SM (swiglu keeps two: a gate and an up row).
+  while (plan.rows_per_warp > (p.swiglu ? 2 : 1) &&
+         (p.out + plan.rows_per_warp - 1) / plan.rows_per_warp * p.n_groups * kWarps < int64_t(num_sms) * 2 * kWarps)
+    plan.rows_per_warp /= 2;
   const int64_t row_bytes = p.in * elem_bytes(p.kind);
   const int64_t per_rg = outputs_per_row_group(p, plan.rows_per_warp);  // outputs per row group
   const int64_t group_rgs = (p.out + per_rg - 1) / per_rg;              // row groups per product
