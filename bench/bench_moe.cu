@@ -142,6 +142,8 @@ int run(const Args& a) {
       dsi::ops::moe_experts(cl.x, cl.ids, cl.weights, cl.experts, 0, int(E), cl.out, &cl.shared);
     }
   };
+  step();  // eagerly first, as a model's first step: one-time state (the experts' device tables)
+  DSI_CUDA_CHECK(cudaDeviceSynchronize());
   dsi::cuda::StepGraph graph(dev);
   graph.warm_up(step);
   // Bytes per call: what the layer must read (each distinct routed expert once) and write.

@@ -134,7 +134,7 @@ __device__ __forceinline__ void accumulate_chunk(const GemvParams& p, const uint
 // Reduces acc over the warp (xor butterfly), then over the k_split warps of the row group in warp
 // order, and stores rows < out (p.swiglu: output r < R / 2 from gate row r and up row r + R / 2).
 // Every thread of the block calls it.
-template <int N, int R>
+template <int N, int R, bool kSwiglu = false>
 __device__ __forceinline__ void reduce_store(const GemvParams& p, float (&acc)[N][R],
                                              int64_t row_base, int k_split) {
   __shared__ float red[kWarps][N * R];
@@ -153,7 +153,7 @@ __device__ __forceinline__ void reduce_store(const GemvParams& p, float (&acc)[N
     for (int k = 1; k < k_split; ++k) v += red[warp + k][j];
     return v;
   };
-  if (p.swiglu) {
+  if constexpr (kSwiglu) {
     const int64_t row = row_base + lane;
     if (lane < R / 2 && row < p.out) p.y[row] = silu_mul_f(total(lane), total(lane + R / 2));
   } else if (lane < N * R) {
@@ -215,16 +215,19 @@ constexpr size_t pipe_smem_bytes() {
   return size_t(kWarps) * kPipeStages * R * 32 * sizeof(uint4);
 }
 
-template <FloatKind K, int N, int R, bool kPipe>
-__global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0, const int k_split,
-                                                            const int64_t prefetch, const int rgw) {
+// kSwiglu (p0.swiglu; N = 1, R even): a template parameter, so that the other instantiations keep
+// their registers; one x row through the ring is held to the three blocks per SM that
+// kGemvStreamBlocksPerSm plans for (<= 85 registers).
+template <FloatKind K, int N, int R, bool kPipe, bool kSwiglu>
+__global__ void __launch_bounds__(kThreads, kPipe && N == 1 ? kGemvStreamBlocksPerSm : 1)
+    gemv_vec_kernel(const GemvParams p0, const int k_split, const int64_t prefetch, const int rgw) {
   constexpr int E = elems_per_16b<K>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
   const bool grouped = p0.groups != nullptr;
   // Outputs per row group: R, or with swiglu R / 2 (rows [0, RH) of a warp read gate rows, rows
   // [RH, R) the up rows of the same outputs).
-  const int RH = p0.swiglu ? R / 2 : R;
+  constexpr int RH = kSwiglu ? R / 2 : R;
   const int64_t block_rows = int64_t(groups) * RH * rgw, first = int64_t(blockIdx.x) * block_rows;
   GemvParams p;
   const void* w2 = nullptr;
@@ -329,7 +332,7 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
             v[i][r] = warp_sum(acc[i][r]);
             acc[i][r] = 0.0f;
           }
-        if (p0.swiglu) {
+        if constexpr (kSwiglu) {
 #pragma unroll
           for (int r = 0; r < R / 2; ++r)
             if (lane == r && row_base + r < p.out) p.y[row_base + r] = silu_mul_f(v[0][r], v[0][r + R / 2]);
@@ -360,7 +363,7 @@ __global__ void __launch_bounds__(kThreads) gemv_vec_kernel(const GemvParams p0,
       if (second) accumulate_chunk<K, N, R>(p, b, srow, c2, block_in_log2, acc);
     }
   }
-  reduce_store<N, R>(p, acc, row_of(0), k_split);
+  reduce_store<N, R, kSwiglu>(p, acc, row_of(0), k_split);
 }
 
 // The element-wise kernel for any shape and alignment: a warp per output row, lanes stride the
@@ -488,17 +491,17 @@ void launch_t(const GemvParams& p, cudaStream_t s) {
   }
 }
 
-template <FloatKind K, int N, int R>
+template <FloatKind K, int N, int R, bool kSwiglu = false>
 void launch_vec(const GemvParams& p, const GemvPlan& plan, dim3 grid, cudaStream_t s) {
   if (plan.pipelined) {
     constexpr size_t smem = pipe_smem_bytes<R>();
     // Per call: cheap, per device, allowed during stream capture.
-    DSI_CUDA_CHECK(cudaFuncSetAttribute(gemv_vec_kernel<K, N, R, true>,
+    DSI_CUDA_CHECK(cudaFuncSetAttribute(gemv_vec_kernel<K, N, R, true, kSwiglu>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch(gemv_vec_kernel<K, N, R, true>, grid, kThreads, smem, s, p, plan.k_split, plan.prefetch,
+    launch(gemv_vec_kernel<K, N, R, true, kSwiglu>, grid, kThreads, smem, s, p, plan.k_split, plan.prefetch,
            plan.row_groups_per_warp);
   } else {
-    launch(gemv_vec_kernel<K, N, R, false>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch, 1);
+    launch(gemv_vec_kernel<K, N, R, false, kSwiglu>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch, 1);
   }
 }
 
@@ -512,6 +515,13 @@ void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   const int64_t rows_per_block =
       outputs_per_row_group(p, plan.rows_per_warp) * (kWarps / plan.k_split) * plan.row_groups_per_warp;
   const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
+  if constexpr (N == 1) {
+    if (p.swiglu) {  // rows_per_warp 2 or 4 (launch_gemv)
+      if (plan.rows_per_warp == 2) launch_vec<K, 1, 2, true>(p, plan, grid, s);
+      else launch_vec<K, 1, 4, true>(p, plan, grid, s);
+      return;
+    }
+  }
   switch (plan.rows_per_warp) {
     case 1: launch_vec<K, N, 1>(p, plan, grid, s); break;
     case 2: launch_vec<K, N, 2>(p, plan, grid, s); break;
@@ -957,7 +967,10 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // bench_linear --gemv-only, one H200, us FMA -> tensor cores: o_proj 2 rows 39.5 -> 35.1, 4 rows
   // 75.7 -> 35.7, 8 rows 127.1 -> 40.0; the experts' down rows [6144, 2048] 2 rows 7.9 -> 7.5,
   // 4 rows 13.6 -> 7.6; their gate rows [2048, 6144] 2 rows 8.8 -> 11.3: too few warps).
-  if (gemv_tensor_cores() && gemv_mma_ok(p) && !p.swiglu && (p.n >= 3 || p.out >= 4096))
+  // Not below 1024 rows, where its 32 rows per warp leave most SMs idle (a router of 256 rows,
+  // 4 rows of x: 10.5 us against 3.8 on the FMA kernels).
+  if (gemv_tensor_cores() && gemv_mma_ok(p) && !p.swiglu && (p.n >= 3 || p.out >= 4096) &&
+      p.out * p.n_groups >= 1024)
     return gemv_mma_plan(p, num_sms);
   GemvPlan plan;
   plan.vec = gemv_vector_ok(p);
@@ -967,10 +980,14 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   plan.rows_per_warp = 4;
   // ... except on products of a few hundred rows (the router, the indexer's weights_proj), where
   // four rows per warp leave most SMs idle even with 8 warps per row group: fewer rows per warp
-  // until there are warps for two blocks per SM (swiglu keeps two: a gate and an up row).
+  // until there are warps for half a block per SM, and 8 warps per row group however short their
+  // share (swiglu keeps two rows: a gate and an up row). Measured, bench_linear --sweep, one H200:
+  // GLM-5's bf16 router [256, 6144] 2.37 us with 2 rows per warp and 8 warps (the best plan),
+  // 3.05 with 1 and 4; its indexer weights_proj [32, 6144] 1.74 us with 1 and 8.
   while (plan.rows_per_warp > (p.swiglu ? 2 : 1) &&
-         (p.out + plan.rows_per_warp - 1) / plan.rows_per_warp * p.n_groups * kWarps < int64_t(num_sms) * 2 * kWarps)
+         (p.out + plan.rows_per_warp - 1) / plan.rows_per_warp * p.n_groups * kWarps < int64_t(num_sms) * kWarps / 2)
     plan.rows_per_warp /= 2;
+  const bool small = plan.rows_per_warp < 4;
   const int64_t row_bytes = p.in * elem_bytes(p.kind);
   const int64_t per_rg = outputs_per_row_group(p, plan.rows_per_warp);  // outputs per row group
   const int64_t group_rgs = (p.out + per_rg - 1) / per_rg;              // row groups per product
@@ -995,7 +1012,7 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
     // Rows are split between warps (split-K) while the GPU has under 32 warps per SM and each warp
     // still streams >= 2 KB of a row.
     while (plan.k_split < kWarps && row_groups * plan.k_split < int64_t(num_sms) * 32 &&
-           row_bytes / (2 * plan.k_split) >= 2048)
+           (small || row_bytes / (2 * plan.k_split) >= 2048))
       plan.k_split *= 2;
     // The shared-memory ring pays off once each warp streams at least 12 stretches of its rows
     // (measured, bench_linear --gemv-only, one H200: MoE gate + up, 12 stretches, 73.5% -> 77.8% of

@@ -127,9 +127,9 @@ struct GemvSegment {
 };
 inline constexpr int kGemvMaxSegments = 32;
 struct GemvSegParams {
-  const GemvSegment* segs;  // [n, n_seg]: token t's segments in summation order
-  const float* add;         // [n, out] with row stride ldy, or null
-  float* y;                 // [n, out] with row stride ldy
+  const GemvSegment* segs = nullptr;  // [n, n_seg]: token t's segments in summation order
+  const float* add = nullptr;         // [n, out] with row stride ldy, or null
+  float* y = nullptr;                 // [n, out] with row stride ldy
   int64_t ldy = 0, out = 0;
   int64_t max_in = 0;       // the sum of the segments' in, for the plan (an upper bound)
   int n = 0, n_seg = 0;     // tokens (grid rows), segments per token (<= kGemvMaxSegments)
