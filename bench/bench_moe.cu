@@ -6,8 +6,11 @@
 // finds its weights in the L2. Prints the time per MoE layer, the bytes the layer must read (the
 // router, the distinct routed experts its rows picked, the shared expert, inputs and outputs), the
 // rate against the H200's 4.3 TB/s, and the kernels one call launches.
-// --seg-plan K,U forces the down launch's plan (warps per row group, chunks in flight; sweeps).
+// --seg-plan K,U forces the segment-sum down launch's plan (warps per row group, chunks in
+// flight); --segment-tokens N the largest batch that takes it (0: the grouped down products and the
+// combine kernel for every batch). For comparisons.
 //   bench_moe --config configs/glm-5.2.json [--rows 1] [--copies 16] [--reps 20] [--seg-plan K,U]
+//             [--segment-tokens N]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -33,6 +36,7 @@ struct Args {
   std::string config;
   int rows = 1, copies = 16, reps = 20;
   int seg_k_split = 0, seg_unroll = 0;  // 0: the plan's
+  int segment_tokens = -1;              // -1: the default
 };
 
 Args parse(int argc, char** argv) {
@@ -47,6 +51,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--rows") a.rows = std::stoi(next());
     else if (k == "--copies") a.copies = std::stoi(next());
     else if (k == "--reps") a.reps = std::stoi(next());
+    else if (k == "--segment-tokens") a.segment_tokens = std::stoi(next());
     else if (k == "--seg-plan") {
       const std::string v = next();
       const size_t comma = v.find(',');
@@ -98,6 +103,7 @@ int run(const Args& a) {
   DSI_CHECK(dsi::cuda::device_count() > 0, "no CUDA device is visible");
   const dsi::ModelConfig cfg = dsi::load_config(a.config);
   dsi::cuda::set_gemv_seg_plan(a.seg_k_split, a.seg_unroll);
+  dsi::cuda::set_moe_segment_tokens(a.segment_tokens);
   DSI_CHECK(cfg.n_experts > 0, "{}: no routed experts", a.config);
   const dsi::Device dev = dsi::Device::cuda(0);
   const int64_t hidden = cfg.hidden_size, inter = cfg.moe_intermediate_size, E = cfg.n_experts;

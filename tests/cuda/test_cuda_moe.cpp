@@ -2,6 +2,7 @@
 // the routed experts over a rank's slice of experts, and the dense SwiGLU MLP, against the CPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -82,6 +83,7 @@ struct RestoreGemvPlans {
   ~RestoreGemvPlans() {
     cuda::set_gemv_row_groups_per_warp(0);
     cuda::set_gemv_seg_plan(0, 0);
+    cuda::set_moe_segment_tokens(-1);
   }
 };
 
@@ -91,8 +93,9 @@ struct RestoreGemvPlans {
 // wider (added after them). n = 5 repeats an expert within a token's slots.
 // Also with the gate/up/SwiGLU GEMV streaming 3 row groups per warp (forced; the plan chooses it
 // for products larger than these): groups whose rows end inside a block, a smaller shared expert;
-// and with the down launch's rows split over 8 warps, 4 chunks in flight (forced): a token's slots
-// of 8 to 32 chunks, so a lane's stretch runs from one slot into the next.
+// and with the down products as segment sums for every batch, rows split over 8 warps, 4 chunks in
+// flight (forced): a token's slots of 8 to 32 chunks, so a lane's stretch runs from one slot into
+// the next. Without that, every batch takes the grouped down products and the combine kernel.
 TEST_F(CudaMoe, ExpertsOnARankSlice) {
   const int64_t inter = 32, k = 3;
   const int n_experts = 8, first = 2, held = 4;  // this rank holds experts [2, 6)
@@ -112,6 +115,7 @@ TEST_F(CudaMoe, ExpertsOnARankSlice) {
     const MlpWeights* gs = shared_inter ? &gpu_shared : nullptr;
     cuda::set_gemv_row_groups_per_warp(rgw);
     cuda::set_gemv_seg_plan(rgw ? 8 : 0, rgw ? 4 : 0);
+    cuda::set_moe_segment_tokens(rgw ? 1000 : 0);
     for (int64_t n : {0, 1, 5, 33, 100}) {
       const std::string what = std::string("moe_experts ") + std::string(dtype_name(dt)) +
                                sz("n", n) + sz("hidden", hidden) + sz("shared inter", shared_inter) +
@@ -138,8 +142,8 @@ TEST_F(CudaMoe, ExpertsOnARankSlice) {
 
 // Decode widths (fp8, 128 x 128 blocks): 8 of 16 experts per token and a shared expert, slots of
 // 1024 columns (the down launch's rows 9 KiB long, so its plan splits them between warps), one and
-// two tokens (shared expert fused) and four (its own MLP, added by the down launch); the down
-// launch with every split and batch depth.
+// two tokens (shared expert fused) and four (its own MLP, added by the down launch); the
+// segment-sum down launch with every split and batch depth, and the grouped one with the combine.
 TEST_F(CudaMoe, ExpertsAtDecodeWidths) {
   const int64_t hidden = 512, inter = 1024, k = 8;
   const int n_experts = 16;
@@ -160,8 +164,9 @@ TEST_F(CudaMoe, ExpertsAtDecodeWidths) {
     const Tensor hw = test::rand_tensor({n, k}, uint64_t(n) + 41);
     Tensor cpu = Tensor::empty({n, hidden}, DType::F32);
     ops::moe_experts(x, hid, hw, cpu_experts, 0, n_experts, cpu, &cpu_shared);
-    for (auto [ks, u] : std::vector<std::pair<int, int>>{{0, 0}, {1, 2}, {2, 4}, {4, 2}, {8, 4}}) {
-      cuda::set_gemv_seg_plan(ks, u);
+    for (auto [ks, u] : std::vector<std::pair<int, int>>{{0, 0}, {1, 2}, {2, 4}, {4, 2}, {8, 4}, {-1, -1}}) {
+      cuda::set_gemv_seg_plan(std::max(ks, 0), std::max(u, 0));
+      cuda::set_moe_segment_tokens(ks < 0 ? 0 : 64);  // the last: grouped down products, combine
       const std::string what = "moe_experts fp8" + sz("n", n) + sz("k_split", ks) + sz("unroll", u);
       test::Guarded g = test::guarded({n, hidden}, DType::F32);
       ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, 0, n_experts, g.view, &gpu_shared);

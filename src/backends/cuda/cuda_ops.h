@@ -86,6 +86,11 @@ void set_gemv_row_groups_per_warp(int n);
 // tests and comparisons: warps per row group (1, 2, 4 or 8) and 16-byte chunks per lane and row in
 // flight (2 or 4); 0 (the default) lets the plan choose either.
 void set_gemv_seg_plan(int k_split, int unroll);
+// Decode batches of up to this many tokens run the MoE's down products as one segment-sum GEMV
+// (moe/moe.h); larger ones as grouped products and a combine. For tests and comparisons; a
+// negative n restores the default, kMoeSegmentTokens.
+int moe_segment_tokens();
+void set_moe_segment_tokens(int n);
 // Sampling is host logic: the logits row is copied to the host and the CPU code runs on it, so the
 // result is bitwise the CPU's.
 std::vector<double> token_distribution(const Tensor& logits, const SamplingParams& sp);

@@ -1,5 +1,6 @@
 // MoE ops of the CUDA backend; see moe.h and ops/moe.h.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -141,6 +142,15 @@ __global__ void moe_pairs_kernel(MoePairParams p) {
   g.y = act;
   p.groups[q] = g;
   const GemvGroup& down = shape[2];
+  if (p.down_groups != nullptr) {
+    GemvGroup dg = down;
+    dg.x = act;
+    dg.w = held ? ex->w[2] : nullptr;
+    dg.scale_inv = held ? ex->scale[2] : nullptr;
+    dg.y = p.ys + q * p.d;
+    p.down_groups[q] = dg;
+    return;
+  }
   GemvSegment sg{};
   sg.x = act;
   sg.w = held ? ex->w[2] : nullptr;
@@ -153,7 +163,49 @@ __global__ void moe_pairs_kernel(MoePairParams p) {
   p.segs[t * p.n_seg + (routed ? q - t * p.k : p.k)] = sg;
 }
 
+// A block per (token, column range): the token's held slots are ordered once, by rank counting
+// in (expert id, slot) order, then each thread sums its columns in that order.
+__global__ void moe_combine_kernel(MoeCombineParams p) {
+  pdl_enter();
+  extern __shared__ int order[];  // [k]
+  __shared__ int held;
+  const int64_t t = blockIdx.y;
+  const int32_t* ids = p.ids + t * p.k;
+  if (threadIdx.x == 0) held = 0;
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < p.k; j += blockDim.x) {
+    const int32_t e = ids[j];
+    const int64_t local = int64_t(e) - p.first_expert;
+    if (local < 0 || local >= p.n_local) continue;
+    int rank = 0;
+    for (int64_t i = 0; i < p.k; ++i) {
+      const int64_t li = int64_t(ids[i]) - p.first_expert;
+      rank += li >= 0 && li < p.n_local && (ids[i] < e || (ids[i] == e && i < j));
+    }
+    order[rank] = int(j);
+    atomicAdd(&held, 1);
+  }
+  __syncthreads();
+  const int count = held;
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= p.d) return;
+  float acc = 0.0f;
+  for (int r = 0; r < count; ++r) {
+    const int64_t q = t * p.k + order[r];
+    acc = __fadd_rn(acc, __fmul_rn(p.ys[q * p.d + c], p.w[q]));  // CPU: o[c] += y[c] * wt
+  }
+  if (p.shared != nullptr) acc = __fadd_rn(acc, p.shared[t * p.d + c]);  // CPU: ffn += shared
+  p.out[t * p.d + c] = acc;
+}
+
 }  // namespace
+
+void launch_moe_combine(const MoeCombineParams& p, cudaStream_t s) {
+  if (p.n * p.d == 0) return;
+  DSI_CHECK(p.n <= 65535, "moe_combine: {} tokens", p.n);
+  const dim3 grid(unsigned((p.d + 255) / 256), unsigned(p.n));
+  launch(moe_combine_kernel, grid, 256, size_t(std::max<int64_t>(p.k, 1)) * sizeof(int), s, p);
+}
 
 void launch_moe_pairs(const MoePairParams& p, cudaStream_t s) {
   if (p.slots == 0) return;
@@ -364,10 +416,13 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
   }
   const int64_t slots = pairs + (fused ? n : 0);
   const int n_seg = int(k) + (fused ? 1 : 0);
+  const bool segment_sum = n <= moe_segment_tokens();
   const int64_t inter = table.proj[0].out;  // the shared expert's is no larger
   Scratch act(size_t(slots * inter) * sizeof(float));
   Scratch groups(size_t(slots) * sizeof(GemvGroup));
-  Scratch segs(size_t(n * n_seg) * sizeof(GemvSegment));
+  Scratch segs(segment_sum ? size_t(n * n_seg) * sizeof(GemvSegment) : 0);
+  Scratch down_groups(segment_sum ? 0 : size_t(slots) * sizeof(GemvGroup));
+  Scratch ys(segment_sum ? 0 : size_t(slots * d) * sizeof(float));
   ErrorFlag bad("moe_experts: an expert id outside [0, experts)");
   MoePairParams pp{};
   pp.ids = expert_ids.i32();
@@ -376,7 +431,9 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
   pp.x = x.f32();
   pp.act = act.as<float>();
   pp.groups = groups.as<GemvGroup>();
-  pp.segs = segs.as<GemvSegment>();
+  pp.segs = segment_sum ? segs.as<GemvSegment>() : nullptr;
+  pp.down_groups = segment_sum ? nullptr : down_groups.as<GemvGroup>();
+  pp.ys = segment_sum ? nullptr : ys.as<float>();
   for (int i = 0; i < 3; ++i) {
     pp.shape[0][i] = group_shape(table.proj[i]);
     pp.shape[1][i] = group_shape(table.shared ? table.shared_proj[i] : table.proj[i]);
@@ -404,13 +461,30 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
   g.n_groups = int(slots);
   g.swiglu = true;
   launch_gemv(g, gemv_plan(g, sms), stream());
-  // Down of every slot, weighted and summed per token (right after the launch above, which writes
-  // none of the segments: launch_gemv_seg's contract).
-  GemvSegParams sp = seg_params(table, n, n_seg);
-  sp.segs = pp.segs;
-  sp.add = fused || !table.shared ? nullptr : shared_out.f32();
-  sp.y = out.f32();
-  launch_gemv_seg(sp, gemv_seg_plan(sp, sms), stream());
+  if (segment_sum) {
+    // Down of every slot, weighted and summed per token (right after the launch above, which writes
+    // none of the segments: launch_gemv_seg's contract).
+    GemvSegParams sp = seg_params(table, n, n_seg);
+    sp.segs = pp.segs;
+    sp.add = fused || !table.shared ? nullptr : shared_out.f32();
+    sp.y = out.f32();
+    launch_gemv_seg(sp, gemv_seg_plan(sp, sms), stream());
+  } else {
+    // Down of every slot (a product each), then the weighted sum per token.
+    GemvParams dn = table.proj[2];
+    dn.x = pp.act;  // representative operands for the alignment checks
+    dn.y = pp.ys;
+    dn.ldx = dn.in;
+    dn.ldy = dn.out;
+    dn.n = 1;
+    dn.groups = pp.down_groups;
+    dn.n_groups = int(slots);
+    launch_gemv(dn, gemv_plan(dn, sms), stream());
+    const float* shared_rows = fused ? pp.ys + pairs * d : table.shared ? shared_out.f32() : nullptr;
+    launch_moe_combine({expert_ids.i32(), weights.f32(), pp.ys, shared_rows, out.f32(), n, k, d, first_expert,
+                        pp.n_local},
+                       stream());
+  }
   const unsigned long long first = bad.read();
   if (first != ErrorFlag::kNone)
     fail("moe_experts: expert id {} outside [0, {})", read_device(expert_ids.i32() + first),
@@ -489,6 +563,13 @@ void moe_experts_on_host(const Tensor& x, const Tensor& expert_ids, const Tensor
 
 }  // namespace
 
+namespace {
+std::atomic<int> g_segment_tokens{kMoeSegmentTokens};
+}  // namespace
+
+int moe_segment_tokens() { return g_segment_tokens.load(std::memory_order_relaxed); }
+void set_moe_segment_tokens(int n) { g_segment_tokens.store(n < 0 ? kMoeSegmentTokens : n); }
+
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
                  Tensor& out, const MlpWeights* shared) {
@@ -506,7 +587,7 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
     const bool aligned = d % 4 == 0 && table.proj[0].out % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
     const int n_seg = int(k) + (table.shared && n <= kMoeFusedSharedTokens ? 1 : 0);
-    if (table.uniform && aligned && gemv_seg_ok(seg_params(table, n, n_seg))) {
+    if (table.uniform && aligned && (n > moe_segment_tokens() || gemv_seg_ok(seg_params(table, n, n_seg)))) {
       moe_experts_on_device(x, expert_ids, weights, table, shared, first_expert, n_experts, out);
       if (table.shared) return;
       add_shared(x, shared, out);

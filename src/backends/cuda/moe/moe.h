@@ -9,7 +9,10 @@
 //   GEMV whose warps read a gate row and the up row of the same output, so only the activation
 //   reaches memory), and per token the down products of its slots weighted by their routing
 //   weights and summed in one pass (a segment-sum GEMV whose reduced dimension runs through the
-//   slots in turn), plus the unfused shared expert's output.
+//   slots in turn), plus the unfused shared expert's output. Batches of more than
+//   moe_segment_tokens() tokens (cuda_ops.h) run the down products as one grouped GEMV of a
+//   product per slot instead, then the weighted sum per token in ascending expert order, as the
+//   CPU reference adds (measured faster there: see kMoeSegmentTokens).
 // - Larger batches group tokens per expert on the host (ids and weights are read back), then per
 //   expert a gather, the SwiGLU MLP through linear(), and a weighted scatter-add in expert order.
 #pragma once
@@ -68,7 +71,8 @@ struct MoeExpertPtrs {
 // expert of token t. Per slot q: groups[q], the swiglu product of gate and up into act row q
 // ([slots, inter], inter the larger of the two experts' widths); and the down product of act row q
 // as segment j of token t (segs[t * n_seg + j], j = k for the shared slot) with coefficient
-// weights[q] (1 for the shared expert). Ids outside [0, n_experts) lower *bad to q.
+// weights[q] (1 for the shared expert); or, with down_groups, the down product of act row q into
+// ys row q (down_groups[q]). Ids outside [0, n_experts) lower *bad to q.
 struct MoePairParams {
   const int32_t* ids;             // [n, k]
   const float* weights;           // [n, k] routing weights
@@ -76,7 +80,9 @@ struct MoePairParams {
   const float* x;                 // [n, d]
   float* act;                     // [slots, inter]
   GemvGroup* groups;              // [slots]: gate and up (swiglu)
-  GemvSegment* segs;              // [n, n_seg]: down
+  GemvSegment* segs;              // [n, n_seg]: down (segment sums), or null
+  GemvGroup* down_groups;         // [slots]: down (grouped), or null
+  float* ys;                      // [slots, d]: the grouped down products
   GemvGroup shape[2][3];          // shapes of the routed [0] and shared [1] gate, up and down
   unsigned long long* bad;
   int64_t pairs, slots, k, d, inter;
@@ -84,5 +90,23 @@ struct MoePairParams {
   int first_expert, n_local, n_experts;
 };
 void launch_moe_pairs(const MoePairParams& p, cudaStream_t stream);
+
+// Decode batches of up to this many tokens take the segment-sum down launch; larger ones the
+// grouped down products and moe_combine. Measured (bench_moe, one H200, GLM-5.2 geometry, us per
+// MoE layer): see moe.cu.
+inline constexpr int kMoeSegmentTokens = 2;
+
+// out[t] = sum over its slots of held experts in ascending (expert id, slot), as the CPU adds:
+// w[t, j] * ys[t * k + j]; then + shared[t] when shared is not null.
+struct MoeCombineParams {
+  const int32_t* ids;   // [n, k]
+  const float* w;       // [n, k]
+  const float* ys;      // [n * k, d]
+  const float* shared;  // [n, d] or null
+  float* out;           // [n, d]
+  int64_t n, k, d;
+  int first_expert, n_local;
+};
+void launch_moe_combine(const MoeCombineParams& p, cudaStream_t stream);
 
 }  // namespace dsi::cuda
