@@ -200,16 +200,16 @@ __global__ void moe_combine_kernel(MoeCombineParams p) {
 
 }  // namespace
 
+void launch_moe_pairs(const MoePairParams& p, cudaStream_t s) {
+  if (p.slots == 0) return;
+  launch(moe_pairs_kernel, unsigned((p.slots + 127) / 128), 128, 0, s, p);
+}
+
 void launch_moe_combine(const MoeCombineParams& p, cudaStream_t s) {
   if (p.n * p.d == 0) return;
   DSI_CHECK(p.n <= 65535, "moe_combine: {} tokens", p.n);
   const dim3 grid(unsigned((p.d + 255) / 256), unsigned(p.n));
   launch(moe_combine_kernel, grid, 256, size_t(std::max<int64_t>(p.k, 1)) * sizeof(int), s, p);
-}
-
-void launch_moe_pairs(const MoePairParams& p, cudaStream_t s) {
-  if (p.slots == 0) return;
-  launch(moe_pairs_kernel, unsigned((p.slots + 127) / 128), 128, 0, s, p);
 }
 
 size_t moe_route_smem_bytes(const MoeRouteParams& p) {
@@ -385,6 +385,21 @@ GemvGroup group_shape(const GemvParams& p) {
   return g;
 }
 
+// A grouped one-row GEMV of `groups` with the shape of proj; x and y are representative operands
+// (the first group's) for the alignment checks.
+GemvParams grouped_launch(const GemvParams& proj, const float* x, float* y, const GemvGroup* groups,
+                          int64_t n_groups) {
+  GemvParams g = proj;
+  g.x = x;
+  g.y = y;
+  g.ldx = g.in;
+  g.ldy = g.out;
+  g.n = 1;
+  g.groups = groups;
+  g.n_groups = int(n_groups);
+  return g;
+}
+
 // The down launch of n tokens with n_seg slots each (segments and operands set by the caller).
 GemvSegParams seg_params(const ExpertTable& table, int64_t n, int n_seg) {
   const GemvParams& down = table.proj[2];
@@ -451,14 +466,7 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
   launch_moe_pairs(pp, stream());
   const int sms = sm_count();
   // Gate, up and SwiGLU of every slot: one grouped launch.
-  GemvParams g = table.proj[0];
-  g.x = pp.x;  // representative operands for the alignment checks
-  g.y = pp.act;
-  g.ldx = g.in;
-  g.ldy = g.out;
-  g.n = 1;
-  g.groups = pp.groups;
-  g.n_groups = int(slots);
+  GemvParams g = grouped_launch(table.proj[0], pp.x, pp.act, pp.groups, slots);
   g.swiglu = true;
   launch_gemv(g, gemv_plan(g, sms), stream());
   if (segment_sum) {
@@ -471,14 +479,7 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
     launch_gemv_seg(sp, gemv_seg_plan(sp, sms), stream());
   } else {
     // Down of every slot (a product each), then the weighted sum per token.
-    GemvParams dn = table.proj[2];
-    dn.x = pp.act;  // representative operands for the alignment checks
-    dn.y = pp.ys;
-    dn.ldx = dn.in;
-    dn.ldy = dn.out;
-    dn.n = 1;
-    dn.groups = pp.down_groups;
-    dn.n_groups = int(slots);
+    const GemvParams dn = grouped_launch(table.proj[2], pp.act, pp.ys, pp.down_groups, slots);
     launch_gemv(dn, gemv_plan(dn, sms), stream());
     const float* shared_rows = fused ? pp.ys + pairs * d : table.shared ? shared_out.f32() : nullptr;
     launch_moe_combine({expert_ids.i32(), weights.f32(), pp.ys, shared_rows, out.f32(), n, k, d, first_expert,
