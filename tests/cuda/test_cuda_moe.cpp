@@ -141,9 +141,9 @@ TEST_F(CudaMoe, ExpertsOnARankSlice) {
 }
 
 // Decode widths (fp8, 128 x 128 blocks): 8 of 16 experts per token and a shared expert, slots of
-// 1024 columns (the down launch's rows 9 KiB long, so its plan splits them between warps), one and
-// two tokens (shared expert fused) and four (its own MLP, added by the down launch); the
-// segment-sum down launch with every split and batch depth, and the grouped one with the combine.
+// 1024 columns (the segment-sum launch's rows 9 KiB long), one and two tokens (shared expert
+// fused) and four (its own MLP, added by the down launch); the segment-sum down launch (forced on
+// every batch) with every split and batch depth, and the grouped one with the combine.
 TEST_F(CudaMoe, ExpertsAtDecodeWidths) {
   const int64_t hidden = 512, inter = 1024, k = 8;
   const int n_experts = 16;

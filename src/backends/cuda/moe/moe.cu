@@ -418,7 +418,8 @@ GemvSegParams seg_params(const ExpertTable& table, int64_t n, int n_seg) {
 // The experts of a decode batch, routed on the device (moe.h); with table.shared, the shared
 // expert's output is added too: for one or two tokens as slots of the two launches (one x row per
 // slot, so its weights are read once per token), for more as its own MLP over all the tokens
-// (`shared`: its weights read once, 3..8 rows on the GEMV's tensor cores), added by the down launch.
+// (`shared`: its weights read once, 3..8 rows on the GEMV's tensor cores), added by the combine
+// (or by the segment-sum launch, when tests force it on such batches).
 void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                            const ExpertTable& table, const MlpWeights* shared, int first_expert,
                            int n_experts, Tensor& out) {

@@ -92,9 +92,10 @@ struct MoePairParams {
 void launch_moe_pairs(const MoePairParams& p, cudaStream_t stream);
 
 // Decode batches of up to this many tokens take the segment-sum down launch; larger ones the
-// grouped down products and moe_combine. Measured (bench_moe, one H200, GLM-5.2 geometry, us per
-// MoE layer): see moe.cu.
-inline constexpr int kMoeSegmentTokens = 2;
+// grouped down products and moe_combine. Measured (bench_moe, one H200, us per MoE layer, segment
+// sum against grouped + combine): 1 token GLM-5.2 115.9 / 116.2, DeepSeek-V3.2 128.7 / 133.8;
+// 2 tokens 219.4 / 199.9 and 240.5 / 227.6; 4 tokens (GLM-5.2) 375-397 / 358.1.
+inline constexpr int kMoeSegmentTokens = 1;
 
 // out[t] = sum over its slots of held experts in ascending (expert id, slot), as the CPU adds:
 // w[t, j] * ys[t * k + j]; then + shared[t] when shared is not null.
