@@ -131,7 +131,7 @@ struct GemvSegParams {
   const float* add = nullptr;         // [n, out] with row stride ldy, or null
   float* y = nullptr;                 // [n, out] with row stride ldy
   int64_t ldy = 0, out = 0;
-  int64_t max_in = 0;       // the sum of the segments' in, for the plan (an upper bound)
+  int64_t max_in = 0;       // an upper bound of the segments' summed in (32-bit indexing checks)
   int n = 0, n_seg = 0;     // tokens (grid rows), segments per token (<= kGemvMaxSegments)
   FloatKind kind = FloatKind::kF32;
   int block_out = 128, block_in = 128;  // fp8: power-of-two blocks, block_in >= 16
