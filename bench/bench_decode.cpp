@@ -32,6 +32,7 @@
 #include "runtime/ranks.h"
 #include "ops/kv_fp8.h"
 #include "ops/paging.h"
+#include "bench_util.h"
 
 namespace {
 
@@ -93,12 +94,7 @@ class TimedComm final : public dsi::Communicator {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) dsi::fail("{} needs a value", k);
-      return argv[++i];
-    };
+  parse_options(argc, argv, [&](const std::string& k, auto next) {
     if (k == "--config") a.config = next();
     else if (k == "--layers") a.layers = std::stoi(next());
     else if (k == "--first-layer") a.first_layer = std::stoi(next());
@@ -111,8 +107,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--rows") a.rows = std::stoi(next());
     else if (k == "--graphs") a.graphs = true;
     else if (k == "--profile-step") a.profile_step = true;
-    else dsi::fail("unknown option {}", k);
-  }
+    else return false;
+    return true;
+  });
   if (a.config.empty()) dsi::fail("--config FILE is required");
   return a;
 }

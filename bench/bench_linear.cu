@@ -196,7 +196,7 @@ void bench_grouped(const char* model, int64_t hidden, int64_t inter, int sms, in
           dsi::cuda::launch_gemv_seg(q, plan, st);
         });
       };
-      const dsi::cuda::GemvSegPlan plan = dsi::cuda::gemv_seg_plan(p, sms);
+      const dsi::cuda::GemvSegPlan plan = dsi::cuda::gemv_seg_plan();
       us = run_plan(plan);
       extra = "segment sum ks" + std::to_string(plan.k_split) + " u" + std::to_string(plan.unroll);
       if (sweep)

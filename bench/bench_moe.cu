@@ -41,12 +41,7 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) dsi::fail("{} needs a value", k);
-      return argv[++i];
-    };
+  parse_options(argc, argv, [&](const std::string& k, auto next) {
     if (k == "--config") a.config = next();
     else if (k == "--rows") a.rows = std::stoi(next());
     else if (k == "--copies") a.copies = std::stoi(next());
@@ -58,9 +53,11 @@ Args parse(int argc, char** argv) {
       DSI_CHECK(comma != std::string::npos, "--seg-plan takes K,U");
       a.seg_k_split = std::stoi(v.substr(0, comma));
       a.seg_unroll = std::stoi(v.substr(comma + 1));
+    } else {
+      return false;
     }
-    else dsi::fail("unknown option {}", k);
-  }
+    return true;
+  });
   if (a.config.empty()) dsi::fail("--config FILE is required");
   DSI_CHECK(a.rows >= 1 && a.copies >= 1 && a.reps >= 1, "--rows, --copies and --reps must be positive");
   return a;

@@ -10,6 +10,21 @@
 #include <vector>
 
 #include "backends/cuda/cuda_check.h"
+#include "dsinfer/error.h"
+
+// Walks "--key [value]" options: on(key, value) handles one (value() returns its argument, an error
+// when argv has none) and returns false for a key it does not know (an error).
+template <typename On>
+inline void parse_options(int argc, char** argv, On on) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) dsi::fail("{} needs a value", k);
+      return argv[++i];
+    };
+    if (!on(k, value)) dsi::fail("unknown option {}", k);
+  }
+}
 
 constexpr double kPeakGBs = 4300.0;  // H200 HBM3e, measured copy bandwidth
 

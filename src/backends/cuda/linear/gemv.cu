@@ -745,7 +745,7 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // 4 rows 13.6 -> 7.6; their gate rows [2048, 6144] 2 rows 8.8 -> 11.3: too few warps).
   // Not below 1024 rows, where its 32 rows per warp leave most SMs idle (a router of 256 rows,
   // 4 rows of x: 10.5 us against 3.8 on the FMA kernels).
-  if (gemv_tensor_cores() && gemv_mma_ok(p) && !p.swiglu && (p.n >= 3 || p.out >= 4096) &&
+  if (gemv_tensor_cores() && gemv_mma_ok(p) && (p.n >= 3 || p.out >= 4096) &&
       p.out * p.n_groups >= 1024)
     return gemv_mma_plan(p, num_sms);
   GemvPlan plan;

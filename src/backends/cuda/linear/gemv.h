@@ -144,7 +144,8 @@ struct GemvSegPlan {
 // block_in >= 16 (every segment's in a multiple of 16 bytes and 16-byte aligned x and W are the
 // caller's to ensure, as for the vector kernel).
 bool gemv_seg_ok(const GemvSegParams& p);
-GemvSegPlan gemv_seg_plan(const GemvSegParams& p, int num_sms);
+// The plan (set_gemv_seg_plan in cuda_ops.h overrides it for tests and comparisons).
+GemvSegPlan gemv_seg_plan();
 // The kernel reads the segment table (and the coefficients) before its programmatic wait, the
 // weights' first bytes too: the caller must make sure that the kernel launched right before it
 // writes none of them (common.cuh); x and add are read after the wait.

@@ -199,14 +199,12 @@ void set_gemv_seg_plan(int k_split, int unroll) {
   g_seg_unroll.store(unroll);
 }
 
-GemvSegPlan gemv_seg_plan(const GemvSegParams& p, int num_sms) {
+GemvSegPlan gemv_seg_plan() {
   // Whole rows per warp (k_split 1) and two chunks in flight per lane and row. Measured on the MoE's
   // down launch of one token (bench_moe, one H200, us per MoE layer, warps per row group 1 / 2 / 4 /
   // 8): GLM-5.2 113.8 / 120.2 / 113.3 / 119.3, DeepSeek-V3.2 125.4 / - / 133.8 / -; four chunks in
-  // flight take 199 registers (one block per SM) and lost everywhere (GLM-5.2 132-146 us). The
-  // shape (p, num_sms) does not change the choice yet: every measured shape agreed.
-  (void)p;
-  (void)num_sms;
+  // flight take 199 registers (one block per SM) and lost everywhere (GLM-5.2 132-146 us). Every
+  // measured shape agreed, so the plan does not depend on the shape.
   GemvSegPlan plan;
   if (const int k = g_seg_k_split.load(); k > 0) plan.k_split = k;
   if (const int u = g_seg_unroll.load(); u > 0) plan.unroll = u;

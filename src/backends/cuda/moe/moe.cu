@@ -432,7 +432,9 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
   }
   const int64_t slots = pairs + (fused ? n : 0);
   const int n_seg = int(k) + (fused ? 1 : 0);
-  const bool segment_sum = n <= moe_segment_tokens();
+  // The segment sum for small batches when its kernel takes these experts (power-of-two fp8 blocks,
+  // at most kGemvMaxSegments slots a token); else the grouped down products and the combine.
+  const bool segment_sum = n <= moe_segment_tokens() && gemv_seg_ok(seg_params(table, n, n_seg));
   const int64_t inter = table.proj[0].out;  // the shared expert's is no larger
   Scratch act(size_t(slots * inter) * sizeof(float));
   Scratch groups(size_t(slots) * sizeof(GemvGroup));
@@ -477,7 +479,7 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
     sp.segs = pp.segs;
     sp.add = fused || !table.shared ? nullptr : shared_out.f32();
     sp.y = out.f32();
-    launch_gemv_seg(sp, gemv_seg_plan(sp, sms), stream());
+    launch_gemv_seg(sp, gemv_seg_plan(), stream());
   } else {
     // Down of every slot (a product each), then the weighted sum per token.
     const GemvParams dn = grouped_launch(table.proj[2], pp.act, pp.ys, pp.down_groups, slots);
@@ -588,8 +590,7 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
     // Every pair's rows (x rows, gate rows) must keep the GEMV's 16-byte alignment.
     const bool aligned = d % 4 == 0 && table.proj[0].out % 4 == 0 &&
                          reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
-    const int n_seg = int(k) + (table.shared && n <= kMoeFusedSharedTokens ? 1 : 0);
-    if (table.uniform && aligned && (n > moe_segment_tokens() || gemv_seg_ok(seg_params(table, n, n_seg)))) {
+    if (table.uniform && aligned) {
       moe_experts_on_device(x, expert_ids, weights, table, shared, first_expert, n_experts, out);
       if (table.shared) return;
       add_shared(x, shared, out);

@@ -10,8 +10,8 @@
 //   reaches memory), and per token the down products of its slots weighted by their routing
 //   weights and summed in one pass (a segment-sum GEMV whose reduced dimension runs through the
 //   slots in turn), plus the unfused shared expert's output. Batches of more than
-//   moe_segment_tokens() tokens (cuda_ops.h) run the down products as one grouped GEMV of a
-//   product per slot instead, then the weighted sum per token in ascending expert order, as the
+//   moe_segment_tokens() tokens (cuda_ops.h), and experts the segment kernel does not take
+//   (gemv_seg_ok), run the down products as one grouped GEMV of a product per slot instead, then the weighted sum per token in ascending expert order, as the
 //   CPU reference adds (measured faster there: see kMoeSegmentTokens).
 // - Larger batches group tokens per expert on the host (ids and weights are read back), then per
 //   expert a gather, the SwiGLU MLP through linear(), and a weighted scatter-add in expert order.
