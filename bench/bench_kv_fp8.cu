@@ -14,7 +14,9 @@
 // case also prints the PyTorch implementation's time and dsinfer's speed-up over it.
 //
 //   bench_kv_fp8 [--reps N] [--sweep] [--only-mla | --only-indexer [--keys 8192|131072]]
-//                [--torch FILE]
+//                [--trace] [--torch FILE]
+// Each sparse MLA case runs twice: as a plain call, and "settled" (indices and the first gather
+// before the programmatic wait). --trace prints where each CTA's time goes (phase marks).
 #include <cuda_runtime.h>
 
 #include <nlohmann/json.hpp>
@@ -42,6 +44,8 @@ constexpr int64_t kPage = dsi::ops::kKvPageTokens;
 
 // PyTorch's times of the same cases (bench/torch_baseline.py), by case name; empty without --torch.
 nlohmann::json g_torch;
+// --trace: the sparse MLA cases print where each CTA's time goes (SparseMlaDecodeParams::trace).
+bool g_trace = false;
 
 // "  PyTorch 120.0 us, 3.1x faster" for a case the baseline file has.
 void report_torch(const std::string& name, double us) {
@@ -251,6 +255,28 @@ int sm_count() {
   return n;
 }
 
+// The phase marks of the last call (us after the first split CTA's entry): min / median / max over
+// the CTAs of each kernel.
+void print_trace(const unsigned long long* dtrace, int64_t split_ctas, int64_t combine_ctas) {
+  constexpr int S = dsi::cuda::kSparseMlaTraceSlots;
+  std::vector<unsigned long long> t(size_t((split_ctas + combine_ctas) * S));
+  DSI_CUDA_CHECK(cudaMemcpy(t.data(), dtrace, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
+  unsigned long long t0 = ~0ull;
+  for (int64_t b = 0; b < split_ctas; ++b) t0 = std::min(t0, t[size_t(b * S)]);
+  auto line = [&](const char* what, int64_t first, int64_t n, int mark) {
+    std::vector<double> v;
+    for (int64_t b = first; b < first + n; ++b) v.push_back(double(int64_t(t[size_t(b * S + mark)] - t0)) * 1e-3);
+    std::sort(v.begin(), v.end());
+    std::printf("    %-34s %7.2f %7.2f %7.2f us\n", what, v.front(), v[v.size() / 2], v.back());
+  };
+  static const char* split_marks[] = {"entry", "past the wait", "indices staged", "first tile landed", "unpacked",
+                                      "scores", "softmax", "P.V", "done"};
+  static const char* combine_marks[] = {"combine: entry", "combine: past the wait", "combine: weights", "combine: done"};
+  std::printf("    trace of the last call (us after the first CTA's entry: min, median, max over CTAs)\n");
+  for (int m = 0; m < 9; ++m) line(split_marks[m], 0, split_ctas, m);
+  for (int m = 0; m < 4 && combine_ctas > 0; ++m) line(combine_marks[m], split_ctas, combine_ctas, m);
+}
+
 // Sparse MLA decode, `rows` rows of `heads` heads over top-`topk` keys. The figure of merit is the
 // byte floor (entries + indices + q + out + lse at 4.3 TB/s); the FLOPs are the scores (576 dims)
 // and the output (512) per head and key, at ~790 TFLOP/s bf16 dense.
@@ -287,16 +313,29 @@ void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, 
                                        heads * (dk + 512 + 1) * 4.0);
   const double flops = 2.0 * double(rows) * heads * topk * (dk + 512);
   const int sms = sm_count();
-  auto run_plan = [&](const dsi::cuda::SparseMlaDecodePlan& plan, const char* tag) {
+  // settled: the launches read the indices and start the gather before their programmatic wait
+  // (valid here: the kernel before each call is the previous call's combine, which writes neither).
+  auto run_plan = [&](const dsi::cuda::SparseMlaDecodePlan& plan, const char* tag, bool settled = false,
+                      bool trace = false) {
     void* ws = nullptr;
     if (plan.workspace_bytes > 0) DSI_CUDA_CHECK(cudaMalloc(&ws, plan.workspace_bytes));
+    const int64_t split_ctas = rows * plan.head_groups * plan.n_splits;
+    const int64_t trace_ctas = split_ctas + (plan.n_splits > 1 ? rows * heads : 0);
+    unsigned long long* tr = trace ? dalloc<unsigned long long>(size_t(trace_ctas * dsi::cuda::kSparseMlaTraceSlots))
+                                   : nullptr;
     const double us = time_graph(copies, reps, [&](int c, cudaStream_t st) {
       dsi::cuda::SparseMlaDecodeParams pc = p;
       pc.indices = didx + int64_t(c) * rows * topk;
       pc.workspace = ws;
+      pc.settled = settled;
+      pc.trace = tr;
       dsi::cuda::launch_sparse_mla_decode(pc, plan, st);
     });
     if (ws != nullptr) DSI_CUDA_CHECK(cudaFree(ws));
+    if (tr != nullptr) {
+      print_trace(tr, split_ctas, trace_ctas - split_ctas);
+      DSI_CUDA_CHECK(cudaFree(tr));
+    }
     char name[160];
     std::snprintf(name, sizeof(name), "%ssparse_mla_fp8 topk=%lld heads=%d rows=%lld", tag, (long long)topk,
                   heads, (long long)rows);
@@ -311,7 +350,8 @@ void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, 
                 plan.n_splits, plan.tiles_per_split,
                 (long long)(rows * plan.head_groups * plan.n_splits));
   };
-  run_plan(dsi::cuda::plan_sparse_mla_decode(rows, heads, topk, sms), "");
+  run_plan(dsi::cuda::plan_sparse_mla_decode(rows, heads, topk, sms), "", false, g_trace);
+  run_plan(dsi::cuda::plan_sparse_mla_decode(rows, heads, topk, sms), "  settled ", true, g_trace);
   if (sweep) {
     for (int mt : {1, 2, 4})
       for (int splits : {1, 2, 4, 8, 16, 32}) {
@@ -366,6 +406,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "bench_kv_fp8: %s is not a JSON object of case timings\n", argv[i]);
         return 2;
       }
+    } else if (std::strcmp(argv[i], "--trace") == 0) {
+      g_trace = true;
     } else if (std::strcmp(argv[i], "--sorted") == 0) {
       sorted = true;
     } else if (std::strcmp(argv[i], "--pool-slots") == 0 && i + 1 < argc) {
@@ -373,7 +415,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_kv_fp8 [--reps N] [--sweep] [--only-mla] [--only-indexer] [--keys N] [--sorted] "
-                   "[--pool-slots N] [--torch FILE]\n");
+                   "[--pool-slots N] [--trace] [--torch FILE]\n");
       return 2;
     }
   }

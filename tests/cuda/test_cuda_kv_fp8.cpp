@@ -521,48 +521,71 @@ TEST_F(CudaKvFp8, SparseMlaSubnormalLatents) {
 }
 
 // Every tiling of the split-KV kernels (mma.sync with 16 or 32 heads per CTA, wgmma with 64; no split
-// .. one tile per split), called through the launcher with a caller-provided workspace, against the CPU.
+// .. one tile per split), called through the launcher with a caller-provided workspace, against the CPU;
+// each also "settled" (indices and the first gather before the programmatic wait), which must give
+// the same bits. One index outside the pool in the second row: the flag names it, either way.
 TEST_F(CudaKvFp8, SparseMlaDecodeEveryTiling) {
   const int64_t rows = 3, heads = 40, topk = 2049;  // 40 heads: padded head groups either way
-  const SparseInputs in = sparse_inputs(rows, heads, topk, 123);
+  SparseInputs in = sparse_inputs(rows, heads, topk, 123);
   const float scale = 1.0f / std::sqrt(576.0f);
   Tensor co = Tensor::empty({rows, heads, 512}, DType::F32), cl = Tensor::empty({rows, heads}, DType::F32);
   ops::sparse_mla_fp8(in.q, in.pool, in.idx, scale, 512, co, cl);
   const Tensor dq = test::dev_strided(in.q), dp = dev(in.pool), di = dev(in.idx);
+  Tensor bad_idx = Tensor::empty(in.idx.shape(), DType::I32);
+  bad_idx.copy_from(in.idx);
+  const int64_t bad_at = topk + 1500;  // row 1, key 1500 (split 0 only without splitting)
+  bad_idx.i32()[bad_at] = int32_t(in.pool.dim(0));
+  const Tensor dbi = dev(bad_idx);
   for (int mt : {1, 2, 4}) {
     for (int splits : {1, 2, 5, 33, 200}) {
       const cuda::SparseMlaDecodePlan plan = cuda::plan_sparse_mla_decode(rows, heads, topk, 132, mt, splits);
-      const std::string what = "sparse mla decode" + sz("m_tiles", mt) + sz("splits", plan.n_splits) +
-                               sz("tiles_per_split", plan.tiles_per_split);
-      EXPECT_EQ(plan.m_tiles, mt) << what;
-      EXPECT_LE(plan.tiles_per_split, cuda::kSparseMlaMaxSplitTiles) << what;
-      EXPECT_GE(int64_t(plan.n_splits) * plan.tiles_per_split * cuda::kSparseMlaKeyTile, topk) << what;
-      test::Guarded go = test::guarded({rows, heads, 512}, DType::F32);
-      test::Guarded gl = test::guarded({rows, heads}, DType::F32);
-      Tensor ws = Tensor::empty({std::max<int64_t>(1, int64_t(plan.workspace_bytes))}, DType::U8, test::gpu());
-      Tensor bad = dev(filled_u8({8}, 0xff));
-      cuda::SparseMlaDecodeParams p{};
-      p.q = dq.f32();
-      p.pool = static_cast<const uint8_t*>(dp.raw());
-      p.indices = di.i32();
-      p.out = go.view.f32();
-      p.lse = gl.view.f32();
-      p.q_s0 = dq.stride(0);
-      p.q_s1 = dq.stride(1);
-      p.rows = rows;
-      p.heads = heads;
-      p.n_slots = dp.dim(0);
-      p.topk = topk;
-      p.softmax_scale = scale;
-      p.bad = static_cast<unsigned long long*>(bad.raw());
-      p.workspace = ws.raw();
-      cuda::launch_sparse_mla_decode(p, plan, nullptr);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
-      test::expect_nmse_close(go.check(what + " out"), co, kSparseMlaBf16OutNmse, what + " out");
-      test::expect_nmse_close(gl.check(what + " lse"), cl, tol::kCudaReductionNmse, what + " lse");
-      const Tensor hb = host(bad);
-      EXPECT_EQ(hb.nbytes(), 8u);
-      for (int i = 0; i < 8; ++i) EXPECT_EQ(static_cast<const uint8_t*>(hb.raw())[i], 0xff) << what;
+      const std::string what0 = "sparse mla decode" + sz("m_tiles", mt) + sz("splits", plan.n_splits) +
+                                sz("tiles_per_split", plan.tiles_per_split);
+      EXPECT_EQ(plan.m_tiles, mt) << what0;
+      EXPECT_LE(plan.tiles_per_split, cuda::kSparseMlaMaxSplitTiles) << what0;
+      EXPECT_GE(int64_t(plan.n_splits) * plan.tiles_per_split * cuda::kSparseMlaKeyTile, topk) << what0;
+      Tensor first_out, first_lse;
+      for (bool settled : {false, true}) {
+        const std::string what = what0 + (settled ? " settled" : "");
+        test::Guarded go = test::guarded({rows, heads, 512}, DType::F32);
+        test::Guarded gl = test::guarded({rows, heads}, DType::F32);
+        Tensor ws = Tensor::empty({std::max<int64_t>(1, int64_t(plan.workspace_bytes))}, DType::U8, test::gpu());
+        cuda::SparseMlaDecodeParams p{};
+        p.q = dq.f32();
+        p.pool = static_cast<const uint8_t*>(dp.raw());
+        p.out = go.view.f32();
+        p.lse = gl.view.f32();
+        p.q_s0 = dq.stride(0);
+        p.q_s1 = dq.stride(1);
+        p.rows = rows;
+        p.heads = heads;
+        p.n_slots = dp.dim(0);
+        p.topk = topk;
+        p.softmax_scale = scale;
+        p.workspace = ws.raw();
+        p.settled = settled;
+        for (bool with_bad : {true, false}) {  // the good call last: its outputs are checked
+          Tensor bad = dev(filled_u8({8}, 0xff));
+          p.indices = with_bad ? dbi.i32() : di.i32();
+          p.bad = static_cast<unsigned long long*>(bad.raw());
+          cuda::launch_sparse_mla_decode(p, plan, nullptr);
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+          const Tensor hb = host(bad);
+          ASSERT_EQ(hb.nbytes(), 8u);
+          const uint64_t flag = *static_cast<const uint64_t*>(hb.raw());
+          EXPECT_EQ(flag, with_bad ? uint64_t(bad_at) : ~uint64_t(0)) << what;
+        }
+        const Tensor out = go.check(what + " out"), lse = gl.check(what + " lse");
+        test::expect_nmse_close(out, co, kSparseMlaBf16OutNmse, what + " out");
+        test::expect_nmse_close(lse, cl, tol::kCudaReductionNmse, what + " lse");
+        if (!settled) {
+          first_out = out;  // check() returns a fresh host copy
+          first_lse = lse;
+        } else {
+          test::expect_bitwise(out, first_out, what + " out, against the plain call");
+          test::expect_bitwise(lse, first_lse, what + " lse, against the plain call");
+        }
+      }
     }
   }
 }

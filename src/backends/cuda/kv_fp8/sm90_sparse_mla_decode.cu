@@ -134,6 +134,7 @@ struct SplitArgs {
   int n_splits, tiles_per_split, head_groups;
   float* part_o;    // [rows, heads, n_splits, 512] o / l of each split (n_splits > 1)
   float* part_lse;  // [rows, heads, n_splits] natural-log LSE of each split, -inf if it saw no key
+  unsigned long long* combine_trace;  // the combine kernel's marks (benchmarks), or null
 };
 
 // A split kernel's CTA: its row, head group and split, and the split's keys [key0, key0 + n_keys)
@@ -156,9 +157,36 @@ __device__ __forceinline__ SplitCta split_cta(const SparseMlaDecodeParams& p, co
   return c;
 }
 
+// Benchmarks' phase marks (SparseMlaDecodeParams::trace): thread 0 writes %globaltimer.
+__device__ __forceinline__ void trace_mark(unsigned long long* trace, int mark) {
+  if (trace != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    trace[int64_t(blockIdx.x) * kSparseMlaTraceSlots + mark] = t;
+  }
+}
+
+// Stages the split's indices in shared memory, padded with -1 to whole tiles. Through the L2
+// (ld.global.cg): a settled call reads them before its programmatic wait.
+__device__ __forceinline__ void stage_indices(const SparseMlaDecodeParams& p, const SplitCta& c, int32_t* idx_s) {
+  const int32_t* idx_row = p.indices + c.row * p.topk + c.key0;
+#pragma unroll 8  // independent loads in flight (a plain loop waits one memory round trip each)
+  for (int i = threadIdx.x; i < c.n_tiles * kBK; i += blockDim.x) idx_s[i] = i < c.n_keys ? __ldcg(idx_row + i) : -1;
+}
+
+// Lowers p.bad to the first of the split's indices outside the pool (one head group reports; after
+// the programmatic wait: the flag is written by every call). Such slots are gathered as empty ones.
+__device__ __forceinline__ void report_bad_indices(const SparseMlaDecodeParams& p, const SplitCta& c,
+                                                   const int32_t* idx_s) {
+  if (c.hg != 0) return;
+  for (int i = threadIdx.x; i < c.n_keys; i += blockDim.x)
+    if (idx_s[i] >= p.n_slots) atomicMin(p.bad, static_cast<unsigned long long>(c.row * p.topk + c.key0 + i));
+}
+
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMlaDecodeParams p, SplitArgs a) {
-  pdl_enter();
+  trace_mark(p.trace, 0);
+  if (!p.settled) pdl_wait();
   using S = Smem<MT>;
   constexpr int HG = S::kHG;
   extern __shared__ __align__(16) uint8_t smem[];
@@ -174,40 +202,39 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   float* l_s = m_s + HG;
   float* alpha_s = l_s + HG;
 
-  // Let the combine kernel (a programmatic dependent launch) get scheduled now: its blocks wait in
-  // griddepcontrol.wait for this grid's completion, so its launch latency hides behind this kernel.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const SplitCta cta = split_cta(p, a);
-  const int hg = cta.hg, split = cta.split, n_keys = cta.n_keys, n_tiles = cta.n_tiles;
-  const int64_t row = cta.row, key0 = cta.key0, h0 = int64_t(hg) * HG;
+  const int hg = cta.hg, split = cta.split, n_tiles = cta.n_tiles;
+  const int64_t row = cta.row, h0 = int64_t(hg) * HG;
 
-  // q -> bf16 (heads past the end are zero rows): the loads are issued first, so they are in flight
-  // with the index loads and the first tile's gather; converted once the gather is issued.
+  // q -> bf16 (heads past the end are zero rows): the loads are issued as early as the programmatic
+  // wait allows, so they are in flight with the index loads or the first tile's gather; converted
+  // once the gather is issued.
   constexpr int kPairs = HG * (kDk / 2) / kThreads;  // 18 MT per thread
   static_assert(HG * (kDk / 2) % kThreads == 0, "q pairs split evenly over the threads");
   float x[kPairs][2];
+  auto load_q = [&] {
 #pragma unroll
-  for (int u = 0; u < kPairs; ++u) {
-    const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
-    x[u][0] = x[u][1] = 0.0f;
-    if (h0 + h < p.heads) {
-      const float* qr = p.q + row * p.q_s0 + (h0 + h) * p.q_s1 + c;
-      x[u][0] = qr[0];
-      x[u][1] = qr[1];
+    for (int u = 0; u < kPairs; ++u) {
+      const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
+      x[u][0] = x[u][1] = 0.0f;
+      if (h0 + h < p.heads) {
+        const float* qr = p.q + row * p.q_s0 + (h0 + h) * p.q_s1 + c;
+        x[u][0] = qr[0];
+        x[u][1] = qr[1];
+      }
     }
-  }
+  };
+  if (!p.settled) load_q();
 
-  // The split's indices, padded with -1 to whole tiles.
-  const int32_t* idx_row = p.indices + row * p.topk + key0;
-#pragma unroll 8  // independent loads in flight (a plain loop waits one memory round trip each)
-  for (int i = tid; i < n_tiles * kBK; i += kThreads) idx_s[i] = i < n_keys ? idx_row[i] : -1;
+  stage_indices(p, cta, idx_s);
   if (tid < HG) {
     m_s[tid] = -INFINITY;
     l_s[tid] = 0.0f;
   }
   __syncthreads();
+  trace_mark(p.trace, 2);
 
   // Issues the cp.async gather of tile t's entries into raw (and its validity flags).
   auto issue_tile = [&](int t) {
@@ -215,17 +242,22 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
       const int k = i / kPieces, piece = i - k * kPieces;
       const int32_t slot = idx_s[t * kBK + k];
       const bool ok = slot >= 0 && slot < p.n_slots;
-      if (piece == 0) {
-        valid_s[(t & 1) * kBK + k] = ok;
-        if (slot >= p.n_slots && hg == 0)
-          atomicMin(p.bad, static_cast<unsigned long long>(row * p.topk + key0 + t * kBK + k));
-      }
+      if (piece == 0) valid_s[(t & 1) * kBK + k] = ok;
       const uint8_t* src = p.pool + (ok ? int64_t(slot) * kEntry : 0) + piece * 16;
       cp_async16_zfill(raw + k * kEntry + piece * 16, src, ok ? 16 : 0);
     }
     cp_async_commit();
   };
   if (n_tiles > 0) issue_tile(0);
+  if (p.settled) {
+    pdl_wait();
+    load_q();
+  }
+  // Let the next kernel (the combine) get scheduled now: its blocks wait in griddepcontrol.wait for
+  // this grid's completion, so its launch latency hides behind this kernel.
+  pdl_trigger();
+  trace_mark(p.trace, 1);
+  report_bad_indices(p, cta, idx_s);
 #pragma unroll
   for (int u = 0; u < kPairs; ++u) {
     const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
@@ -243,6 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<0>();
     __syncthreads();  // raw holds tile t; the previous tile's P.V is done with k_s and p_s
+    if (t == 0) trace_mark(p.trace, 3);
 
     // 1. Unpack: 32 latent pieces (16 e4m3 -> 16 bf16, unscaled: the tile scales are applied in
     //    fp32 to the scores and folded into P) and 8 RoPE pieces (8 bf16) per key; the scales.
@@ -268,6 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
     for (int i = tid; i < kBK * 4; i += kThreads)
       scale_s[i] = *reinterpret_cast<const float*>(raw + (i >> 2) * kEntry + ops::kMlaFp8ScaleOffset + 4 * (i & 3));
     __syncthreads();  // k_s ready; raw is free
+    if (t == 0) trace_mark(p.trace, 4);
 
     // 2. Prefetch the next tile while this one is computed.
     if (t + 1 < n_tiles) issue_tile(t + 1);
@@ -316,6 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
       }
     }
     __syncthreads();
+    if (t == 0) trace_mark(p.trace, 5);
 
     // 4. Online softmax: warp w owns heads w, w + 8, ...; lane owns keys lane and lane + 32.
     {
@@ -357,6 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
       }
     }
     __syncthreads();
+    if (t == 0) trace_mark(p.trace, 6);
 
     // 5. out += P . V over this tile: warp w owns value columns [64 w, 64 w + 64).
     {
@@ -390,6 +426,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
         }
       }
     }
+    if (t == 0) trace_mark(p.trace, 7);
   }
   __syncthreads();  // m_s / l_s final
 
@@ -427,6 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
     else
       a.part_lse[(row * p.heads + h) * a.n_splits + split] = lse;
   }
+  trace_mark(p.trace, 8);
 }
 
 // ---- The warpgroup kernel (m_tiles = 4): 64 heads per CTA on wgmma ----
@@ -469,7 +507,8 @@ __device__ __forceinline__ uint32_t sw128(int r, int c) { return sw128_offset(r,
 }  // namespace wgk
 
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMlaDecodeParams p, SplitArgs a) {
-  pdl_enter();
+  trace_mark(p.trace, 0);
+  if (!p.settled) pdl_wait();
   using namespace wgk;
   extern __shared__ uint8_t smem_base[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_base) + kAlign - 1) & ~(kAlign - 1));
@@ -485,13 +524,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
   const int g = lane >> 2, t4 = lane & 3;
   const int r0 = 16 * warp + g, r1 = r0 + 8;  // this thread's two head rows (of 64)
   const SplitCta cta = split_cta(p, a);
-  const int hb = cta.hg, split = cta.split, n_keys = cta.n_keys, n_tiles = cta.n_tiles;
-  const int64_t row = cta.row, key0 = cta.key0, h0 = int64_t(hb) * kHeads;
+  const int hb = cta.hg, split = cta.split, n_tiles = cta.n_tiles;
+  const int64_t row = cta.row, h0 = int64_t(hb) * kHeads;
 
-  const int32_t* idx_row = p.indices + row * p.topk + key0;
-#pragma unroll 8
-  for (int i = tid; i < n_tiles * kBK; i += kThreads) idx_s[i] = i < n_keys ? idx_row[i] : -1;
+  stage_indices(p, cta, idx_s);
   __syncthreads();
+  trace_mark(p.trace, 2);
 
   // The gather of tile t's entries into raw (zero-filled for empty slots): every slot this thread
   // needs is read first, so the copies go out back to back.
@@ -509,14 +547,16 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
       if (i >= kBK * kPieces) break;
       const int k = i / kPieces, piece = i - k * kPieces;
       const bool ok = slot[it] >= 0 && slot[it] < p.n_slots;
-      if (piece == 0 && slot[it] >= p.n_slots && hb == 0)
-        atomicMin(p.bad, static_cast<unsigned long long>(row * p.topk + key0 + t * kBK + k));
       const uint8_t* src = p.pool + (ok ? int64_t(slot[it]) * kEntry : 0) + piece * 16;
       cp_async16_zfill(raw + k * kEntry + piece * 16, src, ok ? 16 : 0);
     }
     cp_async_commit();
   };
   if (n_tiles > 0) issue_tile(0);
+  if (p.settled) pdl_wait();
+  pdl_trigger();  // the combine's launch latency hides behind this kernel
+  trace_mark(p.trace, 1);
+  report_bad_indices(p, cta, idx_s);
 
   // q -> bf16 in the swizzle, 4 dims per item (heads past the end: zeros), 18 loads in flight.
   {
@@ -553,6 +593,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
   for (int t = 0; t < n_tiles; ++t) {
     cp_async_wait<0>();
     __syncthreads();  // raw holds tile t; both warpgroups' products of tile t - 1 are done
+    if (t == 0) trace_mark(p.trace, 3);
 
     // 1. Unpack into the swizzled K tile, 16 bytes (8 dims) per item: 16 latent items per thread
     //    (a warp: 32 consecutive 8-byte pieces of one key), in batches whose loads go out first,
@@ -594,6 +635,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
     }
     fence_async_shared();
     __syncthreads();  // K (and, first time, q) visible to the tensor cores; raw is free
+    if (t == 0) trace_mark(p.trace, 4);
 
     // 2. Prefetch the next tile while this one is computed.
     if (t + 1 < n_tiles) issue_tile(t + 1);
@@ -629,6 +671,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
       max_s[wg * kHeads + r1] = mx[1];
     }
     __syncthreads();  // both warpgroups' maxima
+    if (t == 0) trace_mark(p.trace, 5);
 
     // 4. The running maximum (the same in both warpgroups), P, l, the output rescale.
     float alpha[2];
@@ -663,6 +706,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
     for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     fence_async_shared();
     __syncthreads();  // P complete (both halves of the keys)
+    if (t == 0) trace_mark(p.trace, 6);
 
     // 5. out += P V over this warpgroup's 256 value columns (V: the K tile, MN-major).
     wgmma_fence_operands(o);
@@ -674,6 +718,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(o);
+    if (t == 0) trace_mark(p.trace, 7);
   }
 
   // Epilogue: l = the two warpgroups' sums (fixed order); o / l (0 without a key) and the LSE.
@@ -711,29 +756,38 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
         a.part_lse[(row * p.heads + h) * a.n_splits + split] = lse;
     }
   }
+  trace_mark(p.trace, 8);
 }
 
 // One block per (row, head): out = sum_i exp(lse_i - L) o_i, lse = L = log sum_i exp(lse_i).
 // Splits that saw no key have lse_i = -inf and weigh 0; all -inf gives out = 0, lse = -inf.
-// The split LSEs and weights are staged in shared memory (one parallel load). The partials are
-// L2-resident and the loop is latency-bound, so 4 groups of 128 threads take every 4th split (4
-// columns per thread, unrolled: many loads in flight) and their sums are added in group order.
+// The partials are L2-resident and the kernel is latency-bound: 4 groups of 128 threads take every
+// 4th split (4 columns per thread), and every thread issues the loads of its first kCombineBatch
+// partials together with the split LSEs, before it knows their weights; the group sums are added
+// in group order (deterministic).
 constexpr int kCombineGroups = 4;
+constexpr int kCombineBatch = 8;  // partials per thread in flight with the LSE loads
 __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kernel(SparseMlaDecodeParams p, SplitArgs a) {
-  pdl_enter();
-  extern __shared__ float w_s[];  // [n_splits] weights exp(lse_i - max)
-  __shared__ float red[33];
+  trace_mark(a.combine_trace, 0);
+  pdl_wait();  // the split kernel's writes are visible
+  pdl_trigger();
+  trace_mark(a.combine_trace, 1);
+  extern __shared__ float w_s[];  // [n_splits] the split LSEs, then their weights exp(lse_i - max)
   __shared__ float4 part[kCombineGroups - 1][128];
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the split kernel's writes are visible
   const int64_t rh = blockIdx.x;  // row * heads + head
   const int n = a.n_splits, c4 = threadIdx.x & 127, grp = threadIdx.x >> 7;
   const float* ls = a.part_lse + rh * n;
-  float mx = -INFINITY;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    w_s[i] = ls[i];
-    mx = fmaxf(mx, w_s[i]);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) w_s[i] = ls[i];
+  const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + c4;
+  float4 v[kCombineBatch];
+#pragma unroll
+  for (int u = 0; u < kCombineBatch; ++u) {
+    const int i = grp + kCombineGroups * u;
+    v[u] = i < n ? po[int64_t(i) * (kLora / 4)] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  mx = block_max(mx, red);  // its barriers publish w_s
+  __syncthreads();  // the LSEs
+  float mx = -INFINITY;
+  for (int i = 0; i < n; ++i) mx = fmaxf(mx, w_s[i]);  // every thread, in the same order
   float* o = p.out + rh * kLora;  // any f32 view: scalar stores
   if (mx == -INFINITY) {
     if (grp == 0) {
@@ -743,19 +797,24 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
     }
     return;
   }
+  __syncthreads();  // every thread has read the LSEs
   for (int i = threadIdx.x; i < n; i += blockDim.x) w_s[i] = expf(w_s[i] - mx);  // 0 without keys
   __syncthreads();
+  trace_mark(a.combine_trace, 2);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + c4;
-#pragma unroll 8
-  for (int i = grp; i < n; i += kCombineGroups) {
-    const float w = w_s[i];
-    const float4 v = po[int64_t(i) * (kLora / 4)];
-    acc.x += w * v.x;
-    acc.y += w * v.y;
-    acc.z += w * v.z;
-    acc.w += w * v.w;
+  auto add = [&](float w, const float4& x) {
+    acc.x += w * x.x;
+    acc.y += w * x.y;
+    acc.z += w * x.z;
+    acc.w += w * x.w;
+  };
+#pragma unroll
+  for (int u = 0; u < kCombineBatch; ++u) {
+    const int i = grp + kCombineGroups * u;
+    if (i < n) add(w_s[i], v[u]);
   }
+#pragma unroll 8
+  for (int i = grp + kCombineGroups * kCombineBatch; i < n; i += kCombineGroups) add(w_s[i], po[int64_t(i) * (kLora / 4)]);
   if (grp > 0) part[grp - 1][c4] = acc;
   __syncthreads();
   if (grp != 0) return;
@@ -763,11 +822,11 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   for (int i = 0; i < n; ++i) sum += w_s[i];
 #pragma unroll
   for (int gi = 0; gi < kCombineGroups - 1; ++gi) {
-    const float4 v = part[gi][c4];
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
+    const float4 x = part[gi][c4];
+    acc.x += x.x;
+    acc.y += x.y;
+    acc.z += x.z;
+    acc.w += x.w;
   }
   const float inv = 1.0f / sum;  // sum >= 1: the maximum's own weight
   o[4 * c4 + 0] = acc.x * inv;
@@ -775,6 +834,7 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   o[4 * c4 + 2] = acc.z * inv;
   o[4 * c4 + 3] = acc.w * inv;
   if (c4 == 0) p.lse[rh] = mx + logf(sum);
+  trace_mark(a.combine_trace, 3);
 }
 
 size_t align16(size_t n) { return (n + 15) / 16 * 16; }
@@ -847,6 +907,7 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
   }
   const int64_t blocks = p.rows * plan.head_groups * plan.n_splits;
   DSI_CHECK(blocks < (int64_t(1) << 31), "sparse_mla_decode: {} blocks", blocks);
+  if (p.trace != nullptr) a.combine_trace = p.trace + blocks * kSparseMlaTraceSlots;
   if (plan.m_tiles == 4)
     launch_split(sparse_mla_wgmma_kernel, wgk::kAlloc, p, a, unsigned(blocks), s);
   else if (plan.m_tiles == 1)

@@ -39,8 +39,20 @@ SparseMlaDecodePlan plan_sparse_mla_decode(int64_t rows, int64_t heads, int64_t 
 
 // The operands of kv_fp8.h's SparseMlaFp8Params, plus the split partials' workspace.
 struct SparseMlaDecodeParams : SparseMlaFp8Params {
-  void* workspace;          // plan.workspace_bytes, 16-byte aligned (unused when n_splits == 1)
+  void* workspace = nullptr;  // plan.workspace_bytes, 16-byte aligned (unused when n_splits == 1)
+  // The launcher's promise that the kernel launched right before this call writes neither `indices`
+  // nor `pool` (common.cuh's programmatic-launch contract): the split kernels then stage the indices
+  // and start the first tile's gather before their programmatic wait, under the previous kernel's
+  // tail. Only q (and the outputs) wait for it.
+  bool settled = false;
+  // Benchmarks only: when set, thread 0 of every CTA writes %globaltimer at the phases of
+  // kSparseMlaTraceMarks (kSparseMlaTraceSlots per CTA; split kernel CTAs first, then the combine's).
+  unsigned long long* trace = nullptr;
 };
+inline constexpr int kSparseMlaTraceSlots = 16;
+// The marks (slot numbers): split kernels: 0 entry, 1 past the programmatic wait, 2 indices staged,
+// 3 first tile landed, 4 unpacked, 5 scores, 6 softmax, 7 P.V (first tile), 8 done; combine: 0 entry,
+// 1 past the wait, 2 weights known, 3 done.
 
 // Launches the split kernel and, when plan.n_splits > 1, the combine kernel on `stream` (no host
 // synchronisation: capturable). The plan must come from plan_sparse_mla_decode for p's shape.
