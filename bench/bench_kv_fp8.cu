@@ -265,15 +265,19 @@ void print_trace(const unsigned long long* dtrace, int64_t split_ctas, int64_t c
   for (int64_t b = 0; b < split_ctas; ++b) t0 = std::min(t0, t[size_t(b * S)]);
   auto line = [&](const char* what, int64_t first, int64_t n, int mark) {
     std::vector<double> v;
-    for (int64_t b = first; b < first + n; ++b) v.push_back(double(int64_t(t[size_t(b * S + mark)] - t0)) * 1e-3);
+    for (int64_t b = first; b < first + n; ++b)
+      if (t[size_t(b * S + mark)] != 0) v.push_back(double(int64_t(t[size_t(b * S + mark)] - t0)) * 1e-3);
+    if (v.empty()) return;  // a mark no CTA reached (tile 1 of one-tile splits)
     std::sort(v.begin(), v.end());
     std::printf("    %-34s %7.2f %7.2f %7.2f us\n", what, v.front(), v[v.size() / 2], v.back());
   };
-  static const char* split_marks[] = {"entry", "past the wait", "indices staged", "first tile landed", "unpacked",
-                                      "scores", "softmax", "P.V", "done"};
+  static const char* split_marks[] = {"entry",           "past the wait",     "indices staged", "tile 0 landed",
+                                      "tile 0 unpacked", "tile 0 scores",     "tile 0 softmax", "tile 0 P.V",
+                                      "done",            "tile 1 landed",     "tile 1 unpacked", "tile 1 scores",
+                                      "tile 1 softmax",  "tile 1 P.V"};
   static const char* combine_marks[] = {"combine: entry", "combine: past the wait", "combine: weights", "combine: done"};
   std::printf("    trace of the last call (us after the first CTA's entry: min, median, max over CTAs)\n");
-  for (int m = 0; m < 9; ++m) line(split_marks[m], 0, split_ctas, m);
+  for (int m = 0; m < 14; ++m) line(split_marks[m], 0, split_ctas, m);
   for (int m = 0; m < 4 && combine_ctas > 0; ++m) line(combine_marks[m], split_ctas, combine_ctas, m);
 }
 
@@ -321,8 +325,9 @@ void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, 
     if (plan.workspace_bytes > 0) DSI_CUDA_CHECK(cudaMalloc(&ws, plan.workspace_bytes));
     const int64_t split_ctas = rows * plan.head_groups * plan.n_splits;
     const int64_t trace_ctas = split_ctas + (plan.n_splits > 1 ? rows * heads : 0);
-    unsigned long long* tr = trace ? dalloc<unsigned long long>(size_t(trace_ctas * dsi::cuda::kSparseMlaTraceSlots))
-                                   : nullptr;
+    const size_t trace_bytes = size_t(trace_ctas * dsi::cuda::kSparseMlaTraceSlots) * sizeof(unsigned long long);
+    unsigned long long* tr = trace ? dalloc<unsigned long long>(trace_bytes / sizeof(unsigned long long)) : nullptr;
+    if (tr != nullptr) DSI_CUDA_CHECK(cudaMemset(tr, 0, trace_bytes));
     const double us = time_graph(copies, reps, [&](int c, cudaStream_t st) {
       dsi::cuda::SparseMlaDecodeParams pc = p;
       pc.indices = didx + int64_t(c) * rows * topk;
@@ -357,7 +362,8 @@ void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, 
       for (int splits : {1, 2, 4, 8, 16, 32}) {
         const auto plan = dsi::cuda::plan_sparse_mla_decode(rows, heads, topk, sms, mt, splits);
         if (plan.n_splits != splits) continue;  // rounded to another tiling: already listed
-        run_plan(plan, "  sweep ");
+        run_plan(plan, "  sweep ", false, g_trace);
+        run_plan(plan, "  sweep settled ", true, g_trace);
       }
   }
   if (baseline) {  // the previous kernel (one block per row and 16 heads, no split), for reference

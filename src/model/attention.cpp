@@ -57,34 +57,47 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   }
 
   // Absorbed queries [n, H, kv_lora | rope]: W_UK^T q_nope, then RoPE(q_pe) written in place.
-  Tensor q_abs = Tensor::empty({n, heads, dk}, DType::F32, dev);
-  Tensor q_abs_lat = q_abs.narrow(2, 0, lora);
-  ops::mla_absorb_q(q.narrow(2, 0, nope), w.kv_b_proj, q_abs_lat);
-  Tensor q_abs_pe = q_abs.narrow(2, lora, rope);
-  ops::rope(q, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor, RopeStyle::kInterleaved,
-            /*offset=*/int(nope), &q_abs_pe);
+  auto absorbed_queries = [&] {
+    Tensor q_abs = Tensor::empty({n, heads, dk}, DType::F32, dev);
+    Tensor q_abs_lat = q_abs.narrow(2, 0, lora);
+    ops::mla_absorb_q(q.narrow(2, 0, nope), w.kv_b_proj, q_abs_lat);
+    Tensor q_abs_pe = q_abs.narrow(2, lora, rope);
+    ops::rope(q, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor, RopeStyle::kInterleaved,
+              /*offset=*/int(nope), &q_abs_pe);
+    return q_abs;
+  };
+  // They are made right before attention, unless the DCP exchange carries them: then the attention
+  // kernel's predecessor writes neither the cache nor the slots, and it can gather its first keys
+  // while that predecessor still runs (ops::sparse_mla_fp8's inputs_settled).
+  const bool exchanged = ctx.rank->dcp.size > 1;
+  const Tensor q_abs = exchanged ? absorbed_queries() : Tensor();
 
   // The DCP exchange: the group's queries, and on a layer with its own indexer the exact global
-  // top-k over every member's scores, in one all-gather (runtime/dcp.h).
+  // top-k over every member's scores, in one all-gather (runtime/dcp.h). Without DCP, the top-k.
   Tensor q_all;
   if (w.indexer && !ctx.reuse_topk) {
     const Tensor index_k = part(w.in_proj_index_k_row, c.index_head_dim, w.indexer->wk);
     const Tensor scores = indexer_scores(ctx, *w.indexer, u, c_q, index_k, kv.index_keys);
-    q_all = dcp_exchange(*ctx.rank, q_abs, &scores, ctx.local_bounds, c.index_topk, &topk);
+    if (exchanged)
+      q_all = dcp_exchange(*ctx.rank, q_abs, &scores, ctx.local_bounds, c.index_topk, &topk);
+    else
+      topk = dcp_topk(*ctx.rank, scores, ctx.local_bounds, c.index_topk);
   } else {
     DSI_CHECK(topk.local.defined() && topk.local.dim(0) == n,
               "shared indexer layer: no top-k from a previous full layer");
-    q_all = dcp_exchange(*ctx.rank, q_abs, nullptr, ctx.local_bounds, 0, nullptr);
+    if (exchanged) q_all = dcp_exchange(*ctx.rank, q_abs, nullptr, ctx.local_bounds, 0, nullptr);
   }
 
   // The winners' pool slots: this rank attends to the ones it owns, wherever their pages are.
-  if (!topk.slots.defined()) {
+  const bool fresh_slots = !topk.slots.defined();
+  if (fresh_slots) {
     topk.slots = Tensor::empty(topk.local.shape(), DType::I32, dev);
     ops::slots_from_local(topk.local, ctx.pages.block_tables, ctx.pages.row_seq,
                           ctx.pages.page_size, topk.slots);
   }
-  Tensor o_lat = dcp_attend(*ctx.rank, q_all, kv.latent, topk.slots,
-                            float(c.attn_softmax_scale()), int(lora));
+  if (!exchanged) q_all = absorbed_queries();
+  Tensor o_lat = dcp_attend(*ctx.rank, q_all, kv.latent, topk.slots, float(c.attn_softmax_scale()),
+                            int(lora), /*settled=*/!exchanged || !fresh_slots);
 
   Tensor o = Tensor::empty({n, heads, c.v_head_dim}, DType::F32, dev);
   ops::mla_up_v(o_lat, w.kv_b_proj, o);

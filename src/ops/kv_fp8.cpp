@@ -131,7 +131,7 @@ void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows) {
 }
 
 void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, float softmax_scale,
-                    int dv, Tensor& out, Tensor& lse) {
+                    int dv, Tensor& out, Tensor& lse, bool inputs_settled) {
   const char* op = "sparse_mla_fp8";
   check_dtype(q, DType::F32, "sparse_mla_fp8 q");
   DSI_CHECK(q.ndim() == 3 && q.dim(2) == kMlaFp8Lora + kMlaFp8Rope && q.stride(2) == 1,
@@ -153,7 +153,7 @@ void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, 
   DSI_CHECK(out.is_contiguous() && lse.is_contiguous(), "{}: out and lse must be contiguous", op);
   same_device(out, dev, op, "out");
   same_device(lse, dev, op, "lse");
-  DSI_DISPATCH(dev, sparse_mla_fp8, q, pool, indices, softmax_scale, dv, out, lse);
+  DSI_DISPATCH(dev, sparse_mla_fp8, q, pool, indices, softmax_scale, dv, out, lse, inputs_settled);
 }
 
 }  // namespace dsi::ops

@@ -93,7 +93,10 @@ void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows);
 // q: [rows, H, 576] f32 (last dim contiguous); pool: [n_slots, 656] U8; indices: [rows, topk] i32
 // physical slots, -1 = empty; dv must be 512 (the value is the decoded latent); out: [rows, H, 512]
 // f32 contiguous; lse: [rows, H] f32, natural log. A row with no key gets out = 0 and lse = -inf.
+// inputs_settled: the caller's promise that the op issued right before this one on the device writes
+// neither `pool` nor `indices`. A scheduling hint (the CUDA kernel then reads them, and starts the
+// gather, while that op still runs); the results are the same either way.
 void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, float softmax_scale,
-                    int dv, Tensor& out, Tensor& lse);
+                    int dv, Tensor& out, Tensor& lse, bool inputs_settled = false);
 
 }  // namespace dsi::ops

@@ -15,9 +15,9 @@ namespace {
 
 // Sparse attention over the latent pool, whichever way it stores its rows (f32, bf16 or fp8).
 void attend(const Tensor& q, const Tensor& kv, const Tensor& selected, float softmax_scale, int dv,
-            Tensor& out, Tensor& lse) {
+            Tensor& out, Tensor& lse, bool settled) {
   if (kv.dtype() == DType::U8)
-    ops::sparse_mla_fp8(q, kv, selected, softmax_scale, dv, out, lse);
+    ops::sparse_mla_fp8(q, kv, selected, softmax_scale, dv, out, lse, settled);
   else
     ops::sparse_mla(q, kv, selected, softmax_scale, dv, out, lse);
 }
@@ -103,7 +103,7 @@ DcpTopk dcp_topk(const RankContext& rc, const Tensor& scores, const Tensor& boun
 }
 
 Tensor dcp_attend(const RankContext& rc, const Tensor& q_all, const Tensor& kv,
-                  const Tensor& selected, float softmax_scale, int dv) {
+                  const Tensor& selected, float softmax_scale, int dv, bool settled) {
   const int W = rc.dcp.size;
   const int64_t n = q_all.dim(0), H = q_all.dim(1), hl = H / W;
   const Device dev = q_all.device();
@@ -111,13 +111,13 @@ Tensor dcp_attend(const RankContext& rc, const Tensor& q_all, const Tensor& kv,
   Tensor o_lat = Tensor::empty({n, hl, dv}, DType::F32, dev);
   if (W == 1) {
     Tensor lse = Tensor::empty({n, hl}, DType::F32, dev);
-    attend(q_all, kv, selected, softmax_scale, dv, o_lat, lse);
+    attend(q_all, kv, selected, softmax_scale, dv, o_lat, lse, settled);
     return o_lat;
   }
   // Attend over this rank's own selected keys for all H heads: partial out and LSE.
   Tensor part = Tensor::empty({n, H, dv}, DType::F32, dev);
   Tensor lse = Tensor::empty({n, H}, DType::F32, dev);
-  attend(q_all, kv, selected, softmax_scale, dv, part, lse);
+  attend(q_all, kv, selected, softmax_scale, dv, part, lse, settled);
   if (rc.cfg.combine == DcpCombine::kAgRs) {
     // All-gather the LSEs; scale this rank's partials by exp(lse - logsumexp over members), then
     // reduce-scatter by head group: chunk m = [n, hl, dv] of member m's heads.

@@ -35,9 +35,10 @@ Tensor dcp_exchange(const RankContext& rc, const Tensor& q, const Tensor* scores
                     const Tensor& bounds, int k, DcpTopk* topk);
 
 // Attention of the group's queries q_all [n, W * hl, dk] over this rank's selected keys, combined
-// across the group: o_lat [n, hl, dv] for this rank's heads.
+// across the group: o_lat [n, hl, dv] for this rank's heads. settled: the op issued right before
+// writes neither kv nor selected (ops::sparse_mla_fp8's scheduling hint).
 Tensor dcp_attend(const RankContext& rc, const Tensor& q_all, const Tensor& kv,
-                  const Tensor& selected, float softmax_scale, int dv);
+                  const Tensor& selected, float softmax_scale, int dv, bool settled = false);
 
 // q: [n, Hl, dk] absorbed queries of this rank's heads; kv: [n_slots, dk] this rank's latent
 // pool; selected: [n, k] i32 pool slots of the row's winners this rank owns (-1 = none). Returns o_lat [n, Hl, dv] for this rank's

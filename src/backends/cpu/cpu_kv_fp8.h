@@ -30,6 +30,6 @@ void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool,
                          const ops::MlaKeyPrep* prep);
 void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows);
 void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, float softmax_scale,
-                    int dv, Tensor& out, Tensor& lse);
+                    int dv, Tensor& out, Tensor& lse, bool inputs_settled);
 
 }  // namespace dsi::cpu

@@ -202,7 +202,7 @@ void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows) {
 }
 
 void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, float softmax_scale,
-                    int dv, Tensor& out, Tensor& lse) {
+                    int dv, Tensor& out, Tensor& lse, bool /*inputs_settled: ops run in order here*/) {
   const int64_t rows = q.dim(0), heads = q.dim(1), topk = indices.dim(1), n_slots = pool.dim(0);
   const int32_t* idx = indices.i32();
   for (int64_t i = 0; i < rows * topk; ++i)

@@ -668,7 +668,7 @@ void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows) {
 }
 
 void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, float softmax_scale,
-                    int dv, Tensor& out, Tensor& lse) {
+                    int dv, Tensor& out, Tensor& lse, bool inputs_settled) {
   const int64_t rows = q.dim(0), heads = q.dim(1);
   if (rows == 0 || heads == 0) return;
   DeviceGuard guard(q.device());
@@ -690,6 +690,7 @@ void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, 
   p.topk = indices.dim(1);
   p.softmax_scale = softmax_scale;
   p.bad = bad.ptr();
+  p.settled = inputs_settled;
   // The workspace (split partials) is allocated per call for now; a step planner can call
   // plan_sparse_mla_decode once and pass a workspace of plan.workspace_bytes instead.
   const SparseMlaDecodePlan plan = plan_sparse_mla_decode(rows, heads, p.topk, sm_count());

@@ -28,6 +28,12 @@
 // Shared memory (~169 KB for MT = 1, ~214 KB for MT = 2) allows one CTA per SM; the plan sizes the
 // grid to one wave.
 //
+// Both split kernels stage their indices and gather the first tile after the programmatic wait,
+// or, for a settled call (SparseMlaDecodeParams::settled: the kernel before writes neither the
+// indices nor the cache), before it: then tile 0 is also unpacked and tile 1's gather issued while
+// the previous kernel still runs, and only q waits. A one-tile CTA's unpack (about 1.6 us) and its
+// gather then leave the step's critical path.
+//
 // Numerics (compared with the fp32 CPU reference, which decodes the cache exactly):
 //   - q is rounded to bf16 (round to nearest even) once; the CPU op test feeds bf16-representable q,
 //     so this step is exact there;
@@ -80,8 +86,7 @@ struct Smem {
   static constexpr size_t kP = kRed + size_t(4) * kHG * kRedStride * 4;      // bf16 [4][HG][kPStride]
   static constexpr size_t kScale = kP + size_t(4) * kHG * kPStride * 2;      // f32 [64][4] tile scales
   static constexpr size_t kIdx = kScale + size_t(kBK) * 4 * 4;               // i32 [32 * 64]
-  static constexpr size_t kValid = kIdx + size_t(kSparseMlaMaxSplitTiles) * kBK * 4;  // i32 [2][64]
-  static constexpr size_t kStats = kValid + 2 * kBK * 4;                     // f32 m, l, alpha [HG]
+  static constexpr size_t kStats = kIdx + size_t(kSparseMlaMaxSplitTiles) * kBK * 4;  // f32 m, l, alpha [HG]
   static constexpr size_t kBytes = kStats + 3 * size_t(kHG) * 4;
 };
 
@@ -183,6 +188,30 @@ __device__ __forceinline__ void report_bad_indices(const SparseMlaDecodeParams& 
     if (idx_s[i] >= p.n_slots) atomicMin(p.bad, static_cast<unsigned long long>(c.row * p.topk + c.key0 + i));
 }
 
+// The cp.async gather of one tile's entries (slots: its 64 staged indices) into raw, zero-filled for
+// empty or out-of-pool slots, as one commit group. Every slot the thread needs is read first, so
+// the copies go out back to back.
+__device__ __forceinline__ void issue_gather(const SparseMlaDecodeParams& p, const int32_t* slots, uint8_t* raw) {
+  constexpr int kIters = (kBK * kPieces + kThreads - 1) / kThreads;  // 11 (the last one partial)
+  const int tid = threadIdx.x;
+  int32_t slot[kIters];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = tid + it * kThreads;
+    slot[it] = i < kBK * kPieces ? slots[i / kPieces] : -1;
+  }
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = tid + it * kThreads;
+    if (i >= kBK * kPieces) break;
+    const int k = i / kPieces, piece = i - k * kPieces;
+    const bool ok = slot[it] >= 0 && slot[it] < p.n_slots;
+    const uint8_t* src = p.pool + (ok ? int64_t(slot[it]) * kEntry : 0) + piece * 16;
+    cp_async16_zfill(raw + k * kEntry + piece * 16, src, ok ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMlaDecodeParams p, SplitArgs a) {
   trace_mark(p.trace, 0);
@@ -197,7 +226,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   __nv_bfloat16* p_s = reinterpret_cast<__nv_bfloat16*>(smem + S::kP);
   float* scale_s = reinterpret_cast<float*>(smem + S::kScale);
   int32_t* idx_s = reinterpret_cast<int32_t*>(smem + S::kIdx);
-  int32_t* valid_s = reinterpret_cast<int32_t*>(smem + S::kValid);
   float* m_s = reinterpret_cast<float*>(smem + S::kStats);
   float* l_s = m_s + HG;
   float* alpha_s = l_s + HG;
@@ -236,19 +264,61 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   __syncthreads();
   trace_mark(p.trace, 2);
 
-  // Issues the cp.async gather of tile t's entries into raw (and its validity flags).
-  auto issue_tile = [&](int t) {
-    for (int i = tid; i < kBK * kPieces; i += kThreads) {
-      const int k = i / kPieces, piece = i - k * kPieces;
-      const int32_t slot = idx_s[t * kBK + k];
-      const bool ok = slot >= 0 && slot < p.n_slots;
-      if (piece == 0) valid_s[(t & 1) * kBK + k] = ok;
-      const uint8_t* src = p.pool + (ok ? int64_t(slot) * kEntry : 0) + piece * 16;
-      cp_async16_zfill(raw + k * kEntry + piece * 16, src, ok ? 16 : 0);
+  auto issue_tile = [&](int t) { issue_gather(p, idx_s + t * kBK, raw); };
+  // Unpacks the tile in raw into k_s: per key 32 latent pieces (16 e4m3 -> 16 bf16, unscaled: the
+  // tile scales are applied in fp32 to the scores and folded into P), 8 RoPE pieces (8 bf16) and
+  // the 4 scales (to scale_s). Every shared-memory load of the thread goes out first.
+  auto unpack_tile = [&] {
+    constexpr int kLat = kBK * 32 / kThreads, kRope = kBK * 8 / kThreads;  // 8 and 2 per thread
+    static_assert(kBK * 32 % kThreads == 0 && kBK * 8 % kThreads == 0 && kBK * 4 == kThreads, "unpack split");
+    uint4 lat[kLat], rope[kRope];
+#pragma unroll
+    for (int j = 0; j < kLat; ++j) {
+      const int i = tid + j * kThreads;
+      lat[j] = *reinterpret_cast<const uint4*>(raw + (i >> 5) * kEntry + (i & 31) * 16);
     }
-    cp_async_commit();
+#pragma unroll
+    for (int j = 0; j < kRope; ++j) {
+      const int i = tid + j * kThreads;
+      rope[j] = *reinterpret_cast<const uint4*>(raw + (i >> 3) * kEntry + ops::kMlaFp8RopeOffset + (i & 7) * 16);
+    }
+    const float sc = *reinterpret_cast<const float*>(raw + (tid >> 2) * kEntry + ops::kMlaFp8ScaleOffset + 4 * (tid & 3));
+#pragma unroll
+    for (int j = 0; j < kLat; ++j) {
+      const int i = tid + j * kThreads;
+      uint4 lo, hi;
+      e4m3x4_to_bf16(lat[j].x, lo.x, lo.y);
+      e4m3x4_to_bf16(lat[j].y, lo.z, lo.w);
+      e4m3x4_to_bf16(lat[j].z, hi.x, hi.y);
+      e4m3x4_to_bf16(lat[j].w, hi.z, hi.w);
+      uint4* dst = reinterpret_cast<uint4*>(k_s + (i >> 5) * kKStride + (i & 31) * 16);
+      dst[0] = lo;
+      dst[1] = hi;
+    }
+#pragma unroll
+    for (int j = 0; j < kRope; ++j) {
+      const int i = tid + j * kThreads;
+      *reinterpret_cast<uint4*>(k_s + (i >> 3) * kKStride + kLora + (i & 7) * 8) = rope[j];
+    }
+    scale_s[tid] = sc;
   };
+  // Phase marks of tiles 0 and 1 (benchmarks).
+  auto mark = [&](int t, int step) {
+    if (t < 2) trace_mark(p.trace, (t == 0 ? 3 : 9) + step);
+  };
+
   if (n_tiles > 0) issue_tile(0);
+  // A settled call also unpacks tile 0 and starts fetching tile 1 before the programmatic wait.
+  const bool pre = p.settled && n_tiles > 0;
+  if (pre) {
+    cp_async_wait<0>();
+    __syncthreads();
+    mark(0, 0);
+    unpack_tile();
+    __syncthreads();  // raw is free
+    mark(0, 1);
+    if (n_tiles > 1) issue_tile(1);
+  }
   if (p.settled) {
     pdl_wait();
     load_q();
@@ -264,7 +334,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
     *reinterpret_cast<unsigned*>(q_s + h * kKStride + c) = pack_bf16x2(x[u][0], x[u][1]);
   }
 
-
   const float scale2 = p.softmax_scale * kLog2e;  // scores in base-2 units
   float acc[MT][8][4];                           // out[16 m + (g, g + 8)][64 warp + 8 n + 2 t4 + (0, 1)]
 #pragma unroll
@@ -273,38 +342,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
     for (int n = 0; n < 8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
 
   for (int t = 0; t < n_tiles; ++t) {
-    cp_async_wait<0>();
-    __syncthreads();  // raw holds tile t; the previous tile's P.V is done with k_s and p_s
-    if (t == 0) trace_mark(p.trace, 3);
-
-    // 1. Unpack: 32 latent pieces (16 e4m3 -> 16 bf16, unscaled: the tile scales are applied in
-    //    fp32 to the scores and folded into P) and 8 RoPE pieces (8 bf16) per key; the scales.
-    for (int i = tid; i < kBK * 40; i += kThreads) {
-      const int k = i / 40, piece = i - k * 40;
-      const uint8_t* e = raw + k * kEntry;
-      __nv_bfloat16* dst = k_s + k * kKStride;
-      if (piece < 32) {
-        const uint4 v = *reinterpret_cast<const uint4*>(e + piece * 16);
-        uint4 lo, hi;
-        e4m3x4_to_bf16(v.x, lo.x, lo.y);
-        e4m3x4_to_bf16(v.y, lo.z, lo.w);
-        e4m3x4_to_bf16(v.z, hi.x, hi.y);
-        e4m3x4_to_bf16(v.w, hi.z, hi.w);
-        reinterpret_cast<uint4*>(dst + piece * 16)[0] = lo;
-        reinterpret_cast<uint4*>(dst + piece * 16)[1] = hi;
-      } else {
-        const int c = (piece - 32) * 8;
-        *reinterpret_cast<uint4*>(dst + kLora + c) =
-            *reinterpret_cast<const uint4*>(e + ops::kMlaFp8RopeOffset + 2 * c);
-      }
+    // 1. Unpack (tile 0 of a settled call already is).
+    const bool unpacked = pre && t == 0;
+    if (!unpacked) {
+      cp_async_wait<0>();
+      __syncthreads();  // raw holds tile t; the previous tile's P.V is done with k_s and p_s
+      mark(t, 0);
+      unpack_tile();
     }
-    for (int i = tid; i < kBK * 4; i += kThreads)
-      scale_s[i] = *reinterpret_cast<const float*>(raw + (i >> 2) * kEntry + ops::kMlaFp8ScaleOffset + 4 * (i & 3));
-    __syncthreads();  // k_s ready; raw is free
-    if (t == 0) trace_mark(p.trace, 4);
+    __syncthreads();  // k_s (and q_s) ready; raw is free
+    if (!unpacked) mark(t, 1);
 
     // 2. Prefetch the next tile while this one is computed.
-    if (t + 1 < n_tiles) issue_tile(t + 1);
+    if (t + 1 < n_tiles && !unpacked) issue_tile(t + 1);
 
     // 3. Partial scores: warp (key half kh, latent tile kq): 32 keys x (128 latent dims of tile kq,
     //    scaled by the keys' tile-kq scale in fp32, + 16 RoPE dims) x HG heads.
@@ -350,12 +400,13 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
       }
     }
     __syncthreads();
-    if (t == 0) trace_mark(p.trace, 5);
+    mark(t, 2);
 
     // 4. Online softmax: warp w owns heads w, w + 8, ...; lane owns keys lane and lane + 32.
     {
-      const int32_t* valid = valid_s + (t & 1) * kBK;
-      const bool v0 = valid[lane] != 0, v1 = valid[lane + 32] != 0;
+      const int32_t* slots = idx_s + t * kBK;
+      const bool v0 = slots[lane] >= 0 && slots[lane] < p.n_slots;
+      const bool v1 = slots[lane + 32] >= 0 && slots[lane + 32] < p.n_slots;
 #pragma unroll
       for (int hh = 0; hh < HG / 8; ++hh) {
         const int h = warp + 8 * hh;
@@ -392,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
       }
     }
     __syncthreads();
-    if (t == 0) trace_mark(p.trace, 6);
+    mark(t, 3);
 
     // 5. out += P . V over this tile: warp w owns value columns [64 w, 64 w + 64).
     {
@@ -426,7 +477,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
         }
       }
     }
-    if (t == 0) trace_mark(p.trace, 7);
+    mark(t, 4);
   }
   __syncthreads();  // m_s / l_s final
 
@@ -531,28 +582,62 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
   __syncthreads();
   trace_mark(p.trace, 2);
 
-  // The gather of tile t's entries into raw (zero-filled for empty slots): every slot this thread
-  // needs is read first, so the copies go out back to back.
-  auto issue_tile = [&](int t) {
-    constexpr int kIters = (kBK * kPieces + kThreads - 1) / kThreads;  // 11 (the last one partial)
-    int32_t slot[kIters];
+  auto issue_tile = [&](int t) { issue_gather(p, idx_s + t * kBK, raw); };
+  // Unpacks the tile in raw into the swizzled K tile, 16 bytes (8 dims) per item: 16 latent items per
+  // thread (a warp: 32 consecutive 8-byte pieces of one key), in batches whose loads go out first,
+  // then 2 RoPE items (16 bytes copied).
+  auto unpack_tile = [&] {
+    constexpr int kLat = kBK * (kLora / 8) / kThreads, kBatch = 4;  // 16 items per thread
 #pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int i = tid + it * kThreads;
-      slot[it] = i < kBK * kPieces ? idx_s[t * kBK + i / kPieces] : -1;
+    for (int b0 = 0; b0 < kLat; b0 += kBatch) {
+      uint2 v[kBatch];
+      float sc[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = tid + (b0 + j) * kThreads, k = i >> 6, u = i & 63;
+        v[j] = *reinterpret_cast<const uint2*>(raw + k * kEntry + 8 * u);
+        sc[j] = *reinterpret_cast<const float*>(raw + k * kEntry + ops::kMlaFp8ScaleOffset + 4 * (u >> 4));
+      }
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int i = tid + (b0 + j) * kThreads, k = i >> 6, u = i & 63;
+        const __nv_bfloat162 sc2 = __float2bfloat162_rn(sc[j]);
+        unsigned w[4];
+        e4m3x4_to_bf16(v[j].x, w[0], w[1]);
+        e4m3x4_to_bf16(v[j].y, w[2], w[3]);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const __nv_bfloat162 x = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&w[q]), sc2);
+          w[q] = *reinterpret_cast<const unsigned*>(&x);
+        }
+        *reinterpret_cast<uint4*>(k_s + (u >> 3) * kChunkBytes + sw128(k, (8 * u) & 63)) =
+            make_uint4(w[0], w[1], w[2], w[3]);
+      }
     }
 #pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-      const int i = tid + it * kThreads;
-      if (i >= kBK * kPieces) break;
-      const int k = i / kPieces, piece = i - k * kPieces;
-      const bool ok = slot[it] >= 0 && slot[it] < p.n_slots;
-      const uint8_t* src = p.pool + (ok ? int64_t(slot[it]) * kEntry : 0) + piece * 16;
-      cp_async16_zfill(raw + k * kEntry + piece * 16, src, ok ? 16 : 0);
+    for (int j = 0; j < kBK * (ops::kMlaFp8Rope / 8) / kThreads; ++j) {  // 2 per thread
+      const int i = tid + j * kThreads, k = i >> 3, r = i & 7;
+      *reinterpret_cast<uint4*>(k_s + (kLora / 64) * kChunkBytes + sw128(k, 8 * r)) =
+          *reinterpret_cast<const uint4*>(raw + k * kEntry + ops::kMlaFp8RopeOffset + 16 * r);
     }
-    cp_async_commit();
   };
+  // Phase marks of tiles 0 and 1 (benchmarks).
+  auto mark = [&](int t, int step) {
+    if (t < 2) trace_mark(p.trace, (t == 0 ? 3 : 9) + step);
+  };
+
   if (n_tiles > 0) issue_tile(0);
+  // A settled call also unpacks tile 0 and starts fetching tile 1 before the programmatic wait.
+  const bool pre = p.settled && n_tiles > 0;
+  if (pre) {
+    cp_async_wait<0>();
+    __syncthreads();
+    mark(0, 0);
+    unpack_tile();
+    __syncthreads();  // raw is free (the fence for the tensor cores comes with q's)
+    mark(0, 1);
+    if (n_tiles > 1) issue_tile(1);
+  }
   if (p.settled) pdl_wait();
   pdl_trigger();  // the combine's launch latency hides behind this kernel
   trace_mark(p.trace, 1);
@@ -591,54 +676,20 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
   for (int t = 0; t < n_tiles; ++t) {
-    cp_async_wait<0>();
-    __syncthreads();  // raw holds tile t; both warpgroups' products of tile t - 1 are done
-    if (t == 0) trace_mark(p.trace, 3);
-
-    // 1. Unpack into the swizzled K tile, 16 bytes (8 dims) per item: 16 latent items per thread
-    //    (a warp: 32 consecutive 8-byte pieces of one key), in batches whose loads go out first,
-    //    then 2 RoPE items (16 bytes copied).
-    {
-      constexpr int kLat = kBK * (kLora / 8) / kThreads, kBatch = 4;  // 16 items per thread
-#pragma unroll
-      for (int b0 = 0; b0 < kLat; b0 += kBatch) {
-        uint2 v[kBatch];
-        float sc[kBatch];
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          const int i = tid + (b0 + j) * kThreads, k = i >> 6, u = i & 63;
-          v[j] = *reinterpret_cast<const uint2*>(raw + k * kEntry + 8 * u);
-          sc[j] = *reinterpret_cast<const float*>(raw + k * kEntry + ops::kMlaFp8ScaleOffset + 4 * (u >> 4));
-        }
-#pragma unroll
-        for (int j = 0; j < kBatch; ++j) {
-          const int i = tid + (b0 + j) * kThreads, k = i >> 6, u = i & 63;
-          const __nv_bfloat162 sc2 = __float2bfloat162_rn(sc[j]);
-          unsigned w[4];
-          e4m3x4_to_bf16(v[j].x, w[0], w[1]);
-          e4m3x4_to_bf16(v[j].y, w[2], w[3]);
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const __nv_bfloat162 x = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&w[q]), sc2);
-            w[q] = *reinterpret_cast<const unsigned*>(&x);
-          }
-          *reinterpret_cast<uint4*>(k_s + (u >> 3) * kChunkBytes + sw128(k, (8 * u) & 63)) =
-              make_uint4(w[0], w[1], w[2], w[3]);
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kBK * (ops::kMlaFp8Rope / 8) / kThreads; ++j) {  // 2 per thread
-        const int i = tid + j * kThreads, k = i >> 3, r = i & 7;
-        *reinterpret_cast<uint4*>(k_s + (kLora / 64) * kChunkBytes + sw128(k, 8 * r)) =
-            *reinterpret_cast<const uint4*>(raw + k * kEntry + ops::kMlaFp8RopeOffset + 16 * r);
-      }
+    // 1. Unpack (tile 0 of a settled call already is).
+    const bool unpacked = pre && t == 0;
+    if (!unpacked) {
+      cp_async_wait<0>();
+      __syncthreads();  // raw holds tile t; both warpgroups' products of tile t - 1 are done
+      mark(t, 0);
+      unpack_tile();
     }
     fence_async_shared();
     __syncthreads();  // K (and, first time, q) visible to the tensor cores; raw is free
-    if (t == 0) trace_mark(p.trace, 4);
+    if (!unpacked) mark(t, 1);
 
     // 2. Prefetch the next tile while this one is computed.
-    if (t + 1 < n_tiles) issue_tile(t + 1);
+    if (t + 1 < n_tiles && !unpacked) issue_tile(t + 1);
 
     // 3. S = q K^T over this warpgroup's 32 keys.
     float s[16];  // S[16 warp + g + 8 (e / 2)][32 wg + 8 j + 2 t4 + e % 2] = s[4 j + e]
@@ -671,7 +722,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
       max_s[wg * kHeads + r1] = mx[1];
     }
     __syncthreads();  // both warpgroups' maxima
-    if (t == 0) trace_mark(p.trace, 5);
+    mark(t, 2);
 
     // 4. The running maximum (the same in both warpgroups), P, l, the output rescale.
     float alpha[2];
@@ -706,7 +757,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
     for (int i = 0; i < 128; ++i) o[i] *= alpha[(i >> 1) & 1];
     fence_async_shared();
     __syncthreads();  // P complete (both halves of the keys)
-    if (t == 0) trace_mark(p.trace, 6);
+    mark(t, 3);
 
     // 5. out += P V over this warpgroup's 256 value columns (V: the K tile, MN-major).
     wgmma_fence_operands(o);
@@ -718,7 +769,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(o);
-    if (t == 0) trace_mark(p.trace, 7);
+    mark(t, 4);
   }
 
   // Epilogue: l = the two warpgroups' sums (fixed order); o / l (0 without a key) and the LSE.
@@ -761,10 +812,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
 
 // One block per (row, head): out = sum_i exp(lse_i - L) o_i, lse = L = log sum_i exp(lse_i).
 // Splits that saw no key have lse_i = -inf and weigh 0; all -inf gives out = 0, lse = -inf.
-// The partials are L2-resident and the kernel is latency-bound: 4 groups of 128 threads take every
-// 4th split (4 columns per thread), and every thread issues the loads of its first kCombineBatch
-// partials together with the split LSEs, before it knows their weights; the group sums are added
-// in group order (deterministic).
+// The partials are L2-resident and the kernel is latency-bound, so every load goes out at once:
+// 4 groups of 128 threads take every 4th split (4 columns per thread), each thread loads its first
+// kCombineBatch partials with their LSEs, and every warp the LSEs of all splits for the maximum and
+// the sum (warp shuffles in a fixed order: the same in every warp, no shared memory). The group sums
+// are added in group order (deterministic).
 constexpr int kCombineGroups = 4;
 constexpr int kCombineBatch = 8;  // partials per thread in flight with the LSE loads
 __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kernel(SparseMlaDecodeParams p, SplitArgs a) {
@@ -772,24 +824,24 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   pdl_wait();  // the split kernel's writes are visible
   pdl_trigger();
   trace_mark(a.combine_trace, 1);
-  extern __shared__ float w_s[];  // [n_splits] the split LSEs, then their weights exp(lse_i - max)
   __shared__ float4 part[kCombineGroups - 1][128];
   const int64_t rh = blockIdx.x;  // row * heads + head
-  const int n = a.n_splits, c4 = threadIdx.x & 127, grp = threadIdx.x >> 7;
+  const int n = a.n_splits, c4 = threadIdx.x & 127, grp = threadIdx.x >> 7, lane = threadIdx.x & 31;
   const float* ls = a.part_lse + rh * n;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) w_s[i] = ls[i];
   const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + c4;
   float4 v[kCombineBatch];
+  float lv[kCombineBatch];
 #pragma unroll
   for (int u = 0; u < kCombineBatch; ++u) {
     const int i = grp + kCombineGroups * u;
     v[u] = i < n ? po[int64_t(i) * (kLora / 4)] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    lv[u] = i < n ? ls[i] : -INFINITY;
   }
-  __syncthreads();  // the LSEs
   float mx = -INFINITY;
-  for (int i = 0; i < n; ++i) mx = fmaxf(mx, w_s[i]);  // every thread, in the same order
+  for (int i = lane; i < n; i += 32) mx = fmaxf(mx, ls[i]);
+  mx = warp_max(mx);
   float* o = p.out + rh * kLora;  // any f32 view: scalar stores
-  if (mx == -INFINITY) {
+  if (mx == -INFINITY) {  // no split saw a key (block-uniform)
     if (grp == 0) {
 #pragma unroll
       for (int u = 0; u < 4; ++u) o[4 * c4 + u] = 0.0f;
@@ -797,9 +849,6 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
     }
     return;
   }
-  __syncthreads();  // every thread has read the LSEs
-  for (int i = threadIdx.x; i < n; i += blockDim.x) w_s[i] = expf(w_s[i] - mx);  // 0 without keys
-  __syncthreads();
   trace_mark(a.combine_trace, 2);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   auto add = [&](float w, const float4& x) {
@@ -809,17 +858,16 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
     acc.w += w * x.w;
   };
 #pragma unroll
-  for (int u = 0; u < kCombineBatch; ++u) {
-    const int i = grp + kCombineGroups * u;
-    if (i < n) add(w_s[i], v[u]);
-  }
+  for (int u = 0; u < kCombineBatch; ++u) add(expf(lv[u] - mx), v[u]);  // 0 past n and without keys
 #pragma unroll 8
-  for (int i = grp + kCombineGroups * kCombineBatch; i < n; i += kCombineGroups) add(w_s[i], po[int64_t(i) * (kLora / 4)]);
+  for (int i = grp + kCombineGroups * kCombineBatch; i < n; i += kCombineGroups)
+    add(expf(ls[i] - mx), po[int64_t(i) * (kLora / 4)]);
   if (grp > 0) part[grp - 1][c4] = acc;
   __syncthreads();
   if (grp != 0) return;
   float sum = 0.0f;
-  for (int i = 0; i < n; ++i) sum += w_s[i];
+  for (int i = lane; i < n; i += 32) sum += expf(ls[i] - mx);
+  sum = warp_sum(sum);  // >= 1: the maximum's own weight
 #pragma unroll
   for (int gi = 0; gi < kCombineGroups - 1; ++gi) {
     const float4 x = part[gi][c4];
@@ -828,7 +876,7 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
     acc.z += x.z;
     acc.w += x.w;
   }
-  const float inv = 1.0f / sum;  // sum >= 1: the maximum's own weight
+  const float inv = 1.0f / sum;
   o[4 * c4 + 0] = acc.x * inv;
   o[4 * c4 + 1] = acc.y * inv;
   o[4 * c4 + 2] = acc.z * inv;
@@ -916,9 +964,7 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
     launch_split(sparse_mla_split_kernel<2>, Smem<2>::kBytes, p, a, unsigned(blocks), s);
   if (plan.n_splits > 1) {
     DSI_CHECK(p.rows * p.heads < (int64_t(1) << 31), "sparse_mla_decode: {} rows x heads", p.rows * p.heads);
-    const size_t smem = sizeof(float) * size_t(plan.n_splits);
-    DSI_CHECK(smem <= 48 * 1024, "sparse_mla_decode: {} splits", plan.n_splits);
-    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * kCombineGroups), smem, s, p, a);
+    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * kCombineGroups), 0, s, p, a);
   }
 }
 

@@ -51,8 +51,8 @@ struct SparseMlaDecodeParams : SparseMlaFp8Params {
 };
 inline constexpr int kSparseMlaTraceSlots = 16;
 // The marks (slot numbers): split kernels: 0 entry, 1 past the programmatic wait, 2 indices staged,
-// 3 first tile landed, 4 unpacked, 5 scores, 6 softmax, 7 P.V (first tile), 8 done; combine: 0 entry,
-// 1 past the wait, 2 weights known, 3 done.
+// 3..7 tile 0 landed, unpacked, scores, softmax, P.V, 8 done, 9..13 the same for tile 1; combine:
+// 0 entry, 1 past the wait, 2 weights known, 3 done.
 
 // Launches the split kernel and, when plan.n_splits > 1, the combine kernel on `stream` (no host
 // synchronisation: capturable). The plan must come from plan_sparse_mla_decode for p's shape.
