@@ -239,18 +239,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   // q -> bf16 (heads past the end are zero rows): the loads are issued as early as the programmatic
   // wait allows, so they are in flight with the index loads or the first tile's gather; converted
   // once the gather is issued.
-  constexpr int kPairs = HG * (kDk / 2) / kThreads;  // 18 MT per thread
-  static_assert(HG * (kDk / 2) % kThreads == 0, "q pairs split evenly over the threads");
-  float x[kPairs][2];
+  constexpr int kQuads = HG * (kDk / 4) / kThreads;  // 9 MT per thread
+  static_assert(HG * (kDk / 4) % kThreads == 0, "q quads split evenly over the threads");
+  float4 x[kQuads];
   auto load_q = [&] {
+    const float* qrow = p.q + row * p.q_s0;
+    const bool vec = ((reinterpret_cast<uintptr_t>(qrow) | uintptr_t(p.q_s1) * 4) & 15) == 0;
 #pragma unroll
-    for (int u = 0; u < kPairs; ++u) {
-      const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
-      x[u][0] = x[u][1] = 0.0f;
+    for (int u = 0; u < kQuads; ++u) {
+      const int i = tid + u * kThreads, h = i / (kDk / 4), c = (i - h * (kDk / 4)) * 4;
+      x[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (h0 + h < p.heads) {
-        const float* qr = p.q + row * p.q_s0 + (h0 + h) * p.q_s1 + c;
-        x[u][0] = qr[0];
-        x[u][1] = qr[1];
+        const float* src = qrow + (h0 + h) * p.q_s1 + c;
+        x[u] = vec ? *reinterpret_cast<const float4*>(src) : make_float4(src[0], src[1], src[2], src[3]);
       }
     }
   };
@@ -329,9 +330,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
   trace_mark(p.trace, 1);
   report_bad_indices(p, cta, idx_s);
 #pragma unroll
-  for (int u = 0; u < kPairs; ++u) {
-    const int i = tid + u * kThreads, h = i / (kDk / 2), c = (i - h * (kDk / 2)) * 2;
-    *reinterpret_cast<unsigned*>(q_s + h * kKStride + c) = pack_bf16x2(x[u][0], x[u][1]);
+  for (int u = 0; u < kQuads; ++u) {
+    const int i = tid + u * kThreads, h = i / (kDk / 4), c = (i - h * (kDk / 4)) * 4;
+    *reinterpret_cast<uint2*>(q_s + h * kKStride + c) =
+        make_uint2(pack_bf16x2(x[u].x, x[u].y), pack_bf16x2(x[u].z, x[u].w));
   }
 
   const float scale2 = p.softmax_scale * kLog2e;  // scores in base-2 units
