@@ -815,7 +815,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
 // One block per (row, head): out = sum_i exp(lse_i - L) o_i, lse = L = log sum_i exp(lse_i).
 // Splits that saw no key have lse_i = -inf and weigh 0; all -inf gives out = 0, lse = -inf.
 // The partials are L2-resident and the kernel is latency-bound, so every load goes out at once:
-// 4 groups of 128 threads take every 4th split (4 columns per thread), each thread loads its first
+// G groups of 128 threads (G = ceil(splits / kCombineBatch), at most 4: few splits, small blocks,
+// many per SM) take every G-th split (4 columns per thread), each thread loads its first
 // kCombineBatch partials with their LSEs, and every warp the LSEs of all splits for the maximum and
 // the sum (warp shuffles in a fixed order: the same in every warp, no shared memory). The group sums
 // are added in group order (deterministic).
@@ -829,13 +830,14 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   __shared__ float4 part[kCombineGroups - 1][128];
   const int64_t rh = blockIdx.x;  // row * heads + head
   const int n = a.n_splits, c4 = threadIdx.x & 127, grp = threadIdx.x >> 7, lane = threadIdx.x & 31;
+  const int ng = blockDim.x >> 7;  // groups
   const float* ls = a.part_lse + rh * n;
   const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + c4;
   float4 v[kCombineBatch];
   float lv[kCombineBatch];
 #pragma unroll
   for (int u = 0; u < kCombineBatch; ++u) {
-    const int i = grp + kCombineGroups * u;
+    const int i = grp + ng * u;
     v[u] = i < n ? po[int64_t(i) * (kLora / 4)] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     lv[u] = i < n ? ls[i] : -INFINITY;
   }
@@ -862,7 +864,7 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
 #pragma unroll
   for (int u = 0; u < kCombineBatch; ++u) add(expf(lv[u] - mx), v[u]);  // 0 past n and without keys
 #pragma unroll 8
-  for (int i = grp + kCombineGroups * kCombineBatch; i < n; i += kCombineGroups)
+  for (int i = grp + ng * kCombineBatch; i < n; i += ng)
     add(expf(ls[i] - mx), po[int64_t(i) * (kLora / 4)]);
   if (grp > 0) part[grp - 1][c4] = acc;
   __syncthreads();
@@ -871,7 +873,7 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   for (int i = lane; i < n; i += 32) sum += expf(ls[i] - mx);
   sum = warp_sum(sum);  // >= 1: the maximum's own weight
 #pragma unroll
-  for (int gi = 0; gi < kCombineGroups - 1; ++gi) {
+  for (int gi = 0; gi < ng - 1; ++gi) {
     const float4 x = part[gi][c4];
     acc.x += x.x;
     acc.y += x.y;
@@ -966,7 +968,8 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
     launch_split(sparse_mla_split_kernel<2>, Smem<2>::kBytes, p, a, unsigned(blocks), s);
   if (plan.n_splits > 1) {
     DSI_CHECK(p.rows * p.heads < (int64_t(1) << 31), "sparse_mla_decode: {} rows x heads", p.rows * p.heads);
-    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * kCombineGroups), 0, s, p, a);
+    const int groups = std::clamp((plan.n_splits + kCombineBatch - 1) / kCombineBatch, 1, kCombineGroups);
+    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * groups), 0, s, p, a);
   }
 }
 
