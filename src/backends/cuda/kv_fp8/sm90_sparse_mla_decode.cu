@@ -212,28 +212,6 @@ __device__ __forceinline__ void issue_gather(const SparseMlaDecodeParams& p, con
   cp_async_commit();
 }
 
-// Marks of tiles 0 and 1: step 0 landed, 1 unpacked, 2 scores, 3 softmax, 4 P.V (benchmarks).
-__device__ __forceinline__ void trace_tile(unsigned long long* trace, int t, int step) {
-  if (t < 2) trace_mark(trace, (t == 0 ? 3 : 9) + step);
-}
-
-// The start of a split CTA's tile pipeline: tile 0's gather and, for a settled call, before the
-// programmatic wait also its unpack and tile 1's gather. Returns whether tile 0 is unpacked.
-template <typename Issue, typename Unpack>
-__device__ __forceinline__ bool start_tiles(const SparseMlaDecodeParams& p, int n_tiles, Issue issue_tile,
-                                            Unpack unpack_tile) {
-  if (n_tiles > 0) issue_tile(0);
-  if (!p.settled || n_tiles == 0) return false;
-  cp_async_wait<0>();
-  __syncthreads();
-  trace_tile(p.trace, 0, 0);
-  unpack_tile();
-  __syncthreads();  // raw is free
-  trace_tile(p.trace, 0, 1);
-  if (n_tiles > 1) issue_tile(1);
-  return true;
-}
-
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMlaDecodeParams p, SplitArgs a) {
   trace_mark(p.trace, 0);
@@ -325,8 +303,23 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
     }
     scale_s[tid] = sc;
   };
-  auto mark = [&](int t, int step) { trace_tile(p.trace, t, step); };
-  const bool pre = start_tiles(p, n_tiles, issue_tile, unpack_tile);
+  // Phase marks of tiles 0 and 1 (benchmarks).
+  auto mark = [&](int t, int step) {
+    if (t < 2) trace_mark(p.trace, (t == 0 ? 3 : 9) + step);
+  };
+
+  if (n_tiles > 0) issue_tile(0);
+  // A settled call also unpacks tile 0 and starts fetching tile 1 before the programmatic wait.
+  const bool pre = p.settled && n_tiles > 0;
+  if (pre) {
+    cp_async_wait<0>();
+    __syncthreads();
+    mark(0, 0);
+    unpack_tile();
+    __syncthreads();  // raw is free
+    mark(0, 1);
+    if (n_tiles > 1) issue_tile(1);
+  }
   if (p.settled) {
     pdl_wait();
     load_q();
@@ -630,9 +623,23 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
           *reinterpret_cast<const uint4*>(raw + k * kEntry + ops::kMlaFp8RopeOffset + 16 * r);
     }
   };
-  auto mark = [&](int t, int step) { trace_tile(p.trace, t, step); };
-  const bool pre = start_tiles(p, n_tiles, issue_tile, unpack_tile);  // the fence for the tensor
-                                                                      // cores comes with q's
+  // Phase marks of tiles 0 and 1 (benchmarks).
+  auto mark = [&](int t, int step) {
+    if (t < 2) trace_mark(p.trace, (t == 0 ? 3 : 9) + step);
+  };
+
+  if (n_tiles > 0) issue_tile(0);
+  // A settled call also unpacks tile 0 and starts fetching tile 1 before the programmatic wait.
+  const bool pre = p.settled && n_tiles > 0;
+  if (pre) {
+    cp_async_wait<0>();
+    __syncthreads();
+    mark(0, 0);
+    unpack_tile();
+    __syncthreads();  // raw is free (the fence for the tensor cores comes with q's)
+    mark(0, 1);
+    if (n_tiles > 1) issue_tile(1);
+  }
   if (p.settled) pdl_wait();
   pdl_trigger();  // the combine's launch latency hides behind this kernel
   trace_mark(p.trace, 1);
@@ -808,8 +815,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
 // One block per (row, head): out = sum_i exp(lse_i - L) o_i, lse = L = log sum_i exp(lse_i).
 // Splits that saw no key have lse_i = -inf and weigh 0; all -inf gives out = 0, lse = -inf.
 // The partials are L2-resident and the kernel is latency-bound, so every load goes out at once:
-// G groups of 128 threads (G = ceil(splits / kCombineBatch), at most 4: few splits, small blocks,
-// many per SM) take every G-th split (4 columns per thread), each thread loads its first
+// 4 groups of 128 threads take every 4th split (4 columns per thread), each thread loads its first
 // kCombineBatch partials with their LSEs, and every warp the LSEs of all splits for the maximum and
 // the sum (warp shuffles in a fixed order: the same in every warp, no shared memory). The group sums
 // are added in group order (deterministic).
@@ -823,14 +829,13 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   __shared__ float4 part[kCombineGroups - 1][128];
   const int64_t rh = blockIdx.x;  // row * heads + head
   const int n = a.n_splits, c4 = threadIdx.x & 127, grp = threadIdx.x >> 7, lane = threadIdx.x & 31;
-  const int ng = blockDim.x >> 7;  // groups
   const float* ls = a.part_lse + rh * n;
   const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + c4;
   float4 v[kCombineBatch];
   float lv[kCombineBatch];
 #pragma unroll
   for (int u = 0; u < kCombineBatch; ++u) {
-    const int i = grp + ng * u;
+    const int i = grp + kCombineGroups * u;
     v[u] = i < n ? po[int64_t(i) * (kLora / 4)] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     lv[u] = i < n ? ls[i] : -INFINITY;
   }
@@ -857,7 +862,7 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
 #pragma unroll
   for (int u = 0; u < kCombineBatch; ++u) add(expf(lv[u] - mx), v[u]);  // 0 past n and without keys
 #pragma unroll 8
-  for (int i = grp + ng * kCombineBatch; i < n; i += ng)
+  for (int i = grp + kCombineGroups * kCombineBatch; i < n; i += kCombineGroups)
     add(expf(ls[i] - mx), po[int64_t(i) * (kLora / 4)]);
   if (grp > 0) part[grp - 1][c4] = acc;
   __syncthreads();
@@ -866,7 +871,7 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   for (int i = lane; i < n; i += 32) sum += expf(ls[i] - mx);
   sum = warp_sum(sum);  // >= 1: the maximum's own weight
 #pragma unroll
-  for (int gi = 0; gi < ng - 1; ++gi) {
+  for (int gi = 0; gi < kCombineGroups - 1; ++gi) {
     const float4 x = part[gi][c4];
     acc.x += x.x;
     acc.y += x.y;
@@ -961,8 +966,7 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
     launch_split(sparse_mla_split_kernel<2>, Smem<2>::kBytes, p, a, unsigned(blocks), s);
   if (plan.n_splits > 1) {
     DSI_CHECK(p.rows * p.heads < (int64_t(1) << 31), "sparse_mla_decode: {} rows x heads", p.rows * p.heads);
-    const int groups = std::clamp((plan.n_splits + kCombineBatch - 1) / kCombineBatch, 1, kCombineGroups);
-    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * groups), 0, s, p, a);
+    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * kCombineGroups), 0, s, p, a);
   }
 }
 
