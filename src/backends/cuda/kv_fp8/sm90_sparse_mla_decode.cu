@@ -212,6 +212,28 @@ __device__ __forceinline__ void issue_gather(const SparseMlaDecodeParams& p, con
   cp_async_commit();
 }
 
+// Marks of tiles 0 and 1: step 0 landed, 1 unpacked, 2 scores, 3 softmax, 4 P.V (benchmarks).
+__device__ __forceinline__ void trace_tile(unsigned long long* trace, int t, int step) {
+  if (t < 2) trace_mark(trace, (t == 0 ? 3 : 9) + step);
+}
+
+// The start of a split CTA's tile pipeline: tile 0's gather and, for a settled call, before the
+// programmatic wait also its unpack and tile 1's gather. Returns whether tile 0 is unpacked.
+template <typename Issue, typename Unpack>
+__device__ __forceinline__ bool start_tiles(const SparseMlaDecodeParams& p, int n_tiles, Issue issue_tile,
+                                            Unpack unpack_tile) {
+  if (n_tiles > 0) issue_tile(0);
+  if (!p.settled || n_tiles == 0) return false;
+  cp_async_wait<0>();
+  __syncthreads();
+  trace_tile(p.trace, 0, 0);
+  unpack_tile();
+  __syncthreads();  // raw is free
+  trace_tile(p.trace, 0, 1);
+  if (n_tiles > 1) issue_tile(1);
+  return true;
+}
+
 template <int MT>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMlaDecodeParams p, SplitArgs a) {
   trace_mark(p.trace, 0);
@@ -303,23 +325,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
     }
     scale_s[tid] = sc;
   };
-  // Phase marks of tiles 0 and 1 (benchmarks).
-  auto mark = [&](int t, int step) {
-    if (t < 2) trace_mark(p.trace, (t == 0 ? 3 : 9) + step);
-  };
-
-  if (n_tiles > 0) issue_tile(0);
-  // A settled call also unpacks tile 0 and starts fetching tile 1 before the programmatic wait.
-  const bool pre = p.settled && n_tiles > 0;
-  if (pre) {
-    cp_async_wait<0>();
-    __syncthreads();
-    mark(0, 0);
-    unpack_tile();
-    __syncthreads();  // raw is free
-    mark(0, 1);
-    if (n_tiles > 1) issue_tile(1);
-  }
+  auto mark = [&](int t, int step) { trace_tile(p.trace, t, step); };
+  const bool pre = start_tiles(p, n_tiles, issue_tile, unpack_tile);
   if (p.settled) {
     pdl_wait();
     load_q();
@@ -623,23 +630,9 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
           *reinterpret_cast<const uint4*>(raw + k * kEntry + ops::kMlaFp8RopeOffset + 16 * r);
     }
   };
-  // Phase marks of tiles 0 and 1 (benchmarks).
-  auto mark = [&](int t, int step) {
-    if (t < 2) trace_mark(p.trace, (t == 0 ? 3 : 9) + step);
-  };
-
-  if (n_tiles > 0) issue_tile(0);
-  // A settled call also unpacks tile 0 and starts fetching tile 1 before the programmatic wait.
-  const bool pre = p.settled && n_tiles > 0;
-  if (pre) {
-    cp_async_wait<0>();
-    __syncthreads();
-    mark(0, 0);
-    unpack_tile();
-    __syncthreads();  // raw is free (the fence for the tensor cores comes with q's)
-    mark(0, 1);
-    if (n_tiles > 1) issue_tile(1);
-  }
+  auto mark = [&](int t, int step) { trace_tile(p.trace, t, step); };
+  const bool pre = start_tiles(p, n_tiles, issue_tile, unpack_tile);  // the fence for the tensor
+                                                                      // cores comes with q's
   if (p.settled) pdl_wait();
   pdl_trigger();  // the combine's launch latency hides behind this kernel
   trace_mark(p.trace, 1);
