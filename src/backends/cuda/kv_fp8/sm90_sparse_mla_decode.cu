@@ -533,10 +533,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
 // are the MMA's M (64: heads past the end are zero rows). Per tile:
 //   1. the raw entries (cp.async, fetched during the previous tile) are unpacked into a bf16 K tile
 //      [64 keys][576] in the 128-byte swizzle (9 chunks of 64 dims), each latent value multiplied by
-//      its tile scale (exact for the power-of-two scales dsinfer writes); then the next tile's
-//      entries are fetched;
+//      its tile scale (exact for the power-of-two scales dsinfer writes);
 //   2. S = q K^T: warpgroup w takes keys [32 w, 32 w + 32), 36 m64n32k16 steps over the 576 dims
-//      (q in shared memory, bf16, the same swizzle);
+//      (q in shared memory, bf16, the same swizzle); the next tile's entries are fetched while the
+//      tensor cores run them;
 //   3. online softmax in registers: the two warpgroups' row maxima meet in shared memory (read in a
 //      fixed order, so both hold the same running maximum), P = exp2(s - m) is stored in bf16 as
 //      one [64 heads][64 keys] operand tile, l and the output rescale stay per thread;
@@ -683,10 +683,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
     __syncthreads();  // K (and, first time, q) visible to the tensor cores; raw is free
     if (!unpacked) mark(t, 1);
 
-    // 2. Prefetch the next tile while this one is computed.
-    if (t + 1 < n_tiles && !unpacked) issue_tile(t + 1);
-
-    // 3. S = q K^T over this warpgroup's 32 keys.
+    // 2. S = q K^T over this warpgroup's 32 keys, and while the tensor cores run it, the next
+    //    tile's gather (raw is free: the unpack above was its last reader).
     float s[16];  // S[16 warp + g + 8 (e / 2)][32 wg + 8 j + 2 t4 + e % 2] = s[4 j + e]
     wgmma_fence();
 #pragma unroll
@@ -695,6 +693,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
       wgmma_bf16_n32<0>(s, wgmma_desc_sw128(q_s + off), wgmma_desc_sw128(k_s + off + wg * 32 * 128), kc > 0);
     }
     wgmma_commit();
+    if (t + 1 < n_tiles && !unpacked) issue_tile(t + 1);
     wgmma_wait<0>();
     wgmma_fence_operands(s);
 
@@ -719,7 +718,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
     __syncthreads();  // both warpgroups' maxima
     mark(t, 2);
 
-    // 4. The running maximum (the same in both warpgroups), P, l, the output rescale.
+    // 3. The running maximum (the same in both warpgroups), P, l, the output rescale.
     float alpha[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -754,7 +753,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
     __syncthreads();  // P complete (both halves of the keys)
     mark(t, 3);
 
-    // 5. out += P V over this warpgroup's 256 value columns (V: the K tile, MN-major).
+    // 4. out += P V over this warpgroup's 256 value columns (V: the K tile, MN-major).
     wgmma_fence_operands(o);
     wgmma_fence();
 #pragma unroll
@@ -808,7 +807,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
 // One block per (row, head): out = sum_i exp(lse_i - L) o_i, lse = L = log sum_i exp(lse_i).
 // Splits that saw no key have lse_i = -inf and weigh 0; all -inf gives out = 0, lse = -inf.
 // The partials are L2-resident and the kernel is latency-bound, so every load goes out at once:
-// 4 groups of 128 threads take every 4th split (4 columns per thread), each thread loads its first
+// G groups of 128 threads (G = ceil(splits / kCombineBatch), at most 4: few splits, small blocks,
+// many per SM) take every G-th split (4 columns per thread), each thread loads its first
 // kCombineBatch partials with their LSEs, and every warp the LSEs of all splits for the maximum and
 // the sum (warp shuffles in a fixed order: the same in every warp, no shared memory). The group sums
 // are added in group order (deterministic).
@@ -822,13 +822,14 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   __shared__ float4 part[kCombineGroups - 1][128];
   const int64_t rh = blockIdx.x;  // row * heads + head
   const int n = a.n_splits, c4 = threadIdx.x & 127, grp = threadIdx.x >> 7, lane = threadIdx.x & 31;
+  const int ng = blockDim.x >> 7;  // groups
   const float* ls = a.part_lse + rh * n;
   const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + c4;
   float4 v[kCombineBatch];
   float lv[kCombineBatch];
 #pragma unroll
   for (int u = 0; u < kCombineBatch; ++u) {
-    const int i = grp + kCombineGroups * u;
+    const int i = grp + ng * u;
     v[u] = i < n ? po[int64_t(i) * (kLora / 4)] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     lv[u] = i < n ? ls[i] : -INFINITY;
   }
@@ -855,7 +856,7 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
 #pragma unroll
   for (int u = 0; u < kCombineBatch; ++u) add(expf(lv[u] - mx), v[u]);  // 0 past n and without keys
 #pragma unroll 8
-  for (int i = grp + kCombineGroups * kCombineBatch; i < n; i += kCombineGroups)
+  for (int i = grp + ng * kCombineBatch; i < n; i += ng)
     add(expf(ls[i] - mx), po[int64_t(i) * (kLora / 4)]);
   if (grp > 0) part[grp - 1][c4] = acc;
   __syncthreads();
@@ -864,7 +865,7 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   for (int i = lane; i < n; i += 32) sum += expf(ls[i] - mx);
   sum = warp_sum(sum);  // >= 1: the maximum's own weight
 #pragma unroll
-  for (int gi = 0; gi < kCombineGroups - 1; ++gi) {
+  for (int gi = 0; gi < ng - 1; ++gi) {
     const float4 x = part[gi][c4];
     acc.x += x.x;
     acc.y += x.y;
@@ -959,7 +960,8 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
     launch_split(sparse_mla_split_kernel<2>, Smem<2>::kBytes, p, a, unsigned(blocks), s);
   if (plan.n_splits > 1) {
     DSI_CHECK(p.rows * p.heads < (int64_t(1) << 31), "sparse_mla_decode: {} rows x heads", p.rows * p.heads);
-    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * kCombineGroups), 0, s, p, a);
+    const int groups = std::clamp((plan.n_splits + kCombineBatch - 1) / kCombineBatch, 1, kCombineGroups);
+    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * groups), 0, s, p, a);
   }
 }
 
