@@ -432,9 +432,7 @@ std::vector<int32_t> random_indices(int64_t rows, int64_t topk, int64_t n_slots,
 // rounding is exact); K/V decode exactly (power-of-two scales). What remains is the softmax weights P
 // rounded to bf16 for the P.V product: 2^-9 relative at most, rms ~2^-9 / sqrt(3), which gives an
 // output normalised MSE of ~1.3e-6 whatever the key count (the error and the output are weighted
-// sums of the same values); with splits, each split's partial output is rounded to bf16 once more
-// (at most another ~1.3e-6, less once the combine averages several); bound 1e-5. The LSE sums the
-// unrounded weights: fp32 reduction bound.
+// sums of the same values); bound 1e-5. The LSE sums the unrounded weights: fp32 reduction bound.
 constexpr double kSparseMlaBf16OutNmse = 1e-5;
 
 Tensor bf16_rounded(Tensor t) {

@@ -56,7 +56,7 @@ __device__ __forceinline__ void e4m3x4_to_bf16(unsigned w, unsigned& lo, unsigne
 
 struct SplitArgs {
   int n_splits, tiles_per_split, head_groups;
-  __nv_bfloat16* part_o;  // [rows, heads, n_splits, 512] o / l of each split in bf16 (n_splits > 1)
+  float* part_o;    // [rows, heads, n_splits, 512] o / l of each split (n_splits > 1)
   float* part_lse;  // [rows, heads, n_splits] natural-log LSE of each split, -inf if it saw no key
   unsigned long long* combine_trace;  // the combine kernel's marks (benchmarks), or null
 };

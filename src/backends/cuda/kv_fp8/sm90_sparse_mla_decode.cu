@@ -30,10 +30,6 @@
 //     product (2^-9 relative; for power-of-two scales exactly bf16(P) * scale; the dominant
 //     difference to the reference: normalised MSE ~1e-6 on the output); the softmax sum l adds the
 //     unrounded fp32 values, so the LSE is fp32-accurate;
-//   - with more than one split, each split's o / l is stored in bf16 (2^-9 relative, rms ~2^-9 /
-//     sqrt(3) per element, once per split: the combine's weighted sum averages it further). f32
-//     partials were 16.8 MB at 4 rows x 64 heads x 32 splits, and writing and reading them back
-//     took the split kernel's last phase and most of the combine (about 4.7 and 3 us, traced);
 //   - the combine weights splits by exp(lse_i - max) in fp32.
 // Bitwise deterministic run to run (fixed reduction orders, no atomics on data).
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
@@ -57,11 +53,6 @@ using namespace sparse_mla;
 // the sum (warp shuffles in a fixed order: the same in every warp, no shared memory). The group sums
 // are added in group order (deterministic).
 constexpr int kCombineGroups = 4;
-__device__ __forceinline__ float4 bf16x4_to_float4(uint2 w) {
-  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
-  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.y));
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
 constexpr int kCombineBatch = 8;  // partials per thread in flight with the LSE loads
 __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kernel(SparseMlaDecodeParams p, SplitArgs a) {
   trace_mark(a.combine_trace, 0);
@@ -73,13 +64,13 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   const int n = a.n_splits, c4 = threadIdx.x & 127, grp = threadIdx.x >> 7, lane = threadIdx.x & 31;
   const int ng = blockDim.x >> 7;  // groups
   const float* ls = a.part_lse + rh * n;
-  const uint2* po = reinterpret_cast<const uint2*>(a.part_o + rh * n * kLora) + c4;  // 4 bf16 columns
+  const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + c4;
   float4 v[kCombineBatch];
   float lv[kCombineBatch];
 #pragma unroll
   for (int u = 0; u < kCombineBatch; ++u) {
     const int i = grp + ng * u;
-    v[u] = i < n ? bf16x4_to_float4(po[int64_t(i) * (kLora / 4)]) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    v[u] = i < n ? po[int64_t(i) * (kLora / 4)] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     lv[u] = i < n ? ls[i] : -INFINITY;
   }
   float mx = -INFINITY;
@@ -106,7 +97,7 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
   for (int u = 0; u < kCombineBatch; ++u) add(expf(lv[u] - mx), v[u]);  // 0 past n and without keys
 #pragma unroll 8
   for (int i = grp + ng * kCombineBatch; i < n; i += ng)
-    add(expf(ls[i] - mx), bf16x4_to_float4(po[int64_t(i) * (kLora / 4)]));
+    add(expf(ls[i] - mx), po[int64_t(i) * (kLora / 4)]);
   if (grp > 0) part[grp - 1][c4] = acc;
   __syncthreads();
   if (grp != 0) return;
@@ -164,7 +155,7 @@ SparseMlaDecodePlan plan_sparse_mla_decode(int64_t rows, int64_t heads, int64_t 
   pl.n_splits = tps > 0 ? int((n_tiles + tps - 1) / tps) : 1;
   if (pl.n_splits > 1) {
     const size_t parts = size_t(rows * heads) * size_t(pl.n_splits);
-    pl.workspace_bytes = align16(parts * kLora * sizeof(__nv_bfloat16)) + align16(parts * sizeof(float));
+    pl.workspace_bytes = align16(parts * kLora * sizeof(float)) + align16(parts * sizeof(float));
   }
   return pl;
 }
@@ -183,9 +174,9 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
   a.head_groups = plan.head_groups;
   if (plan.n_splits > 1) {
     const size_t parts = size_t(p.rows * p.heads) * size_t(plan.n_splits);
-    a.part_o = static_cast<__nv_bfloat16*>(p.workspace);
+    a.part_o = static_cast<float*>(p.workspace);
     a.part_lse = reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) +
-                                          align16(parts * kLora * sizeof(__nv_bfloat16)));
+                                          align16(parts * kLora * sizeof(float)));
   }
   const int64_t blocks = p.rows * plan.head_groups * plan.n_splits;
   DSI_CHECK(blocks < (int64_t(1) << 31), "sparse_mla_decode: {} blocks", blocks);

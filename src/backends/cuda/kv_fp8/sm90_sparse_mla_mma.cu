@@ -335,10 +335,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_split_kernel(SparseMla
           dst[n * 8 + 1] = acc[m][n][2 * half + 1] * inv;
         }
       } else {
-        __nv_bfloat16* dst = a.part_o + ((row * p.heads + h) * a.n_splits + split) * kLora + warp * 64 + 2 * t4;
+        float* dst = a.part_o + ((row * p.heads + h) * a.n_splits + split) * kLora + warp * 64 + 2 * t4;
 #pragma unroll
         for (int n = 0; n < 8; ++n)
-          *reinterpret_cast<unsigned*>(dst + n * 8) = pack_bf16x2(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
+          *reinterpret_cast<float2*>(dst + n * 8) = make_float2(acc[m][n][2 * half] * inv, acc[m][n][2 * half + 1] * inv);
       }
     }
   if (tid < HG && h0 + tid < p.heads) {

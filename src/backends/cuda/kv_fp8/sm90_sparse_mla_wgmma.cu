@@ -271,10 +271,10 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
         dst[8 * j + 1] = o[4 * j + 2 * r + 1] * inv;
       }
     } else {
-      __nv_bfloat16* dst = a.part_o + ((row * p.heads + h) * a.n_splits + split) * kLora + wg * 256 + 2 * t4;
+      float* dst = a.part_o + ((row * p.heads + h) * a.n_splits + split) * kLora + wg * 256 + 2 * t4;
 #pragma unroll
       for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<unsigned*>(dst + 8 * j) = pack_bf16x2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
     }
     if (wg == 0 && t4 == 0) {
       const float lse = l > 0.0f ? (m_run[r] + log2f(l)) * kLn2 : -INFINITY;
