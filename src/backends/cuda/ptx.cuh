@@ -1,6 +1,6 @@
 // The PTX instructions several kernels share: 16-byte asynchronous copies into shared memory
 // (cp.async, sm_80+), bulk and tensor-map copies completing on a shared-memory barrier
-// (cp.async.bulk[.tensor] and mbarrier, sm_90), the f16 tensor-core tile product (mma.sync
+// (cp.async.bulk[.tensor] and mbarrier, sm_90), the f16 and bf16 tensor-core tile products (mma.sync
 // m16n8k16) and the e4m3 -> f16 conversion (sm_89+); the warpgroup MMA is in wgmma.cuh. The copies and the waits carry a memory clobber, so the compiler keeps plain
 // shared-memory accesses on their side of them.
 #pragma once
@@ -92,6 +92,15 @@ __device__ __forceinline__ void fence_async_shared() {
 __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The same with bf16 a and b (same fragments).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
