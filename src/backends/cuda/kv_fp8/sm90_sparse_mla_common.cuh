@@ -23,10 +23,6 @@ constexpr int kEntry = ops::kMlaFp8Bytes;      // 656
 constexpr int kBK = kSparseMlaKeyTile;         // 64 keys per tile
 constexpr int kThreads = 256;                  // 8 warps
 constexpr int kPieces = kEntry / 16;           // 41 16-byte pieces per cache entry
-constexpr int kKStride = kDk + 8;              // bf16 elements per K / q row: 1168 B = 73 x 16 B,
-                                               // so the 8 rows of an ldmatrix hit distinct banks
-constexpr int kPStride = kBK + 8;              // bf16 per P row (144 B = 9 x 16 B)
-constexpr int kRedStride = kBK + 4;            // f32 per partial-score row
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 

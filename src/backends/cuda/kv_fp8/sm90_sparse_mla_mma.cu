@@ -25,6 +25,11 @@ namespace dsi::cuda::sparse_mla {
 
 namespace {
 
+constexpr int kKStride = kDk + 8;   // bf16 elements per K / q row: 1168 B = 73 x 16 B,
+                                    // so the 8 rows of an ldmatrix hit distinct banks
+constexpr int kPStride = kBK + 8;   // bf16 per P row (144 B = 9 x 16 B)
+constexpr int kRedStride = kBK + 4;  // f32 per partial-score row
+
 template <int MT>
 struct Smem {
   static constexpr int kHG = 16 * MT;
