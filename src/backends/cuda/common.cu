@@ -68,10 +68,14 @@ int sm_count() {
   return sms;
 }
 
+bool env_switched_off(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::string_view(env) == "0";
+}
+
 bool pdl_enabled() {
   static const bool on = [] {
-    const char* env = std::getenv("DSI_PDL");
-    if (env != nullptr && std::string_view(env) == "0") return false;
+    if (env_switched_off("DSI_PDL")) return false;
     int dev = 0, major = 0;
     DSI_CUDA_CHECK(cudaGetDevice(&dev));
     DSI_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));

@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <string>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_kv_fp8.h"
@@ -693,10 +691,7 @@ void sparse_mla_fp8(const Tensor& q, const Tensor& pool, const Tensor& indices, 
   p.softmax_scale = softmax_scale;
   p.bad = bad.ptr();
   // DSI_MLA_SETTLED=0 ignores the caller's promise (for comparisons).
-  static const bool honour_settled = [] {
-    const char* env = std::getenv("DSI_MLA_SETTLED");
-    return env == nullptr || std::string(env) != "0";
-  }();
+  static const bool honour_settled = !env_switched_off("DSI_MLA_SETTLED");
   p.settled = inputs_settled && honour_settled;
   // The workspace (split partials) is allocated per call for now; a step planner can call
   // plan_sparse_mla_decode once and pass a workspace of plan.workspace_bytes instead.

@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <string_view>
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/gemv.h"
@@ -693,8 +692,7 @@ uint64_t gemv_tensor_core_launches() { return g_tensor_core_launches.load(); }
 bool gemv_tensor_cores() {
   int on = g_tensor_cores.load(std::memory_order_relaxed);
   if (on < 0) {
-    const char* env = std::getenv("DSI_GEMV_MMA");
-    on = env != nullptr && std::string_view(env) == "0" ? 0 : 1;
+    on = env_switched_off("DSI_GEMV_MMA") ? 0 : 1;
     int expected = -1;
     g_tensor_cores.compare_exchange_strong(expected, on);
     on = g_tensor_cores.load();
@@ -723,10 +721,7 @@ int gemv_row_groups_per_warp() {
 void set_gemv_row_groups_per_warp(int n) { g_row_groups_per_warp.store(std::max(0, n)); }
 
 bool gemv_pipelined_default() {
-  static const bool on = [] {
-    const char* env = std::getenv("DSI_GEMV_PIPE");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
+  static const bool on = !env_switched_off("DSI_GEMV_PIPE");
   return on;
 }
 

@@ -29,8 +29,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/topk/topk.h"
@@ -671,10 +669,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
 }
 
 bool cta_path_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("DSI_TOPK_CTA");
-    return env == nullptr || std::string_view(env) != "0";
-  }();
+  static const bool on = !env_switched_off("DSI_TOPK_CTA");
   return on;
 }
 
