@@ -325,9 +325,9 @@ void bench_sparse_mla(const MlaPool& mp, int64_t rows, int heads, int64_t topk, 
     if (plan.workspace_bytes > 0) DSI_CUDA_CHECK(cudaMalloc(&ws, plan.workspace_bytes));
     const int64_t split_ctas = rows * plan.head_groups * plan.n_splits;
     const int64_t trace_ctas = split_ctas + (plan.n_splits > 1 ? rows * heads : 0);
-    const size_t trace_bytes = size_t(trace_ctas * dsi::cuda::kSparseMlaTraceSlots) * sizeof(unsigned long long);
-    unsigned long long* tr = trace ? dalloc<unsigned long long>(trace_bytes / sizeof(unsigned long long)) : nullptr;
-    if (tr != nullptr) DSI_CUDA_CHECK(cudaMemset(tr, 0, trace_bytes));
+    const size_t trace_n = size_t(trace_ctas * dsi::cuda::kSparseMlaTraceSlots);
+    unsigned long long* tr = trace ? dalloc<unsigned long long>(trace_n) : nullptr;
+    if (tr != nullptr) DSI_CUDA_CHECK(cudaMemset(tr, 0, trace_n * sizeof(unsigned long long)));
     const double us = time_graph(copies, reps, [&](int c, cudaStream_t st) {
       dsi::cuda::SparseMlaDecodeParams pc = p;
       pc.indices = didx + int64_t(c) * rows * topk;
