@@ -46,36 +46,33 @@ using namespace sparse_mla;
 
 // One block per (row, head): out = sum_i exp(lse_i - L) o_i, lse = L = log sum_i exp(lse_i).
 // Splits that saw no key have lse_i = -inf and weigh 0; all -inf gives out = 0, lse = -inf.
-// The partials are L2-resident and the kernel is latency-bound, so every load goes out at once:
-// G groups of 128 threads (G = ceil(splits / kCombineBatch), at most 4: few splits, small blocks,
-// many per SM) take every G-th split (4 columns per thread), each thread loads its first
-// kCombineBatch partials with their LSEs, and every warp the LSEs of all splits for the maximum and
-// the sum (warp shuffles in a fixed order: the same in every warp, no shared memory). The group sums
-// are added in group order (deterministic).
+// The split LSEs are staged in shared memory (one parallel load) and turned into weights there.
+// The partials are L2-resident and the loop is latency-bound, so 4 groups of 128 threads take every
+// 4th split (4 columns per thread, unrolled: many loads in flight) and their sums are added in group
+// order (deterministic).
+//
+// Kept small on purpose: 32 registers a thread, so four of its blocks share an SM. A version that
+// loaded a batch of partials per thread with the LSEs (64 registers, blocks sized by the split
+// count) was as fast or faster alone, but its blocks, resident early under the programmatic launch,
+// held twice the registers, and the 4-row GLM-5.2 layer took 518.6 us against 495.9 with this one
+// (bench_decode --rows 4, same run; docs/decode-performance.md).
 constexpr int kCombineGroups = 4;
-constexpr int kCombineBatch = 8;  // partials per thread in flight with the LSE loads
 __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kernel(SparseMlaDecodeParams p, SplitArgs a) {
   trace_mark(a.combine_trace, 0);
-  pdl_wait();  // the split kernel's writes are visible
-  pdl_trigger();
+  pdl_enter();  // the split kernel's writes are visible
   trace_mark(a.combine_trace, 1);
+  extern __shared__ float w_s[];  // [n_splits] weights exp(lse_i - max)
+  __shared__ float red[33];
   __shared__ float4 part[kCombineGroups - 1][128];
   const int64_t rh = blockIdx.x;  // row * heads + head
-  const int n = a.n_splits, c4 = threadIdx.x & 127, grp = threadIdx.x >> 7, lane = threadIdx.x & 31;
-  const int ng = blockDim.x >> 7;  // groups
+  const int n = a.n_splits, c4 = threadIdx.x & 127, grp = threadIdx.x >> 7;
   const float* ls = a.part_lse + rh * n;
-  const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + c4;
-  float4 v[kCombineBatch];
-  float lv[kCombineBatch];
-#pragma unroll
-  for (int u = 0; u < kCombineBatch; ++u) {
-    const int i = grp + ng * u;
-    v[u] = i < n ? po[int64_t(i) * (kLora / 4)] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    lv[u] = i < n ? ls[i] : -INFINITY;
-  }
   float mx = -INFINITY;
-  for (int i = lane; i < n; i += 32) mx = fmaxf(mx, ls[i]);
-  mx = warp_max(mx);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    w_s[i] = ls[i];
+    mx = fmaxf(mx, w_s[i]);
+  }
+  mx = block_max(mx, red);  // its barriers publish w_s
   float* o = p.out + rh * kLora;  // any f32 view: scalar stores
   if (mx == -INFINITY) {  // no split saw a key (block-uniform)
     if (grp == 0) {
@@ -85,32 +82,32 @@ __global__ void __launch_bounds__(128 * kCombineGroups) sparse_mla_combine_kerne
     }
     return;
   }
+  for (int i = threadIdx.x; i < n; i += blockDim.x) w_s[i] = expf(w_s[i] - mx);  // 0 without keys
+  __syncthreads();
   trace_mark(a.combine_trace, 2);
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  auto add = [&](float w, const float4& x) {
-    acc.x += w * x.x;
-    acc.y += w * x.y;
-    acc.z += w * x.z;
-    acc.w += w * x.w;
-  };
-#pragma unroll
-  for (int u = 0; u < kCombineBatch; ++u) add(expf(lv[u] - mx), v[u]);  // 0 past n and without keys
+  const float4* po = reinterpret_cast<const float4*>(a.part_o + rh * n * kLora) + c4;
 #pragma unroll 8
-  for (int i = grp + ng * kCombineBatch; i < n; i += ng)
-    add(expf(ls[i] - mx), po[int64_t(i) * (kLora / 4)]);
+  for (int i = grp; i < n; i += kCombineGroups) {
+    const float w = w_s[i];
+    const float4 v = po[int64_t(i) * (kLora / 4)];
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
   if (grp > 0) part[grp - 1][c4] = acc;
   __syncthreads();
   if (grp != 0) return;
   float sum = 0.0f;
-  for (int i = lane; i < n; i += 32) sum += expf(ls[i] - mx);
-  sum = warp_sum(sum);  // >= 1: the maximum's own weight
+  for (int i = 0; i < n; ++i) sum += w_s[i];  // >= 1: the maximum's own weight
 #pragma unroll
-  for (int gi = 0; gi < ng - 1; ++gi) {
-    const float4 x = part[gi][c4];
-    acc.x += x.x;
-    acc.y += x.y;
-    acc.z += x.z;
-    acc.w += x.w;
+  for (int gi = 0; gi < kCombineGroups - 1; ++gi) {
+    const float4 v = part[gi][c4];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
   }
   const float inv = 1.0f / sum;
   o[4 * c4 + 0] = acc.x * inv;
@@ -187,8 +184,9 @@ void launch_sparse_mla_decode(const SparseMlaDecodeParams& p, const SparseMlaDec
     sparse_mla::launch_mma_split(p, a, plan.m_tiles, unsigned(blocks), s);
   if (plan.n_splits > 1) {
     DSI_CHECK(p.rows * p.heads < (int64_t(1) << 31), "sparse_mla_decode: {} rows x heads", p.rows * p.heads);
-    const int groups = std::clamp((plan.n_splits + kCombineBatch - 1) / kCombineBatch, 1, kCombineGroups);
-    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * groups), 0, s, p, a);
+    const size_t smem = sizeof(float) * size_t(plan.n_splits);
+    DSI_CHECK(smem <= 48 * 1024, "sparse_mla_decode: {} splits", plan.n_splits);
+    launch(sparse_mla_combine_kernel, dim3(unsigned(p.rows * p.heads)), dim3(128 * kCombineGroups), smem, s, p, a);
   }
 }
 
