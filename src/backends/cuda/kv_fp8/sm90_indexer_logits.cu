@@ -5,10 +5,18 @@
 //
 // Work split: a block is one warpgroup and owns a "row group" (up to 4 consecutive rows of one
 // sequence: the MTP verification rows; fewer with more than 64 heads). It walks that sequence's
-// pages (one 64-key page per tile) with a 6-stage pipeline: thread 0 loads each page's keys with a
+// pages (one 64-key page per tile) through a double buffer: thread 0 loads each page's keys with a
 // tensor-map copy (the 128-byte swizzle the MMA reads) and its 64 scales with a bulk copy, both
-// completing on the stage's barrier; page ids are read one tile ahead. Each page is read from HBM
-// once per group and reused for every row and head.
+// completing on the stage's barrier, one page ahead of the MMAs; page ids are read one tile ahead
+// of that. Each page is read from HBM once per group and reused for every row and head.
+//
+// Why only one page ahead. With every block's pages in flight at once (a 6-stage ring: 17 MB at
+// 128K keys), the HBM serves them all together and every block's first page lands only when nearly
+// all of them do, so the MMAs and the epilogue start late and run after the copies instead of
+// under them. One page ahead per block keeps the HBM busy and the pages landing in order, and the
+// smaller ring lets more blocks share an SM: one row at 128K keys 11.6 -> 8.4 us, 4 x 4 rows 81.4
+// -> 65.0 us (bench_kv_fp8 --only-indexer, the kernel alone). On the old ring, 1, 2 and 4 pages
+// ahead gave 10.1, 10.5 and 11.2 us; on this one, at most 3 or 5 blocks per SM 9.4 and 9.1 us.
 //
 // Per page the MMA is D[key, head] = K Q^T, M = the page's 64 keys, N = the group's query chunks
 // (32 or 64 heads of one row each, up to 4 chunks: N <= 256; the queries sit in shared memory for
@@ -41,7 +49,7 @@ namespace {
 constexpr int kPage = ops::kKvPageTokens;  // keys per tile: one page
 constexpr int kD = 128;
 constexpr int kThreads = 128;  // one warpgroup
-constexpr int kStages = 6;     // at 128K keys and 3 blocks per SM, all of a block's pages in flight
+constexpr int kStages = 2;     // a double buffer: one page in flight while the other is read (above)
 constexpr int kKeyBytes = kPage * kD;                // a page: [64 keys, 128 B] of e4m3 ...
 constexpr int kScaleBytes = kPage * 4;               // ... then [64] f32 key scales
 constexpr int kPageBytes = kKeyBytes + kScaleBytes;  // 8448
@@ -186,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) mbarrier_init(&full[s], 1);
     fence_barrier_init();
-    int32_t first[kStages];  // the ids of the first kStages tiles, loads in flight together
+    int32_t first[kStages];  // the ids of the first kStages tiles, loads in flight together (kStages - 1 copies)
 #pragma unroll
     for (int s = 0; s < kStages; ++s) first[s] = page_id(int64_t(blockIdx.x) + int64_t(s) * stride);
 #pragma unroll
