@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_kv_fp8.h"
+#include "ops/elementwise.h"
 #include "ops/indexer.h"
 #include "ops/kv_fp8.h"
 #include "ops/mla.h"
@@ -308,6 +309,41 @@ TEST(OpKvFp8, IndexerLogitsAreExactForExactlyRepresentableInputs) {
   ops::indexer_logits(q, w, Tensor::from_f32(kv, {5, d}), Tensor::from_i32({5}, {1}), 0.25f, want);
   for (int64_t s = 0; s < 5; ++s) EXPECT_EQ(got.f32()[s], want.f32()[s]) << s;
   EXPECT_EQ(got.f32()[5], kNinfF);
+}
+
+// The logits with the query preparation: those of rope(q) and weights * weights_scale, bitwise;
+// q and the weights stay as they were; a rotation wider than the head is refused.
+TEST(OpKvFp8, IndexerLogitsWithQueryPrepAreRopeAndScaleFirst) {
+  const int64_t d = 128, heads = 4, rows = 3, len = 150;
+  const Paged pg = make_paged({len}, 3);
+  std::vector<int32_t> sl;
+  for (int64_t s = 0; s < len; ++s) sl.push_back(pg.slot(0, s));
+  Tensor pool = filled_u8({pg.n_pages, ops::indexer_page_bytes(d)}, 0);
+  ops::indexer_keys_store_fp8(test::rand_tensor({len, d}, 41), Tensor::from_i32(sl, {len}), pool);
+  const Tensor q = test::rand_tensor({rows, heads, d}, 42), w = test::rand_tensor({rows, heads}, 43);
+  const Tensor q0 = q.contiguous(), w0 = w.contiguous();
+  const Tensor table = Tensor::from_i32(pg.table, {1, pg.max_pages});
+  const Tensor rs = Tensor::from_i32({0, 0, 0}, {rows}), bd = Tensor::from_i32({150, 149, 100}, {rows});
+  const ops::RopeFreqs f = ops::compute_rope_freqs(RopeConfig{}, 64);
+  for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+    const ops::IndexerQueryPrep prep{Tensor::from_i32({7, 4093, 100000}, {rows}), Tensor::from_f32(f.inv_freq, {32}),
+                                     0.9f, style, 0.125f};
+    Tensor fused = Tensor::empty({rows, len + 2}, DType::F32), plain = Tensor::empty({rows, len + 2}, DType::F32);
+    ops::indexer_logits_fp8(q, w, pool, table, rs, bd, 0.0883883f, fused, &prep);
+    Tensor qr = q.contiguous(), wr = w.contiguous();
+    ops::rope(qr, prep.positions, prep.inv_freq, prep.attention_factor, style, 0);
+    ops::scale_inplace(wr, prep.weights_scale);
+    ops::indexer_logits_fp8(qr, wr, pool, table, rs, bd, 0.0883883f, plain);
+    EXPECT_EQ(std::memcmp(fused.raw(), plain.raw(), size_t(plain.nbytes())), 0) << int(style);
+    EXPECT_EQ(std::memcmp(q.raw(), q0.raw(), size_t(q.nbytes())), 0) << "q changed";
+    EXPECT_EQ(std::memcmp(w.raw(), w0.raw(), size_t(w.nbytes())), 0) << "weights changed";
+    // The rotation matters: without it the logits differ.
+    ops::indexer_logits_fp8(q, wr, pool, table, rs, bd, 0.0883883f, plain);
+    EXPECT_NE(std::memcmp(fused.raw(), plain.raw(), size_t(plain.nbytes())), 0);
+    ops::IndexerQueryPrep bad = prep;
+    bad.inv_freq = Tensor::from_f32(std::vector<float>(65, 1.0f), {65});
+    EXPECT_THROW(ops::indexer_logits_fp8(q, w, pool, table, rs, bd, 1.0f, fused, &bad), Error);
+  }
 }
 
 // ---------------------------------------------------------------- MLA cache

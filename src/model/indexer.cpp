@@ -23,9 +23,7 @@ Tensor indexer_scores(const LayerContext& ctx, const IndexerWeights& w, const Te
   // Every rank computes all index heads for every new row (the indexer is replicated).
   Tensor q = Tensor::empty({n, heads * hd}, DType::F32, dev);
   ops::linear(c_q, w.wq_b, q);
-  Tensor q3 = q.view({n, heads, hd});
-  ops::rope(q3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
-            c.indexer_rope_style, /*offset=*/0);
+  Tensor q3 = q.view({n, heads, hd});  // RoPE'd below, or inside the fp8 logits (prep)
 
   DSI_CHECK(k.ndim() == 2 && k.dim(0) == n && k.dim(1) == hd, "indexer: keys {} for {} rows of {}",
             k.desc(), n, hd);
@@ -41,15 +39,21 @@ Tensor indexer_scores(const LayerContext& ctx, const IndexerWeights& w, const Te
 
   Tensor weights = Tensor::empty({n, heads}, DType::F32, dev);
   ops::linear(u, w.weights_proj, weights);
-  ops::scale_inplace(weights, 1.0f / std::sqrt(float(heads)));
+  const float weights_scale = 1.0f / std::sqrt(float(heads));
 
   Tensor logits = Tensor::empty({n, ctx.local_keys}, DType::F32, dev);
-  if (fp8)
+  if (fp8) {  // the query's RoPE and the weights' scale run inside the logits op
+    const ops::IndexerQueryPrep prep{ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
+                                     c.indexer_rope_style, weights_scale};
     ops::indexer_logits_fp8(q3, weights, key_pool, ctx.pages.block_tables, ctx.pages.row_seq,
-                            ctx.local_bounds, 1.0f / std::sqrt(float(hd)), logits);
-  else
+                            ctx.local_bounds, 1.0f / std::sqrt(float(hd)), logits, &prep);
+  } else {
+    ops::rope(q3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
+              c.indexer_rope_style, /*offset=*/0);
+    ops::scale_inplace(weights, weights_scale);
     ops::indexer_logits(q3, weights, key_pool, ctx.local_bounds, 1.0f / std::sqrt(float(hd)),
                         logits, &ctx.pages);
+  }
   return logits;
 }
 

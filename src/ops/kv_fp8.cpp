@@ -54,7 +54,7 @@ void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& poo
 
 void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
                         const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
-                        float softmax_scale, Tensor& logits) {
+                        float softmax_scale, Tensor& logits, const IndexerQueryPrep* prep) {
   const char* op = "indexer_logits_fp8";
   check_dtype(q, DType::F32, "indexer_logits_fp8 q");
   DSI_CHECK(q.ndim() == 3 && q.is_contiguous(), "{}: q {} must be [rows, heads, d] contiguous", op,
@@ -89,8 +89,19 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   DSI_CHECK(logits.ndim() == 2 && logits.dim(0) == rows && logits.is_contiguous(),
             "{}: logits {} must be [{}, n_keys] contiguous", op, logits.desc(), rows);
   same_device(logits, dev, op, "logits");
+  if (prep != nullptr) {
+    check_dtype(prep->positions, DType::I32, "indexer_logits_fp8 positions");
+    check_shape(prep->positions, {rows}, "indexer_logits_fp8 positions");
+    check_dtype(prep->inv_freq, DType::F32, "indexer_logits_fp8 inv_freq");
+    DSI_CHECK(prep->inv_freq.ndim() == 1 && 2 * prep->inv_freq.dim(0) <= d,
+              "{}: inv_freq {} rotates more than the head dim {}", op, prep->inv_freq.desc(), d);
+    same_device(prep->positions, dev, op, "positions");
+    same_device(prep->inv_freq, dev, op, "inv_freq");
+    DSI_CHECK(prep->positions.is_contiguous() && prep->inv_freq.is_contiguous(),
+              "{}: positions and inv_freq must be contiguous", op);
+  }
   DSI_DISPATCH(dev, indexer_logits_fp8, q, weights, pool, block_tables, row_seq, bounds,
-               softmax_scale, logits);
+               softmax_scale, logits, prep);
 }
 
 void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool, const MlaKeyPrep* prep) {

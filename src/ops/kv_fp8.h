@@ -59,9 +59,24 @@ void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& poo
 // sums the exact e4m3 products in another order and, per 32 products, in the fp8 MMA's narrower
 // accumulator (measured within 1e-4 of the sum of |terms|; tested at 2^-10). Equal in exact
 // math to ops::indexer_logits on the unquantised keys when nothing is lost to fp8.
+// With `prep`, q and weights are the raw projections (wq_b's and weights_proj's outputs): the logits
+// are those of ops::rope(q) and weights * prep->weights_scale (the same bits as running those ops
+// first; the GPU does both inside the query's rotation), and q and weights are left as they are.
+struct IndexerQueryPrep;
 void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
                         const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
-                        float softmax_scale, Tensor& logits);
+                        float softmax_scale, Tensor& logits, const IndexerQueryPrep* prep = nullptr);
+
+// What the indexer does to its query and head weights before the logits: RoPE of each head's first
+// 2 * inv_freq.size() dims at the row's position ("rope first"), and the head weights times
+// H^-1/2 (weights_scale).
+struct IndexerQueryPrep {
+  Tensor positions;  // [rows] i32
+  Tensor inv_freq;   // [rot_dim / 2] f32, rot_dim <= d
+  float attention_factor = 1.0f;
+  RopeStyle style = RopeStyle::kInterleaved;
+  float weights_scale = 1.0f;
+};
 
 // What MLA does to kv_a_proj's output before it caches it: c_kv <- RMSNorm(c_kv) * norm_weight,
 // k_pe <- RoPE(k_pe) at each row's position.

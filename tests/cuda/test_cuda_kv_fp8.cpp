@@ -22,6 +22,7 @@
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
 #include "backends/cpu/cpu_kv_fp8.h"
 #include "cuda/cuda_test_util.h"
+#include "ops/elementwise.h"
 #include "ops/kv_fp8.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
@@ -318,6 +319,52 @@ TEST_F(CudaKvFp8, IndexerLogitsDecodeShapesAndSeparatedTopk) {
   const int checked = run_logits_case(
       {128, 64, {4099, 2051}, {0, 0, 0, 1}, {4099, 4000, 4098, 2051}, 64}, 203, "indexer logits planted");
   EXPECT_GE(checked, 4) << "every row's top-64 boundary is separated";
+}
+
+// The logits with the query preparation (RoPE of q and the weights' scale inside the rotation):
+// bitwise the GPU's own rope + scale_inplace + logits, on both kernels (d = 128 tensor cores, d = 64
+// CUDA cores, where it is also bitwise the CPU's fused op), both RoPE layouts; q and the weights
+// stay as they were.
+TEST_F(CudaKvFp8, IndexerLogitsQueryPrepIsRopeAndScaleFirst) {
+  for (int64_t d : {128, 64}) {
+    const int64_t heads = 64, rows = 4, len = 1000, n_cols = len + 3;
+    const Paged pg = make_paged({len}, uint64_t(d));
+    std::vector<int32_t> sl;
+    for (int64_t s = 0; s < len; ++s) sl.push_back(pg.slot(0, s));
+    Tensor pool = filled_u8({pg.n_pages, ops::indexer_page_bytes(d)}, 0);
+    ops::indexer_keys_store_fp8(test::rand_tensor({len, d}, uint64_t(d) + 1), i32(sl, {len}), pool);
+    const Tensor q = test::rand_tensor({rows, heads, d}, uint64_t(d) + 2);
+    const Tensor w = test::rand_tensor({rows, heads}, uint64_t(d) + 3);
+    const Tensor dp = dev(pool), dt = dev(i32(pg.table, {1, pg.max_pages}));
+    const Tensor rs = i32({0, 0, 0, 0}, {rows}), bd = i32({1000, 999, 998, 997}, {rows});
+    const Tensor drs = dev(rs), dbd = dev(bd);
+    const float scale = 1.0f / std::sqrt(float(d));
+    const ops::RopeFreqs f = ops::compute_rope_freqs(RopeConfig{}, int(d / 2));
+    const int64_t half = int64_t(f.inv_freq.size());
+    for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+      const std::string what = "indexer logits prep" + sz("d", d) + " style " + std::to_string(int(style));
+      const ops::IndexerQueryPrep prep{i32({5, 4095, 70000, 131071}, {rows}), Tensor::from_f32(f.inv_freq, {half}),
+                                       0.9f, style, 1.0f / std::sqrt(float(heads))};
+      const ops::IndexerQueryPrep dprep{dev(prep.positions), dev(prep.inv_freq), prep.attention_factor, style,
+                                        prep.weights_scale};
+      const Tensor dq = dev(q), dw = dev(w);
+      test::Guarded fused = test::guarded({rows, n_cols}, DType::F32);
+      ops::indexer_logits_fp8(dq, dw, dp, dt, drs, dbd, scale, fused.view, &dprep);
+      const Tensor got = fused.check(what);
+      test::expect_bitwise(host(dq), q, what + " q untouched");
+      test::expect_bitwise(host(dw), w, what + " weights untouched");
+      Tensor qr = dev(q), wr = dev(w);  // the ops one after another, on the GPU
+      ops::rope(qr, dprep.positions, dprep.inv_freq, dprep.attention_factor, style, 0);
+      ops::scale_inplace(wr, dprep.weights_scale);
+      test::Guarded plain = test::guarded({rows, n_cols}, DType::F32);
+      ops::indexer_logits_fp8(qr, wr, dp, dt, drs, dbd, scale, plain.view);
+      test::expect_bitwise(got, plain.check(what + " separate"), what);
+      Tensor cpu = Tensor::empty({rows, n_cols}, DType::F32);
+      ops::indexer_logits_fp8(q, w, pool, i32(pg.table, {1, pg.max_pages}), rs, bd, scale, cpu, &prep);
+      if (d < 128) test::expect_bitwise(got, cpu, what + " vs CPU");
+      test::expect_same_specials(got, cpu, what + " vs CPU");
+    }
+  }
 }
 
 TEST_F(CudaKvFp8, IndexerLogitsBadInputsGiveTheCpuErrors) {

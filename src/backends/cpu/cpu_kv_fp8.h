@@ -25,7 +25,7 @@ float rotate_quantize(const float* x, int64_t d, uint8_t* out);
 void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool);
 void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
                         const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
-                        float softmax_scale, Tensor& logits);
+                        float softmax_scale, Tensor& logits, const ops::IndexerQueryPrep* prep);
 void mla_cache_store_fp8(const Tensor& rows, const Tensor& slots, Tensor& pool,
                          const ops::MlaKeyPrep* prep);
 void mla_cache_load_fp8(const Tensor& pool, const Tensor& slots, Tensor& rows);

@@ -101,7 +101,16 @@ void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& poo
 
 void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
                         const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
-                        float softmax_scale, Tensor& logits) {
+                        float softmax_scale, Tensor& logits, const ops::IndexerQueryPrep* prep) {
+  if (prep != nullptr) {  // the reference: the two ops on copies, then the plain logits
+    Tensor qr = Tensor::empty(q.shape(), DType::F32), wr = Tensor::empty(weights.shape(), DType::F32);
+    copy(q, qr);
+    copy(weights, wr);
+    rope(qr, prep->positions, prep->inv_freq, prep->attention_factor, prep->style, 0, nullptr);
+    scale_inplace(wr, prep->weights_scale);
+    indexer_logits_fp8(qr, wr, pool, block_tables, row_seq, bounds, softmax_scale, logits, nullptr);
+    return;
+  }
   const int64_t rows = q.dim(0), heads = q.dim(1), d = q.dim(2);
   const int64_t n_cols = logits.dim(1), n_pages = pool.dim(0);
   const int64_t n_seqs = block_tables.dim(0), max_pages = block_tables.dim(1);

@@ -95,6 +95,19 @@ __global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantPar
       if (slot < 0) continue;
     }
     for (int c = threadIdx.x; c < d; c += blockDim.x) xs[c] = p.x[i * p.x_stride + c];
+    if (p.positions != nullptr) {  // rope_kernel's arithmetic; a thread owns its pairs
+      __syncthreads();
+      const float pos = float(p.positions[i / p.heads]);
+      for (int j = threadIdx.x; j < p.rope_half; j += blockDim.x) {
+        const int a = p.interleaved ? 2 * j : j, b = p.interleaved ? 2 * j + 1 : j + p.rope_half;
+        const float angle = __fmul_rn(pos, p.inv_freq[j]);
+        const float cs = __fmul_rn(float(cos(double(angle))), p.attention_factor);
+        const float sn = __fmul_rn(float(sin(double(angle))), p.attention_factor);
+        const float x1 = xs[a], x2 = xs[b];
+        xs[a] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+        xs[b] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+      }
+    }
     const int e = rotate_in_smem(xs, d, p.hadamard_scale, red);
     const float inv = pow2f(-e);  // exact: x * inv is x / scale
     if (p.pool != nullptr) {
@@ -110,7 +123,8 @@ __global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantPar
         if (p.q8 != nullptr) p.q8[i * d + c] = e4m3_to_float(b);
         if (p.q8_bytes != nullptr) p.q8_bytes[i * d + c] = b;
       }
-      if (threadIdx.x == 0) p.wq[i] = __fmul_rn(__fmul_rn(p.weights[i], pow2f(e)), p.softmax_scale);
+      if (threadIdx.x == 0)
+        p.wq[i] = __fmul_rn(__fmul_rn(__fmul_rn(p.weights[i], p.weights_scale), pow2f(e)), p.softmax_scale);
     }
     __syncthreads();  // xs is rewritten by the next vector
   }
@@ -555,7 +569,7 @@ void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& poo
 
 void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
                         const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
-                        float softmax_scale, Tensor& logits) {
+                        float softmax_scale, Tensor& logits, const ops::IndexerQueryPrep* prep) {
   const int64_t rows = q.dim(0), heads = q.dim(1), d = q.dim(2);
   if (rows == 0) return;
   DSI_CHECK(heads <= (1 << 20), "indexer_logits_fp8: {} heads", heads);
@@ -580,6 +594,16 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   rq.q8 = mma ? nullptr : q8.as<float>();
   rq.q8_bytes = mma ? q8.as<uint8_t>() : nullptr;
   rq.wq = wq.as<float>();
+  rq.weights_scale = 1.0f;
+  if (prep != nullptr) {  // RoPE and the weights' scale inside the rotation (bitwise the ops first)
+    rq.weights_scale = prep->weights_scale;
+    rq.positions = prep->positions.i32();
+    rq.inv_freq = prep->inv_freq.f32();
+    rq.rope_half = int(prep->inv_freq.dim(0));
+    rq.heads = int(heads);
+    rq.interleaved = prep->style == RopeStyle::kInterleaved;
+    rq.attention_factor = prep->attention_factor;
+  }
   launch_rotate_quant(rq, stream());
   IndexerLogitsFp8Params p{};
   p.q8 = rq.q8;

@@ -29,7 +29,16 @@ struct RotateQuantParams {
   float softmax_scale;
   float* q8;               // [n, d] e4m3 values as f32 (exact), or null
   uint8_t* q8_bytes;       // [n, d] the same values as e4m3 bytes, or null
-  float* wq;               // [n] (weights * q_scale) * softmax_scale
+  float* wq;               // [n] ((weights * weights_scale) * q_scale) * softmax_scale
+  float weights_scale;     // 1: the weights as given
+  // query mode, optional (positions != null): RoPE of each vector's dims [0, 2 * rope_half) at its
+  // row's position before the rotation, rope_kernel's arithmetic (vector i: head i % heads of row
+  // i / heads)
+  const int32_t* positions;  // [n / heads]
+  const float* inv_freq;     // [rope_half]
+  int rope_half, heads;
+  bool interleaved;
+  float attention_factor;
 };
 void launch_rotate_quant(const RotateQuantParams& p, cudaStream_t stream);
 
