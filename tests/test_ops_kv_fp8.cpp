@@ -311,6 +311,35 @@ TEST(OpKvFp8, IndexerLogitsAreExactForExactlyRepresentableInputs) {
   EXPECT_EQ(got.f32()[5], kNinfF);
 }
 
+// The store with the key preparation: the bytes of layer_norm + rope + the plain store; keys stay.
+TEST(OpKvFp8, IndexerStoreWithKeyPrepIsNormRopeThenStore) {
+  const int64_t m = 5, d = 128;
+  const Paged pg = make_paged({70}, 4);
+  const Tensor keys = test::rand_tensor({m, d}, 51, 2.0f), before = keys.contiguous();
+  const Tensor slots = Tensor::from_i32({pg.slot(0, 3), -1, pg.slot(0, 0), pg.slot(0, 69), pg.slot(0, 64)}, {m});
+  const ops::RopeFreqs f = ops::compute_rope_freqs(RopeConfig{}, 64);
+  for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+    const ops::IndexerKeyPrep prep{test::rand_tensor({d}, 52, 1.0f), test::rand_tensor({d}, 53, 0.1f), 1e-6f,
+                                   Tensor::from_i32({0, 9, 100, 4095, 70000}, {m}), Tensor::from_f32(f.inv_freq, {32}),
+                                   0.9f, style};
+    Tensor fused = filled_u8({pg.n_pages, ops::indexer_page_bytes(d)}, 0x5a);
+    ops::indexer_keys_store_fp8(keys, slots, fused, &prep);
+    Tensor prepared = keys.contiguous();
+    ops::layer_norm(prepared, prep.norm_weight, prep.norm_bias, prep.eps, prepared);
+    Tensor p3 = prepared.view({m, 1, d});
+    ops::rope(p3, prep.positions, prep.inv_freq, prep.attention_factor, style, 0);
+    Tensor plain = filled_u8({pg.n_pages, ops::indexer_page_bytes(d)}, 0x5a);
+    ops::indexer_keys_store_fp8(prepared, slots, plain);
+    EXPECT_EQ(std::memcmp(fused.raw(), plain.raw(), size_t(plain.nbytes())), 0) << int(style);
+    EXPECT_EQ(std::memcmp(keys.raw(), before.raw(), size_t(keys.nbytes())), 0) << "keys changed";
+    ops::indexer_keys_store_fp8(keys, slots, plain);  // the raw keys store other bytes
+    EXPECT_NE(std::memcmp(fused.raw(), plain.raw(), size_t(plain.nbytes())), 0);
+    ops::IndexerKeyPrep bad = prep;
+    bad.norm_bias = Tensor::zeros({d / 2}, DType::F32);
+    EXPECT_THROW(ops::indexer_keys_store_fp8(keys, slots, fused, &bad), Error);
+  }
+}
+
 // The logits with the query preparation: those of rope(q) and weights * weights_scale, bitwise;
 // q and the weights stay as they were; a rotation wider than the head is refused.
 TEST(OpKvFp8, IndexerLogitsWithQueryPrepAreRopeAndScaleFirst) {

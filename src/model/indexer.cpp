@@ -27,15 +27,18 @@ Tensor indexer_scores(const LayerContext& ctx, const IndexerWeights& w, const Te
 
   DSI_CHECK(k.ndim() == 2 && k.dim(0) == n && k.dim(1) == hd, "indexer: keys {} for {} rows of {}",
             k.desc(), n, hd);
-  ops::layer_norm(k, w.k_norm_weight, w.k_norm_bias, 1e-6f, k);
-  Tensor k3 = k.unsqueeze(1);
-  ops::rope(k3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
-            c.indexer_rope_style, /*offset=*/0);
   const bool fp8 = key_pool.dtype() == DType::U8;  // rotated e4m3 keys in 64-token pages
-  if (fp8)
-    ops::indexer_keys_store_fp8(k, ctx.store_slots, key_pool);
-  else
+  if (fp8) {  // the key's LayerNorm and RoPE run inside the store
+    const ops::IndexerKeyPrep prep{w.k_norm_weight, w.k_norm_bias, 1e-6f, ctx.positions, ctx.rope->inv_freq,
+                                   ctx.rope->attention_factor, c.indexer_rope_style};
+    ops::indexer_keys_store_fp8(k, ctx.store_slots, key_pool, &prep);
+  } else {
+    ops::layer_norm(k, w.k_norm_weight, w.k_norm_bias, 1e-6f, k);
+    Tensor k3 = k.unsqueeze(1);
+    ops::rope(k3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
+              c.indexer_rope_style, /*offset=*/0);
     ops::scatter_rows(k, ctx.store_slots, key_pool);
+  }
 
   Tensor weights = Tensor::empty({n, heads}, DType::F32, dev);
   ops::linear(u, w.weights_proj, weights);

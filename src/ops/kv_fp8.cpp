@@ -33,9 +33,22 @@ void check_mla_pool(const Tensor& pool, Device dev, const char* op) {
   same_device(pool, dev, op, "pool");
 }
 
+// The RoPE inputs of a prep: positions [rows] i32, inv_freq [half] f32 with 2 * half <= d.
+void check_rope(const Tensor& positions, const Tensor& inv_freq, int64_t rows, int64_t d, Device dev,
+                const char* op) {
+  DSI_CHECK(positions.dtype() == DType::I32 && positions.ndim() == 1 && positions.dim(0) == rows,
+            "{}: positions {} must be I32[{}]", op, positions.desc(), rows);
+  DSI_CHECK(inv_freq.dtype() == DType::F32 && inv_freq.ndim() == 1 && 2 * inv_freq.dim(0) <= d,
+            "{}: inv_freq {} must be F32[half] with 2 * half <= the head dim {}", op, inv_freq.desc(), d);
+  same_device(positions, dev, op, "positions");
+  same_device(inv_freq, dev, op, "inv_freq");
+  DSI_CHECK(positions.is_contiguous() && inv_freq.is_contiguous(), "{}: positions and inv_freq must be contiguous",
+            op);
+}
+
 }  // namespace
 
-void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool) {
+void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool, const IndexerKeyPrep* prep) {
   const char* op = "indexer_keys_store_fp8";
   check_dtype(keys, DType::F32, "indexer_keys_store_fp8 keys");
   DSI_CHECK(keys.ndim() == 2 && keys.stride(1) == 1, "{}: keys {} must be [m, d], rows contiguous",
@@ -49,7 +62,18 @@ void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& poo
             "{}: pool {} must be U8[n_pages, {}] contiguous (64 x (d + 4) bytes per page, d = {})", op,
             pool.desc(), indexer_page_bytes(d), d);
   same_device(pool, keys.device(), op, "pool");
-  DSI_DISPATCH(keys.device(), indexer_keys_store_fp8, keys, slots, pool);
+  if (prep != nullptr) {
+    for (const Tensor* t : {&prep->norm_weight, &prep->norm_bias}) {
+      check_dtype(*t, DType::F32, "indexer_keys_store_fp8 norm weight / bias");
+      check_shape(*t, {d}, "indexer_keys_store_fp8 norm weight / bias");
+    }
+    check_rope(prep->positions, prep->inv_freq, m, d, keys.device(), op);
+    same_device(prep->norm_weight, keys.device(), op, "norm_weight");
+    same_device(prep->norm_bias, keys.device(), op, "norm_bias");
+    DSI_CHECK(prep->norm_weight.is_contiguous() && prep->norm_bias.is_contiguous(),
+              "{}: norm_weight and norm_bias must be contiguous", op);
+  }
+  DSI_DISPATCH(keys.device(), indexer_keys_store_fp8, keys, slots, pool, prep);
 }
 
 void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
@@ -89,17 +113,7 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   DSI_CHECK(logits.ndim() == 2 && logits.dim(0) == rows && logits.is_contiguous(),
             "{}: logits {} must be [{}, n_keys] contiguous", op, logits.desc(), rows);
   same_device(logits, dev, op, "logits");
-  if (prep != nullptr) {
-    check_dtype(prep->positions, DType::I32, "indexer_logits_fp8 positions");
-    check_shape(prep->positions, {rows}, "indexer_logits_fp8 positions");
-    check_dtype(prep->inv_freq, DType::F32, "indexer_logits_fp8 inv_freq");
-    DSI_CHECK(prep->inv_freq.ndim() == 1 && 2 * prep->inv_freq.dim(0) <= d,
-              "{}: inv_freq {} rotates more than the head dim {}", op, prep->inv_freq.desc(), d);
-    same_device(prep->positions, dev, op, "positions");
-    same_device(prep->inv_freq, dev, op, "inv_freq");
-    DSI_CHECK(prep->positions.is_contiguous() && prep->inv_freq.is_contiguous(),
-              "{}: positions and inv_freq must be contiguous", op);
-  }
+  if (prep != nullptr) check_rope(prep->positions, prep->inv_freq, rows, d, dev, op);
   DSI_DISPATCH(dev, indexer_logits_fp8, q, weights, pool, block_tables, row_seq, bounds,
                softmax_scale, logits, prep);
 }

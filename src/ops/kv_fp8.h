@@ -41,12 +41,39 @@ inline constexpr int kMlaFp8Bytes = kMlaFp8RopeOffset + 2 * kMlaFp8Rope;     // 
 // Indexer key cache page: [64 x d e4m3 | 64 x f32 scales].
 inline constexpr int64_t indexer_page_bytes(int64_t d) { return kKvPageTokens * (d + 4); }
 
+// What the indexer does to wk's output before it caches it: LayerNorm (k <- (k - mean) / sqrt(var +
+// eps) * norm_weight + norm_bias), then RoPE of its first 2 * inv_freq.size() dims at the row's
+// position ("rope first").
+struct IndexerKeyPrep {
+  Tensor norm_weight, norm_bias;  // [d] f32
+  float eps = 1e-6f;
+  Tensor positions;  // [m] i32
+  Tensor inv_freq;   // [rot_dim / 2] f32, rot_dim <= d
+  float attention_factor = 1.0f;
+  RopeStyle style = RopeStyle::kInterleaved;
+};
+
+// What the indexer does to its query and head weights before the logits: RoPE of each head's first
+// 2 * inv_freq.size() dims at the row's position ("rope first"), and the head weights times
+// H^-1/2 (weights_scale).
+struct IndexerQueryPrep {
+  Tensor positions;  // [rows] i32
+  Tensor inv_freq;   // [rot_dim / 2] f32, rot_dim <= d
+  float attention_factor = 1.0f;
+  RopeStyle style = RopeStyle::kInterleaved;
+  float weights_scale = 1.0f;
+};
+
 // Quantises and stores indexer keys. keys: [m, d] f32 (row-strided ok), d a power of two in
 // [16, 128]; slots: [m] i32 physical slots, -1 = skip (distinct otherwise); pool: [n_pages,
 // 64 * (d + 4)] U8 contiguous. Each key is rotated by the Sylvester Hadamard matrix H_d / sqrt(d)
 // (butterflies in stage order 1, 2, 4, ..., then one multiply by fp32(1/sqrt(d))), quantised with
 // one scale, and written to page slot / 64 at offset slot % 64.
-void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool);
+// With `prep`, keys are wk's raw output: what is stored is ops::layer_norm, then ops::rope, of the
+// keys (the same bits as running those ops first on the same device; the GPU does all in one
+// kernel), and keys are left as they are.
+void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool,
+                            const IndexerKeyPrep* prep = nullptr);
 
 // Indexer logits over the paged fp8 key cache. q: [rows, H, d] f32 contiguous (rotated and quantised
 // per head inside, same rule as the keys); weights: [rows, H] f32, already carrying H^-1/2;
@@ -62,21 +89,9 @@ void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& poo
 // With `prep`, q and weights are the raw projections (wq_b's and weights_proj's outputs): the logits
 // are those of ops::rope(q) and weights * prep->weights_scale (the same bits as running those ops
 // first; the GPU does both inside the query's rotation), and q and weights are left as they are.
-struct IndexerQueryPrep;
 void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
                         const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
                         float softmax_scale, Tensor& logits, const IndexerQueryPrep* prep = nullptr);
-
-// What the indexer does to its query and head weights before the logits: RoPE of each head's first
-// 2 * inv_freq.size() dims at the row's position ("rope first"), and the head weights times
-// H^-1/2 (weights_scale).
-struct IndexerQueryPrep {
-  Tensor positions;  // [rows] i32
-  Tensor inv_freq;   // [rot_dim / 2] f32, rot_dim <= d
-  float attention_factor = 1.0f;
-  RopeStyle style = RopeStyle::kInterleaved;
-  float weights_scale = 1.0f;
-};
 
 // What MLA does to kv_a_proj's output before it caches it: c_kv <- RMSNorm(c_kv) * norm_weight,
 // k_pe <- RoPE(k_pe) at each row's position.

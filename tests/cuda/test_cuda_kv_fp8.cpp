@@ -321,6 +321,48 @@ TEST_F(CudaKvFp8, IndexerLogitsDecodeShapesAndSeparatedTopk) {
   EXPECT_GE(checked, 4) << "every row's top-64 boundary is separated";
 }
 
+// The key store with the key preparation (LayerNorm and RoPE inside the rotation): the bytes of the
+// GPU's own layer_norm + rope + store, for contiguous keys (the norm's float4 path) and strided ones
+// (its scalar path), d = 128 and 64, both RoPE layouts; the keys stay as they were.
+TEST_F(CudaKvFp8, IndexerStoreKeyPrepIsNormRopeThenStore) {
+  for (int64_t d : {128, 64}) {
+    const int64_t m = 37;
+    const Paged pg = make_paged({m + 20}, uint64_t(d) + 7);
+    std::vector<int32_t> sl;
+    for (int64_t s = 0; s < m; ++s) sl.push_back(s % 11 == 5 ? -1 : pg.slot(0, (s * 7) % (m + 20)));
+    const Tensor slots = dev(i32(sl, {m}));
+    const Tensor keys = test::rand_tensor({m, d}, uint64_t(d) + 8, 3.0f);
+    const ops::RopeFreqs f = ops::compute_rope_freqs(RopeConfig{}, int(d / 2));
+    const int64_t half = int64_t(f.inv_freq.size());
+    std::vector<int32_t> pos(static_cast<size_t>(m));
+    for (int64_t i = 0; i < m; ++i) pos[size_t(i)] = int32_t((i * 7919 + 3) % 163840);
+    for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kHalfSplit}) {
+      const ops::IndexerKeyPrep dprep{dev(test::rand_tensor({d}, uint64_t(d) + 9, 1.0f)),
+                                      dev(test::rand_tensor({d}, uint64_t(d) + 10, 0.1f)), 1e-6f, dev(i32(pos, {m})),
+                                      dev(Tensor::from_f32(f.inv_freq, {half})), 0.9f, style};
+      for (bool strided : {false, true}) {
+        const std::string what = "indexer store prep" + sz("d", d) + " style " + std::to_string(int(style)) +
+                                 (strided ? " strided" : " contiguous");
+        const Tensor dk = strided ? test::dev_strided(keys) : dev(keys);
+        Tensor fused = dev(filled_u8({pg.n_pages, ops::indexer_page_bytes(d)}, 0x5a));
+        ops::indexer_keys_store_fp8(dk, slots, fused, &dprep);
+        test::expect_bitwise(host(dk).contiguous(), keys, what + " keys untouched");
+        Tensor prepared = strided ? test::dev_strided(keys) : dev(keys);  // the ops one after another
+        ops::layer_norm(prepared, dprep.norm_weight, dprep.norm_bias, dprep.eps, prepared);
+        Tensor p3 = prepared.unsqueeze(1);
+        ops::rope(p3, dprep.positions, dprep.inv_freq, dprep.attention_factor, style, 0);
+        Tensor separate = dev(filled_u8({pg.n_pages, ops::indexer_page_bytes(d)}, 0x5a));
+        ops::indexer_keys_store_fp8(prepared, slots, separate);
+        const Tensor fused_h = host(fused);
+        expect_same_bytes(fused_h, host(separate), ops::indexer_page_bytes(d), what);
+        Tensor raw = dev(filled_u8({pg.n_pages, ops::indexer_page_bytes(d)}, 0x5a));
+        ops::indexer_keys_store_fp8(dk, slots, raw);
+        EXPECT_NE(std::memcmp(fused_h.raw(), host(raw).raw(), size_t(fused_h.nbytes())), 0) << what;
+      }
+    }
+  }
+}
+
 // The logits with the query preparation (RoPE of q and the weights' scale inside the rotation):
 // bitwise the GPU's own rope + scale_inplace + logits, on both kernels (d = 128 tensor cores, d = 64
 // CUDA cores, where it is also bitwise the CPU's fused op), both RoPE layouts; q and the weights

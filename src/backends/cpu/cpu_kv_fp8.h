@@ -22,7 +22,8 @@ uint8_t quantize_e4m3(float x);
 // Rotates and quantises one d-vector: out[d] e4m3 bytes, returns the scale (x is not modified).
 float rotate_quantize(const float* x, int64_t d, uint8_t* out);
 
-void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool);
+void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool,
+                            const ops::IndexerKeyPrep* prep);
 void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
                         const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
                         float softmax_scale, Tensor& logits, const ops::IndexerQueryPrep* prep);

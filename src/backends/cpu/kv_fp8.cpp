@@ -79,7 +79,16 @@ float rotate_quantize(const float* x, int64_t d, uint8_t* out) {
   return quantize_group(y.data(), d, out);
 }
 
-void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool) {
+void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool, const ops::IndexerKeyPrep* prep) {
+  if (prep != nullptr) {  // the reference: the two ops on a copy, then the plain store
+    Tensor k = Tensor::empty({keys.dim(0), keys.dim(1)}, DType::F32);
+    copy(keys, k);
+    layer_norm(k, prep->norm_weight, prep->norm_bias, prep->eps, k);
+    Tensor k3 = k.view({keys.dim(0), 1, keys.dim(1)});
+    rope(k3, prep->positions, prep->inv_freq, prep->attention_factor, prep->style, 0, nullptr);
+    indexer_keys_store_fp8(k, slots, pool, nullptr);
+    return;
+  }
   const int64_t m = keys.dim(0), d = keys.dim(1), n_pages = pool.dim(0);
   const int64_t page_bytes = ops::indexer_page_bytes(d);
   const int32_t* sl = slots.i32();

@@ -9,7 +9,8 @@
 
 namespace dsi::cuda {
 
-void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool);
+void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool,
+                            const ops::IndexerKeyPrep* prep);
 void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& pool,
                         const Tensor& block_tables, const Tensor& row_seq, const Tensor& bounds,
                         float softmax_scale, Tensor& logits, const ops::IndexerQueryPrep* prep);

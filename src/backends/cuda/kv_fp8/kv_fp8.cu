@@ -78,6 +78,48 @@ __device__ int rotate_in_smem(float* xs, int d, float hscale, float* red) {
   return ue8m0_exponent(amax);
 }
 
+// xs: [d] in shared memory, loaded by the caller (not yet synchronised). LayerNorm in place with
+// layer_norm_kernel's arithmetic for the same row: the same values summed per thread in the same
+// order (its float4 path: thread t holds values 4t..4t+3; else value t), the same block tree (the
+// extra warps here add zeros, which leave the sums' bits alone), the same rounding steps.
+__device__ void layer_norm_in_smem(float* xs, int d, const RotateQuantParams& p, float* red) {
+  __syncthreads();
+  const int t = threadIdx.x, per = p.norm_vec4 ? 4 : 1;
+  const bool mine = t * per < d;
+  float s = 0.0f;
+  if (mine)
+    for (int e = 0; e < per; ++e) s = __fadd_rn(s, xs[t * per + e]);
+  const float mean = __fdiv_rn(block_sum(s, red), float(d));
+  float v = 0.0f;
+  if (mine)
+    for (int e = 0; e < per; ++e) {
+      const float c = __fsub_rn(xs[t * per + e], mean);
+      v = __fadd_rn(v, __fmul_rn(c, c));
+    }
+  const float var = __fdiv_rn(block_sum(v, red), float(d));
+  const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, p.eps)));
+  if (mine)
+    for (int e = 0; e < per; ++e) {
+      const int c = t * per + e;
+      xs[c] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(xs[c], mean), inv), p.norm_weight[c]), p.norm_bias[c]);
+    }
+}
+
+// RoPE of xs[0, 2 * rope_half) in place at position `pos`, rope_kernel's arithmetic; a thread owns
+// its pairs.
+__device__ void rope_in_smem(float* xs, float pos, const RotateQuantParams& p) {
+  __syncthreads();
+  for (int j = threadIdx.x; j < p.rope_half; j += blockDim.x) {
+    const int a = p.interleaved ? 2 * j : j, b = p.interleaved ? 2 * j + 1 : j + p.rope_half;
+    const float angle = __fmul_rn(pos, p.inv_freq[j]);
+    const float cs = __fmul_rn(float(cos(double(angle))), p.attention_factor);
+    const float sn = __fmul_rn(float(sin(double(angle))), p.attention_factor);
+    const float x1 = xs[a], x2 = xs[b];
+    xs[a] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+    xs[b] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+  }
+}
+
 __global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantParams p) {
   pdl_enter();
   __shared__ float xs[128];
@@ -95,19 +137,8 @@ __global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantPar
       if (slot < 0) continue;
     }
     for (int c = threadIdx.x; c < d; c += blockDim.x) xs[c] = p.x[i * p.x_stride + c];
-    if (p.positions != nullptr) {  // rope_kernel's arithmetic; a thread owns its pairs
-      __syncthreads();
-      const float pos = float(p.positions[i / p.heads]);
-      for (int j = threadIdx.x; j < p.rope_half; j += blockDim.x) {
-        const int a = p.interleaved ? 2 * j : j, b = p.interleaved ? 2 * j + 1 : j + p.rope_half;
-        const float angle = __fmul_rn(pos, p.inv_freq[j]);
-        const float cs = __fmul_rn(float(cos(double(angle))), p.attention_factor);
-        const float sn = __fmul_rn(float(sin(double(angle))), p.attention_factor);
-        const float x1 = xs[a], x2 = xs[b];
-        xs[a] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-        xs[b] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
-      }
-    }
+    if (p.norm_weight != nullptr) layer_norm_in_smem(xs, d, p, red);
+    if (p.positions != nullptr) rope_in_smem(xs, float(p.positions[i / p.heads]), p);
     const int e = rotate_in_smem(xs, d, p.hadamard_scale, red);
     const float inv = pow2f(-e);  // exact: x * inv is x / scale
     if (p.pool != nullptr) {
@@ -544,7 +575,21 @@ void launch_sparse_mla_fp8(const SparseMlaFp8Params& p, cudaStream_t s) {
 
 // ---- ops (shapes, dtypes and devices were checked by ops/kv_fp8.cpp) ----
 
-void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool) {
+namespace {
+
+void set_rope(RotateQuantParams& p, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
+              RopeStyle style, int heads) {
+  p.positions = positions.i32();
+  p.inv_freq = inv_freq.f32();
+  p.rope_half = int(inv_freq.dim(0));
+  p.heads = heads;
+  p.interleaved = style == RopeStyle::kInterleaved;
+  p.attention_factor = attention_factor;
+}
+
+}  // namespace
+
+void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& pool, const ops::IndexerKeyPrep* prep) {
   const int64_t m = keys.dim(0), d = keys.dim(1);
   if (m == 0) return;
   DeviceGuard guard(keys.device());
@@ -560,6 +605,15 @@ void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& poo
   p.pool = static_cast<uint8_t*>(pool.raw());
   p.n_pages = pool.dim(0);
   p.bad = bad.ptr();
+  if (prep != nullptr) {  // LayerNorm and RoPE inside the rotation (bitwise the ops first)
+    p.norm_weight = prep->norm_weight.f32();
+    p.norm_bias = prep->norm_bias.f32();
+    p.eps = prep->eps;
+    // The path ops::layer_norm(keys, w, b, eps, keys) takes (norm.cu: vectorizable()).
+    const auto a16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    p.norm_vec4 = d % 4 == 0 && keys.stride(0) % 4 == 0 && a16(p.x) && a16(p.norm_weight) && a16(p.norm_bias);
+    set_rope(p, prep->positions, prep->inv_freq, prep->attention_factor, prep->style, 1);
+  }
   launch_rotate_quant(p, stream());
   const unsigned long long first = bad.read();
   if (first != ErrorFlag::kNone)
@@ -597,12 +651,7 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   rq.weights_scale = 1.0f;
   if (prep != nullptr) {  // RoPE and the weights' scale inside the rotation (bitwise the ops first)
     rq.weights_scale = prep->weights_scale;
-    rq.positions = prep->positions.i32();
-    rq.inv_freq = prep->inv_freq.f32();
-    rq.rope_half = int(prep->inv_freq.dim(0));
-    rq.heads = int(heads);
-    rq.interleaved = prep->style == RopeStyle::kInterleaved;
-    rq.attention_factor = prep->attention_factor;
+    set_rope(rq, prep->positions, prep->inv_freq, prep->attention_factor, prep->style, int(heads));
   }
   launch_rotate_quant(rq, stream());
   IndexerLogitsFp8Params p{};

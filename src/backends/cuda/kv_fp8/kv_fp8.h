@@ -24,6 +24,13 @@ struct RotateQuantParams {
   uint8_t* pool;           // [n_pages, 64 * (d + 4)]: 64 x d e4m3, then 64 x f32 scales
   int64_t n_pages;
   unsigned long long* bad;  // lowered to the first vector whose slot is outside the pool
+  // store mode, optional (norm_weight != null): LayerNorm of each vector first, layer_norm_kernel's
+  // arithmetic for the same input (norm_vec4: its float4 path, one float4 per thread; else one value
+  // per thread), then the RoPE below
+  const float* norm_weight;  // [d]
+  const float* norm_bias;    // [d]
+  float eps;
+  bool norm_vec4;
   // query mode
   const float* weights;    // [n] head weights (already carrying H^-1/2)
   float softmax_scale;
@@ -31,9 +38,9 @@ struct RotateQuantParams {
   uint8_t* q8_bytes;       // [n, d] the same values as e4m3 bytes, or null
   float* wq;               // [n] ((weights * weights_scale) * q_scale) * softmax_scale
   float weights_scale;     // 1: the weights as given
-  // query mode, optional (positions != null): RoPE of each vector's dims [0, 2 * rope_half) at its
-  // row's position before the rotation, rope_kernel's arithmetic (vector i: head i % heads of row
-  // i / heads)
+  // optional (positions != null): RoPE of each vector's dims [0, 2 * rope_half) at its row's
+  // position before the rotation, rope_kernel's arithmetic (vector i: head i % heads of row
+  // i / heads; keys: heads = 1)
   const int32_t* positions;  // [n / heads]
   const float* inv_freq;     // [rope_half]
   int rope_half, heads;
