@@ -76,7 +76,7 @@ void indexer_keys_store_fp8(const Tensor& keys, const Tensor& slots, Tensor& poo
                             const IndexerKeyPrep* prep = nullptr);
 
 // Indexer logits over the paged fp8 key cache. q: [rows, H, d] f32 contiguous (rotated and quantised
-// per head inside, same rule as the keys); weights: [rows, H] f32, already carrying H^-1/2;
+// per head inside, same rule as the keys); weights: [rows, H] f32, already carrying H^-1/2 (or see prep);
 // pool as above; block_tables, row_seq, bounds as in the header comment; logits: [rows, n_keys] f32
 // contiguous, n_keys >= every bound; entries at or past a row's bound are -inf. For s < bound:
 //   logit[r, s] = k_scale_s * sum_j w'[r, j] * relu(q8[r, j] . k8[s]),

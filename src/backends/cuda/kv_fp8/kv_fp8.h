@@ -32,7 +32,7 @@ struct RotateQuantParams {
   float eps;
   bool norm_vec4;
   // query mode
-  const float* weights;    // [n] head weights (already carrying H^-1/2)
+  const float* weights;    // [n] head weights (carrying H^-1/2, or times weights_scale below)
   float softmax_scale;
   float* q8;               // [n, d] e4m3 values as f32 (exact), or null
   uint8_t* q8_bytes;       // [n, d] the same values as e4m3 bytes, or null
