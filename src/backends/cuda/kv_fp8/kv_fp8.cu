@@ -648,7 +648,6 @@ void indexer_logits_fp8(const Tensor& q, const Tensor& weights, const Tensor& po
   rq.q8 = mma ? nullptr : q8.as<float>();
   rq.q8_bytes = mma ? q8.as<uint8_t>() : nullptr;
   rq.wq = wq.as<float>();
-  rq.weights_scale = 1.0f;
   if (prep != nullptr) {  // RoPE and the weights' scale inside the rotation (bitwise the ops first)
     rq.weights_scale = prep->weights_scale;
     set_rope(rq, prep->positions, prep->inv_freq, prep->attention_factor, prep->style, int(heads));

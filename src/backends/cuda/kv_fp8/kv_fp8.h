@@ -37,7 +37,7 @@ struct RotateQuantParams {
   float* q8;               // [n, d] e4m3 values as f32 (exact), or null
   uint8_t* q8_bytes;       // [n, d] the same values as e4m3 bytes, or null
   float* wq;               // [n] ((weights * weights_scale) * q_scale) * softmax_scale
-  float weights_scale;     // 1: the weights as given
+  float weights_scale = 1.0f;  // 1: the weights as given
   // optional (positions != null): RoPE of each vector's dims [0, 2 * rope_half) at its row's
   // position before the rotation, rope_kernel's arithmetic (vector i: head i % heads of row
   // i / heads; keys: heads = 1)
