@@ -36,6 +36,7 @@
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
 #include "backends/cuda/topk/topk.h"
 #include "ops/kv_fp8.h"
+#include "ops/rope.h"
 #include "bench_util.h"
 
 namespace {
@@ -98,7 +99,8 @@ __global__ void fill_indexer_pool(uint8_t* pool, int64_t n_pages, int d, uint32_
 
 // n_seqs sequences of n_keys keys each, rows_per_seq rows per sequence (bounds n_keys - rows + 1 ..
 // n_keys, as MTP verification rows). In CUDA graphs over rotating copies of the key pool (together
-// more than 2 x L2): q rotation + logits on the CUDA cores (the previous kernel), q rotation + logits
+// more than 2 x L2): the q rotation alone (also with the RoPE and the weights' scale a layer folds
+// into it), q rotation + logits on the CUDA cores (the previous kernel), q rotation + logits
 // on the tensor cores (sm90_indexer_logits.cu), that kernel alone (launches back to back, as in a
 // step: each one's start overlaps the previous one's end), the top-2048 radix select of the logits (L2-resident,
 // as right after the logits kernel), and rotation + tensor-core logits + top-2048 back to back.
@@ -172,6 +174,21 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
   tk.n = n_keys;
   tk.k = k;
   const double t_rot = time_graph(1, reps, [&](int, cudaStream_t st) { dsi::cuda::launch_rotate_quant(rq, st); });
+  // As a layer calls it (ops::IndexerQueryPrep): RoPE of each head's first 64 dims and the weights'
+  // H^-1/2 inside the rotation.
+  const dsi::ops::RopeFreqs freqs = dsi::ops::compute_rope_freqs(dsi::RopeConfig{}, 64);
+  std::vector<int32_t> positions(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) positions[size_t(r)] = int32_t(n_keys - rows + r);
+  dsi::cuda::RotateQuantParams rq_prep = rq;
+  rq_prep.positions = upload(positions);
+  rq_prep.inv_freq = upload(freqs.inv_freq);
+  rq_prep.rope_half = int(freqs.inv_freq.size());
+  rq_prep.heads = heads;
+  rq_prep.interleaved = true;
+  rq_prep.attention_factor = freqs.attention_factor;
+  rq_prep.weights_scale = 1.0f / std::sqrt(float(heads));
+  const double t_rot_prep =
+      time_graph(1, reps, [&](int, cudaStream_t st) { dsi::cuda::launch_rotate_quant(rq_prep, st); });
   const double t_old = time_graph(copies, reps, [&](int c, cudaStream_t st) {
     dsi::cuda::launch_rotate_quant(rq, st);
     dsi::cuda::launch_indexer_logits_fp8(params(c), st);
@@ -195,6 +212,7 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
   char tag[96];
   std::snprintf(tag, sizeof(tag), "keys=%lld heads=%d rows=%dx%d", (long long)n_keys, heads, n_seqs, rows_per_seq);
   report(std::string("q rotation + quantisation alone ") + tag, t_rot, q_bytes * 2);
+  report(std::string("  with RoPE and the weights' scale inside ") + tag, t_rot_prep, q_bytes * 2);
   report(std::string("indexer logits, CUDA cores (before) ") + tag, t_old, key_bytes + q_bytes + logit_bytes);
   report(std::string("indexer logits, tensor cores ") + tag, t_mma, key_bytes + q_bytes + logit_bytes);
   report(std::string("  the logits kernel alone ") + tag, t_mma_only, key_bytes + q_bytes + logit_bytes);
@@ -206,7 +224,8 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
   std::snprintf(tname, sizeof(tname), "indexer keys=%lld rows=%dx%d", (long long)n_keys, n_seqs, rows_per_seq);
   report_torch(tname, t_both);
   for (void* ptr : {(void*)pool, (void*)dtable, (void*)q, (void*)w, (void*)q8, (void*)q8b, (void*)wq, (void*)logits,
-                    (void*)idx, (void*)bad, (void*)base.row_seq, (void*)base.bounds})
+                    (void*)idx, (void*)bad, (void*)base.row_seq, (void*)base.bounds, (void*)rq_prep.positions,
+                    (void*)rq_prep.inv_freq})
     DSI_CUDA_CHECK(cudaFree(ptr));
 }
 
