@@ -15,8 +15,8 @@
 // all of them do, so the MMAs and the epilogue start late and run after the copies instead of
 // under them. One page ahead per block keeps the HBM busy and the pages landing in order, and the
 // smaller ring lets more blocks share an SM: one row at 128K keys 11.6 -> 8.4 us, 4 x 4 rows 81.4
-// -> 65.0 us (bench_kv_fp8 --only-indexer, the kernel alone). On the old ring, 1, 2 and 4 pages
-// ahead gave 10.1, 10.5 and 11.2 us; on this one, at most 3 or 5 blocks per SM 9.4 and 9.1 us.
+// -> 65.0 us (bench_kv_fp8 --only-indexer, the kernel alone). On the old ring, 1, 2 and 3 pages
+// ahead gave 9.9, 10.5 and 11.2 us; on this one, at most 3 or 5 blocks per SM 9.4 and 9.1 us.
 //
 // Per page the MMA is D[key, head] = K Q^T, M = the page's 64 keys, N = the group's query chunks
 // (32 or 64 heads of one row each, up to 4 chunks: N <= 256; the queries sit in shared memory for
