@@ -214,6 +214,18 @@ __device__ __forceinline__ float silu_mul_f(float g, float u) {
 }
 __device__ __forceinline__ float log_f(float x) { return float(log(double(x))); }
 
+// RoPE of one pair (x1, x2) at angle pos * inv_freq, as the CPU reference rotates it: cos / sin
+// taken in double and rounded once (glibc's cosf / sinf are within 0.56 ulp, the CUDA fp32 ones
+// 2 ulp), both times attention_factor, then the rotation with _rn steps in the reference's order.
+__device__ __forceinline__ void rope_pair(float x1, float x2, float pos, float inv_freq, float attention_factor,
+                                          float& o1, float& o2) {
+  const float angle = __fmul_rn(pos, inv_freq);
+  const float cs = __fmul_rn(float(cos(double(angle))), attention_factor);
+  const float sn = __fmul_rn(float(sin(double(angle))), attention_factor);
+  o1 = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+  o2 = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;

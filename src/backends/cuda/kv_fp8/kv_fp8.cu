@@ -111,12 +111,8 @@ __device__ void rope_in_smem(float* xs, float pos, const RotateQuantParams& p) {
   __syncthreads();
   for (int j = threadIdx.x; j < p.rope_half; j += blockDim.x) {
     const int a = p.interleaved ? 2 * j : j, b = p.interleaved ? 2 * j + 1 : j + p.rope_half;
-    const float angle = __fmul_rn(pos, p.inv_freq[j]);
-    const float cs = __fmul_rn(float(cos(double(angle))), p.attention_factor);
-    const float sn = __fmul_rn(float(sin(double(angle))), p.attention_factor);
     const float x1 = xs[a], x2 = xs[b];
-    xs[a] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-    xs[b] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+    rope_pair(x1, x2, pos, p.inv_freq[j], p.attention_factor, xs[a], xs[b]);
   }
 }
 
@@ -273,12 +269,8 @@ __global__ void __launch_bounds__(kMsThreads) mla_store_fp8_kernel(MlaStoreFp8Pa
       if (t < kRope / 2) {
         const int j = t;
         const int a = p.interleaved ? 2 * j : j, b = p.interleaved ? 2 * j + 1 : j + kRope / 2;
-        const float x1 = x[kLora + a], x2 = x[kLora + b];
-        const float angle = __fmul_rn(float(p.positions[i]), p.inv_freq[j]);
-        const float cs = __fmul_rn(float(cos(double(angle))), p.attention_factor);
-        const float sn = __fmul_rn(float(sin(double(angle))), p.attention_factor);
-        rot[a] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-        rot[b] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+        rope_pair(x[kLora + a], x[kLora + b], float(p.positions[i]), p.inv_freq[j], p.attention_factor, rot[a],
+                  rot[b]);
       }
       __syncthreads();
       if (t < kRope / 2) {

@@ -15,16 +15,11 @@ __global__ void rope_kernel(RopeParams p) {
     const int64_t i = t % p.half;
     const int64_t h = (t / p.half) % p.heads;
     const int64_t r = t / (p.half * p.heads);
-    const float angle = __fmul_rn(float(p.positions[r]), p.inv_freq[i]);
-    const float cs = __fmul_rn(float(cos(double(angle))), p.attention_factor);
-    const float sn = __fmul_rn(float(sin(double(angle))), p.attention_factor);
     const float* v = p.x + r * p.x_s0 + h * p.x_s1 + p.offset;
     float* o = p.out + r * p.o_s0 + h * p.o_s1;
     const int64_t a = p.interleaved ? 2 * i : i;
     const int64_t b = p.interleaved ? 2 * i + 1 : i + p.half;
-    const float x1 = v[a], x2 = v[b];
-    o[a] = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-    o[b] = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+    rope_pair(v[a], v[b], float(p.positions[r]), p.inv_freq[i], p.attention_factor, o[a], o[b]);
   }
 }
 
