@@ -430,18 +430,20 @@ void launch_t(const GemvParams& p, cudaStream_t s) {
   }
 }
 
+// Launches the vector kernel, or (blocks_per_sm non-null) only says how many of its blocks one SM
+// holds at once (the occupancy calculator on the instantiation the launch would take).
 template <FloatKind K, int N, int R, bool kSwiglu = false>
-void launch_vec(const GemvParams& p, const GemvPlan& plan, dim3 grid, cudaStream_t s) {
-  if (plan.pipelined) {
-    constexpr size_t smem = pipe_smem_bytes<R>();
-    // Per call: cheap, per device, allowed during stream capture.
-    DSI_CUDA_CHECK(cudaFuncSetAttribute(gemv_vec_kernel<K, N, R, true, kSwiglu>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch(gemv_vec_kernel<K, N, R, true, kSwiglu>, grid, kThreads, smem, s, p, plan.k_split, plan.prefetch,
-           plan.row_groups_per_warp);
-  } else {
-    launch(gemv_vec_kernel<K, N, R, false, kSwiglu>, grid, kThreads, 0, s, p, plan.k_split, plan.prefetch, 1);
+void launch_vec(const GemvParams& p, const GemvPlan& plan, dim3 grid, cudaStream_t s, int* blocks_per_sm) {
+  const auto kernel = plan.pipelined ? gemv_vec_kernel<K, N, R, true, kSwiglu> : gemv_vec_kernel<K, N, R, false, kSwiglu>;
+  const size_t smem = plan.pipelined ? pipe_smem_bytes<R>() : 0;
+  // Per call: cheap, per device, allowed during stream capture.
+  if (plan.pipelined)
+    DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  if (blocks_per_sm != nullptr) {
+    DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kThreads, smem));
+    return;
   }
+  launch(kernel, grid, kThreads, smem, s, p, plan.k_split, plan.prefetch, plan.pipelined ? plan.row_groups_per_warp : 1);
 }
 
 // Output rows of one warp's row group: rows_per_warp, half of them with swiglu.
@@ -450,36 +452,55 @@ int64_t outputs_per_row_group(const GemvParams& p, int rows_per_warp) {
 }
 
 template <FloatKind K, int N>
-void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
+void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s, int* blocks_per_sm) {
   const int64_t rows_per_block =
       outputs_per_row_group(p, plan.rows_per_warp) * (kWarps / plan.k_split) * plan.row_groups_per_warp;
   const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
   if constexpr (N == 1) {
     if (p.swiglu) {  // rows_per_warp 2 or 4 (launch_gemv)
-      if (plan.rows_per_warp == 2) launch_vec<K, 1, 2, true>(p, plan, grid, s);
-      else launch_vec<K, 1, 4, true>(p, plan, grid, s);
+      if (plan.rows_per_warp == 2) launch_vec<K, 1, 2, true>(p, plan, grid, s, blocks_per_sm);
+      else launch_vec<K, 1, 4, true>(p, plan, grid, s, blocks_per_sm);
       return;
     }
   }
   switch (plan.rows_per_warp) {
-    case 1: launch_vec<K, N, 1>(p, plan, grid, s); break;
-    case 2: launch_vec<K, N, 2>(p, plan, grid, s); break;
-    default: launch_vec<K, N, 4>(p, plan, grid, s); break;
+    case 1: launch_vec<K, N, 1>(p, plan, grid, s, blocks_per_sm); break;
+    case 2: launch_vec<K, N, 2>(p, plan, grid, s, blocks_per_sm); break;
+    default: launch_vec<K, N, 4>(p, plan, grid, s, blocks_per_sm); break;
   }
 }
 
 template <int N>
-void launch_n(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
+void launch_n(const GemvParams& p, const GemvPlan& plan, cudaStream_t s, int* blocks_per_sm) {
   if (!plan.vec) {
+    if (blocks_per_sm != nullptr) {
+      DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, gemv_any_kernel<N>, kThreads, 0));
+      return;
+    }
     const dim3 grid(unsigned((p.out + kWarps - 1) / kWarps), unsigned(p.n_groups));
     launch(gemv_any_kernel<N>, grid, kThreads, 0, s, p);
     return;
   }
   switch (p.kind) {
-    case FloatKind::kF32: launch_vec_r<FloatKind::kF32, N>(p, plan, s); break;
-    case FloatKind::kBF16: launch_vec_r<FloatKind::kBF16, N>(p, plan, s); break;
-    case FloatKind::kF16: launch_vec_r<FloatKind::kF16, N>(p, plan, s); break;
-    default: launch_vec_r<FloatKind::kE4M3, N>(p, plan, s); break;
+    case FloatKind::kF32: launch_vec_r<FloatKind::kF32, N>(p, plan, s, blocks_per_sm); break;
+    case FloatKind::kBF16: launch_vec_r<FloatKind::kBF16, N>(p, plan, s, blocks_per_sm); break;
+    case FloatKind::kF16: launch_vec_r<FloatKind::kF16, N>(p, plan, s, blocks_per_sm); break;
+    default: launch_vec_r<FloatKind::kE4M3, N>(p, plan, s, blocks_per_sm); break;
+  }
+}
+
+// Runs plan's FMA kernel (not the tensor-core one) for p.n rows, or (blocks_per_sm non-null) only
+// says how many of its blocks one SM holds at once.
+void run_fma(const GemvParams& p, const GemvPlan& plan, cudaStream_t s, int* blocks_per_sm) {
+  switch (p.n) {
+    case 1: launch_n<1>(p, plan, s, blocks_per_sm); break;
+    case 2: launch_n<2>(p, plan, s, blocks_per_sm); break;
+    case 3: launch_n<3>(p, plan, s, blocks_per_sm); break;
+    case 4: launch_n<4>(p, plan, s, blocks_per_sm); break;
+    case 5: launch_n<5>(p, plan, s, blocks_per_sm); break;
+    case 6: launch_n<6>(p, plan, s, blocks_per_sm); break;
+    case 7: launch_n<7>(p, plan, s, blocks_per_sm); break;
+    default: launch_n<8>(p, plan, s, blocks_per_sm); break;
   }
 }
 
@@ -733,6 +754,26 @@ int64_t gemv_prefetch_budget() {
   return budget;
 }
 
+namespace {
+// Blocks of plan's vector kernel one SM of the current device holds at once: asked of the occupancy
+// calculator once per device and instantiation (kind, rows of x, rows per warp, ring, swiglu).
+int vec_blocks_per_sm(const GemvParams& p, const GemvPlan& plan) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cache[kDevices][4][kGemvMaxRows][3][2][2];  // 0: not asked yet
+  int dev = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  const int r = plan.rows_per_warp == 4 ? 2 : plan.rows_per_warp - 1;
+  std::atomic<int>* slot = dev < kDevices ? &cache[dev][int(p.kind)][p.n - 1][r][plan.pipelined][p.swiglu] : nullptr;
+  if (slot != nullptr)
+    if (const int b = slot->load(std::memory_order_relaxed); b > 0) return b;
+  int b = 0;
+  run_fma(p, plan, nullptr, &b);
+  b = std::max(b, 1);
+  if (slot != nullptr) slot->store(b, std::memory_order_relaxed);
+  return b;
+}
+}  // namespace
+
 GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // The tensor-core kernel for 3..8 rows, and for 2 rows on products of >= 4096 rows (measured,
   // bench_linear --gemv-only, one H200, us FMA -> tensor cores: o_proj 2 rows 39.5 -> 35.1, 4 rows
@@ -790,8 +831,37 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
     // 4.3 TB/s; o_proj, 8 stretches over 4 warps, 76.0% -> 68.6%; q_b and the experts' down rows,
     // 4 stretches, 65.4% -> 48.7% and 61.3% -> 55.2%): with fewer, its start-up and the lower
     // occupancy that its shared memory allows cost more than the steadier stream gains.
-    const int64_t stretches = (row_bytes / 16 + 32 * plan.k_split - 1) / (32 * plan.k_split);
-    plan.pipelined = gemv_pipelined_default() && stretches >= kGemvPipeMinStretches;
+    auto ring_pays = [&](int k_split) {
+      const int64_t stretches = (row_bytes / 16 + 32 * k_split - 1) / (32 * k_split);
+      return gemv_pipelined_default() && stretches >= kGemvPipeMinStretches;
+    };
+    plan.pipelined = ring_pays(plan.k_split);
+    // One wave: where some split, with the register kernel or (rows long enough) the ring kernel,
+    // has all its blocks resident at once, take the one with the most warps (ties: the register
+    // kernel). The rule above ignores how many blocks an SM holds (two of the 125-register kernel,
+    // three of the ring kernel), so a product can end in a partial second wave. Measured,
+    // bench_linear --gemv-only --sweep, one H200, one fp8 row: GLM-5's o_proj [6144, 16384]
+    // 4 warps per row group on registers (768 blocks) 30.5 us, the sweep's best 2 through the ring
+    // (384 blocks) 28.8 us; DeepSeek-V3.2's [7168, 16384] 39.0 us, best 1 on registers (224
+    // blocks) 34.9 us. Where no split fits (q_b: 512 blocks even with 1), the rule above stands.
+    if (!small) {
+      int64_t best_warps = 0;
+      GemvPlan best = plan;
+      for (int k = 1; k <= kWarps && (k == 1 || row_bytes / k >= 2048); k *= 2) {
+        for (const bool ring : {false, true}) {
+          if (ring && !ring_pays(k)) continue;
+          GemvPlan c = plan;
+          c.k_split = k;
+          c.pipelined = ring;
+          const int64_t blocks = (group_rgs + kWarps / k - 1) / (kWarps / k) * p.n_groups;
+          if (blocks <= int64_t(num_sms) * vec_blocks_per_sm(p, c) && blocks * kWarps > best_warps) {
+            best_warps = blocks * kWarps;
+            best = c;
+          }
+        }
+      }
+      if (best_warps > 0) plan = best;
+    }
   }
   // L2 prefetch before the dependency wait: an equal share of the budget per block, all of a small
   // product. Grouped products cannot (their pointers are data).
@@ -829,16 +899,7 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
     g_tensor_core_launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  switch (p.n) {
-    case 1: launch_n<1>(p, plan, stream); break;
-    case 2: launch_n<2>(p, plan, stream); break;
-    case 3: launch_n<3>(p, plan, stream); break;
-    case 4: launch_n<4>(p, plan, stream); break;
-    case 5: launch_n<5>(p, plan, stream); break;
-    case 6: launch_n<6>(p, plan, stream); break;
-    case 7: launch_n<7>(p, plan, stream); break;
-    default: launch_n<8>(p, plan, stream); break;
-  }
+  run_fma(p, plan, stream, nullptr);
 }
 
 bool gemv_t_ok(const GemvParams& p) {
