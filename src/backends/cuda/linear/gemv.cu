@@ -840,10 +840,11 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
     // has all its blocks resident at once, take the one with the most warps (ties: the register
     // kernel). The rule above ignores how many blocks an SM holds (two of the 125-register kernel,
     // three of the ring kernel), so a product can end in a partial second wave. Measured,
-    // bench_linear --gemv-only --sweep, one H200, one fp8 row: GLM-5's o_proj [6144, 16384]
-    // 4 warps per row group on registers (768 blocks) 30.5 us, the sweep's best 2 through the ring
-    // (384 blocks) 28.8 us; DeepSeek-V3.2's [7168, 16384] 39.0 us, best 1 on registers (224
-    // blocks) 34.9 us. Where no split fits (q_b: 512 blocks even with 1), the rule above stands.
+    // bench_linear --gemv-only, one H200, one fp8 row, the rule above -> this one: GLM-5's o_proj
+    // [6144, 16384] 4 warps per row group on registers (768 blocks) 30.8 us -> 2 through the ring
+    // (384 blocks) 30.2 us; DeepSeek-V3.2's [7168, 16384] 39.1 us -> 1 on registers (224 blocks)
+    // 34.8 us, the --sweep's best plan for both. Where no split fits (q_b: 512 blocks even with 1),
+    // the rule above stands; no other decode product changed plan.
     if (!small) {
       int64_t best_warps = 0;
       GemvPlan best = plan;
