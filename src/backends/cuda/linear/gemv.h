@@ -95,6 +95,13 @@ constexpr int kGemvStreamBlocksPerSm = 3;
 // that never split a 16-element chunk.
 bool gemv_vector_ok(const GemvParams& p);
 GemvPlan gemv_plan(const GemvParams& p, int num_sms);
+// Blocks of plan's FMA kernel (the vector or the element-wise one) that one SM of the current
+// device holds at once (the occupancy calculator).
+int gemv_fma_blocks_per_sm(const GemvParams& p, const GemvPlan& plan);
+// Output rows of one warp's row group: rows_per_warp, half of them with swiglu.
+inline int64_t gemv_outputs_per_row_group(const GemvParams& p, int rows_per_warp) {
+  return p.swiglu ? rows_per_warp / 2 : rows_per_warp;
+}
 // The tensor-core kernel for 2..kGemvMaxRows rows of x (see gemv.cu): fp8 weights with 128-column
 // scale blocks, a 128-aligned column slice, rows of whole blocks, ungrouped (strided batch
 // allowed), vector-aligned operands. gemv_plan picks it only when gemv_tensor_cores() (cuda_ops.h)
