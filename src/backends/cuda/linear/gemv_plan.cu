@@ -13,36 +13,34 @@ namespace dsi::cuda {
 using namespace gemv_chunk;
 
 namespace {
-std::atomic<int> g_tensor_cores{-1};  // -1: not yet read from the environment
+// A switch that the set_* call or, until then, the environment (read once, by `read`) decides;
+// -1: not yet read.
+template <typename Read>
+int switch_value(std::atomic<int>& v, Read read) {
+  int x = v.load(std::memory_order_relaxed);
+  if (x < 0) {
+    int expected = -1;
+    v.compare_exchange_strong(expected, read());
+    x = v.load();
+  }
+  return x;
+}
+
+std::atomic<int> g_tensor_cores{-1};
+std::atomic<int> g_row_groups_per_warp{-1};
 }  // namespace
 
 bool gemv_tensor_cores() {
-  int on = g_tensor_cores.load(std::memory_order_relaxed);
-  if (on < 0) {
-    on = env_switched_off("DSI_GEMV_MMA") ? 0 : 1;
-    int expected = -1;
-    g_tensor_cores.compare_exchange_strong(expected, on);
-    on = g_tensor_cores.load();
-  }
-  return on == 1;
+  return switch_value(g_tensor_cores, [] { return env_switched_off("DSI_GEMV_MMA") ? 0 : 1; }) == 1;
 }
 
 void set_gemv_tensor_cores(bool on) { g_tensor_cores.store(on ? 1 : 0); }
 
-namespace {
-std::atomic<int> g_row_groups_per_warp{-1};  // -1: not yet read from the environment
-}  // namespace
-
 int gemv_row_groups_per_warp() {
-  int n = g_row_groups_per_warp.load(std::memory_order_relaxed);
-  if (n < 0) {
+  return switch_value(g_row_groups_per_warp, [] {
     const char* env = std::getenv("DSI_GEMV_ROW_GROUPS");
-    n = env != nullptr ? std::max(0, std::atoi(env)) : 0;
-    int expected = -1;
-    g_row_groups_per_warp.compare_exchange_strong(expected, n);
-    n = g_row_groups_per_warp.load();
-  }
-  return n;
+    return env != nullptr ? std::max(0, std::atoi(env)) : 0;
+  });
 }
 
 void set_gemv_row_groups_per_warp(int n) { g_row_groups_per_warp.store(std::max(0, n)); }
