@@ -198,14 +198,19 @@ void bench_grouped(const char* model, int64_t hidden, int64_t inter, int sms, in
       };
       const dsi::cuda::GemvSegPlan plan = dsi::cuda::gemv_seg_plan();
       us = run_plan(plan);
-      extra = "segment sum ks" + std::to_string(plan.k_split) + " u" + std::to_string(plan.unroll);
+      auto name = [](const dsi::cuda::GemvSegPlan& pl) {
+        return "ks" + std::to_string(pl.k_split) + (pl.depth == 3 ? " ring" : " d" + std::to_string(pl.depth)) +
+               " r" + std::to_string(pl.rows);
+      };
+      extra = "segment sum " + name(plan);
       if (sweep)
-        for (int ks : {1, 2, 4, 8})
-          for (int u : {2, 4}) {
-            char buf[64];
-            std::snprintf(buf, sizeof buf, "; ks%d u%d %.2f", ks, u, run_plan({ks, u}));
-            extra += buf;
-          }
+        for (int rows : {4, 2})
+          for (int depth : {2, 3, 4})
+            for (int ks : {1, 2, 4, 8}) {
+              char buf[64];
+              std::snprintf(buf, sizeof buf, " %.2f", run_plan({ks, depth, rows}));
+              extra += "; " + name({ks, depth, rows}) + buf;
+            }
     }
     Shape all = sh;
     all.out = sh.out * (proj == 0 ? 2 * kSlots : kSlots);

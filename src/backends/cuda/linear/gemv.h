@@ -144,8 +144,11 @@ struct GemvSegParams {
   int block_out = 128, block_in = 128;  // fp8: power-of-two blocks, block_in >= 16
 };
 struct GemvSegPlan {
-  int k_split = 1;   // warps per row group (1, 2, 4, 8), each taking every k_split-th stretch
-  int unroll = 2;    // 16-byte chunks per lane and row in flight per batch (2 or 4)
+  int k_split = 1;  // warps per row group (1, 2, 4, 8), each taking every k_split-th stretch
+  // 16-byte chunks per lane and row in flight: 2 or 4 through registers (a batch loaded while the
+  // previous one is summed), 3 through a shared-memory ring (cp.async, three rounds ahead).
+  int depth = 2;
+  int rows = 4;  // output rows per warp (2 or 4)
 };
 // True when the segment kernel can run a call of this kind: fp8 blocks that are powers of two with
 // block_in >= 16 (every segment's in a multiple of 16 bytes and 16-byte aligned x and W are the

@@ -6,6 +6,7 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/gemv.h"
 #include "backends/cuda/linear/gemv_chunk.cuh"
+#include "backends/cuda/ptx.cuh"
 
 namespace dsi::cuda {
 
@@ -17,16 +18,21 @@ using namespace gemv_chunk;
 //
 // The reduced dimension of an output row runs through token t's segments in turn (the MoE's down
 // products: 9 x 2048 columns), so adding the experts' outputs costs no pass of its own and the rows
-// are long enough for every warp to keep loads in flight. A warp owns kSegRows output rows and
-// k_split warps share them, each taking every k_split-th stretch of 32 chunks of the concatenated
-// columns; a stretch may run from one segment into the next, so each lane follows its own chunk
-// cursor. Per chunk, the 16 products of a row are summed unscaled and added to the row's
-// accumulator times the segment's scale_inv x coef. Each lane keeps `U` chunks of its rows in flight
-// while it sums the previous batch; the first batch is asked for before the programmatic wait
-// (weights and the segment table are no output of the kernel right before: launch_gemv_seg).
-// Partial sums: a fixed xor-butterfly per warp, then the k_split warps in order (bitwise
-// reproducible).
-constexpr int kSegRows = 4;
+// are long enough for every warp to keep loads in flight. A warp owns R output rows and k_split
+// warps share them, each taking every k_split-th stretch of 32 chunks of the concatenated columns;
+// a stretch may run from one segment into the next, so each lane follows its own chunk cursor. Per
+// chunk, the 16 products of a row are summed unscaled and added to the row's accumulator times the
+// segment's scale_inv x coef. Partial sums: a fixed xor-butterfly per warp, then the k_split warps
+// in order (bitwise reproducible). Two kernels move the weights:
+// - registers (gemv_seg_kernel): each lane keeps `U` chunks of its rows in flight while it sums the
+//   previous batch;
+// - a ring (gemv_seg_ring_kernel): each lane copies its chunks into its warp's shared-memory ring
+//   (cp.async) kSegStages - 1 rounds ahead of the math, as gemv_vec_kernel's ring does; the
+//   registers hold one round, so three blocks fit an SM.
+// Both ask for their first weights before the programmatic wait (weights and the segment table are
+// no output of the kernel right before: launch_gemv_seg).
+constexpr int kSegStages = 4;
+constexpr int kSegRingBlocksPerSm = 3;
 
 struct SegDesc {  // a segment as the kernel keeps it in shared memory
   const uint4* w;
@@ -42,22 +48,11 @@ struct SegCursor {
 };
 static_assert(sizeof(GemvSegment) == 64, "GemvSegment: four 16-byte loads");
 
-template <FloatKind K, int U>
-__global__ void __launch_bounds__(kThreads) gemv_seg_kernel(const GemvSegParams p, const int k_split,
-                                                            const int bo_log2, const int bi_log2) {
-  constexpr int E = elems_per_16b<K>();
-  constexpr int R = kSegRows;
-  constexpr bool kFp8 = K == FloatKind::kE4M3;
-  __shared__ SegDesc sd[kGemvMaxSegments];
-  __shared__ float red[kWarps][R];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int groups = kWarps / k_split, group = warp / k_split, kw = warp % k_split;
-  const int64_t t = blockIdx.y;
-  const int64_t row_base = (int64_t(blockIdx.x) * groups + group) * R;
-  const int n_seg = p.n_seg;
-  if (threadIdx.x < n_seg) {
+// Token t's segments into shared memory (every thread of the block calls it).
+__device__ __forceinline__ void load_segments(const GemvSegParams& p, int64_t t, SegDesc* sd) {
+  if (threadIdx.x < p.n_seg) {
     // Written by an earlier kernel that has completed (launch_gemv_seg): read past the L1.
-    const longlong2* src = reinterpret_cast<const longlong2*>(p.segs + t * n_seg + threadIdx.x);
+    const longlong2* src = reinterpret_cast<const longlong2*>(p.segs + t * p.n_seg + threadIdx.x);
     longlong2 v[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) v[i] = __ldcg(src + i);
@@ -68,25 +63,105 @@ __global__ void __launch_bounds__(kThreads) gemv_seg_kernel(const GemvSegParams 
     d.x = g.x;
     d.scale_inv = g.scale_inv;
     d.coef = g.coef != nullptr ? __ldcg(g.coef) : 1.0f;
-    d.chunks = g.w != nullptr ? int(g.in / E) : 0;
+    d.chunks = g.w != nullptr ? int(g.in * elem_bytes(p.kind) / 16) : 0;
     d.scale_cols = int(g.scale_cols);
     d.row0 = int(g.row0);
     d.col0 = int(g.col0);
     sd[threadIdx.x] = d;
   }
   __syncthreads();
-  int rows[R];  // rows past the end (last block) re-read the last row; not stored
+}
+
+// Moves the cursor `by` chunks on, onto the segment that holds it (skipped segments hold none).
+__device__ __forceinline__ void seg_advance(SegCursor& cur, const SegDesc* sd, int n_seg, int by) {
+  cur.c += by;
+  while (cur.seg < n_seg && cur.c >= sd[cur.seg].chunks) {
+    cur.c -= sd[cur.seg].chunks;
+    ++cur.seg;
+  }
+}
+
+// acc[r] += coef scale_inv (x . W[rows[r]]) over chunk c of segment d.
+template <FloatKind K, int R>
+__device__ __forceinline__ void seg_chunk(const SegDesc& d, int c, const uint4 (&v)[R], const int (&rows)[R],
+                                          int bo_log2, int bi_log2, float (&acc)[R]) {
+  constexpr int E = elems_per_16b<K>();
+  float sc[R];
+  if constexpr (K == FloatKind::kE4M3) {
+    const int col_block = (d.col0 + c * E) >> bi_log2;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      sc[r] = __ldg(d.scale_inv + int64_t((d.row0 + rows[r]) >> bo_log2) * d.scale_cols + col_block) * d.coef;
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) sc[r] = d.coef;
+  }
+  float part[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) part[r] = 0.0f;
+  const float4* xc = reinterpret_cast<const float4*>(d.x + int64_t(c) * E);
+#pragma unroll
+  for (int sub = 0; sub < E / 4; ++sub) {
+    const float4 xv = __ldg(xc + sub);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float f[4];
+      decode4<K>(v[r], sub, f);
+      part[r] = fmaf(xv.x, f[0], part[r]);
+      part[r] = fmaf(xv.y, f[1], part[r]);
+      part[r] = fmaf(xv.z, f[2], part[r]);
+      part[r] = fmaf(xv.w, f[3], part[r]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = fmaf(part[r], sc[r], acc[r]);
+}
+
+// The warp's sums, then the row group's warps in order; stores y[t] (+ add[t]) for rows < out.
+template <int R>
+__device__ __forceinline__ void seg_store(const GemvSegParams& p, float (&acc)[R], int64_t t, int64_t row_base,
+                                          int k_split) {
+  __shared__ float red[kWarps][R];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const float v = warp_sum(acc[r]);
+    if (lane == 0) red[warp][r] = v;
+  }
+  __syncthreads();
+  if (warp % k_split != 0 || lane >= R) return;
+  float v = red[warp][lane];
+  for (int k = 1; k < k_split; ++k) v += red[warp + k][lane];
+  const int64_t row = row_base + lane;
+  if (row >= p.out) return;
+  if (p.add != nullptr) v = __fadd_rn(v, p.add[t * p.ldy + row]);  // the CPU: routed sum, then + shared
+  p.y[t * p.ldy + row] = v;
+}
+
+// This warp's first row and its R rows (rows past the end, last block, re-read the last row; their
+// results are not stored).
+template <int R>
+__device__ __forceinline__ int64_t seg_rows(const GemvSegParams& p, int k_split, int (&rows)[R]) {
+  const int groups = kWarps / k_split, group = (threadIdx.x >> 5) / k_split;
+  const int64_t row_base = (int64_t(blockIdx.x) * groups + group) * R;
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = int(min(row_base + r, p.out - 1));
+  return row_base;
+}
+
+template <FloatKind K, int R, int U>
+__global__ void __launch_bounds__(kThreads) gemv_seg_kernel(const GemvSegParams p, const int k_split,
+                                                            const int bo_log2, const int bi_log2) {
+  __shared__ SegDesc sd[kGemvMaxSegments];
+  const int kw = (threadIdx.x >> 5) % k_split, lane = threadIdx.x & 31;
+  const int64_t t = blockIdx.y;
+  const int n_seg = p.n_seg;
+  load_segments(p, t, sd);
+  int rows[R];
+  const int64_t row_base = seg_rows<R>(p, k_split, rows);
   const int stride = k_split * 32;
   SegCursor cur{0, kw * 32 + lane};
-  auto settle = [&]() {  // onto the segment that holds chunk c (skipped segments hold none)
-    while (cur.seg < n_seg && cur.c >= sd[cur.seg].chunks) {
-      cur.c -= sd[cur.seg].chunks;
-      ++cur.seg;
-    }
-  };
-  settle();
+  seg_advance(cur, sd, n_seg, 0);
   auto load = [&](uint4 (&v)[U][R], SegCursor (&at)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -95,8 +170,7 @@ __global__ void __launch_bounds__(kThreads) gemv_seg_kernel(const GemvSegParams 
         const SegDesc& d = sd[cur.seg];
 #pragma unroll
         for (int r = 0; r < R; ++r) v[u][r] = load_stream(d.w + int64_t(rows[r]) * d.chunks + cur.c);
-        cur.c += stride;
-        settle();
+        seg_advance(cur, sd, n_seg, stride);
       }
     }
   };
@@ -107,36 +181,7 @@ __global__ void __launch_bounds__(kThreads) gemv_seg_kernel(const GemvSegParams 
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (at[u].seg >= n_seg) break;
-      const SegDesc& d = sd[at[u].seg];
-      float sc[R];
-      if constexpr (kFp8) {
-        const int col_block = (d.col0 + at[u].c * E) >> bi_log2;
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-          sc[r] = __ldg(d.scale_inv + int64_t((d.row0 + rows[r]) >> bo_log2) * d.scale_cols + col_block) * d.coef;
-      } else {
-#pragma unroll
-        for (int r = 0; r < R; ++r) sc[r] = d.coef;
-      }
-      float part[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) part[r] = 0.0f;
-      const float4* xc = reinterpret_cast<const float4*>(d.x + int64_t(at[u].c) * E);
-#pragma unroll
-      for (int sub = 0; sub < E / 4; ++sub) {
-        const float4 xv = __ldg(xc + sub);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float f[4];
-          decode4<K>(v[u][r], sub, f);
-          part[r] = fmaf(xv.x, f[0], part[r]);
-          part[r] = fmaf(xv.y, f[1], part[r]);
-          part[r] = fmaf(xv.z, f[2], part[r]);
-          part[r] = fmaf(xv.w, f[3], part[r]);
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < R; ++r) acc[r] = fmaf(part[r], sc[r], acc[r]);
+      seg_chunk<K, R>(sd[at[u].seg], at[u].c, v[u], rows, bo_log2, bi_log2, acc);
     }
   };
   uint4 a[U][R], b[U][R];
@@ -150,31 +195,85 @@ __global__ void __launch_bounds__(kThreads) gemv_seg_kernel(const GemvSegParams 
     load(a, at_a);
     sum(b, at_b);
   }
+  seg_store<R>(p, acc, t, row_base, k_split);
+}
+
+template <int R>
+constexpr size_t seg_ring_smem_bytes() {
+  return size_t(kWarps) * kSegStages * R * 32 * sizeof(uint4);
+}
+
+// Two cursors walk the same chunks: the copy cursor kSegStages - 1 rounds ahead of the sum cursor.
+// A lane reads back only what it copied itself, so no barrier.
+template <FloatKind K, int R>
+__global__ void __launch_bounds__(kThreads, kSegRingBlocksPerSm)
+    gemv_seg_ring_kernel(const GemvSegParams p, const int k_split, const int bo_log2, const int bi_log2) {
+  __shared__ SegDesc sd[kGemvMaxSegments];
+  extern __shared__ uint4 ring[];  // [kWarps][kSegStages][R][32]
+  const int warp = threadIdx.x >> 5, kw = warp % k_split, lane = threadIdx.x & 31;
+  const int64_t t = blockIdx.y;
+  const int n_seg = p.n_seg;
+  load_segments(p, t, sd);
+  int rows[R];
+  const int64_t row_base = seg_rows<R>(p, k_split, rows);
+  const int stride = k_split * 32;
+  uint4* mine = ring + warp * (kSegStages * R * 32) + lane;
+  SegCursor copy{0, kw * 32 + lane};
+  seg_advance(copy, sd, n_seg, 0);
+  SegCursor at = copy;
+  auto queue = [&](int stage) {
+    if (copy.seg < n_seg) {
+      const SegDesc& d = sd[copy.seg];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const float v = warp_sum(acc[r]);
-    if (lane == 0) red[warp][r] = v;
+      for (int r = 0; r < R; ++r) cp_async16(mine + (stage * R + r) * 32, d.w + int64_t(rows[r]) * d.chunks + copy.c);
+      seg_advance(copy, sd, n_seg, stride);
+    }
+    cp_async_commit();  // always a group, so the waits count stages
+  };
+#pragma unroll
+  for (int st = 0; st < kSegStages - 1; ++st) queue(st);
+  pdl_enter();  // x (and add) are outputs of the kernels before
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+  int st = 0;
+  while (at.seg < n_seg) {
+    queue(st == 0 ? kSegStages - 1 : st - 1);  // the stage the previous round read
+    cp_async_wait<kSegStages - 1>();           // this round's stage has landed
+    uint4 v[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) v[r] = mine[(st * R + r) * 32];
+    seg_chunk<K, R>(sd[at.seg], at.c, v, rows, bo_log2, bi_log2, acc);
+    seg_advance(at, sd, n_seg, stride);
+    st = st + 1 == kSegStages ? 0 : st + 1;
   }
-  __syncthreads();
-  if (kw != 0 || lane >= R) return;
-  float v = red[warp][lane];
-  for (int k = 1; k < k_split; ++k) v += red[warp + k][lane];
-  const int64_t row = row_base + lane;
-  if (row >= p.out) return;
-  if (p.add != nullptr) v = __fadd_rn(v, p.add[t * p.ldy + row]);  // the CPU: routed sum, then + shared
-  p.y[t * p.ldy + row] = v;
+  cp_async_wait<0>();
+  seg_store<R>(p, acc, t, row_base, k_split);
+}
+
+template <FloatKind K, int R>
+void launch_seg_r(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t s) {
+  const int64_t rows_per_block = int64_t(R) * (kWarps / plan.k_split);
+  const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n));
+  const int bo = K == FloatKind::kE4M3 ? __builtin_ctz(unsigned(p.block_out)) : 0;
+  const int bi = K == FloatKind::kE4M3 ? __builtin_ctz(unsigned(p.block_in)) : 0;
+  if (plan.depth == kSegStages - 1) {
+    const auto kernel = gemv_seg_ring_kernel<K, R>;
+    const size_t smem = seg_ring_smem_bytes<R>();
+    // Per call: cheap, per device, allowed during stream capture.
+    DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    launch(kernel, grid, kThreads, smem, s, p, plan.k_split, bo, bi);
+  } else if (plan.depth == 4) {
+    launch(gemv_seg_kernel<K, R, 4>, grid, kThreads, 0, s, p, plan.k_split, bo, bi);
+  } else {
+    launch(gemv_seg_kernel<K, R, 2>, grid, kThreads, 0, s, p, plan.k_split, bo, bi);
+  }
 }
 
 template <FloatKind K>
 void launch_seg(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t s) {
-  const int64_t rows_per_block = int64_t(kSegRows) * (kWarps / plan.k_split);
-  const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n));
-  const int bo = K == FloatKind::kE4M3 ? __builtin_ctz(unsigned(p.block_out)) : 0;
-  const int bi = K == FloatKind::kE4M3 ? __builtin_ctz(unsigned(p.block_in)) : 0;
-  if (plan.unroll == 4)
-    launch(gemv_seg_kernel<K, 4>, grid, kThreads, 0, s, p, plan.k_split, bo, bi);
-  else
-    launch(gemv_seg_kernel<K, 2>, grid, kThreads, 0, s, p, plan.k_split, bo, bi);
+  if (plan.rows == 2) launch_seg_r<K, 2>(p, plan, s);
+  else launch_seg_r<K, 4>(p, plan, s);
 }
 
 }  // namespace
@@ -191,12 +290,13 @@ bool gemv_seg_ok(const GemvSegParams& p) {
 }
 
 namespace {
-std::atomic<int> g_seg_k_split{0}, g_seg_unroll{0};  // 0: the plan chooses
+std::atomic<int> g_seg_k_split{0}, g_seg_depth{0}, g_seg_rows{0};  // 0: the plan chooses
 }  // namespace
 
-void set_gemv_seg_plan(int k_split, int unroll) {
+void set_gemv_seg_plan(int k_split, int depth, int rows) {
   g_seg_k_split.store(k_split);
-  g_seg_unroll.store(unroll);
+  g_seg_depth.store(depth);
+  g_seg_rows.store(rows);
 }
 
 GemvSegPlan gemv_seg_plan() {
@@ -207,7 +307,8 @@ GemvSegPlan gemv_seg_plan() {
   // measured shape agreed, so the plan does not depend on the shape.
   GemvSegPlan plan;
   if (const int k = g_seg_k_split.load(); k > 0) plan.k_split = k;
-  if (const int u = g_seg_unroll.load(); u > 0) plan.unroll = u;
+  if (const int d = g_seg_depth.load(); d > 0) plan.depth = d;
+  if (const int r = g_seg_rows.load(); r > 0) plan.rows = r;
   return plan;
 }
 
@@ -216,7 +317,8 @@ void launch_gemv_seg(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream
             p.n_seg, p.out);
   DSI_CHECK(plan.k_split == 1 || plan.k_split == 2 || plan.k_split == 4 || plan.k_split == 8,
             "gemv_seg: k_split {}", plan.k_split);
-  DSI_CHECK(plan.unroll == 2 || plan.unroll == 4, "gemv_seg: unroll {}", plan.unroll);
+  DSI_CHECK(plan.depth >= 2 && plan.depth <= 4, "gemv_seg: depth {}", plan.depth);
+  DSI_CHECK(plan.rows == 2 || plan.rows == 4, "gemv_seg: rows {}", plan.rows);
   switch (p.kind) {
     case FloatKind::kF32: launch_seg<FloatKind::kF32>(p, plan, stream); break;
     case FloatKind::kBF16: launch_seg<FloatKind::kBF16>(p, plan, stream); break;
