@@ -196,21 +196,22 @@ void bench_grouped(const char* model, int64_t hidden, int64_t inter, int sms, in
           dsi::cuda::launch_gemv_seg(q, plan, st);
         });
       };
-      const dsi::cuda::GemvSegPlan plan = dsi::cuda::gemv_seg_plan();
+      const dsi::cuda::GemvSegPlan plan = dsi::cuda::gemv_seg_plan(p, sms);
       us = run_plan(plan);
       auto name = [](const dsi::cuda::GemvSegPlan& pl) {
-        return "ks" + std::to_string(pl.k_split) + (pl.depth == 3 ? " ring" : " d" + std::to_string(pl.depth)) +
-               " r" + std::to_string(pl.rows);
+        return "ks" + std::to_string(pl.k_split) + " r" + std::to_string(pl.rows) + (pl.ring ? " ring" : " regs") +
+               " d" + std::to_string(pl.depth);
       };
       extra = "segment sum " + name(plan);
       if (sweep)
         for (int rows : {4, 2})
-          for (int depth : {2, 3, 4})
-            for (int ks : {1, 2, 4, 8}) {
-              char buf[64];
-              std::snprintf(buf, sizeof buf, " %.2f", run_plan({ks, depth, rows}));
-              extra += "; " + name({ks, depth, rows}) + buf;
-            }
+          for (bool ring : {false, true})
+            for (int depth : ring ? std::vector<int>{2, 3} : std::vector<int>{2, 4})
+              for (int ks : {1, 2, 4, 8}) {
+                char buf[64];
+                std::snprintf(buf, sizeof buf, " %.2f", run_plan({ks, rows, ring, depth}));
+                extra += "; " + name({ks, rows, ring, depth}) + buf;
+              }
     }
     Shape all = sh;
     all.out = sh.out * (proj == 0 ? 2 * kSlots : kSlots);

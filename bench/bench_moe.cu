@@ -6,10 +6,10 @@
 // finds its weights in the L2. Prints the time per MoE layer, the bytes the layer must read (the
 // router, the distinct routed experts its rows picked, the shared expert, inputs and outputs), the
 // rate against the H200's 4.3 TB/s, and the kernels one call launches.
-// --seg-plan K,D[,R] forces the segment-sum down launch's plan (warps per row group, chunks in
-// flight: 2 or 4 through registers, 3 through the ring; rows per warp); --segment-tokens N the largest batch that takes it (0: the grouped down products and the
+// --seg-plan K,D,R,RING forces the segment-sum down launch's plan (warps per row group, chunks in
+// flight, rows per warp, 0 registers or 1 the ring; set_gemv_seg_plan); --segment-tokens N the largest batch that takes it (0: the grouped down products and the
 // combine kernel for every batch). For comparisons.
-//   bench_moe --config configs/glm-5.2.json [--rows 1] [--copies 16] [--reps 20] [--seg-plan K,D[,R]]
+//   bench_moe --config configs/glm-5.2.json [--rows 1] [--copies 16] [--reps 20] [--seg-plan K,D,R,RING]
 //             [--segment-tokens N]
 #include <algorithm>
 #include <chrono>
@@ -35,7 +35,7 @@ namespace {
 struct Args {
   std::string config;
   int rows = 1, copies = 16, reps = 20;
-  int seg_k_split = 0, seg_depth = 0, seg_rows = 0;  // 0: the plan's
+  int seg_k_split = 0, seg_depth = 0, seg_rows = 0, seg_ring = -1;  // 0 (-1): the plan's
   int segment_tokens = -1;              // -1: the default
 };
 
@@ -48,12 +48,12 @@ Args parse(int argc, char** argv) {
     else if (k == "--reps") a.reps = std::stoi(next());
     else if (k == "--segment-tokens") a.segment_tokens = std::stoi(next());
     else if (k == "--seg-plan") {
-      int* const fields[3] = {&a.seg_k_split, &a.seg_depth, &a.seg_rows};
+      int* const fields[4] = {&a.seg_k_split, &a.seg_depth, &a.seg_rows, &a.seg_ring};
       std::string v = next() + ",";
       int i = 0;
-      for (size_t comma; i < 3 && (comma = v.find(',')) != std::string::npos; ++i, v.erase(0, comma + 1))
+      for (size_t comma; i < 4 && (comma = v.find(',')) != std::string::npos; ++i, v.erase(0, comma + 1))
         *fields[i] = std::stoi(v.substr(0, comma));
-      DSI_CHECK(i >= 2 && v.empty(), "--seg-plan takes K,D or K,D,R");
+      DSI_CHECK(i == 4 && v.empty(), "--seg-plan takes K,D,R,RING");
     } else {
       return false;
     }
@@ -100,7 +100,7 @@ struct Call {  // one MoE layer call of the graph: its weights (experts shared) 
 int run(const Args& a) {
   DSI_CHECK(dsi::cuda::device_count() > 0, "no CUDA device is visible");
   const dsi::ModelConfig cfg = dsi::load_config(a.config);
-  dsi::cuda::set_gemv_seg_plan(a.seg_k_split, a.seg_depth, a.seg_rows);
+  dsi::cuda::set_gemv_seg_plan(a.seg_k_split, a.seg_depth, a.seg_rows, a.seg_ring);
   dsi::cuda::set_moe_segment_tokens(a.segment_tokens);
   DSI_CHECK(cfg.n_experts > 0, "{}: no routed experts", a.config);
   const dsi::Device dev = dsi::Device::cuda(0);

@@ -82,7 +82,7 @@ MlpWeights mlp_of(DType dt, int64_t hidden, int64_t inter, uint64_t seed, bool o
 struct RestoreGemvPlans {
   ~RestoreGemvPlans() {
     cuda::set_gemv_row_groups_per_warp(0);
-    cuda::set_gemv_seg_plan(0, 0);
+    cuda::set_gemv_seg_plan(0, 0, 0, -1);
     cuda::set_moe_segment_tokens(-1);
   }
 };
@@ -94,7 +94,7 @@ struct RestoreGemvPlans {
 // Also with the gate/up/SwiGLU GEMV streaming 3 row groups per warp (forced; the plan chooses it
 // for products larger than these): groups whose rows end inside a block, a smaller shared expert;
 // and with the down products as segment sums for every batch (forced), rows split over 8 warps with
-// 4 chunks in flight through registers, or over 2 warps of 2 rows through the ring: a token's
+// 4 chunks in flight through registers, or over 2 warps of 2 rows through the 3-stage ring: a token's
 // slots of 8 to 32 chunks, so a lane's stretch runs from one slot into the next. Without that,
 // every batch takes the grouped down products and the combine kernel.
 TEST_F(CudaMoe, ExpertsOnARankSlice) {
@@ -102,9 +102,9 @@ TEST_F(CudaMoe, ExpertsOnARankSlice) {
   const int n_experts = 8, first = 2, held = 4;  // this rank holds experts [2, 6)
   RestoreGemvPlans restore;
   struct Forced {
-    int rgw, seg_ks, seg_depth, seg_rows;  // all 0: the plans' own, grouped down products
+    int rgw, seg_ks, seg_depth, seg_rows, seg_ring;  // rgw 0: the plans' own, grouped down products
   };
-  for (const Forced f : {Forced{0, 0, 0, 0}, Forced{3, 8, 4, 4}, Forced{3, 2, 3, 2}})
+  for (const Forced f : {Forced{0, 0, 0, 0, -1}, Forced{3, 8, 4, 4, 0}, Forced{3, 2, 2, 2, 1}})
   for (int64_t hidden : {64, 66})
   for (DType dt : {DType::F32, DType::BF16, DType::F8_E4M3})
   for (int64_t shared_inter : {0, 32, 16, 48}) {
@@ -118,13 +118,13 @@ TEST_F(CudaMoe, ExpertsOnARankSlice) {
     const MlpWeights* cs = shared_inter ? &cpu_shared : nullptr;
     const MlpWeights* gs = shared_inter ? &gpu_shared : nullptr;
     cuda::set_gemv_row_groups_per_warp(f.rgw);
-    cuda::set_gemv_seg_plan(f.seg_ks, f.seg_depth, f.seg_rows);
+    cuda::set_gemv_seg_plan(f.seg_ks, f.seg_depth, f.seg_rows, f.seg_ring);
     cuda::set_moe_segment_tokens(f.rgw ? 1000 : 0);
     for (int64_t n : {0, 1, 5, 33, 100}) {
       const std::string what = std::string("moe_experts ") + std::string(dtype_name(dt)) +
                                sz("n", n) + sz("hidden", hidden) + sz("shared inter", shared_inter) +
                                sz("row groups per warp", f.rgw) + sz("seg k_split", f.seg_ks) +
-                               sz("seg depth", f.seg_depth);
+                               sz("seg depth", f.seg_depth) + sz("seg ring", f.seg_ring);
       const Tensor x = test::rand_tensor({n, hidden}, uint64_t(n) + 1);
       std::vector<int32_t> ids(static_cast<size_t>(n * k));
       for (int64_t t = 0; t < n; ++t)
@@ -170,14 +170,15 @@ TEST_F(CudaMoe, ExpertsAtDecodeWidths) {
     Tensor cpu = Tensor::empty({n, hidden}, DType::F32);
     ops::moe_experts(x, hid, hw, cpu_experts, 0, n_experts, cpu, &cpu_shared);
     struct SegPlan {
-      int ks, depth, rows;
+      int ks, depth, rows, ring;
     };
-    for (const SegPlan sp : std::vector<SegPlan>{{0, 0, 0}, {1, 2, 4}, {2, 4, 2}, {4, 2, 4}, {8, 4, 4}, {1, 3, 4},
-                                                 {2, 3, 2}, {8, 3, 4}, {-1, -1, -1}}) {
-      cuda::set_gemv_seg_plan(std::max(sp.ks, 0), std::max(sp.depth, 0), std::max(sp.rows, 0));
+    for (const SegPlan sp : std::vector<SegPlan>{{0, 0, 0, -1}, {1, 2, 4, 0}, {2, 4, 2, 0}, {4, 2, 4, 0}, {8, 4, 4, 0},
+                                                 {1, 3, 4, 1}, {2, 3, 2, 1}, {8, 3, 4, 1}, {2, 2, 4, 1}, {4, 2, 2, 1},
+                                                 {-1, -1, -1, -1}}) {
+      cuda::set_gemv_seg_plan(std::max(sp.ks, 0), std::max(sp.depth, 0), std::max(sp.rows, 0), sp.ring);
       cuda::set_moe_segment_tokens(sp.ks < 0 ? 0 : 64);  // the last: grouped down products, combine
       const std::string what = "moe_experts fp8" + sz("n", n) + sz("k_split", sp.ks) + sz("depth", sp.depth) +
-                               sz("rows", sp.rows);
+                               sz("rows", sp.rows) + sz("ring", sp.ring);
       test::Guarded g = test::guarded({n, hidden}, DType::F32);
       ops::moe_experts(dev(x), dev(hid), dev(hw), gpu_experts, 0, n_experts, g.view, &gpu_shared);
       const Tensor got = g.check(what);

@@ -84,9 +84,10 @@ int gemv_row_groups_per_warp();
 void set_gemv_row_groups_per_warp(int n);
 // The plan of the segment-sum GEMV (the MoE's down products and their weighted sum) forced for
 // tests and comparisons: warps per row group (1, 2, 4 or 8), 16-byte chunks per lane and row in
-// flight (2 or 4 through registers, 3 through a shared-memory ring) and output rows per warp (2 or
-// 4); 0 (the default) lets the plan choose each.
-void set_gemv_seg_plan(int k_split, int depth, int rows = 0);
+// flight (through registers 2 or 4, through the shared-memory ring 2 or 3), output rows per warp (2
+// or 4), and the kernel (0 registers, 1 the ring); 0 (-1 for the kernel), the default, lets the
+// plan choose each.
+void set_gemv_seg_plan(int k_split, int depth, int rows = 0, int ring = -1);
 // Decode batches of up to this many tokens run the MoE's down products as one segment-sum GEMV
 // (moe/moe.h); larger ones as grouped products and a combine. For tests and comparisons; a
 // negative n restores the default, kMoeSegmentTokens.

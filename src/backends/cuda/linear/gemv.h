@@ -145,17 +145,20 @@ struct GemvSegParams {
 };
 struct GemvSegPlan {
   int k_split = 1;  // warps per row group (1, 2, 4, 8), each taking every k_split-th stretch
-  // 16-byte chunks per lane and row in flight: 2 or 4 through registers (a batch loaded while the
-  // previous one is summed), 3 through a shared-memory ring (cp.async, three rounds ahead).
+  int rows = 4;     // output rows per warp (2 or 4)
+  bool ring = false;  // W through a shared-memory ring (cp.async) instead of registers
+  // 16-byte chunks per lane and row in flight: through registers 2 or 4 (a batch loaded while the
+  // previous one is summed), through the ring 2 or 3 rounds ahead of the math (3 or 4 stages).
   int depth = 2;
-  int rows = 4;  // output rows per warp (2 or 4)
 };
 // True when the segment kernel can run a call of this kind: fp8 blocks that are powers of two with
 // block_in >= 16 (every segment's in a multiple of 16 bytes and 16-byte aligned x and W are the
 // caller's to ensure, as for the vector kernel).
 bool gemv_seg_ok(const GemvSegParams& p);
-// The plan (set_gemv_seg_plan in cuda_ops.h overrides it for tests and comparisons).
-GemvSegPlan gemv_seg_plan();
+bool gemv_seg_plan_ok(const GemvSegPlan& plan);
+// The plan for p on a GPU of num_sms SMs (set_gemv_seg_plan in cuda_ops.h overrides it for tests
+// and comparisons).
+GemvSegPlan gemv_seg_plan(const GemvSegParams& p, int num_sms);
 // The kernel reads the segment table (and the coefficients) before its programmatic wait, the
 // weights' first bytes too: the caller must make sure that the kernel launched right before it
 // writes none of them (common.cuh); x and add are read after the wait.

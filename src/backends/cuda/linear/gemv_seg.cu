@@ -27,12 +27,10 @@ using namespace gemv_chunk;
 // - registers (gemv_seg_kernel): each lane keeps `U` chunks of its rows in flight while it sums the
 //   previous batch;
 // - a ring (gemv_seg_ring_kernel): each lane copies its chunks into its warp's shared-memory ring
-//   (cp.async) kSegStages - 1 rounds ahead of the math, as gemv_vec_kernel's ring does; the
-//   registers hold one round, so three blocks fit an SM.
+//   (cp.async) S - 1 rounds ahead of the math, as gemv_vec_kernel's ring does; the registers hold
+//   one round, so three blocks fit an SM with four stages, four with three.
 // Both ask for their first weights before the programmatic wait (weights and the segment table are
 // no output of the kernel right before: launch_gemv_seg).
-constexpr int kSegStages = 4;
-constexpr int kSegRingBlocksPerSm = 3;
 
 struct SegDesc {  // a segment as the kernel keeps it in shared memory
   const uint4* w;
@@ -198,18 +196,19 @@ __global__ void __launch_bounds__(kThreads) gemv_seg_kernel(const GemvSegParams 
   seg_store<R>(p, acc, t, row_base, k_split);
 }
 
-template <int R>
+template <int R, int S>
 constexpr size_t seg_ring_smem_bytes() {
-  return size_t(kWarps) * kSegStages * R * 32 * sizeof(uint4);
+  return size_t(kWarps) * S * R * 32 * sizeof(uint4);
 }
 
-// Two cursors walk the same chunks: the copy cursor kSegStages - 1 rounds ahead of the sum cursor.
-// A lane reads back only what it copied itself, so no barrier.
-template <FloatKind K, int R>
-__global__ void __launch_bounds__(kThreads, kSegRingBlocksPerSm)
+// S stages (3 or 4). Two cursors walk the same chunks: the copy cursor S - 1 rounds ahead of the sum
+// cursor. A lane reads back only what it copied itself, so no barrier.
+template <FloatKind K, int R, int S>
+__global__ void __launch_bounds__(kThreads, S == 3 ? 4 : 3)
     gemv_seg_ring_kernel(const GemvSegParams p, const int k_split, const int bo_log2, const int bi_log2) {
+  constexpr int kSegStages = S;
   __shared__ SegDesc sd[kGemvMaxSegments];
-  extern __shared__ uint4 ring[];  // [kWarps][kSegStages][R][32]
+  extern __shared__ uint4 ring[];  // [kWarps][S][R][32]
   const int warp = threadIdx.x >> 5, kw = warp % k_split, lane = threadIdx.x & 31;
   const int64_t t = blockIdx.y;
   const int n_seg = p.n_seg;
@@ -251,29 +250,71 @@ __global__ void __launch_bounds__(kThreads, kSegRingBlocksPerSm)
   seg_store<R>(p, acc, t, row_base, k_split);
 }
 
+int64_t seg_blocks_per_token(const GemvSegParams& p, const GemvSegPlan& plan) {
+  const int64_t rows_per_block = int64_t(plan.rows) * (kWarps / plan.k_split);
+  return (p.out + rows_per_block - 1) / rows_per_block;
+}
+
+// Launches the plan's kernel, or (blocks_per_sm non-null) only says how many of its blocks one SM
+// holds at once (the occupancy calculator on the instantiation the launch would take).
+template <typename Kernel>
+void launch_or_ask(Kernel kernel, dim3 grid, size_t smem, cudaStream_t s, int* blocks_per_sm, const GemvSegParams& p,
+                   const GemvSegPlan& plan, int bo, int bi) {
+  // Per call: cheap, per device, allowed during stream capture.
+  if (smem > 0) DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  if (blocks_per_sm != nullptr) {
+    DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kThreads, smem));
+    return;
+  }
+  launch(kernel, grid, kThreads, smem, s, p, plan.k_split, bo, bi);
+}
+
 template <FloatKind K, int R>
-void launch_seg_r(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t s) {
-  const int64_t rows_per_block = int64_t(R) * (kWarps / plan.k_split);
-  const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n));
+void launch_seg_r(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t s, int* blocks_per_sm) {
+  const dim3 grid(unsigned(seg_blocks_per_token(p, plan)), unsigned(p.n));
   const int bo = K == FloatKind::kE4M3 ? __builtin_ctz(unsigned(p.block_out)) : 0;
   const int bi = K == FloatKind::kE4M3 ? __builtin_ctz(unsigned(p.block_in)) : 0;
-  if (plan.depth == kSegStages - 1) {
-    const auto kernel = gemv_seg_ring_kernel<K, R>;
-    const size_t smem = seg_ring_smem_bytes<R>();
-    // Per call: cheap, per device, allowed during stream capture.
-    DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    launch(kernel, grid, kThreads, smem, s, p, plan.k_split, bo, bi);
-  } else if (plan.depth == 4) {
-    launch(gemv_seg_kernel<K, R, 4>, grid, kThreads, 0, s, p, plan.k_split, bo, bi);
-  } else {
-    launch(gemv_seg_kernel<K, R, 2>, grid, kThreads, 0, s, p, plan.k_split, bo, bi);
-  }
+  if (plan.ring && plan.depth == 3)
+    launch_or_ask(gemv_seg_ring_kernel<K, R, 4>, grid, seg_ring_smem_bytes<R, 4>(), s, blocks_per_sm, p, plan, bo, bi);
+  else if (plan.ring)
+    launch_or_ask(gemv_seg_ring_kernel<K, R, 3>, grid, seg_ring_smem_bytes<R, 3>(), s, blocks_per_sm, p, plan, bo, bi);
+  else if (plan.depth == 4)
+    launch_or_ask(gemv_seg_kernel<K, R, 4>, grid, 0, s, blocks_per_sm, p, plan, bo, bi);
+  else
+    launch_or_ask(gemv_seg_kernel<K, R, 2>, grid, 0, s, blocks_per_sm, p, plan, bo, bi);
 }
 
 template <FloatKind K>
-void launch_seg(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t s) {
-  if (plan.rows == 2) launch_seg_r<K, 2>(p, plan, s);
-  else launch_seg_r<K, 4>(p, plan, s);
+void launch_seg(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t s, int* blocks_per_sm) {
+  if (plan.rows == 2) launch_seg_r<K, 2>(p, plan, s, blocks_per_sm);
+  else launch_seg_r<K, 4>(p, plan, s, blocks_per_sm);
+}
+
+void run_seg(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t s, int* blocks_per_sm) {
+  switch (p.kind) {
+    case FloatKind::kF32: launch_seg<FloatKind::kF32>(p, plan, s, blocks_per_sm); break;
+    case FloatKind::kBF16: launch_seg<FloatKind::kBF16>(p, plan, s, blocks_per_sm); break;
+    case FloatKind::kF16: launch_seg<FloatKind::kF16>(p, plan, s, blocks_per_sm); break;
+    default: launch_seg<FloatKind::kE4M3>(p, plan, s, blocks_per_sm); break;
+  }
+}
+
+// Blocks of the plan's kernel one SM of the current device holds: asked of the occupancy calculator
+// once per device and instantiation (kind, rows per warp, kernel and depth).
+int seg_blocks_per_sm(const GemvSegParams& p, const GemvSegPlan& plan) {
+  constexpr int kDevices = 64;
+  static std::atomic<int> cache[kDevices][4][2][2][5];  // 0: not asked yet
+  int dev = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  std::atomic<int>* slot =
+      dev < kDevices ? &cache[dev][int(p.kind)][plan.rows == 4][plan.ring][plan.depth] : nullptr;
+  if (slot != nullptr)
+    if (const int b = slot->load(std::memory_order_relaxed); b > 0) return b;
+  int b = 0;
+  run_seg(p, plan, nullptr, &b);
+  b = std::max(b, 1);
+  if (slot != nullptr) slot->store(b, std::memory_order_relaxed);
+  return b;
 }
 
 }  // namespace
@@ -290,41 +331,57 @@ bool gemv_seg_ok(const GemvSegParams& p) {
 }
 
 namespace {
-std::atomic<int> g_seg_k_split{0}, g_seg_depth{0}, g_seg_rows{0};  // 0: the plan chooses
+// Forced plan fields (0: the plan chooses; ring: 1 registers, 2 the ring).
+std::atomic<int> g_seg_k_split{0}, g_seg_depth{0}, g_seg_rows{0}, g_seg_ring{0};
 }  // namespace
 
-void set_gemv_seg_plan(int k_split, int depth, int rows) {
+void set_gemv_seg_plan(int k_split, int depth, int rows, int ring) {
   g_seg_k_split.store(k_split);
   g_seg_depth.store(depth);
   g_seg_rows.store(rows);
+  g_seg_ring.store(ring < 0 ? 0 : ring == 0 ? 1 : 2);
 }
 
-GemvSegPlan gemv_seg_plan() {
-  // Whole rows per warp (k_split 1) and two chunks in flight per lane and row. Measured on the MoE's
-  // down launch of one token (bench_moe, one H200, us per MoE layer, warps per row group 1 / 2 / 4 /
-  // 8): GLM-5.2 113.8 / 120.2 / 113.3 / 119.3, DeepSeek-V3.2 125.4 / - / 133.8 / -; four chunks in
-  // flight take 199 registers (one block per SM) and lost everywhere (GLM-5.2 132-146 us). Every
-  // measured shape agreed, so the plan does not depend on the shape.
+GemvSegPlan gemv_seg_plan(const GemvSegParams& p, int num_sms) {
+  // The ring with 4 rows per warp and 2 warps per row group when all its blocks fit the GPU at once
+  // (four stages first, else three, which fit four blocks per SM), else whole rows per warp with two
+  // chunks per lane and row in flight through registers. Measured on the MoE's down launch of one
+  // token (bench_linear --moe-only --sweep, one H200, us): GLM-5 [6144, 9 x 2048] registers 41.2,
+  // the ring at 2 warps per row group 33.3 (384 blocks, one wave at three per SM), at 1 warp 43.4
+  // (192 blocks: a third of the SMs hold two, the rest one), at 4 warps 36.4 (two waves);
+  // DeepSeek-V3.2 [7168, 9 x 2048] registers 42.0, the four-stage ring at 2 warps 53.6 (448
+  // blocks: two waves). 2 rows per warp lost everywhere (44-84 us), as did four chunks in flight
+  // through registers (199 registers, one block per SM; 50-71 us).
+  // DSI_GEMV_SEG_RING=0 keeps the register kernel (for comparisons).
+  static const bool ring_ok = !env_switched_off("DSI_GEMV_SEG_RING");
   GemvSegPlan plan;
+  for (const GemvSegPlan& c : {GemvSegPlan{2, 4, true, 3}, GemvSegPlan{2, 4, true, 2}})
+    if (ring_ok && seg_blocks_per_token(p, c) * p.n <= int64_t(seg_blocks_per_sm(p, c)) * num_sms) {
+      plan = c;
+      break;
+    }
   if (const int k = g_seg_k_split.load(); k > 0) plan.k_split = k;
-  if (const int d = g_seg_depth.load(); d > 0) plan.depth = d;
   if (const int r = g_seg_rows.load(); r > 0) plan.rows = r;
+  if (const int ring = g_seg_ring.load(); ring > 0) {
+    plan.ring = ring == 2;
+    plan.depth = plan.ring ? 3 : 2;
+  }
+  if (const int d = g_seg_depth.load(); d > 0) plan.depth = d;
   return plan;
+}
+
+bool gemv_seg_plan_ok(const GemvSegPlan& plan) {
+  return (plan.k_split == 1 || plan.k_split == 2 || plan.k_split == 4 || plan.k_split == 8) &&
+         (plan.rows == 2 || plan.rows == 4) &&
+         (plan.ring ? plan.depth == 2 || plan.depth == 3 : plan.depth == 2 || plan.depth == 4);
 }
 
 void launch_gemv_seg(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t stream) {
   DSI_CHECK(gemv_seg_ok(p), "gemv_seg: {} tokens x {} segments of [{}, *] outside the segment kernel", p.n,
             p.n_seg, p.out);
-  DSI_CHECK(plan.k_split == 1 || plan.k_split == 2 || plan.k_split == 4 || plan.k_split == 8,
-            "gemv_seg: k_split {}", plan.k_split);
-  DSI_CHECK(plan.depth >= 2 && plan.depth <= 4, "gemv_seg: depth {}", plan.depth);
-  DSI_CHECK(plan.rows == 2 || plan.rows == 4, "gemv_seg: rows {}", plan.rows);
-  switch (p.kind) {
-    case FloatKind::kF32: launch_seg<FloatKind::kF32>(p, plan, stream); break;
-    case FloatKind::kBF16: launch_seg<FloatKind::kBF16>(p, plan, stream); break;
-    case FloatKind::kF16: launch_seg<FloatKind::kF16>(p, plan, stream); break;
-    default: launch_seg<FloatKind::kE4M3>(p, plan, stream); break;
-  }
+  DSI_CHECK(gemv_seg_plan_ok(plan), "gemv_seg: plan k_split {}, rows {}, ring {}, depth {}", plan.k_split, plan.rows,
+            plan.ring, plan.depth);
+  run_seg(p, plan, stream, nullptr);
 }
 
 }  // namespace dsi::cuda

@@ -479,7 +479,7 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
     sp.segs = pp.segs;
     sp.add = fused || !table.shared ? nullptr : shared_out.f32();
     sp.y = out.f32();
-    launch_gemv_seg(sp, gemv_seg_plan(), stream());
+    launch_gemv_seg(sp, gemv_seg_plan(sp, sms), stream());
   } else {
     // Down of every slot (a product each), then the weighted sum per token.
     const GemvParams dn = grouped_launch(table.proj[2], pp.act, pp.ys, pp.down_groups, slots);
