@@ -5,7 +5,7 @@
 // captured in one CUDA graph (no host launch gaps), and the figure is the median over replays of
 // (graph time / K). Prints microseconds, GB/s (weight + scale + x + y bytes), % of 4.3 TB/s and
 // TFLOP/s. --sweep also times every GEMV plan and prints the best, to tune gemv_plan(). Rows of
-// 2..8 x rows over fp8 weights also time the tensor-core kernel (plan "mma").
+// fp8 weights also time the tensor-core kernel (plan "mma") next to the FMA ones.
 //
 // The MoE rows time the grouped GEMVs of one token's experts as the MoE layer launches them.
 // --only NAME keeps the shapes whose layer name contains NAME (and skips the MoE rows).
@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
             std::string extra = plan_name(plan);
             if (sweep) extra += sweep_plans(plan, us, bytes, run_plan);
             print_row(sh, dt, n, "gemv", us, bytes, extra);
-            if (n > 1 && dsi::cuda::gemv_mma_ok(p)) {  // the FMA and tensor-core kernels side by side
+            if (dsi::cuda::gemv_mma_ok(p)) {  // the FMA and tensor-core kernels side by side
               dsi::cuda::GemvPlan other = dsi::cuda::gemv_mma_plan(p, sms);
               if (plan.mma) {
                 dsi::cuda::set_gemv_tensor_cores(false);

@@ -116,9 +116,11 @@ TEST_F(CudaLinearGemv, Fp8SliceOffsetsAndBlockSizes) {
 // Restores the GEMV plan switches a test changes.
 struct GemvSwitches {
   bool tensor_cores = cuda::gemv_tensor_cores();
+  bool one_row = cuda::gemv_mma_one_row();
   int row_groups = cuda::gemv_row_groups_per_warp();
   ~GemvSwitches() {
     cuda::set_gemv_tensor_cores(tensor_cores);
+    cuda::set_gemv_mma_one_row(one_row);
     cuda::set_gemv_row_groups_per_warp(row_groups);
   }
 };
@@ -180,8 +182,9 @@ TEST_F(CudaLinearGemv, StreamedRowGroups) {
   }
 }
 
-// The tensor-core GEMV (3..8 rows of fp8 weights with 128-column blocks, 2 rows on >= 4096 rows;
-// never below 1024 rows): the CPU reference's results within the GEMM tolerance (x enters as two
+// The tensor-core GEMV (3..8 rows of fp8 weights with 128-column blocks, 2 rows on >= 4096 rows,
+// and 1 row there too when switched on: its hi and lo halves as two columns of one MMA; never
+// below 1024 rows): the CPU reference's results within the GEMM tolerance (x enters as two
 // f16 halves of a power-of-two scaled block: 22 bits), a NaN in one x row only in that row's
 // outputs, a repeat bitwise equal; contiguous and strided x. Shapes: GLM-5 projections, slices
 // whose rows start in the middle of a scale block, a last row group of one row, and x blocks of
@@ -201,9 +204,10 @@ TEST_F(CudaLinearGemv, TensorCoreKernelMatches) {
                                          {256, 256, 0, 0}}) {
     const LinearWeight w = make_weight(DType::F8_E4M3, c.out, c.in, uint64_t(c.out + 7 * c.in), c.row0,
                                        c.col0, 128, 128);
-    for (int64_t n : {2, 3, 4, 5, 8}) {
+    for (int64_t n : {1, 2, 3, 4, 5, 8}) {
       const std::string what = case_name("tensor-core linear", DType::F8_E4M3, n, c.out, c.in) + " offsets " +
                                std::to_string(c.row0) + "," + std::to_string(c.col0);
+      cuda::set_gemv_mma_one_row(n == 1);
       const uint64_t before = cuda::gemv_tensor_core_launches();
       check_linear(w, n, uint64_t(n * 31 + c.in), what, n > 2 ? 1 : -1);
       const uint64_t expected = (n >= 3 || c.out >= 4096) && c.out >= 1024 ? 4u : 0u;

@@ -75,6 +75,10 @@ void argmax(const Tensor& logits, Tensor& out);
 // kernel (linear/gemv.cu) instead of its FMA kernels: on unless DSI_GEMV_MMA=0 or switched here.
 bool gemv_tensor_cores();
 void set_gemv_tensor_cores(bool on);
+// Whether it also takes one row of x (products of >= 4096 rows): off unless DSI_GEMV_MMA1=1 or
+// switched here.
+bool gemv_mma_one_row();
+void set_gemv_mma_one_row(bool on);
 // Launches of that kernel so far in this process (tests check that it ran).
 uint64_t gemv_tensor_core_launches();
 // Row groups per warp forced on every vector-kernel GEMV plan, for tests and comparisons: 0 (the

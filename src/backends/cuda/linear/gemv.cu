@@ -561,8 +561,11 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const GemvParams p0,
       sr[mt][h] = p.scale_inv + ((p.row0 + r) / p.block_out) * p.scale_cols + p.col0 / 128;
     }
   pdl_enter();  // x is the previous kernel's output
-  const bool has_x = g < N;
-  const float* xr = p.x + (has_x ? g : 0) * p.ldx + 16 * t;
+  // One row of x: its hi halves are column 0 of the B operand, its lo halves column 1 (one MMA per
+  // step instead of two); the two columns are added when scaled.
+  constexpr bool kOne = N == 1;
+  const bool has_x = g < (kOne ? 2 : N);
+  const float* xr = p.x + (has_x && !kOne ? g : 0) * p.ldx + 16 * t;
   float acc[kMmaTiles][4];
 #pragma unroll
   for (int mt = 0; mt < kMmaTiles; ++mt)
@@ -612,8 +615,12 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const GemvParams p0,
           const uint32_t wa = (&w[mt][0][half].x)[j], wb = (&w[mt][1][half].x)[j];
           const uint32_t a[4] = {e4m3x2_to_f16x2(wa), e4m3x2_to_f16x2(wb), e4m3x2_to_f16x2(wa >> 16),
                                  e4m3x2_to_f16x2(wb >> 16)};
-          mma_f16(d[mt], a, hi01, hi23);
-          mma_f16(d[mt], a, lo01, lo23);
+          if constexpr (kOne) {
+            mma_f16(d[mt], a, g == 1 ? lo01 : hi01, g == 1 ? lo23 : hi23);
+          } else {
+            mma_f16(d[mt], a, hi01, hi23);
+            mma_f16(d[mt], a, lo01, lo23);
+          }
         }
       }
     // d[mt]: (row g, column 2t), (row g, 2t + 1), (row g + 8, 2t), (row g + 8, 2t + 1); column n's
@@ -622,6 +629,11 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const GemvParams p0,
 #pragma unroll
     for (int mt = 0; mt < kMmaTiles; ++mt) {
       const float s0 = __ldg(sr[mt][0] + kb), s1 = __ldg(sr[mt][1] + kb);
+      if constexpr (kOne) {  // columns 0 and 1: the hi and lo sums of the one row (lanes t = 0)
+        acc[mt][0] = fmaf(d[mt][1], s0 * inv1, fmaf(d[mt][0], s0 * inv0, acc[mt][0]));
+        acc[mt][2] = fmaf(d[mt][3], s1 * inv1, fmaf(d[mt][2], s1 * inv0, acc[mt][2]));
+        continue;
+      }
       acc[mt][0] = fmaf(d[mt][0], s0 * inv0, acc[mt][0]);
       acc[mt][1] = fmaf(d[mt][1], s0 * inv1, acc[mt][1]);
       acc[mt][2] = fmaf(d[mt][2], s1 * inv0, acc[mt][2]);
@@ -657,6 +669,7 @@ void launch_mma_n(const GemvParams& p, int k_split, cudaStream_t s) {
 
 void launch_mma(const GemvParams& p, int k_split, cudaStream_t s) {
   switch (p.n) {
+    case 1: launch_mma_n<1>(p, k_split, s); break;
     case 2: launch_mma_n<2>(p, k_split, s); break;
     case 3: launch_mma_n<3>(p, k_split, s); break;
     case 4: launch_mma_n<4>(p, k_split, s); break;
@@ -690,7 +703,7 @@ bool gemv_vector_ok(const GemvParams& p) {
 }
 
 bool gemv_mma_ok(const GemvParams& p) {
-  return p.kind == FloatKind::kE4M3 && p.groups == nullptr && p.n >= 2 && p.n <= kGemvMaxRows &&
+  return p.kind == FloatKind::kE4M3 && p.groups == nullptr && p.n >= 1 && p.n <= kGemvMaxRows &&
          p.block_in == 128 && p.col0 % 128 == 0 && p.in % 128 == 0 && gemv_vector_ok(p);
 }
 
@@ -731,7 +744,7 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
                            (plan.rows_per_warp == 2 || plan.rows_per_warp == 4)),
             "gemv: swiglu takes the grouped vector kernel with 2 or 4 rows per warp");
   if (plan.mma) {
-    DSI_CHECK(gemv_mma_ok(p), "gemv: the tensor-core kernel takes 2..{} rows of fp8 weights with "
+    DSI_CHECK(gemv_mma_ok(p), "gemv: the tensor-core kernel takes 1..{} rows of fp8 weights with "
               "128-column blocks, got {} rows", kGemvMaxRows, p.n);
     launch_mma(p, plan.k_split, stream);
     g_tensor_core_launches.fetch_add(1, std::memory_order_relaxed);

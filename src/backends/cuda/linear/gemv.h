@@ -102,10 +102,11 @@ int gemv_fma_blocks_per_sm(const GemvParams& p, const GemvPlan& plan);
 inline int64_t gemv_outputs_per_row_group(const GemvParams& p, int rows_per_warp) {
   return p.swiglu ? rows_per_warp / 2 : rows_per_warp;
 }
-// The tensor-core kernel for 2..kGemvMaxRows rows of x (see gemv.cu): fp8 weights with 128-column
+// The tensor-core kernel for 1..kGemvMaxRows rows of x (see gemv.cu): fp8 weights with 128-column
 // scale blocks, a 128-aligned column slice, rows of whole blocks, ungrouped (strided batch
 // allowed), vector-aligned operands. gemv_plan picks it only when gemv_tensor_cores() (cuda_ops.h)
-// is on (the default), for 3..8 rows, and for 2 rows on products of >= 4096 rows.
+// is on (the default), for 3..8 rows, and for 2 rows (1 with gemv_mma_one_row()) on products of
+// >= 4096 rows.
 bool gemv_mma_ok(const GemvParams& p);
 GemvPlan gemv_mma_plan(const GemvParams& p, int num_sms);
 // Runs y = x W^T (p.n in 1..kGemvMaxRows, p.out > 0, p.in > 0) with the given plan.

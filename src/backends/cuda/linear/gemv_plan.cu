@@ -27,6 +27,7 @@ int switch_value(std::atomic<int>& v, Read read) {
 }
 
 std::atomic<int> g_tensor_cores{-1};
+std::atomic<int> g_mma_one_row{-1};
 std::atomic<int> g_row_groups_per_warp{-1};
 }  // namespace
 
@@ -35,6 +36,15 @@ bool gemv_tensor_cores() {
 }
 
 void set_gemv_tensor_cores(bool on) { g_tensor_cores.store(on ? 1 : 0); }
+
+bool gemv_mma_one_row() {
+  return switch_value(g_mma_one_row, [] {
+    const char* env = std::getenv("DSI_GEMV_MMA1");
+    return env != nullptr && std::atoi(env) > 0 ? 1 : 0;
+  }) == 1;
+}
+
+void set_gemv_mma_one_row(bool on) { g_mma_one_row.store(on ? 1 : 0); }
 
 int gemv_row_groups_per_warp() {
   return switch_value(g_row_groups_per_warp, [] {
@@ -85,7 +95,7 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // Not below 1024 rows, where its 32 rows per warp leave most SMs idle (a router of 256 rows,
   // 4 rows of x: 10.5 us against 3.8 on the FMA kernels).
   if (gemv_tensor_cores() && gemv_mma_ok(p) && (p.n >= 3 || p.out >= 4096) &&
-      p.out * p.n_groups >= 1024)
+      (p.n > 1 || gemv_mma_one_row()) && p.out * p.n_groups >= 1024)
     return gemv_mma_plan(p, num_sms);
   GemvPlan plan;
   plan.vec = gemv_vector_ok(p);
