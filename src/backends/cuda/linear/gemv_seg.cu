@@ -136,14 +136,19 @@ __device__ __forceinline__ void seg_store(const GemvSegParams& p, float (&acc)[R
   p.y[t * p.ldy + row] = v;
 }
 
-// This warp's first row and its R rows (rows past the end, last block, re-read the last row; their
-// results are not stored).
+// Both kernels' start: token blockIdx.y's segments into shared memory, this warp's R rows (rows
+// past the end, last block, re-read the last row; their results are not stored) and the lane's
+// first chunk. Returns the warp's first row.
 template <int R>
-__device__ __forceinline__ int64_t seg_rows(const GemvSegParams& p, int k_split, int (&rows)[R]) {
-  const int groups = kWarps / k_split, group = (threadIdx.x >> 5) / k_split;
-  const int64_t row_base = (int64_t(blockIdx.x) * groups + group) * R;
+__device__ __forceinline__ int64_t seg_start(const GemvSegParams& p, int k_split, SegDesc* sd, int (&rows)[R],
+                                             SegCursor& first) {
+  load_segments(p, blockIdx.y, sd);
+  const int warp = threadIdx.x >> 5, groups = kWarps / k_split;
+  const int64_t row_base = (int64_t(blockIdx.x) * groups + warp / k_split) * R;
 #pragma unroll
   for (int r = 0; r < R; ++r) rows[r] = int(min(row_base + r, p.out - 1));
+  first = SegCursor{0, (warp % k_split) * 32 + int(threadIdx.x & 31)};
+  seg_advance(first, sd, p.n_seg, 0);
   return row_base;
 }
 
@@ -151,15 +156,10 @@ template <FloatKind K, int R, int U>
 __global__ void __launch_bounds__(kThreads) gemv_seg_kernel(const GemvSegParams p, const int k_split,
                                                             const int bo_log2, const int bi_log2) {
   __shared__ SegDesc sd[kGemvMaxSegments];
-  const int kw = (threadIdx.x >> 5) % k_split, lane = threadIdx.x & 31;
-  const int64_t t = blockIdx.y;
-  const int n_seg = p.n_seg;
-  load_segments(p, t, sd);
+  const int n_seg = p.n_seg, stride = k_split * 32;
   int rows[R];
-  const int64_t row_base = seg_rows<R>(p, k_split, rows);
-  const int stride = k_split * 32;
-  SegCursor cur{0, kw * 32 + lane};
-  seg_advance(cur, sd, n_seg, 0);
+  SegCursor cur;
+  const int64_t row_base = seg_start<R>(p, k_split, sd, rows, cur);
   auto load = [&](uint4 (&v)[U][R], SegCursor (&at)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(kThreads) gemv_seg_kernel(const GemvSegParams 
     load(a, at_a);
     sum(b, at_b);
   }
-  seg_store<R>(p, acc, t, row_base, k_split);
+  seg_store<R>(p, acc, blockIdx.y, row_base, k_split);
 }
 
 template <int R, int S>
@@ -209,17 +209,12 @@ __global__ void __launch_bounds__(kThreads, S == 3 ? 4 : 3)
   constexpr int kSegStages = S;
   __shared__ SegDesc sd[kGemvMaxSegments];
   extern __shared__ uint4 ring[];  // [kWarps][S][R][32]
-  const int warp = threadIdx.x >> 5, kw = warp % k_split, lane = threadIdx.x & 31;
-  const int64_t t = blockIdx.y;
-  const int n_seg = p.n_seg;
-  load_segments(p, t, sd);
+  const int n_seg = p.n_seg, stride = k_split * 32;
   int rows[R];
-  const int64_t row_base = seg_rows<R>(p, k_split, rows);
-  const int stride = k_split * 32;
-  uint4* mine = ring + warp * (kSegStages * R * 32) + lane;
-  SegCursor copy{0, kw * 32 + lane};
-  seg_advance(copy, sd, n_seg, 0);
+  SegCursor copy;
+  const int64_t row_base = seg_start<R>(p, k_split, sd, rows, copy);
   SegCursor at = copy;
+  uint4* mine = ring + (threadIdx.x >> 5) * (kSegStages * R * 32) + (threadIdx.x & 31);
   auto queue = [&](int stage) {
     if (copy.seg < n_seg) {
       const SegDesc& d = sd[copy.seg];
@@ -247,7 +242,7 @@ __global__ void __launch_bounds__(kThreads, S == 3 ? 4 : 3)
     st = st + 1 == kSegStages ? 0 : st + 1;
   }
   cp_async_wait<0>();
-  seg_store<R>(p, acc, t, row_base, k_split);
+  seg_store<R>(p, acc, blockIdx.y, row_base, k_split);
 }
 
 int64_t seg_blocks_per_token(const GemvSegParams& p, const GemvSegPlan& plan) {
