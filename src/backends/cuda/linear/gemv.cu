@@ -436,16 +436,8 @@ template <FloatKind K, int N, int R, bool kSwiglu = false>
 void launch_vec(const GemvParams& p, const GemvPlan& plan, dim3 grid, cudaStream_t s, int* blocks_per_sm) {
   const auto kernel =
       plan.pipelined ? gemv_vec_kernel<K, N, R, true, kSwiglu> : gemv_vec_kernel<K, N, R, false, kSwiglu>;
-  const size_t smem = plan.pipelined ? pipe_smem_bytes<R>() : 0;
-  // Per call: cheap, per device, allowed during stream capture.
-  if (plan.pipelined)
-    DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  if (blocks_per_sm != nullptr) {
-    DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kThreads, smem));
-    return;
-  }
-  launch(kernel, grid, kThreads, smem, s, p, plan.k_split, plan.prefetch,
-         plan.pipelined ? plan.row_groups_per_warp : 1);
+  launch_or_occupancy(kernel, grid, plan.pipelined ? pipe_smem_bytes<R>() : 0, s, blocks_per_sm, p, plan.k_split,
+                      plan.prefetch, plan.pipelined ? plan.row_groups_per_warp : 1);
 }
 
 template <FloatKind K, int N>
@@ -470,13 +462,8 @@ void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s, int
 template <int N>
 void launch_n(const GemvParams& p, const GemvPlan& plan, cudaStream_t s, int* blocks_per_sm) {
   if (!plan.vec) {
-    if (blocks_per_sm != nullptr) {
-      DSI_CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, gemv_any_kernel<N>, kThreads, 0));
-      return;
-    }
     const dim3 grid(unsigned((p.out + kWarps - 1) / kWarps), unsigned(p.n_groups));
-    launch(gemv_any_kernel<N>, grid, kThreads, 0, s, p);
+    launch_or_occupancy(gemv_any_kernel<N>, grid, 0, s, blocks_per_sm, p);
     return;
   }
   switch (p.kind) {

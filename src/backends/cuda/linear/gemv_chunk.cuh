@@ -1,11 +1,16 @@
 // The 16-byte chunk helpers of the weight-streaming GEMV kernels (gemv.cu, gemv_seg.cu): block
-// shape, element sizes, the L1-bypassing weight load and the exact decoding of a chunk to fp32.
+// shape, element sizes, the L1-bypassing weight load and the exact decoding of a chunk to fp32;
+// and the host side their plans share: a launch that can instead ask the occupancy calculator, and
+// its answers cached per device.
 #pragma once
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <utility>
 
 #include "backends/cuda/common.cuh"
 
@@ -13,6 +18,37 @@ namespace dsi::cuda::gemv_chunk {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
+
+// Launches a GEMV kernel of kThreads threads with `smem` bytes of dynamic shared memory, or
+// (blocks_per_sm non-null) only says how many of its blocks one SM of the current device holds at
+// once (the occupancy calculator), so that a plan asks about exactly the kernel its launch takes.
+template <typename... Params, typename... Args>
+void launch_or_occupancy(void (*kernel)(Params...), dim3 grid, size_t smem, cudaStream_t s, int* blocks_per_sm,
+                         Args&&... args) {
+  // Per call: cheap, per device, allowed during stream capture.
+  if (smem > 0) DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  if (blocks_per_sm != nullptr) {
+    DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kThreads, smem));
+    return;
+  }
+  launch(kernel, grid, kThreads, smem, s, std::forward<Args>(args)...);
+}
+
+// The answer of `ask` (blocks per SM of one kernel instantiation, at least 1) for the current
+// device and `key` in [0, kKeys), asked once per device and key (devices past kCachedDevices ask
+// every time).
+constexpr int kCachedDevices = 64;
+template <int kKeys, typename Ask>
+int cached_blocks_per_sm(std::atomic<int> (&cache)[kCachedDevices][kKeys], int key, Ask ask) {
+  int dev = 0;
+  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  std::atomic<int>* slot = dev < kCachedDevices ? &cache[dev][key] : nullptr;  // 0: not asked yet
+  if (slot != nullptr)
+    if (const int b = slot->load(std::memory_order_relaxed); b > 0) return b;
+  const int b = std::max(ask(), 1);
+  if (slot != nullptr) slot->store(b, std::memory_order_relaxed);
+  return b;
+}
 
 __host__ __device__ inline int64_t elem_bytes(FloatKind k) {
   return k == FloatKind::kF32 ? 4 : k == FloatKind::kE4M3 ? 1 : 2;

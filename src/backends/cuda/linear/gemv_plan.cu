@@ -69,21 +69,13 @@ int64_t gemv_prefetch_budget() {
 }
 
 namespace {
-// Blocks of plan's vector kernel one SM of the current device holds at once: asked of the occupancy
-// calculator once per device and instantiation (kind, rows of x, rows per warp, ring, swiglu).
+// Blocks of plan's vector kernel one SM of the current device holds at once, cached per
+// instantiation (kind, rows of x, rows per warp, ring, swiglu).
 int vec_blocks_per_sm(const GemvParams& p, const GemvPlan& plan) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cache[kDevices][4][kGemvMaxRows][3][2][2];  // 0: not asked yet
-  int dev = 0;
-  DSI_CUDA_CHECK(cudaGetDevice(&dev));
+  static std::atomic<int> cache[kCachedDevices][4 * kGemvMaxRows * 3 * 2 * 2];
   const int r = plan.rows_per_warp == 4 ? 2 : plan.rows_per_warp - 1;
-  std::atomic<int>* slot =
-      dev < kDevices ? &cache[dev][int(p.kind)][p.n - 1][r][plan.pipelined][p.swiglu] : nullptr;
-  if (slot != nullptr)
-    if (const int b = slot->load(std::memory_order_relaxed); b > 0) return b;
-  const int b = std::max(gemv_fma_blocks_per_sm(p, plan), 1);
-  if (slot != nullptr) slot->store(b, std::memory_order_relaxed);
-  return b;
+  const int key = (((int(p.kind) * kGemvMaxRows + p.n - 1) * 3 + r) * 2 + plan.pipelined) * 2 + p.swiglu;
+  return cached_blocks_per_sm(cache, key, [&] { return gemv_fma_blocks_per_sm(p, plan); });
 }
 }  // namespace
 

@@ -1,5 +1,6 @@
 // The segment-sum GEMV of gemv.h (launch_gemv_seg): the MoE's down products and their weighted
 // sum in one pass.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 
@@ -250,33 +251,21 @@ int64_t seg_blocks_per_token(const GemvSegParams& p, const GemvSegPlan& plan) {
   return (p.out + rows_per_block - 1) / rows_per_block;
 }
 
-// Launches the plan's kernel, or (blocks_per_sm non-null) only says how many of its blocks one SM
-// holds at once (the occupancy calculator on the instantiation the launch would take).
-template <typename Kernel>
-void launch_or_ask(Kernel kernel, dim3 grid, size_t smem, cudaStream_t s, int* blocks_per_sm, const GemvSegParams& p,
-                   const GemvSegPlan& plan, int bo, int bi) {
-  // Per call: cheap, per device, allowed during stream capture.
-  if (smem > 0) DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  if (blocks_per_sm != nullptr) {
-    DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, kernel, kThreads, smem));
-    return;
-  }
-  launch(kernel, grid, kThreads, smem, s, p, plan.k_split, bo, bi);
-}
-
 template <FloatKind K, int R>
 void launch_seg_r(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t s, int* blocks_per_sm) {
   const dim3 grid(unsigned(seg_blocks_per_token(p, plan)), unsigned(p.n));
   const int bo = K == FloatKind::kE4M3 ? __builtin_ctz(unsigned(p.block_out)) : 0;
   const int bi = K == FloatKind::kE4M3 ? __builtin_ctz(unsigned(p.block_in)) : 0;
   if (plan.ring && plan.depth == 3)
-    launch_or_ask(gemv_seg_ring_kernel<K, R, 4>, grid, seg_ring_smem_bytes<R, 4>(), s, blocks_per_sm, p, plan, bo, bi);
+    launch_or_occupancy(gemv_seg_ring_kernel<K, R, 4>, grid, seg_ring_smem_bytes<R, 4>(), s, blocks_per_sm, p,
+                        plan.k_split, bo, bi);
   else if (plan.ring)
-    launch_or_ask(gemv_seg_ring_kernel<K, R, 3>, grid, seg_ring_smem_bytes<R, 3>(), s, blocks_per_sm, p, plan, bo, bi);
+    launch_or_occupancy(gemv_seg_ring_kernel<K, R, 3>, grid, seg_ring_smem_bytes<R, 3>(), s, blocks_per_sm, p,
+                        plan.k_split, bo, bi);
   else if (plan.depth == 4)
-    launch_or_ask(gemv_seg_kernel<K, R, 4>, grid, 0, s, blocks_per_sm, p, plan, bo, bi);
+    launch_or_occupancy(gemv_seg_kernel<K, R, 4>, grid, 0, s, blocks_per_sm, p, plan.k_split, bo, bi);
   else
-    launch_or_ask(gemv_seg_kernel<K, R, 2>, grid, 0, s, blocks_per_sm, p, plan, bo, bi);
+    launch_or_occupancy(gemv_seg_kernel<K, R, 2>, grid, 0, s, blocks_per_sm, p, plan.k_split, bo, bi);
 }
 
 template <FloatKind K>
@@ -294,22 +283,16 @@ void run_seg(const GemvSegParams& p, const GemvSegPlan& plan, cudaStream_t s, in
   }
 }
 
-// Blocks of the plan's kernel one SM of the current device holds: asked of the occupancy calculator
-// once per device and instantiation (kind, rows per warp, kernel and depth).
+// Blocks of the plan's kernel one SM of the current device holds, cached per instantiation (kind,
+// rows per warp, kernel and depth).
 int seg_blocks_per_sm(const GemvSegParams& p, const GemvSegPlan& plan) {
-  constexpr int kDevices = 64;
-  static std::atomic<int> cache[kDevices][4][2][2][5];  // 0: not asked yet
-  int dev = 0;
-  DSI_CUDA_CHECK(cudaGetDevice(&dev));
-  std::atomic<int>* slot =
-      dev < kDevices ? &cache[dev][int(p.kind)][plan.rows == 4][plan.ring][plan.depth] : nullptr;
-  if (slot != nullptr)
-    if (const int b = slot->load(std::memory_order_relaxed); b > 0) return b;
-  int b = 0;
-  run_seg(p, plan, nullptr, &b);
-  b = std::max(b, 1);
-  if (slot != nullptr) slot->store(b, std::memory_order_relaxed);
-  return b;
+  static std::atomic<int> cache[kCachedDevices][4 * 2 * 2 * 5];
+  const int key = ((int(p.kind) * 2 + (plan.rows == 4)) * 2 + plan.ring) * 5 + plan.depth;
+  return cached_blocks_per_sm(cache, key, [&] {
+    int b = 0;
+    run_seg(p, plan, nullptr, &b);
+    return b;
+  });
 }
 
 }  // namespace
@@ -326,7 +309,7 @@ bool gemv_seg_ok(const GemvSegParams& p) {
 }
 
 namespace {
-// Forced plan fields (0: the plan chooses; ring: 1 registers, 2 the ring).
+// Forced plan fields, 0: the plan chooses (g_seg_ring holds the kernel + 1: 1 registers, 2 the ring).
 std::atomic<int> g_seg_k_split{0}, g_seg_depth{0}, g_seg_rows{0}, g_seg_ring{0};
 }  // namespace
 
@@ -334,7 +317,7 @@ void set_gemv_seg_plan(int k_split, int depth, int rows, int ring) {
   g_seg_k_split.store(k_split);
   g_seg_depth.store(depth);
   g_seg_rows.store(rows);
-  g_seg_ring.store(ring < 0 ? 0 : ring == 0 ? 1 : 2);
+  g_seg_ring.store(std::clamp(ring, -1, 1) + 1);
 }
 
 GemvSegPlan gemv_seg_plan(const GemvSegParams& p, int num_sms) {
