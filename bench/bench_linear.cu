@@ -7,7 +7,8 @@
 // TFLOP/s. --sweep also times every GEMV plan and prints the best, to tune gemv_plan(). Rows of
 // fp8 weights also time the tensor-core kernel (plan "mma") next to the FMA ones.
 //
-// The MoE rows time the grouped GEMVs of one token's experts as the MoE layer launches them.
+// The MoE rows time the grouped GEMVs of one token's experts as the MoE layer launches them; the
+// MLA rows the per-head products of kv_b_proj (absorbed query, value up-projection).
 // --only NAME keeps the shapes whose layer name contains NAME (and skips the MoE rows).
 //   bench_linear [--sweep] [--reps N] [--only NAME] [--gemm-only | --gemv-only | --moe-only]
 #include <cuda_runtime.h>
@@ -221,6 +222,58 @@ void bench_grouped(const char* model, int64_t hidden, int64_t inter, int sms, in
   }
 }
 
+// MLA's per-head products at decode, fp8 kv_b_proj ([heads * (nope + dv), lora], 128 x 128 block
+// scales) read in place as the layer runs them: the absorbed query W_UK[h]^T q_nope[h] (the
+// transposed kernel, mla_absorb_q) and the value up-projection W_UV[h] o_lat[h] (a head-batched
+// GEMV, mla_up_v), for 1 and 4 rows; x and y strided per head as in the layer.
+void bench_mla_heads(const char* model, int64_t heads, int64_t nope, int64_t dv, int64_t lora, int sms,
+                     int64_t l2, int reps, const float* x, float* y) {
+  const int64_t per = nope + dv;
+  Weights ws = make_weights(Shape{model, "", heads * per, lora}, true, l2);
+  const int copies = int(ws.w.size());
+  for (int uv = 0; uv < 2; ++uv)
+    for (int n : {1, 4}) {
+      dsi::cuda::GemvParams p{};
+      p.kind = FloatKind::kE4M3;
+      p.block_out = p.block_in = 128;
+      p.scale_cols = (lora + 127) / 128;
+      p.n_groups = int(heads);
+      p.batch_rows = per;
+      p.n = n;
+      p.x = x;
+      p.y = y;
+      p.row0 = uv ? nope : 0;  // W_UV: the last dv rows of each head
+      const int64_t w_off = uv ? nope * lora : 0;
+      const int64_t in = uv ? lora : nope, out = uv ? dv : lora;
+      p.in = in;
+      p.out = out;
+      p.batch_x = uv ? lora : nope + 64;  // o_lat [n, H, lora]; q [n, H, nope + rope]
+      p.batch_y = uv ? dv : lora + 64;    // out [n, H, dv]; q_abs [n, H, lora + rope]
+      p.ldx = heads * p.batch_x;
+      p.ldy = heads * p.batch_y;
+      const Shape sh{model, uv ? "mla_up_v" : "mla_absorb_q", heads * out, in};
+      const double bytes = double(heads * in * out) + double(ws.scale_bytes) * double(in) / double(per) +
+                           4.0 * n * heads * double(in + out);
+      p.w = static_cast<const uint8_t*>(ws.w[0]) + w_off;
+      p.scale_inv = ws.s[0];
+      const bool transposed = !uv;
+      const dsi::cuda::GemvPlan plan = transposed ? dsi::cuda::GemvPlan{} : dsi::cuda::gemv_plan(p, sms);
+      const double us = time_graph(copies, reps, [&](int c, cudaStream_t st) {
+        dsi::cuda::GemvParams q = p;
+        q.w = static_cast<const uint8_t*>(ws.w[size_t(c)]) + w_off;
+        q.scale_inv = ws.s[size_t(c)];
+        if (transposed)
+          dsi::cuda::launch_gemv_t(q, st);
+        else
+          dsi::cuda::launch_gemv(q, plan, st);
+      });
+      print_row(sh, "fp8", n, transposed ? "gemv_t" : "gemv", us, bytes,
+                (transposed ? std::string("transposed") : plan_name(plan)) + " (" + std::to_string(heads) +
+                    " heads)");
+    }
+  free_weights(ws);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -283,6 +336,10 @@ int main(int argc, char** argv) {
     if (gemv && only.empty()) {
       bench_grouped("GLM-5", 6144, 2048, sms, l2, reps, sweep, x, y);
       bench_grouped("DSV3.2", 7168, 2048, sms, l2, reps, sweep, x, y);
+    }
+    if (gemv && !moe_only && (only.empty() || std::string("mla_absorb_q mla_up_v").find(only) != std::string::npos)) {
+      bench_mla_heads("GLM-5", 64, 192, 256, 512, sms, l2, reps, x, y);
+      bench_mla_heads("DSV3.2", 128, 128, 128, 512, sms, l2, reps, x, y);
     }
     for (const Shape& sh : moe_only ? std::vector<Shape>{} : shapes)
       for (bool fp8 : {true, false}) {

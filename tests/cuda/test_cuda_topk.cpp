@@ -101,12 +101,13 @@ TEST_F(CudaTopkSelect, StreamedLongRowsAndStrides) {
         name("few levels", 64, 2049, 2048));
 }
 
-// Rows of at most 12K scores run one CTA each (the row's keys in shared memory): every fill, ties
-// at the threshold, k from 1 to 2048 over rows shorter and longer than k, bounds inside the row,
-// the largest such row and the first larger one (back on the cluster kernel).
+// Rows of at most 12K scores run one CTA each (the row's keys in registers, 4, 8 or 12 a thread):
+// every fill, ties at the threshold, k from 1 to 2048 over rows shorter and longer than k, bounds
+// inside the row, a row just past a keys-per-thread step (4097), rows whose starts are not 16-byte
+// aligned (2049, 4097), the largest such row and the first larger one (the cluster kernel's).
 TEST_F(CudaTopkSelect, OneCtaRows) {
   const char* fn[] = {"random", "relu zeros", "few levels", "holes", "all tied"};
-  for (int64_t n : {1, 100, 2049, 8192, 12288, 12289})
+  for (int64_t n : {1, 100, 2049, 4097, 8192, 12288, 12289})
     for (Fill f : {Fill::kRandom, Fill::kReluZeros, Fill::kFewLevels, Fill::kHoles, Fill::kAllTied})
       for (int k : {1, 77, 2048}) {
         const int32_t full = int32_t(n);

@@ -18,7 +18,7 @@
 // One pass over the row, three digits, one gather; no sort; one launch, capturable in a graph.
 //
 // Rows of at most kCtaMaxN scores (a decode row up to 12K keys per rank, e.g. 48K at DCP 4) skip
-// the cluster: one CTA of 1024 threads keeps the row's order keys in shared memory and runs the
+// the cluster: one CTA of 1024 threads keeps the row's order keys in registers and runs the
 // same three digit passes (11, 11 and 10 bits) and the ordered gather alone, with block barriers
 // instead of cluster barriers (the cluster's exchanges, not its reads, set its time at these
 // sizes). DSI_TOPK_CTA=0 keeps every row on the cluster kernel, for comparisons.
@@ -551,51 +551,53 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
 // ---- One CTA per row ----
 
 constexpr int kCtaThreads = 1024;
-constexpr int kCtaWarps = kCtaThreads / 32;
-// 48 KiB of keys in shared memory. On an H200 (bench_topk, one row) one CTA takes 7.6 us at 8K
-// keys and 11.3 us at 16K, the cluster (its candidates refined in one CTA) 9.6 and 9.8 us: past
-// about 12K keys the CTA's passes over all its keys, not the cluster's exchanges, set the time.
+// On an H200 (bench_topk, one row) the shared-memory version of this kernel took 7.6 us at 8K keys
+// and 11.3 us at 16K, the cluster (its candidates refined in one CTA) 9.6 and 9.8 us: past about
+// 12K keys the CTA's passes over all its keys, not the cluster's exchanges, set the time.
 constexpr int64_t kCtaMaxN = 12288;
-constexpr int kCtaBins = 2048;       // 11-bit digits: bits 31..21, 20..10; then 10 bits: 9..0
+constexpr int kCtaBins = 2048;  // 11-bit digits: bits 31..21, 20..10; then 10 bits: 9..0
 
 using CtaScan = cub::BlockScan<uint32_t, kCtaThreads>;
 
+// The row's order keys stay in registers: thread t holds positions [t * PER, (t + 1) * PER) (blocked,
+// so thread order is position order), PER = 4, 8 or 12. Three digit passes each test the PER keys
+// against the bin so far and bin the matches into their own zeroed histogram (no barrier to clear
+// one); the gather is one block scan of each thread's keys > T and == T.
+template <int PER>
 __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSelectParams p) {
+  static_assert(PER % 4 == 0, "PER: whole 16-byte loads");
   pdl_enter();
-  extern __shared__ __align__(16) uint32_t dyn[];
   __shared__ typename CtaScan::TempStorage scan;
-  __shared__ uint32_t s_warp[kCtaWarps];  // per warp: its keys > T | keys == T << 16, then their prefix
-  uint32_t* hist = dyn;              // [kCtaBins]
-  uint32_t* keys = dyn + kCtaBins;   // [n] order keys (0: not selectable)
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __shared__ uint32_t hist1[kCtaBins], hist2[kCtaBins], hist3[kCtaBins / 2];
+  const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
   const float* srow = p.scores + row * p.score_stride;
   const int n = int(p.n), bound = min(int(p.bounds[row]), n);  // bound <= n (checked by the op)
   int32_t* out_idx = p.indices + row * p.k;
   float* out_val = p.values != nullptr ? p.values + row * p.k : nullptr;
+  const int i0 = tid * PER;
 
-  for (int i = tid; i < kCtaBins; i += kCtaThreads) hist[i] = 0;
-  __syncthreads();
-  // Pass 1: the keys into shared memory, histogram of bits 31..21 (4 loads in flight per thread).
-  constexpr int kLoads = 4;
-  for (int base = 0; base < n; base += kCtaThreads * kLoads) {
-    float v[kLoads];
+  for (int i = tid; i < kCtaBins; i += kCtaThreads) hist1[i] = hist2[i] = 0;
+  for (int i = tid; i < kCtaBins / 2; i += kCtaThreads) hist3[i] = 0;
+  uint32_t key[PER];
+  if (i0 + PER <= bound && (reinterpret_cast<uintptr_t>(srow + i0) & 15u) == 0) {
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int i = base + u * kCtaThreads + tid;
-      v[u] = i < bound ? srow[i] : -INFINITY;
+    for (int v = 0; v < PER / 4; ++v) {
+      const float4 f = *reinterpret_cast<const float4*>(srow + i0 + 4 * v);
+      key[4 * v] = order_key(f.x), key[4 * v + 1] = order_key(f.y);
+      key[4 * v + 2] = order_key(f.z), key[4 * v + 3] = order_key(f.w);
     }
+  } else {
 #pragma unroll
-    for (int u = 0; u < kLoads; ++u) {
-      const int i = base + u * kCtaThreads + tid;
-      if (i >= n) continue;
-      const uint32_t o = order_key(v[u]);
-      keys[i] = o;
-      if (o != 0u) atomicAdd(&hist[o >> 21], 1u);
-    }
+    for (int j = 0; j < PER; ++j) key[j] = i0 + j < bound ? order_key(srow[i0 + j]) : 0u;
   }
+  __syncthreads();  // the histograms are zero
+  // Pass 1: bits 31..21 of the selectable keys.
+#pragma unroll
+  for (int j = 0; j < PER; ++j)
+    if (key[j] != 0u) atomicAdd(&hist1[key[j] >> 21], 1u);
   __syncthreads();
-  BlockPick pick = block_pick<kCtaThreads, 2>(hist, kCtaBins, uint32_t(p.k), true, scan);
+  BlockPick pick = block_pick<kCtaThreads, 2>(hist1, kCtaBins, uint32_t(p.k), true, scan);
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
   for (int j = int(kk) + tid; j < p.k; j += kCtaThreads) {
     out_idx[j] = -1;
@@ -604,67 +606,42 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
   if (kk == 0) return;
   const uint32_t b1 = pick.bin;
   uint32_t above = pick.above;
-  // Pass 2: bits 20..10 of the keys in bin b1.
-  for (int i = tid; i < kCtaBins; i += kCtaThreads) hist[i] = 0;
+  // Pass 2: bits 20..10 of the keys in bin b1 (b1 >= 1 when kk >= 1: a bin of selectable keys).
+#pragma unroll
+  for (int j = 0; j < PER; ++j)
+    if ((key[j] >> 21) == b1) atomicAdd(&hist2[(key[j] >> 10) & 0x7ffu], 1u);
   __syncthreads();
-  for (int i = tid; i < n; i += kCtaThreads) {
-    const uint32_t o = keys[i];
-    if ((o >> 21) == b1) atomicAdd(&hist[(o >> 10) & 0x7ffu], 1u);
-  }
-  __syncthreads();
-  pick = block_pick<kCtaThreads, 2>(hist, kCtaBins, kk - above, false, scan);
+  pick = block_pick<kCtaThreads, 2>(hist2, kCtaBins, kk - above, false, scan);
   const uint32_t prefix22 = (b1 << 11) | pick.bin;
   above += pick.above;
   // Pass 3: bits 9..0 of the keys with that 22-bit prefix.
-  for (int i = tid; i < kCtaBins / 2; i += kCtaThreads) hist[i] = 0;
+#pragma unroll
+  for (int j = 0; j < PER; ++j)
+    if ((key[j] >> 10) == prefix22) atomicAdd(&hist3[key[j] & 0x3ffu], 1u);
   __syncthreads();
-  for (int i = tid; i < n; i += kCtaThreads) {
-    const uint32_t o = keys[i];
-    if ((o >> 10) == prefix22) atomicAdd(&hist[o & 0x3ffu], 1u);
-  }
-  __syncthreads();
-  pick = block_pick<kCtaThreads, 2>(hist, kCtaBins / 2, kk - above, false, scan);
+  pick = block_pick<kCtaThreads, 1>(hist3, kCtaBins / 2, kk - above, false, scan);
   const uint32_t thr = (prefix22 << 10) | pick.bin;  // the k-th key (>= 1: selectable)
   above += pick.above;
   const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
 
-  // The ordered gather: warp w owns the contiguous span [w * span, (w + 1) * span) and walks it 32
-  // keys at a time (lane order = position order within a step; ballots count what lies before).
-  const int span = (n + kCtaWarps * 32 - 1) / (kCtaWarps * 32) * 32;
-  const int w_lo = min(n, warp * span), w_hi = min(n, w_lo + span);
-  uint32_t w_gt = 0, w_eq = 0;
-  for (int i0 = w_lo; i0 < w_hi; i0 += 32) {
-    const uint32_t o = i0 + lane < w_hi ? keys[i0 + lane] : 0u;
-    w_gt += __popc(__ballot_sync(0xffffffffu, o > thr));
-    w_eq += __popc(__ballot_sync(0xffffffffu, o == thr));
-  }
-  if (lane == 0) s_warp[warp] = w_gt | (w_eq << 16);  // gt < k <= 2048, eq <= n <= 32768
-  __syncthreads();
-  if (warp == 0) {  // exclusive prefix over the warps, in warp order
-    const uint32_t mine = s_warp[lane];
-    uint32_t inc = mine;
+  // The ordered gather: (keys > thr) | (keys == thr) << 16 per thread (< 2^16 each), scanned in
+  // thread order (= position order).
+  uint32_t cnt = 0;
 #pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const uint32_t t = __shfl_up_sync(0xffffffffu, inc, d);
-      if (lane >= d) inc += t;
+  for (int j = 0; j < PER; ++j) cnt += (key[j] > thr ? 1u : 0u) + (key[j] == thr ? 0x10000u : 0u);
+  uint32_t pre = 0;
+  CtaScan(scan).ExclusiveSum(cnt, pre);
+  uint32_t gt_b = pre & 0xffffu, eq_b = pre >> 16;
+#pragma unroll
+  for (int j = 0; j < PER; ++j) {
+    const bool gt = key[j] > thr, eq = key[j] == thr;
+    if (gt || (eq && eq_b < take_eq)) {
+      const uint32_t slot = gt_b + min(eq_b, take_eq);
+      out_idx[slot] = i0 + j;
+      if (out_val != nullptr) out_val[slot] = srow[i0 + j];  // the score itself (-0 stays -0)
     }
-    s_warp[lane] = inc - mine;
-  }
-  __syncthreads();
-  uint32_t gt_b = s_warp[warp] & 0xffffu, eq_b = s_warp[warp] >> 16;
-  const uint32_t below = (1u << lane) - 1u;
-  for (int i0 = w_lo; i0 < w_hi; i0 += 32) {
-    const int i = i0 + lane;
-    const uint32_t o = i < w_hi ? keys[i] : 0u;
-    const uint32_t gt_mask = __ballot_sync(0xffffffffu, o > thr), eq_mask = __ballot_sync(0xffffffffu, o == thr);
-    const uint32_t gt_here = gt_b + __popc(gt_mask & below), eq_here = eq_b + __popc(eq_mask & below);
-    if (o > thr || (o == thr && eq_here < take_eq)) {
-      const uint32_t slot = gt_here + min(eq_here, take_eq);
-      out_idx[slot] = i;
-      if (out_val != nullptr) out_val[slot] = srow[i];  // the score itself (-0 stays -0)
-    }
-    gt_b += __popc(gt_mask);
-    eq_b += __popc(eq_mask);
+    gt_b += gt ? 1u : 0u;
+    eq_b += eq ? 1u : 0u;
   }
 }
 
@@ -688,9 +665,9 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
   DSI_CHECK(p.k >= 1 && p.k <= kTopkSelectMaxK, "topk: the select kernel takes k <= {}, got {}",
             kTopkSelectMaxK, p.k);
   if (p.n <= kCtaMaxN && cta_path_enabled()) {
-    const size_t smem = sizeof(uint32_t) * size_t(kCtaBins + p.n);
-    DSI_CUDA_CHECK(cudaFuncSetAttribute(topk_select_cta_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(sizeof(uint32_t) * (kCtaBins + kCtaMaxN))));
+    const auto kernel = p.n <= 4 * kCtaThreads   ? topk_select_cta_kernel<4>
+                        : p.n <= 8 * kCtaThreads ? topk_select_cta_kernel<8>
+                                                 : topk_select_cta_kernel<12>;
     for (int64_t r0 = 0; r0 < p.rows; r0 += INT32_MAX) {
       TopkSelectParams q = p;
       q.rows = std::min<int64_t>(INT32_MAX, p.rows - r0);
@@ -698,7 +675,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
       q.bounds = p.bounds + r0;
       q.indices = p.indices + r0 * p.k;
       if (q.values != nullptr) q.values = p.values + r0 * p.k;
-      launch(topk_select_cta_kernel, dim3(unsigned(q.rows)), dim3(kCtaThreads), smem, s, q);
+      launch(kernel, dim3(unsigned(q.rows)), dim3(kCtaThreads), 0, s, q);
     }
     return;
   }
