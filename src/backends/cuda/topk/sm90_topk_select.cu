@@ -558,11 +558,58 @@ constexpr int64_t kCtaMaxN = 12288;
 constexpr int kCtaBins = 2048;  // 11-bit digits: bits 31..21, 20..10; then 10 bits: 9..0
 
 using CtaScan = cub::BlockScan<uint32_t, kCtaThreads>;
+// block_pick for the CTA kernel with two barriers: thread t holds the NB / kCtaThreads bins below
+// NB - 1 - t * that (descending); warp scans, the warps' totals through shared memory, then every
+// warp scans the totals and the crossing thread publishes the bin.
+template <int NB>
+__device__ BlockPick cta_pick(const uint32_t* hist, uint32_t need_or_k, bool first) {
+  constexpr int kPer = NB / kCtaThreads;
+  static_assert(kPer >= 1 && NB % kCtaThreads == 0, "cta_pick: whole bins per thread");
+  __shared__ uint32_t s_wtot[32], s_bin, s_above;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  uint32_t c[kPer], sum = 0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    c[i] = hist[NB - 1 - tid * kPer - i];
+    sum += c[i];
+  }
+  uint32_t incl = sum;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const uint32_t t = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += t;
+  }
+  if (lane == 31) s_wtot[warp] = incl;
+  __syncthreads();
+  const uint32_t wt = s_wtot[lane];
+  uint32_t winc = wt;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const uint32_t t = __shfl_up_sync(0xffffffffu, winc, d);
+    if (lane >= d) winc += t;
+  }
+  const uint32_t total = __shfl_sync(0xffffffffu, winc, 31);
+  const uint32_t need = first ? min(need_or_k, total) : need_or_k;
+  if (need == 0) return BlockPick{0u, 0u, total};  // block-uniform; no bin is read
+  uint32_t acc = __shfl_sync(0xffffffffu, winc - wt, warp) + incl - sum;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (acc < need && acc + c[i] >= need) {  // exactly one (thread, i) crosses
+      s_bin = uint32_t(NB - 1 - tid * kPer - i);
+      s_above = acc;
+    }
+    acc += c[i];
+  }
+  __syncthreads();
+  return BlockPick{s_bin, s_above, total};
+}
+
 
 // The row's order keys stay in registers: thread t holds positions [t * PER, (t + 1) * PER) (blocked,
 // so thread order is position order), PER = 4, 8 or 12. Three digit passes each test the PER keys
 // against the bin so far and bin the matches into their own zeroed histogram (no barrier to clear
-// one); the gather is one block scan of each thread's keys > T and == T.
+// one), each pick takes two barriers (cta_pick), and the gather is one block scan of each thread's
+// keys > T and == T.
 template <int PER>
 __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSelectParams p) {
   static_assert(PER % 4 == 0, "PER: whole 16-byte loads");
@@ -597,7 +644,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
   for (int j = 0; j < PER; ++j)
     if (key[j] != 0u) atomicAdd(&hist1[key[j] >> 21], 1u);
   __syncthreads();
-  BlockPick pick = block_pick<kCtaThreads, 2>(hist1, kCtaBins, uint32_t(p.k), true, scan);
+  BlockPick pick = cta_pick<kCtaBins>(hist1, uint32_t(p.k), true);
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
   for (int j = int(kk) + tid; j < p.k; j += kCtaThreads) {
     out_idx[j] = -1;
@@ -611,7 +658,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
   for (int j = 0; j < PER; ++j)
     if ((key[j] >> 21) == b1) atomicAdd(&hist2[(key[j] >> 10) & 0x7ffu], 1u);
   __syncthreads();
-  pick = block_pick<kCtaThreads, 2>(hist2, kCtaBins, kk - above, false, scan);
+  pick = cta_pick<kCtaBins>(hist2, kk - above, false);
   const uint32_t prefix22 = (b1 << 11) | pick.bin;
   above += pick.above;
   // Pass 3: bits 9..0 of the keys with that 22-bit prefix.
@@ -619,7 +666,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
   for (int j = 0; j < PER; ++j)
     if ((key[j] >> 10) == prefix22) atomicAdd(&hist3[key[j] & 0x3ffu], 1u);
   __syncthreads();
-  pick = block_pick<kCtaThreads, 1>(hist3, kCtaBins / 2, kk - above, false, scan);
+  pick = cta_pick<kCtaBins / 2>(hist3, kk - above, false);
   const uint32_t thr = (prefix22 << 10) | pick.bin;  // the k-th key (>= 1: selectable)
   above += pick.above;
   const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
