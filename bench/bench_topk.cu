@@ -1,6 +1,6 @@
 // Top-k benchmark on one GPU: k = 2048 over 8K, 32K, 128K and 1M scores per row, 1 and 16 rows, random
 // scores and relu-like scores (90% exact zeros: the tie-heavy case). The radix select
-// (sm90_topk_select.cu; rows up to 32K on one CTA, DSI_TOPK_CTA=0 for the cluster kernel) is timed
+// (sm90_topk_select.cu; rows up to 12K on one CTA, DSI_TOPK_CTA=0 for the cluster kernel) is timed
 // in CUDA graphs over rotating score copies (together more than 2 x L2), median over replays; the previous path (64-bit keys + cub segmented sort + decode, as
 // ops::topk ran it) with plain stream launches. GB/s of the scores read + indices written, against
 // the H200's ~4.3 TB/s.

@@ -558,6 +558,7 @@ constexpr int64_t kCtaMaxN = 12288;
 constexpr int kCtaBins = 2048;  // 11-bit digits: bits 31..21, 20..10; then 10 bits: 9..0
 
 using CtaScan = cub::BlockScan<uint32_t, kCtaThreads>;
+
 // block_pick for the CTA kernel with two barriers: thread t holds the NB / kCtaThreads bins below
 // NB - 1 - t * that (descending); warp scans, the warps' totals through shared memory, then every
 // warp scans the totals and the crossing thread publishes the bin.
