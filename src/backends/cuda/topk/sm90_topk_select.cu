@@ -227,6 +227,22 @@ __device__ __forceinline__ Place place_of(uint32_t gt, uint32_t eq, uint32_t tak
   return pl;
 }
 
+// The bin at which the count from the top reaches `need`, found by the one (thread, i) that crosses
+// it: this thread's counts c[0, per) are of bins nb - 1 - tid * per - i (descending), and `acc` keys
+// lie in the bins above them. That thread writes the bin and the count above it.
+template <int kMax>
+__device__ __forceinline__ void publish_crossing(const uint32_t (&c)[kMax], int per, int nb, uint32_t acc,
+                                                 uint32_t need, uint32_t& bin, uint32_t& above) {
+#pragma unroll
+  for (int i = 0; i < kMax; ++i) {
+    if (need > 0 && acc < need && acc + c[i] >= need) {  // exactly one (thread, i) crosses
+      bin = uint32_t(nb - 1 - int(threadIdx.x) * per - i);
+      above = acc;
+    }
+    acc += c[i];
+  }
+}
+
 // The bin of hist[0, nb) (larger bins = larger keys) at which the count from the top reaches `need`
 // (first pass: min(k, total)), the count above it, and the total, found by one block of kThreads
 // (each owns up to kMaxPer bins, descending). The same on every thread; block-synchronising.
@@ -246,15 +262,7 @@ __device__ BlockPick block_pick(const uint32_t* hist, int nb, uint32_t need_or_k
   if (tid == 0) s_bin = s_above = 0;
   cub::BlockScan<uint32_t, kThreads>(tmp).ExclusiveSum(sum, before, total);
   const uint32_t need = first ? min(need_or_k, total) : need_or_k;
-  uint32_t acc = before;
-#pragma unroll
-  for (int i = 0; i < kMaxPer; ++i) {
-    if (need > 0 && acc < need && acc + c[i] >= need) {  // exactly one (thread, i) crosses
-      s_bin = uint32_t(nb - 1 - tid * per - i);
-      s_above = acc;
-    }
-    acc += c[i];
-  }
+  publish_crossing(c, per, nb, before, need, s_bin, s_above);
   __syncthreads();
   return BlockPick{s_bin, s_above, total};
 }
@@ -592,19 +600,10 @@ __device__ BlockPick cta_pick(const uint32_t* hist, uint32_t need_or_k, bool fir
   const uint32_t total = __shfl_sync(0xffffffffu, winc, 31);
   const uint32_t need = first ? min(need_or_k, total) : need_or_k;
   if (need == 0) return BlockPick{0u, 0u, total};  // block-uniform; no bin is read
-  uint32_t acc = __shfl_sync(0xffffffffu, winc - wt, warp) + incl - sum;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    if (acc < need && acc + c[i] >= need) {  // exactly one (thread, i) crosses
-      s_bin = uint32_t(NB - 1 - tid * kPer - i);
-      s_above = acc;
-    }
-    acc += c[i];
-  }
+  publish_crossing(c, kPer, NB, __shfl_sync(0xffffffffu, winc - wt, warp) + incl - sum, need, s_bin, s_above);
   __syncthreads();
   return BlockPick{s_bin, s_above, total};
 }
-
 
 // The row's order keys stay in registers: thread t holds positions [t * PER, (t + 1) * PER) (blocked,
 // so thread order is position order), PER = 4, 8 or 12. Three digit passes each test the PER keys
