@@ -227,6 +227,26 @@ __device__ __forceinline__ Place place_of(uint32_t gt, uint32_t eq, uint32_t tak
   return pl;
 }
 
+// The ordered gather's write for one thread's keys o[] at consecutive positions pos0, pos0 + 1, ...:
+// every key > thr, and a key == thr while fewer than take_eq come before it; gt_b / eq_b count the
+// keys > thr / == thr before o[0], and `before` the winners ahead of them all. value_of(i) is the
+// score written next to position pos0 + i.
+template <int ITEMS, typename ValueOf>
+__device__ __forceinline__ void write_winners(const uint32_t (&o)[ITEMS], int64_t pos0, uint32_t thr,
+                                              uint32_t take_eq, uint32_t before, uint32_t gt_b, uint32_t eq_b,
+                                              int32_t* out_idx, float* out_val, ValueOf value_of) {
+#pragma unroll
+  for (int it = 0; it < ITEMS; ++it) {
+    if (o[it] > thr || (o[it] == thr && eq_b < take_eq)) {
+      const uint32_t slot = before + gt_b + min(eq_b, take_eq);
+      out_idx[slot] = int32_t(pos0 + it);
+      if (out_val != nullptr) out_val[slot] = value_of(it);
+    }
+    gt_b += o[it] > thr ? 1u : 0u;
+    eq_b += o[it] == thr ? 1u : 0u;
+  }
+}
+
 // The bin at which the count from the top reaches `need`, found by the one (thread, i) that crosses
 // it: this thread's counts c[0, per) are of bins nb - 1 - tid * per - i (descending), and `acc` keys
 // lie in the bins above them. That thread writes the bin and the count above it.
@@ -537,19 +557,8 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     }
     uint32_t pre = 0, agg = 0;
     Scan(temp.scan).ExclusiveSum(cnt, pre, agg);
-    uint32_t gt_b = run_gt + (pre & 0xffffu), eq_b = run_eq + (pre >> 16);
-#pragma unroll
-    for (int it = 0; it < kGatherItems; ++it) {
-      const int64_t pos = lo + base + int64_t(tid) * kGatherItems + it;
-      const bool win = o[it] > thr || (o[it] == thr && eq_b < my_take);
-      if (win) {
-        const uint32_t slot = win_before + gt_b + min(eq_b, my_take);
-        out_idx[slot] = int32_t(pos);
-        if (out_val != nullptr) out_val[slot] = __uint_as_float(b[it]);
-      }
-      gt_b += o[it] > thr ? 1u : 0u;
-      eq_b += o[it] == thr ? 1u : 0u;
-    }
+    write_winners(o, lo + base + int64_t(tid) * kGatherItems, thr, my_take, win_before, run_gt + (pre & 0xffffu),
+                  run_eq + (pre >> 16), out_idx, out_val, [&](int it) { return __uint_as_float(b[it]); });
     run_gt += agg & 0xffffu;
     run_eq += agg >> 16;
     __syncthreads();  // temp.scan is reused by the next tile
@@ -678,18 +687,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
   for (int j = 0; j < PER; ++j) cnt += (key[j] > thr ? 1u : 0u) + (key[j] == thr ? 0x10000u : 0u);
   uint32_t pre = 0;
   CtaScan(scan).ExclusiveSum(cnt, pre);
-  uint32_t gt_b = pre & 0xffffu, eq_b = pre >> 16;
-#pragma unroll
-  for (int j = 0; j < PER; ++j) {
-    const bool gt = key[j] > thr, eq = key[j] == thr;
-    if (gt || (eq && eq_b < take_eq)) {
-      const uint32_t slot = gt_b + min(eq_b, take_eq);
-      out_idx[slot] = i0 + j;
-      if (out_val != nullptr) out_val[slot] = srow[i0 + j];  // the score itself (-0 stays -0)
-    }
-    gt_b += gt ? 1u : 0u;
-    eq_b += eq ? 1u : 0u;
-  }
+  const uint32_t gt_b = pre & 0xffffu, eq_b = pre >> 16;
+  write_winners(key, i0, thr, take_eq, 0u, gt_b, eq_b, out_idx, out_val,
+                [&](int j) { return srow[i0 + j]; });  // the score itself (-0 stays -0)
 }
 
 bool cta_path_enabled() {
