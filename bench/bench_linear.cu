@@ -227,12 +227,17 @@ void bench_grouped(const char* model, int64_t hidden, int64_t inter, int sms, in
 // transposed kernel, mla_absorb_q) and the value up-projection W_UV[h] o_lat[h] (a head-batched
 // GEMV, mla_up_v), for 1 and 4 rows; x and y strided per head as in the layer.
 void bench_mla_heads(const char* model, int64_t heads, int64_t nope, int64_t dv, int64_t lora, int sms,
-                     int64_t l2, int reps, const float* x, float* y) {
+                     int64_t l2, int reps, const std::string& only, const float* x, float* y) {
+  const char* names[2] = {"mla_absorb_q", "mla_up_v"};
+  const bool want[2] = {std::string(names[0]).find(only) != std::string::npos,
+                        std::string(names[1]).find(only) != std::string::npos};
+  if (!want[0] && !want[1]) return;
   const int64_t per = nope + dv;
   Weights ws = make_weights(Shape{model, "", heads * per, lora}, true, l2);
   const int copies = int(ws.w.size());
   for (int uv = 0; uv < 2; ++uv)
     for (int n : {1, 4}) {
+      if (!want[uv]) continue;
       dsi::cuda::GemvParams p{};
       p.kind = FloatKind::kE4M3;
       p.block_out = p.block_in = 128;
@@ -251,7 +256,7 @@ void bench_mla_heads(const char* model, int64_t heads, int64_t nope, int64_t dv,
       p.batch_y = uv ? dv : lora + 64;    // out [n, H, dv]; q_abs [n, H, lora + rope]
       p.ldx = heads * p.batch_x;
       p.ldy = heads * p.batch_y;
-      const Shape sh{model, uv ? "mla_up_v" : "mla_absorb_q", heads * out, in};
+      const Shape sh{model, names[uv], heads * out, in};
       const double bytes = double(heads * in * out) + double(ws.scale_bytes) * double(in) / double(per) +
                            4.0 * n * heads * double(in + out);
       p.w = static_cast<const uint8_t*>(ws.w[0]) + w_off;
@@ -337,9 +342,9 @@ int main(int argc, char** argv) {
       bench_grouped("GLM-5", 6144, 2048, sms, l2, reps, sweep, x, y);
       bench_grouped("DSV3.2", 7168, 2048, sms, l2, reps, sweep, x, y);
     }
-    if (gemv && !moe_only && (only.empty() || std::string("mla_absorb_q mla_up_v").find(only) != std::string::npos)) {
-      bench_mla_heads("GLM-5", 64, 192, 256, 512, sms, l2, reps, x, y);
-      bench_mla_heads("DSV3.2", 128, 128, 128, 512, sms, l2, reps, x, y);
+    if (gemv && !moe_only) {  // --only filters these rows by name, as the shapes below
+      bench_mla_heads("GLM-5", 64, 192, 256, 512, sms, l2, reps, only, x, y);
+      bench_mla_heads("DSV3.2", 128, 128, 128, 512, sms, l2, reps, only, x, y);
     }
     for (const Shape& sh : moe_only ? std::vector<Shape>{} : shapes)
       for (bool fp8 : {true, false}) {
