@@ -1,5 +1,5 @@
 // fp8 KV-cache benchmark on one GPU: the indexer decode logits over the paged fp8 key cache
-// (64 heads, d = 128; 8K and 128K keys; 1 row, and 4 sequences x 4 MTP rows; CUDA cores before,
+// (32 and 64 heads, d = 128; 8K and 128K keys; 1 row, and 4 sequences x 4 MTP rows; CUDA cores before,
 // tensor cores now, the top-2048 select alone and both back to back) and sparse MLA decode
 // over the 656-byte cache (top-2048: 64 heads x 1 row, 8 heads x 1 row, 64 heads x 4 requests x 4
 // MTP rows, 128 heads x 1 row). Calls the kernel launchers directly (the ops add a synchronising
@@ -14,7 +14,10 @@
 // case also prints the PyTorch implementation's time and dsinfer's speed-up over it.
 //
 //   bench_kv_fp8 [--reps N] [--sweep] [--only-mla | --only-indexer [--keys 8192|131072]]
-//                [--trace] [--torch FILE]
+//                [--heads A,B] [--idx-blocks A,B] [--trace] [--torch FILE]
+// The indexer runs with 32 heads (GLM-5) and 64 (DeepSeek-V3.2) unless --heads says otherwise;
+// --idx-blocks also times the logits kernel with each forced count of blocks per row group
+// (set_indexer_logits_blocks).
 // Each sparse MLA case runs twice: as a plain call, and "settled" (indices and the first gather
 // before the programmatic wait). --trace prints where each CTA's time goes (phase marks).
 #include <cuda_runtime.h>
@@ -106,7 +109,8 @@ __global__ void fill_indexer_pool(uint8_t* pool, int64_t n_pages, int d, uint32_
 // as right after the logits kernel), and rotation + tensor-core logits + top-2048 back to back.
 // Bytes: the keys once per sequence (132 B each: the byte floor), the f32 query, the logits written
 // (the top-k reads them; back to back they stay in L2 and only the keys, q and indices count).
-void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int reps) {
+void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int reps,
+                   const std::vector<int>& block_sweep) {
   const int d = 128, k = dsi::cuda::kTopkSelectMaxK;
   const int64_t page_bytes = dsi::ops::indexer_page_bytes(d);
   const int64_t pages_per_seq = (n_keys + kPage - 1) / kPage, pages_per_copy = pages_per_seq * n_seqs;
@@ -220,6 +224,22 @@ void bench_indexer(int64_t n_keys, int n_seqs, int rows_per_seq, int heads, int 
               key_bytes / (kPeakGBs * 1e3));
   report(std::string("top-2048 select of the logits ") + tag, t_topk, logit_bytes + idx_bytes);
   report(std::string("logits + top-2048 back to back ") + tag, t_both, key_bytes + q_bytes + idx_bytes);
+  // The logits kernel with each forced count of blocks per row group (--idx-blocks), alone and as
+  // a step runs it.
+  for (int nb : block_sweep) {
+    dsi::cuda::set_indexer_logits_blocks(nb);
+    const double alone = time_graph(copies, reps, [&](int c, cudaStream_t str) {
+      dsi::cuda::launch_indexer_logits_fp8_mma(params(c), str);
+    });
+    const double both = time_graph(copies, reps, [&](int c, cudaStream_t str) {
+      dsi::cuda::launch_rotate_quant(rq, str);
+      dsi::cuda::launch_indexer_logits_fp8_mma(params(c), str);
+      dsi::cuda::launch_topk_select(tk, str);
+    });
+    std::printf("  %d blocks per row group: logits kernel alone %.2f us, + rotation, top-2048 %.2f us\n", nb, alone,
+                both);
+  }
+  dsi::cuda::set_indexer_logits_blocks(0);
   char tname[96];
   std::snprintf(tname, sizeof(tname), "indexer keys=%lld rows=%dx%d", (long long)n_keys, n_seqs, rows_per_seq);
   report_torch(tname, t_both);
@@ -409,6 +429,7 @@ int main(int argc, char** argv) {
   int reps = 20;
   bool sweep = false, only_mla = false, only_indexer = false, sorted = false;
   int64_t pool_slots = int64_t(1) << 20, only_keys = 0;
+  std::vector<int> head_counts = {32, 64}, block_sweep;  // heads: GLM-5's, then DeepSeek-V3.2's
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
@@ -420,6 +441,10 @@ int main(int argc, char** argv) {
       only_indexer = true;
     } else if (std::strcmp(argv[i], "--keys") == 0 && i + 1 < argc) {
       only_keys = std::atoll(argv[++i]);
+    } else if (std::strcmp(argv[i], "--heads") == 0 && i + 1 < argc) {
+      head_counts = int_list(argv[++i]);
+    } else if (std::strcmp(argv[i], "--idx-blocks") == 0 && i + 1 < argc) {
+      block_sweep = int_list(argv[++i]);
     } else if (std::strcmp(argv[i], "--torch") == 0 && i + 1 < argc) {
       std::ifstream f(argv[++i]);
       if (!f) {
@@ -439,8 +464,8 @@ int main(int argc, char** argv) {
       pool_slots = std::atoll(argv[++i]);
     } else {
       std::fprintf(stderr,
-                   "usage: bench_kv_fp8 [--reps N] [--sweep] [--only-mla] [--only-indexer] [--keys N] [--sorted] "
-                   "[--pool-slots N] [--trace] [--torch FILE]\n");
+                   "usage: bench_kv_fp8 [--reps N] [--sweep] [--only-mla] [--only-indexer] [--keys N] [--heads A,B] "
+                   "[--idx-blocks A,B] [--sorted] [--pool-slots N] [--trace] [--torch FILE]\n");
       return 2;
     }
   }
@@ -455,8 +480,10 @@ int main(int argc, char** argv) {
     for (int64_t keys : {int64_t(8192), int64_t(131072)}) {
       if (only_mla) break;
       if (only_keys > 0 && keys != only_keys) continue;
-      bench_indexer(keys, 1, 1, 64, reps);
-      bench_indexer(keys, 4, 4, 64, reps);
+      for (int heads : head_counts) {
+        bench_indexer(keys, 1, 1, heads, reps, block_sweep);
+        bench_indexer(keys, 4, 4, heads, reps, block_sweep);
+      }
     }
     if (only_indexer) return 0;
     MlaPool mp = make_mla_pool(pool_slots);

@@ -5,7 +5,8 @@
 // ops::topk ran it) with plain stream launches. GB/s of the scores read + indices written, against
 // the H200's ~4.3 TB/s.
 //
-//   bench_topk [--reps N]
+//   bench_topk [--reps N] [--keys N] [--ctas A,B]   (--keys: that row length only; --ctas: the
+//   cluster kernel also at each forced CTA count per row, set_topk_cluster_ctas)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,7 +46,7 @@ T* dalloc(size_t n) {
   return static_cast<T*>(p);
 }
 
-void bench(int64_t rows, int64_t n, bool relu, int reps) {
+void bench(int64_t rows, int64_t n, bool relu, int reps, const std::vector<int>& cta_sweep) {
   const int64_t per_copy = rows * n;
   const int copies = int(std::clamp<int64_t>((int64_t(120) << 20) / (per_copy * 4) + 1, 1, 64));
   float* scores = dalloc<float>(size_t(copies * per_copy));
@@ -72,6 +73,16 @@ void bench(int64_t rows, int64_t n, bool relu, int reps) {
     dsi::cuda::launch_topk_select(q, st);
   });
   report(std::string("top-2048 radix select ") + tag, t_sel, bytes);
+  for (int c : cta_sweep) {  // --ctas: the cluster kernel at each forced width
+    dsi::cuda::set_topk_cluster_ctas(c);
+    const double t = time_graph(copies, reps, [&](int cp, cudaStream_t st) {
+      dsi::cuda::TopkSelectParams q = p;
+      q.scores = scores + int64_t(cp) * per_copy;
+      dsi::cuda::launch_topk_select(q, st);
+    });
+    std::printf("  %2d CTAs per row: %.2f us\n", c, t);
+  }
+  dsi::cuda::set_topk_cluster_ctas(0);
 
   if (rows * n <= (int64_t(1) << 25)) {
     unsigned long long* keys = dalloc<unsigned long long>(size_t(per_copy));
@@ -107,13 +118,19 @@ void bench(int64_t rows, int64_t n, bool relu, int reps) {
 
 int main(int argc, char** argv) {
   int reps = 20;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
-      reps = std::max(1, std::atoi(argv[++i]));
-    } else {
-      std::fprintf(stderr, "usage: bench_topk [--reps N]\n");
-      return 2;
-    }
+  int64_t only_keys = 0;
+  std::vector<int> cta_sweep;
+  try {
+    parse_options(argc, argv, [&](const std::string& k, auto value) {
+      if (k == "--reps") reps = std::max(1, std::stoi(value()));
+      else if (k == "--keys") only_keys = std::stoll(value());
+      else if (k == "--ctas") cta_sweep = int_list(value());
+      else return false;
+      return true;
+    });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_topk: %s\nusage: bench_topk [--reps N] [--keys N] [--ctas A,B]\n", e.what());
+    return 2;
   }
   try {
     int n = 0;
@@ -123,11 +140,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf("%-56s %13s %14s %7s\n", "case", "time", "bandwidth", "of peak");
+    auto kept = [&](int64_t len) { return only_keys == 0 || len == only_keys; };
     for (int64_t len : {int64_t(8192), int64_t(12288), int64_t(16384), int64_t(32768), int64_t(131072), int64_t(1) << 20})
-      for (int64_t rows : {int64_t(1), int64_t(16)}) bench(rows, len, false, reps);
-    bench(1, 8192, true, reps);
-    bench(1, 131072, true, reps);
-    bench(16, 131072, true, reps);
+      for (int64_t rows : {int64_t(1), int64_t(16)})
+        if (kept(len)) bench(rows, len, false, reps, cta_sweep);
+    for (int64_t rows : {int64_t(1), int64_t(16)})
+      for (int64_t len : {int64_t(8192), int64_t(131072)})
+        if (kept(len) && !(rows == 16 && len == 8192)) bench(rows, len, true, reps, cta_sweep);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;

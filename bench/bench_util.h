@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,27 @@ inline void parse_options(int argc, char** argv, On on) {
     };
     if (!on(k, value)) dsi::fail("unknown option {}", k);
   }
+}
+
+// "a,b,c" as integers (an error for anything else).
+inline std::vector<int> int_list(const std::string& text) {
+  std::vector<int> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (item.empty() || used != item.size()) dsi::fail("'{}' is not a comma-separated list of integers", text);
+    out.push_back(v);
+    at = comma + 1;
+  }
+  return out;
 }
 
 constexpr double kPeakGBs = 4300.0;  // H200 HBM3e, measured copy bandwidth

@@ -19,6 +19,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
 #include "backends/cpu/cpu_kv_fp8.h"
 #include "cuda/cuda_test_util.h"
@@ -228,8 +229,9 @@ int expect_topk_agrees(const Tensor& got, const Tensor& cpu, const Tensor& mag,
   return checked;
 }
 
-// Returns the number of (row, k) top-k checks whose boundary was separated (d = 128).
-int run_logits_case(const LogitsCase& c, uint64_t seed, const std::string& what) {
+// Returns the number of (row, k) top-k checks whose boundary was separated (d = 128); the GPU's
+// logits (host) in *got_out when given.
+int run_logits_case(const LogitsCase& c, uint64_t seed, const std::string& what, Tensor* got_out = nullptr) {
   const int64_t rows = int64_t(c.row_seq.size()), d = c.d, heads = c.heads;
   const Paged pg = make_paged(c.lens, seed);
   int64_t total = 0, n_cols = 0;
@@ -278,6 +280,7 @@ int run_logits_case(const LogitsCase& c, uint64_t seed, const std::string& what)
   }
   ops::indexer_logits_fp8(dq, dw, dp, dt, drs, dbd, scale, g.view);
   test::expect_bitwise(g.check(what), got, what + " repeat");
+  if (got_out != nullptr) *got_out = got;
   return checked;
 }
 
@@ -319,6 +322,31 @@ TEST_F(CudaKvFp8, IndexerLogitsDecodeShapesAndSeparatedTopk) {
   const int checked = run_logits_case(
       {128, 64, {4099, 2051}, {0, 0, 0, 1}, {4099, 4000, 4098, 2051}, 64}, 203, "indexer logits planted");
   EXPECT_GE(checked, 4) << "every row's top-64 boundary is separated";
+}
+
+// The tensor-core kernel with few blocks per row group, so that each block walks many pages (its
+// double buffer wraps around many times and the barriers' phases flip): 1 row of 32 heads, and 2
+// sequences x 4 MTP rows of 64 heads with bounds inside the last pages; the same bound and top-k
+// checks as the launch's own plan, and the same bits (a logit's sums do not depend on which block
+// reads its page).
+TEST_F(CudaKvFp8, IndexerLogitsLongPageWalks) {
+  struct Restore {
+    ~Restore() { cuda::set_indexer_logits_blocks(0); }
+  } restore;
+  const std::vector<LogitsCase> cases = {
+      {128, 32, {3001}, {0}, {3001}},
+      {128, 64, {2999, 1500}, {0, 0, 0, 0, 1, 1, 1, 1}, {2996, 2997, 2998, 2999, 1497, 1498, 1499, 1500}}};
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    Tensor first;
+    for (int blocks : {0, 1, 3}) {
+      cuda::set_indexer_logits_blocks(blocks);
+      const std::string what = "indexer logits" + sz("case", int64_t(ci)) + sz("blocks", blocks);
+      Tensor got;
+      run_logits_case(cases[ci], 300 + ci, what, &got);
+      if (blocks == 0) first = got;
+      else test::expect_bitwise(got, first, what + " against the launch's plan");
+    }
+  }
 }
 
 // The key store with the key preparation (LayerNorm and RoPE inside the rotation): the bytes of the

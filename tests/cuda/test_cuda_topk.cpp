@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cuda/topk/topk.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/topk.h"
 
@@ -114,6 +115,23 @@ TEST_F(CudaTopkSelect, OneCtaRows) {
         check(scores(3, n, f, uint64_t(n * 10 + k)), {full, std::max<int32_t>(0, full / 2 - 1), std::min<int32_t>(full, 3)},
               k, name(fn[int(f)], 3, n, k));
       }
+}
+
+// Every cluster width the launch may take or be forced to, on one row length: 1 CTA (a chunk past
+// the shared-memory cache: streamed), 2 and 4 (cached), 8 and 16 (the largest, capped where the GPU
+// places no cluster of 16); random scores, relu zeros (ties at the threshold across chunks), and
+// bounds inside the row.
+TEST_F(CudaTopkSelect, ForcedClusterWidths) {
+  struct Restore {
+    ~Restore() { cuda::set_topk_cluster_ctas(0); }
+  } restore;
+  const int64_t n = 40000;
+  for (int ctas : {1, 2, 4, 8, 16}) {
+    cuda::set_topk_cluster_ctas(ctas);
+    const std::string w = " ctas=" + std::to_string(ctas);
+    check(scores(2, n, Fill::kRandom, 21), {int32_t(n), 33333}, 2048, name("random", 2, n, 2048) + w);
+    check(scores(2, n, Fill::kReluZeros, 22), {int32_t(n), 9000}, 100, name("relu zeros", 2, n, 100) + w);
+  }
 }
 
 }  // namespace

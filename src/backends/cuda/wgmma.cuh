@@ -10,6 +10,16 @@
 
 namespace dsi::cuda {
 
+// The first A-byte-aligned byte of a dynamic shared-memory array (A a power of two), as base plus
+// an offset: the compiler still knows the pointer is shared, so accesses through it are shared
+// loads and stores. (Aligning through an integer round trip loses that, and every access becomes
+// a generic one: longer latency and extra instructions.)
+template <unsigned A>
+__device__ __forceinline__ uint8_t* align_shared(uint8_t* base) {
+  static_assert(A > 0 && (A & (A - 1)) == 0, "a power of two");
+  return base + ((A - (smem_addr(base) & (A - 1))) & (A - 1));
+}
+
 // The byte offset of 16-byte piece j (0..7) of row r in a tile of 128-byte rows in the 128-byte
 // swizzle (what the descriptors below describe), from a 1024-byte-aligned base.
 __device__ __forceinline__ uint32_t sw128_offset(int r, int j) {

@@ -34,6 +34,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "backends/cuda/common.cuh"
@@ -108,8 +109,7 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   // the first pages are on their way while the rotation ends. The queries, the weights and every
   // global write come after the wait; the tables are read past the L1 (__ldcg).
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* const keys =  // [kStages][64 keys][128 B], swizzled
-      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + kAlign - 1) & ~uintptr_t(kAlign - 1));
+  uint8_t* const keys = align_shared<kAlign>(smem_raw);  // [kStages][64 keys][128 B], swizzled
   uint8_t* const qs = keys + kStages * kKeyBytes;                      // [CAP][N][128 B], swizzled
   float* const scales = reinterpret_cast<float*>(qs + size_t(CAP) * N * kD);  // [kStages][64]
   float* const ws = scales + kStages * kPage;                          // [CAP][N] folded weights
@@ -205,14 +205,23 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
   // The group's queries (e4m3 bytes from rotate_quant) and folded weights, chunk c = (row c / cpr,
   // heads (c % cpr) N ..): 16-byte piece j of head i at i * 128 + ((j ^ (i % 8)) * 16). Heads past
   // p.heads and chunks past the group's get zero queries and weights.
+  // All of a thread's pieces are loaded before any is stored, so the loads are in flight together.
   static_assert(kD == 128 && N % 8 == 0, "query rows are the swizzle's 128-byte rows, chunks whole 8-row groups");
-  for (int i = tid; i < CAP * N * (kD / 16); i += kThreads) {
-    const int c = i / (N * (kD / 16)), hl = i / (kD / 16) % N, j = i % (kD / 16);
-    const int h = (c % cpr) * N + hl;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (c < nch && h < p.heads)
-      v = reinterpret_cast<const uint4*>(p.q8_bytes + ((r0 + c / cpr) * p.heads + h) * kD)[j];
-    *reinterpret_cast<uint4*>(qs + sw128_offset(c * N + hl, j)) = v;
+  constexpr int kQPieces = CAP * N * (kD / 16) / kThreads;  // 16-byte pieces per thread
+  static_assert(kQPieces * kThreads == CAP * N * (kD / 16), "whole pieces per thread");
+  uint4 qv[kQPieces];
+#pragma unroll
+  for (int u = 0; u < kQPieces; ++u) {
+    const int i = tid + u * kThreads;
+    const int c = i / (N * (kD / 16)), h = (c % cpr) * N + i / (kD / 16) % N;
+    qv[u] = c < nch && h < p.heads
+                ? reinterpret_cast<const uint4*>(p.q8_bytes + ((r0 + c / cpr) * p.heads + h) * kD)[i % (kD / 16)]
+                : make_uint4(0, 0, 0, 0);
+  }
+#pragma unroll
+  for (int u = 0; u < kQPieces; ++u) {
+    const int i = tid + u * kThreads;
+    *reinterpret_cast<uint4*>(qs + sw128_offset(i / (kD / 16), i % (kD / 16))) = qv[u];  // row c N + head
   }
   for (int i = tid; i < CAP * N; i += kThreads) {
     const int c = i / N, h = (c % cpr) * N + i % N;
@@ -267,8 +276,8 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
     if (tig < R) {
       float v[2] = {0.0f, 0.0f};
 #pragma unroll
-      for (int c = 0; c < CAP; ++c)
-        if (c / cpr == tig && c < nch) v[0] += sum[c][0], v[1] += sum[c][1];
+      for (int c = 0; c < CAP; ++c)  // row tig's chunks: tig cpr .. (tig + 1) cpr - 1
+        if (c >= tig * cpr && c < (tig + 1) * cpr && c < nch) v[0] += sum[c][0], v[1] += sum[c][1];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int kk = 16 * warp + g + 8 * e;
@@ -314,6 +323,9 @@ CUtensorMap key_tensor_map(const uint8_t* pool, int64_t n_pages) {
   return map;
 }
 
+// Blocks per row group forced on every call (0: the plan chooses); set_indexer_logits_blocks.
+std::atomic<int> g_forced_blocks{0};
+
 template <int N, int CAP>
 void launch_wgmma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
   const int G = group_rows(p.heads);
@@ -331,7 +343,8 @@ void launch_wgmma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
   const int64_t n_tiles = (p.n_cols + kPage - 1) / kPage;
   const int64_t groups = (p.rows + G - 1) / G;
   const int64_t want = std::max<int64_t>(1, int64_t(per_sm) * sm_count() / groups);
-  const unsigned gx = unsigned(std::max<int64_t>(1, std::min(n_tiles, want)));
+  const int forced = g_forced_blocks.load(std::memory_order_relaxed);
+  const unsigned gx = unsigned(forced > 0 ? forced : std::max<int64_t>(1, std::min(n_tiles, want)));
   launch(indexer_logits_wgmma_kernel<N, CAP>, dim3(gx, unsigned(p.rows)), kThreads, smem, s,
          key_tensor_map(p.pool, p.n_pages), p);
 }
@@ -349,6 +362,11 @@ void launch_wgmma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
 }
 
 }  // namespace
+
+void set_indexer_logits_blocks(int blocks) {
+  DSI_CHECK(blocks >= 0 && blocks <= 65535, "indexer_logits_fp8: {} blocks per row group", blocks);
+  g_forced_blocks.store(blocks);
+}
 
 bool indexer_logits_fp8_mma_supported(int heads, int d) {
   if (d != kD || heads < 1 || heads > kMaxHeads) return false;

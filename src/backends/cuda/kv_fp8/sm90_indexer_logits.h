@@ -19,4 +19,8 @@ bool indexer_logits_fp8_mma_supported(int heads, int d);
 // (ops::indexer_logits_fp8 launches the query rotation there).
 void launch_indexer_logits_fp8_mma(const IndexerLogitsFp8Params& p, cudaStream_t stream);
 
+// The blocks that share each row group's pages, forced on every call for tests and comparisons
+// (few blocks: each walks many pages through its ring); 0 (the default) lets the launch choose.
+void set_indexer_logits_blocks(int blocks);
+
 }  // namespace dsi::cuda

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(SparseMla
   if (!p.settled) pdl_wait();
   using namespace wgk;
   extern __shared__ uint8_t smem_base[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_base) + kAlign - 1) & ~(kAlign - 1));
+  uint8_t* smem = align_shared<kAlign>(smem_base);
   uint8_t* q_s = smem + kQ;
   uint8_t* k_s = smem + kK;
   uint8_t* p_s = smem + kP;

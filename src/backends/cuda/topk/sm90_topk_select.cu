@@ -27,6 +27,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdint>
 
@@ -692,12 +693,21 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
                 [&](int j) { return srow[i0 + j]; });  // the score itself (-0 stays -0)
 }
 
+// CTAs per row forced on the cluster kernel (0: the launch chooses); set_topk_cluster_ctas.
+std::atomic<int> g_forced_ctas{0};
+
 bool cta_path_enabled() {
   static const bool on = !env_switched_off("DSI_TOPK_CTA");
   return on;
 }
 
 }  // namespace
+
+void set_topk_cluster_ctas(int ctas) {
+  DSI_CHECK(ctas == 0 || (ctas <= kMaxCluster && (ctas & (ctas - 1)) == 0),
+            "topk: a cluster of 1, 2, 4, 8 or 16 CTAs per row (0: the launch's choice), got {}", ctas);
+  g_forced_ctas.store(ctas);
+}
 
 bool topk_select_supported(int64_t n, int k) {
   if (k < 1 || k > kTopkSelectMaxK || n >= (int64_t(1) << 31)) return false;
@@ -770,6 +780,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
   while (ctas & (ctas - 1)) ctas &= ctas - 1;  // a power of two: it divides the histograms' bins
   const int64_t sms = sm_count();
   while (ctas > 2 && p.rows * ctas > sms / 2) ctas /= 2;
+  if (const int forced = g_forced_ctas.load(std::memory_order_relaxed); forced > 0) ctas = std::min(forced, largest);
   const int64_t chunk = (p.n + ctas - 1) / ctas;
   const bool cached = chunk <= kCacheMax;
   const size_t base = dynamic_smem(ctas, cached ? chunk : 0);

@@ -55,6 +55,10 @@ struct TopkSelectParams {
 // True when the select kernel handles (n, k) on the current device (sm_90+: clusters).
 bool topk_select_supported(int64_t n, int k);
 void launch_topk_select(const TopkSelectParams& p, cudaStream_t stream);
+// CTAs per row forced on the cluster kernel (rows past the one-CTA kernel's), for tests and
+// comparisons: 1, 2, 4, 8 or 16 (capped at the largest cluster the GPU places), or 0 (the default)
+// for the launch's choice.
+void set_topk_cluster_ctas(int ctas);
 
 // Sorts each row of keys_in ([rows, n] contiguous) descending into keys_out (cub segmented radix
 // sort; scratch from the stream-ordered pool). rows * n < 2^31.
