@@ -251,9 +251,11 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
     if (has_keys && !bad) {
       const uint8_t* kt = keys + s * kKeyBytes;
       page_mma<N, CAP>(acc, kt, qs);
+      // Every chunk, the group's or not (those past it have zero queries and weights, so their
+      // sums are 0 and never stored): no branch between chunks, so their 2 CAP dependent chains of
+      // multiply-adds interleave.
 #pragma unroll
       for (int c = 0; c < CAP; ++c) {
-        if (c >= nch) continue;
         float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < N / 8; ++j) {
