@@ -17,6 +17,8 @@
 // smaller ring lets more blocks share an SM: one row at 128K keys 11.6 -> 8.4 us, 4 x 4 rows 81.4
 // -> 65.0 us (bench_kv_fp8 --only-indexer, the kernel alone). On the old ring, 1, 2 and 3 pages
 // ahead gave 9.9, 10.5 and 11.2 us; on this one, at most 3 or 5 blocks per SM 9.4 and 9.1 us.
+// Where each block walks many pages (4 x 4 rows at 128K keys, 32 heads) rings of 2, 3, 4 and 6
+// stages gave 39.9, 40.3, 41.8 and 47.0 us: the double buffer is best there too.
 //
 // Per page the MMA is D[key, head] = K Q^T, M = the page's 64 keys, N = the group's query chunks
 // (32 or 64 heads of one row each, up to 4 chunks: N <= 256; the queries sit in shared memory for
