@@ -4,7 +4,8 @@
 // logits (d = 128) stay within a stated bound and give the CPU's top-k where its boundary is
 // separated, sparse_mla_fp8 (bf16 tensor cores) agrees
 // by normalised MSE with its stated bound; odd key counts (0..2049), several sequences and MTP rows
-// per call, heads 1..128, every tiling of the split-KV decode, NaN guard regions around outputs,
+// per call, heads 1..128, forced logits plans (few blocks: long page walks), every tiling of the
+// split-KV decode, NaN guard regions around outputs,
 // repeated runs bitwise equal, and the CPU's error messages.
 #include <gtest/gtest.h>
 
@@ -325,17 +326,19 @@ TEST_F(CudaKvFp8, IndexerLogitsDecodeShapesAndSeparatedTopk) {
 }
 
 // The tensor-core kernel with few blocks per row group, so that each block walks many pages (its
-// double buffer wraps around many times and the barriers' phases flip): 1 row of 32 heads, and 2
-// sequences x 4 MTP rows of 64 heads with bounds inside the last pages; the same bound and top-k
-// checks as the launch's own plan, and the same bits (a logit's sums do not depend on which block
-// reads its page).
+// double buffer wraps around many times and the barriers' phases flip): 1 row of 32 heads; 2
+// sequences x 4 MTP rows of 64 heads with bounds inside the last pages; a group of 3 rows and one
+// of 2 (32 heads); 2 rows of 128 heads (two chunks a row). The same bound and top-k checks as the
+// launch's own plan, and the same bits (a logit's sums do not depend on which block reads its page).
 TEST_F(CudaKvFp8, IndexerLogitsLongPageWalks) {
   struct Restore {
     ~Restore() { cuda::set_indexer_logits_blocks(0); }
   } restore;
   const std::vector<LogitsCase> cases = {
       {128, 32, {3001}, {0}, {3001}},
-      {128, 64, {2999, 1500}, {0, 0, 0, 0, 1, 1, 1, 1}, {2996, 2997, 2998, 2999, 1497, 1498, 1499, 1500}}};
+      {128, 64, {2999, 1500}, {0, 0, 0, 0, 1, 1, 1, 1}, {2996, 2997, 2998, 2999, 1497, 1498, 1499, 1500}},
+      {128, 32, {700, 300}, {0, 0, 0, 1, 1}, {698, 699, 700, 299, 300}},
+      {128, 128, {1000}, {0, 0}, {999, 1000}}};
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     Tensor first;
     for (int blocks : {0, 1, 3}) {

@@ -1,6 +1,6 @@
 // CUDA tests of the radix-select top-k (backends/cuda/topk/sm90_topk_select.cu) against the CPU
-// reference at the deployed sizes: k = 2048 over 8K..1M scores (cached and streamed chunks, 1..8 CTAs
-// per cluster), many rows, exact ties straddling the CTA chunks and the threshold (relu zeros, a
+// reference at the deployed sizes: k = 2048 over 8K..1M scores (cached and streamed chunks, 1..16
+// CTAs per cluster, forced widths included), many rows, exact ties straddling the CTA chunks and the threshold (relu zeros, a
 // few distinct levels), -inf/NaN holes, bounds inside the row, strided rows; indices exact and values
 // bitwise, repeated runs identical; rows of up to 12K scores on the one-CTA kernel. The odd sizes
 // are in test_cuda_attention.cpp.

@@ -704,7 +704,7 @@ bool cta_path_enabled() {
 }  // namespace
 
 void set_topk_cluster_ctas(int ctas) {
-  DSI_CHECK(ctas == 0 || (ctas <= kMaxCluster && (ctas & (ctas - 1)) == 0),
+  DSI_CHECK(ctas == 0 || (ctas > 0 && ctas <= kMaxCluster && (ctas & (ctas - 1)) == 0),
             "topk: a cluster of 1, 2, 4, 8 or 16 CTAs per row (0: the launch's choice), got {}", ctas);
   g_forced_ctas.store(ctas);
 }
