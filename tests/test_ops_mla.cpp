@@ -1,14 +1,16 @@
-// Op tests, absorbed MLA: mla_absorb_q and mla_up_v against float64 per-head matrix products on the
-// strided views the model uses, and sparse_mla against a float64 softmax over each row's selected
+// Op tests, absorbed MLA: mla_absorb_q, mla_absorbed_queries (with the queries' RoPE) and mla_up_v
+// against float64 per-head matrix products on the strided views the model uses, and sparse_mla against a float64 softmax over each row's selected
 // slots (-1 slots, duplicates, one key, no key), with natural-log LSE and guard regions.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "ops/linear.h"
 #include "ops/mla.h"
+#include "ops/rope.h"
 #include "test_ops_common.h"
 #include "test_util.h"
 
@@ -174,6 +176,45 @@ TEST(OpMla, AbsorbQOnStridedViews) {
       const Ref want = ref_absorb_q(q_nope, head_part(kv_b, H, 0, nope));
       test::expect_reduction_near(out, want.v, want.abs_sum, what);
     }
+}
+
+// The absorbed queries in one op: the latent part is W_UK^T q_nope (float64), the rope part the
+// rotation of q's rope dims at each row's position, bitwise what rope in place writes there; out is
+// a view inside a NaN-filled buffer whose other slots stay untouched. Shapes that do not add up are
+// an error naming the op.
+TEST(OpMla, AbsorbedQueriesAreAbsorbAndRope) {
+  const int64_t H = 3, nope = 24, v = 16, rope = 8, lora = 48;
+  const ops::RopeFreqs f = ops::compute_rope_freqs(RopeConfig{}, int(rope));
+  const Tensor inv_freq = Tensor::from_f32(f.inv_freq, {rope / 2});
+  for (bool fp8 : {false, true})
+    for (int64_t rows : {1, 5}) {
+      const LinearWeight kv_b = fp8 ? fp8_kv_b(H * (nope + v), lora, 851) : f32_kv_b(H * (nope + v), lora, 850);
+      const Tensor q = test::rand_tensor({rows, H, nope + rope}, 860 + uint64_t(rows));
+      std::vector<int32_t> pos;
+      for (int64_t r = 0; r < rows; ++r) pos.push_back(int32_t(7 + 1000 * r));
+      const Tensor positions = Tensor::from_i32(pos, {rows});
+      Tensor buf = test::guard_filled({rows, H, lora + rope + 5}, DType::F32);
+      Tensor out = buf.narrow(2, 2, lora + rope);
+      ops::mla_absorbed_queries(q, nope, kv_b, positions, inv_freq, 0.75f, RopeStyle::kInterleaved, out);
+      const std::string what = std::string("mla_absorbed_queries ") + (fp8 ? "fp8" : "f32") + " rows=" +
+                               std::to_string(rows);
+      test::expect_guard_intact(buf, out, what);
+      const Ref want = ref_absorb_q(q.narrow(2, 0, nope), head_part(kv_b, H, 0, nope));
+      test::expect_reduction_near(out.narrow(2, 0, lora), want.v, want.abs_sum, what);
+      Tensor rotated = q.contiguous();
+      ops::rope(rotated, positions, inv_freq, 0.75f, RopeStyle::kInterleaved, int(nope));
+      const Tensor pe = out.narrow(2, lora, rope).contiguous(), want_pe = rotated.narrow(2, nope, rope).contiguous();
+      EXPECT_EQ(0, std::memcmp(pe.raw(), want_pe.raw(), pe.nbytes())) << what << ": rope part";
+    }
+  const LinearWeight kv_b = f32_kv_b(H * (nope + v), lora, 852);
+  const Tensor positions = Tensor::from_i32({3}, {1});
+  Tensor out = Tensor::empty({1, H, lora + rope}, DType::F32);
+  test::expect_error(
+      [&] {
+        ops::mla_absorbed_queries(test::rand_tensor({1, H, nope + rope + 2}, 853), nope, kv_b, positions, inv_freq,
+                                  1.0f, RopeStyle::kInterleaved, out);
+      },
+      {"mla_absorbed_queries", "q"});
 }
 
 // up_v: out[h] = W_UV[h] o_lat[h] with o_lat a strided view (the latent part of a wider buffer);

@@ -56,14 +56,11 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
     ops::scatter_rows(kv_a, ctx.store_slots, kv.latent);
   }
 
-  // Absorbed queries [n, H, kv_lora | rope]: W_UK^T q_nope, then RoPE(q_pe) written in place.
+  // Absorbed queries [n, H, kv_lora | rope]: W_UK^T q_nope and RoPE(q_pe).
   auto absorbed_queries = [&] {
     Tensor q_abs = Tensor::empty({n, heads, dk}, DType::F32, dev);
-    Tensor q_abs_lat = q_abs.narrow(2, 0, lora);
-    ops::mla_absorb_q(q.narrow(2, 0, nope), w.kv_b_proj, q_abs_lat);
-    Tensor q_abs_pe = q_abs.narrow(2, lora, rope);
-    ops::rope(q, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor, RopeStyle::kInterleaved,
-              /*offset=*/int(nope), &q_abs_pe);
+    ops::mla_absorbed_queries(q, nope, w.kv_b_proj, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
+                              RopeStyle::kInterleaved, q_abs);
     return q_abs;
   };
   // They are made right before attention, unless the DCP exchange carries them: then the attention

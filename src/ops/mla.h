@@ -5,6 +5,7 @@
 #pragma once
 
 #include "core/tensor.h"
+#include "model/config.h"
 #include "ops/linear.h"
 
 namespace dsi::ops {
@@ -19,6 +20,19 @@ namespace dsi::ops {
 // q_nope: [rows, H, nope] f32 (strided ok, last dim contiguous); out: [rows, H, kv_lora] f32
 // (strided ok, last dim contiguous); nope < kv_b rows per head.
 void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out);
+
+// MLA's absorbed queries: out[r, h, :kv_lora] = W_UK[h]^T q[r, h, :nope] (mla_absorb_q) and
+// out[r, h, kv_lora:] = the rotation of q[r, h, nope:] at positions[r] (rope with `out`), one
+// launch on the GPU at decode sizes. q: [rows, H, nope + rot] f32 and out: [rows, H, kv_lora + rot]
+// f32 (strided ok, last dims contiguous), rot = 2 inv_freq.dim(0).
+void mla_absorbed_queries(const Tensor& q, int64_t nope, const LinearWeight& kv_b, const Tensor& positions,
+                          const Tensor& inv_freq, float attention_factor, RopeStyle style, Tensor& out);
+
+// The widths of mla_absorbed_queries' parts, checked: out's kv_lora and the rotated dims (rot).
+struct MlaQueryParts {
+  int64_t lora, rot;
+};
+MlaQueryParts mla_query_parts(const Tensor& q, int64_t nope, const Tensor& inv_freq, const Tensor& out);
 
 // out[r, h, :] = W_UV[h] o_lat[r, h, :].
 // o_lat: [rows, H, kv_lora] f32 (strided ok, last dim contiguous); out: [rows, H, v] f32 (strided

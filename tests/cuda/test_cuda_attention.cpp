@@ -16,6 +16,7 @@
 #include "ops/indexer.h"
 #include "ops/mla.h"
 #include "ops/paging.h"
+#include "ops/rope.h"
 #include "ops/topk.h"
 
 namespace dsi {
@@ -202,12 +203,15 @@ TEST_F(CudaTopk, MergeCandidateLists) {
 
 // W_UK^T q and W_UV o read in place from kv_b_proj in each dtype (fp8 also as a tensor-parallel
 // slice starting inside a scale block), GLM-5's head geometry and a smaller one, decode row counts
-// (the GEMV paths) and more (the dequantise + sgemm path).
+// (the GEMV paths) and more (the dequantise + sgemm path); the absorbed queries with their RoPE
+// (one launch at decode row counts, two past them).
 TEST_F(CudaMla, AbsorbAndUpProjection) {
   struct Geometry {
     int64_t nope, dv, lora;
   };
   const int64_t rope = 64;
+  const Tensor inv_freq = Tensor::from_f32(ops::compute_rope_freqs(RopeConfig{}, int(rope)).inv_freq, {rope / 2});
+  const Tensor dinv_freq = dev(inv_freq);
   for (const Geometry& ge : {Geometry{128, 128, 512}, Geometry{192, 256, 512}})
   for (DType dt : {DType::F32, DType::BF16, DType::F8_E4M3})
   for (int64_t row0 : {int64_t(0), int64_t(64)}) {
@@ -231,6 +235,30 @@ TEST_F(CudaMla, AbsorbAndUpProjection) {
         test::expect_nmse_close(got, cpu, tol::kCudaGemmNmse, "absorb " + what);
         ops::mla_absorb_q(dq, dkv_b, g.view);
         test::expect_bitwise(g.check("absorb " + what), got, "absorb repeat " + what);
+
+        // With the queries' RoPE (one launch at decode sizes): the latent part as above, the rope
+        // part as close to the CPU's as the RoPE op is (cos and sin rounded once from double, the
+        // CPU's from cosf and sinf) and bitwise the GPU's own RoPE op's.
+        std::vector<int32_t> pos;
+        for (int64_t r = 0; r < rows; ++r) pos.push_back(int32_t(5 + 977 * r));
+        const Tensor positions = Tensor::from_i32(pos, {rows});
+        Tensor cpu_q = Tensor::empty({rows, heads, ge.lora + rope}, DType::F32);
+        ops::mla_absorbed_queries(qfull, ge.nope, kv_b, positions, inv_freq, 0.9f, RopeStyle::kInterleaved, cpu_q);
+        test::Guarded gq = test::guarded_strided({rows, heads, ge.lora + rope}, DType::F32);
+        const Tensor dqfull = dev(qfull), dpos = dev(positions);
+        ops::mla_absorbed_queries(dqfull, ge.nope, dkv_b, dpos, dinv_freq, 0.9f, RopeStyle::kInterleaved, gq.view);
+        const Tensor got_q = gq.check("absorbed queries " + what);
+        test::expect_nmse_close(got_q.narrow(2, 0, ge.lora).contiguous(), cpu_q.narrow(2, 0, ge.lora).contiguous(),
+                                tol::kCudaGemmNmse, "absorbed queries " + what);
+        const Tensor got_pe = got_q.narrow(2, ge.lora, rope).contiguous();
+        test::expect_elementwise_close(got_pe, cpu_q.narrow(2, ge.lora, rope).contiguous(),
+                                       "absorbed queries' rope part " + what);
+        test::Guarded gpe = test::guarded_strided({rows, heads, rope}, DType::F32);
+        Tensor dqv = dqfull;
+        ops::rope(dqv, dpos, dinv_freq, 0.9f, RopeStyle::kInterleaved, int(ge.nope), &gpe.view);
+        test::expect_bitwise(got_pe, gpe.check("rope " + what).contiguous(), "absorbed queries' rope part " + what);
+        ops::mla_absorbed_queries(dqfull, ge.nope, dkv_b, dpos, dinv_freq, 0.9f, RopeStyle::kInterleaved, gq.view);
+        test::expect_bitwise(gq.check("absorbed queries " + what), got_q, "absorbed queries repeat " + what);
 
         const Tensor o_lat = test::rand_tensor({rows, heads, ge.lora}, uint64_t(heads * 10 + rows) + 5);
         Tensor cpu_v = Tensor::empty({rows, heads, ge.dv}, DType::F32);

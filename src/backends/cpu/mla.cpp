@@ -40,6 +40,15 @@ void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
   }
 }
 
+void mla_absorbed_queries(const Tensor& q, int64_t nope, const LinearWeight& kv_b, const Tensor& positions,
+                          const Tensor& inv_freq, float attention_factor, RopeStyle style, Tensor& out) {
+  const ops::MlaQueryParts parts = ops::mla_query_parts(q, nope, inv_freq, out);
+  Tensor lat = out.narrow(2, 0, parts.lora), pe = out.narrow(2, parts.lora, parts.rot);
+  mla_absorb_q(q.narrow(2, 0, nope), kv_b, lat);
+  Tensor qv = q;
+  rope(qv, positions, inv_freq, attention_factor, style, int(nope), &pe);
+}
+
 void mla_up_v(const Tensor& o_lat, const LinearWeight& kv_b, Tensor& out) {
   DSI_CHECK(o_lat.ndim() == 3 && o_lat.stride(2) == 1, "mla_up_v: o_lat {}", o_lat.desc());
   const int64_t rows = o_lat.dim(0), heads = o_lat.dim(1), lora = o_lat.dim(2);

@@ -58,6 +58,8 @@ void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Te
 void topk_merge(const Tensor& scores, const Tensor& positions, int k, Tensor& winners);
 
 void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out);
+void mla_absorbed_queries(const Tensor& q, int64_t nope, const LinearWeight& kv_b, const Tensor& positions,
+                          const Tensor& inv_freq, float attention_factor, RopeStyle style, Tensor& out);
 void mla_up_v(const Tensor& o_lat, const LinearWeight& kv_b, Tensor& out);
 void sparse_mla(const Tensor& q, const Tensor& kv, const Tensor& indices, float softmax_scale,
                 int dv, Tensor& out, Tensor& lse);

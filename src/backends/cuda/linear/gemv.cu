@@ -18,6 +18,7 @@
 #include "backends/cuda/linear/gemv.h"
 #include "backends/cuda/linear/gemv_chunk.cuh"
 #include "backends/cuda/ptx.cuh"
+#include "backends/cuda/rope/rope.cuh"
 
 namespace dsi::cuda {
 
@@ -333,9 +334,16 @@ __global__ void __launch_bounds__(kThreads) gemv_any_kernel(const GemvParams p0)
 // The transposed kernel (gemv_t_ok holds): y = x W with W stored [in, out]. Block (column slice,
 // batch item): thread (rg, chunk) owns one 16-byte column chunk of W and sums the rows
 // d = rg (mod RG) of it for every x row; the RG partial sums of a column are then added in a fixed
-// order (bitwise reproducible). x rows sit in shared memory.
+// order (bitwise reproducible). x rows sit in shared memory. With rope.rows > 0 the grid has one
+// more column of blocks: block (last, g) rotates head g's pairs of every row (launch_gemv_t).
 template <FloatKind K, int N>
-__global__ void __launch_bounds__(kThreads) gemv_t_kernel(const GemvParams p, const int cpb) {
+__global__ void __launch_bounds__(kThreads) gemv_t_kernel(const GemvParams p, const int cpb, const RopeParams rope) {
+  if (rope.rows > 0 && blockIdx.x == gridDim.x - 1) {
+    pdl_enter();
+    for (int64_t t = threadIdx.x; t < rope.rows * rope.half; t += kThreads)
+      rope_item(rope, t / rope.half, blockIdx.y, t % rope.half);
+    return;
+  }
   constexpr int E = elems_per_16b<K>();
   constexpr bool kFp8 = K == FloatKind::kE4M3;
   extern __shared__ float smem[];
@@ -444,15 +452,15 @@ size_t gemv_t_smem_bytes(const GemvParams& p) {
 }
 
 template <FloatKind K>
-void launch_t(const GemvParams& p, cudaStream_t s) {
+void launch_t(const GemvParams& p, const RopeParams& rope, cudaStream_t s) {
   const int cpb = gemv_t_chunks_per_block(p);
   const int64_t chunks = p.out * elem_bytes(p.kind) / 16;
-  const dim3 grid(unsigned((chunks + cpb - 1) / cpb), unsigned(p.n_groups));
+  const dim3 grid(unsigned((chunks + cpb - 1) / cpb + (rope.rows > 0 ? 1 : 0)), unsigned(p.n_groups));
   const size_t smem = gemv_t_smem_bytes(p);
   switch (p.n) {
-    case 1: launch(gemv_t_kernel<K, 1>, grid, kThreads, smem, s, p, cpb); break;
-    case 2: launch(gemv_t_kernel<K, 2>, grid, kThreads, smem, s, p, cpb); break;
-    default: launch(gemv_t_kernel<K, 4>, grid, kThreads, smem, s, p, cpb); break;
+    case 1: launch(gemv_t_kernel<K, 1>, grid, kThreads, smem, s, p, cpb, rope); break;
+    case 2: launch(gemv_t_kernel<K, 2>, grid, kThreads, smem, s, p, cpb, rope); break;
+    default: launch(gemv_t_kernel<K, 4>, grid, kThreads, smem, s, p, cpb, rope); break;
   }
 }
 
@@ -777,14 +785,20 @@ bool gemv_t_ok(const GemvParams& p) {
   return gemv_t_smem_bytes(p) <= 48 * 1024;
 }
 
-void launch_gemv_t(const GemvParams& p, cudaStream_t stream) {
+void launch_gemv_t(const GemvParams& p, cudaStream_t stream, const RopeParams* rope) {
   DSI_CHECK(gemv_t_ok(p), "gemv_t: {} rows x [{}, {}] outside the transposed kernel", p.n, p.in, p.out);
   DSI_CHECK(p.n_groups >= 1 && p.n_groups <= 65535, "gemv_t: {} batch items", p.n_groups);
+  RopeParams r{};  // rows 0: no rotation
+  if (rope != nullptr && rope->rows * rope->half > 0) {
+    DSI_CHECK(rope->heads == p.n_groups, "gemv_t: a rotation of {} heads with {} batch items", rope->heads,
+              p.n_groups);
+    r = *rope;
+  }
   switch (p.kind) {
-    case FloatKind::kF32: launch_t<FloatKind::kF32>(p, stream); break;
-    case FloatKind::kBF16: launch_t<FloatKind::kBF16>(p, stream); break;
-    case FloatKind::kF16: launch_t<FloatKind::kF16>(p, stream); break;
-    default: launch_t<FloatKind::kE4M3>(p, stream); break;
+    case FloatKind::kF32: launch_t<FloatKind::kF32>(p, r, stream); break;
+    case FloatKind::kBF16: launch_t<FloatKind::kBF16>(p, r, stream); break;
+    case FloatKind::kF16: launch_t<FloatKind::kF16>(p, r, stream); break;
+    default: launch_t<FloatKind::kE4M3>(p, r, stream); break;
   }
 }
 

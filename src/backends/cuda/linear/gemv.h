@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/rope/rope.h"
 
 namespace dsi::cuda {
 
@@ -118,8 +119,11 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
 // strided batch (batch_rows counts W's rows), 1..kGemvTRows x rows. gemv_t_ok: the transposed
 // kernel applies (16-byte aligned W rows, fp8 column blocks that never split a 16-element chunk,
 // x rows that fit in shared memory).
+// With `rope` (p.n_groups = rope->heads), the same launch also runs ops::rope's rotation of
+// rope->rows rows: one more block per batch item (head) rotates that head's pairs, so MLA's absorbed
+// queries (W_UK^T q_nope and RoPE(q_pe)) take one launch.
 bool gemv_t_ok(const GemvParams& p);
-void launch_gemv_t(const GemvParams& p, cudaStream_t stream);
+void launch_gemv_t(const GemvParams& p, cudaStream_t stream, const RopeParams* rope = nullptr);
 
 // A weighted sum of products over one row of output: y[t] = add[t] + sum over segments s of
 // coef_s * (x_s W_s^T), every W_s [out, in_s] of one dtype and scale blocks, out shared (the down

@@ -164,7 +164,13 @@ GemvParams head_batch(const LinearWeight& kv_b, int64_t first, int64_t per, int6
 
 }  // namespace
 
-void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
+namespace {
+
+// W_UK^T q_nope into out, checked (mla_absorb_q's contract). At decode sizes one transposed GEMV
+// launch per kGemvTRows rows; with `rope` the first also rotates every row's rope dims (launch_gemv_t).
+// Returns false, having launched nothing, when the transposed kernel does not apply and rope is given
+// (the caller then rotates on its own); without rope it takes the many-row path itself.
+bool absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out, const RopeParams* rope) {
   DSI_CHECK(q_nope.ndim() == 3 && q_nope.stride(2) == 1, "mla_absorb_q: q_nope {}", q_nope.desc());
   const int64_t rows = q_nope.dim(0), heads = q_nope.dim(1), nope = q_nope.dim(2);
   DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.stride(2) == 1,
@@ -172,11 +178,12 @@ void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
   const int64_t lora = out.dim(2);
   const int64_t per = ops::mla_rows_per_head(kv_b, heads, lora, nope, "mla_absorb_q");
   check_head_tensors(q_nope, out, kv_b, "mla_absorb_q");
-  if (rows == 0 || lora == 0) return;
+  if (rows == 0 || lora == 0) return rope == nullptr;
   DeviceGuard guard(q_nope.device());
   if (nope == 0) {
+    if (rope != nullptr) return false;
     fill_f32(out, 0.0f);
-    return;
+    return true;
   }
   // Decode: W_UK[h] ([nope, lora], rows h * per.. of kv_b) read in place, transposed product.
   GemvParams g = head_batch(kv_b, 0, per, heads, q_nope, out);
@@ -188,10 +195,11 @@ void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
       g.x = q_nope.f32() + r * q_nope.stride(0);
       g.y = out.f32() + r * out.stride(0);
       g.n = int(std::min<int64_t>(rows - r, kGemvTRows));
-      launch_gemv_t(g, stream());
+      launch_gemv_t(g, stream(), r == 0 ? rope : nullptr);
     }
-    return;
+    return true;
   }
+  if (rope != nullptr) return false;
   // Per head, row-major out[:, h, :] (rows x lora) = q_nope[:, h, :] (rows x nope) W_UK[h] (nope x
   // lora); column-major: out^T (lora x rows) = W_UK[h]^T-as-stored (lora x nope) q^T (nope x rows).
   Scratch buf;
@@ -200,6 +208,25 @@ void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
   const int64_t ldo = rows == 1 ? std::max(out.stride(0), lora) : out.stride(0);
   batched_sgemm(CUBLAS_OP_N, lora, rows, nope, w.f32(), lora, per * lora, q_nope.f32(), ldq,
                 q_nope.stride(1), out.f32(), ldo, out.stride(1), heads);
+  return true;
+}
+
+}  // namespace
+
+void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
+  absorb_q(q_nope, kv_b, out, nullptr);
+}
+
+void mla_absorbed_queries(const Tensor& q, int64_t nope, const LinearWeight& kv_b, const Tensor& positions,
+                          const Tensor& inv_freq, float attention_factor, RopeStyle style, Tensor& out) {
+  const ops::MlaQueryParts parts = ops::mla_query_parts(q, nope, inv_freq, out);
+  const Tensor q_nope = q.narrow(2, 0, nope);
+  Tensor lat = out.narrow(2, 0, parts.lora), pe = out.narrow(2, parts.lora, parts.rot);
+  const RopeParams r = rope_params(q, positions, inv_freq, attention_factor, style, int(nope), &pe);
+  if (absorb_q(q_nope, kv_b, lat, &r)) return;  // one launch: the product and the rotation
+  mla_absorb_q(q_nope, kv_b, lat);
+  Tensor qv = q;
+  rope(qv, positions, inv_freq, attention_factor, style, int(nope), &pe);
 }
 
 void mla_up_v(const Tensor& o_lat, const LinearWeight& kv_b, Tensor& out) {

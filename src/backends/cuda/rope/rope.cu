@@ -1,7 +1,7 @@
 // RoPE of the CUDA backend; see rope.h and ops/rope.h.
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_ops.h"
-#include "backends/cuda/rope/rope.h"
+#include "backends/cuda/rope/rope.cuh"
 
 namespace dsi::cuda {
 
@@ -12,14 +12,7 @@ __global__ void rope_kernel(RopeParams p) {
   const int64_t total = p.rows * p.heads * p.half;
   const int64_t step = int64_t(gridDim.x) * blockDim.x;
   for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < total; t += step) {
-    const int64_t i = t % p.half;
-    const int64_t h = (t / p.half) % p.heads;
-    const int64_t r = t / (p.half * p.heads);
-    const float* v = p.x + r * p.x_s0 + h * p.x_s1 + p.offset;
-    float* o = p.out + r * p.o_s0 + h * p.o_s1;
-    const int64_t a = p.interleaved ? 2 * i : i;
-    const int64_t b = p.interleaved ? 2 * i + 1 : i + p.half;
-    rope_pair(v[a], v[b], float(p.positions[r]), p.inv_freq[i], p.attention_factor, o[a], o[b]);
+    rope_item(p, t / (p.half * p.heads), (t / p.half) % p.heads, t % p.half);
   }
 }
 
@@ -31,8 +24,8 @@ void launch_rope(const RopeParams& p, cudaStream_t s) {
   launch(rope_kernel, grid_for(total, 256), 256, 0, s, p);
 }
 
-void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
-          RopeStyle style, int offset, Tensor* out) {
+RopeParams rope_params(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
+                       RopeStyle style, int offset, Tensor* out) {
   DSI_CHECK(x.ndim() == 3 && x.stride(2) == 1, "rope: x must be [n, heads, d], got {}", x.desc());
   check_dtype(x, DType::F32, "rope x");
   check_shape(positions, {x.dim(0)}, "rope positions");
@@ -45,7 +38,6 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float atte
   DSI_CHECK(positions.is_contiguous() && inv_freq.is_contiguous(),
             "rope: positions and inv_freq must be contiguous");
   if (out != nullptr) check_on(*out, x.device(), "rope", "out");
-  DeviceGuard guard(x.device());
   RopeParams p{};
   p.x = x.f32();
   p.positions = positions.i32();
@@ -61,6 +53,13 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float atte
   p.offset = offset;
   p.interleaved = style == RopeStyle::kInterleaved;
   p.attention_factor = attention_factor;
+  return p;
+}
+
+void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
+          RopeStyle style, int offset, Tensor* out) {
+  const RopeParams p = rope_params(x, positions, inv_freq, attention_factor, style, offset, out);
+  DeviceGuard guard(x.device());
   launch_rope(p, stream());
 }
 

@@ -7,6 +7,9 @@
 
 #include <cstdint>
 
+#include "core/tensor.h"
+#include "model/config.h"
+
 namespace dsi::cuda {
 
 struct RopeParams {
@@ -21,5 +24,9 @@ struct RopeParams {
   float attention_factor;    // multiplies cos and sin
 };
 void launch_rope(const RopeParams& p, cudaStream_t stream);
+
+// The params of cuda::rope's call (checked as it checks them), for kernels that rotate on the way.
+RopeParams rope_params(const Tensor& x, const Tensor& positions, const Tensor& inv_freq, float attention_factor,
+                       RopeStyle style, int offset, Tensor* out);
 
 }  // namespace dsi::cuda
