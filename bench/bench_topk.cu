@@ -67,20 +67,16 @@ void bench(int64_t rows, int64_t n, bool relu, int reps, const std::vector<int>&
   p.rows = rows;
   p.n = n;
   p.k = kK;
-  const double t_sel = time_graph(copies, reps, [&](int c, cudaStream_t st) {
+  auto select = [&](int c, cudaStream_t st) {
     dsi::cuda::TopkSelectParams q = p;
     q.scores = scores + int64_t(c) * per_copy;
     dsi::cuda::launch_topk_select(q, st);
-  });
+  };
+  const double t_sel = time_graph(copies, reps, select);
   report(std::string("top-2048 radix select ") + tag, t_sel, bytes);
   for (int c : cta_sweep) {  // --ctas: the cluster kernel at each forced width
     dsi::cuda::set_topk_cluster_ctas(c);
-    const double t = time_graph(copies, reps, [&](int cp, cudaStream_t st) {
-      dsi::cuda::TopkSelectParams q = p;
-      q.scores = scores + int64_t(cp) * per_copy;
-      dsi::cuda::launch_topk_select(q, st);
-    });
-    std::printf("  %2d CTAs per row: %.2f us\n", c, t);
+    std::printf("  %2d CTAs per row: %.2f us\n", c, time_graph(copies, reps, select));
   }
   dsi::cuda::set_topk_cluster_ctas(0);
 

@@ -1,6 +1,7 @@
 // Op tests, absorbed MLA: mla_absorb_q, mla_absorbed_queries (with the queries' RoPE) and mla_up_v
-// against float64 per-head matrix products on the strided views the model uses, and sparse_mla against a float64 softmax over each row's selected
-// slots (-1 slots, duplicates, one key, no key), with natural-log LSE and guard regions.
+// against float64 per-head matrix products on the strided views the model uses, and sparse_mla
+// against a float64 softmax over each row's selected slots (-1 slots, duplicates, one key, no key),
+// with natural-log LSE and guard regions.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -162,59 +162,65 @@ GemvParams head_batch(const LinearWeight& kv_b, int64_t first, int64_t per, int6
   return g;
 }
 
-}  // namespace
-
-namespace {
-
-// W_UK^T q_nope into out, checked (mla_absorb_q's contract). At decode sizes one transposed GEMV
-// launch per kGemvTRows rows; with `rope` the first also rotates every row's rope dims (launch_gemv_t).
-// Returns false, having launched nothing, when the transposed kernel does not apply and rope is given
-// (the caller then rotates on its own); without rope it takes the many-row path itself.
-bool absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out, const RopeParams* rope) {
+// mla_absorb_q's call, checked: its sizes, and at decode sizes (rows, nope and lora > 0, up to 4
+// kGemvTRows rows, shapes the kernel takes) the transposed GEMV's params: W_UK[h] ([nope, lora],
+// rows h * per.. of kv_b) read in place.
+struct AbsorbPlan {
+  int64_t rows, heads, nope, lora, per;
+  bool transposed;
+  GemvParams g;
+};
+AbsorbPlan absorb_plan(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
   DSI_CHECK(q_nope.ndim() == 3 && q_nope.stride(2) == 1, "mla_absorb_q: q_nope {}", q_nope.desc());
-  const int64_t rows = q_nope.dim(0), heads = q_nope.dim(1), nope = q_nope.dim(2);
-  DSI_CHECK(out.ndim() == 3 && out.dim(0) == rows && out.dim(1) == heads && out.stride(2) == 1,
+  AbsorbPlan a{};
+  a.rows = q_nope.dim(0), a.heads = q_nope.dim(1), a.nope = q_nope.dim(2);
+  DSI_CHECK(out.ndim() == 3 && out.dim(0) == a.rows && out.dim(1) == a.heads && out.stride(2) == 1,
             "mla_absorb_q: out {} for q_nope {}", out.desc(), q_nope.desc());
-  const int64_t lora = out.dim(2);
-  const int64_t per = ops::mla_rows_per_head(kv_b, heads, lora, nope, "mla_absorb_q");
+  a.lora = out.dim(2);
+  a.per = ops::mla_rows_per_head(kv_b, a.heads, a.lora, a.nope, "mla_absorb_q");
   check_head_tensors(q_nope, out, kv_b, "mla_absorb_q");
-  if (rows == 0 || lora == 0) return rope == nullptr;
-  DeviceGuard guard(q_nope.device());
-  if (nope == 0) {
-    if (rope != nullptr) return false;
-    fill_f32(out, 0.0f);
-    return true;
+  if (a.rows == 0 || a.lora == 0 || a.nope == 0 || a.rows > 4 * kGemvTRows || a.heads > 65535) return a;
+  a.g = head_batch(kv_b, 0, a.per, a.heads, q_nope, out);
+  a.g.in = a.nope;
+  a.g.out = a.lora;
+  a.g.n = int(std::min<int64_t>(a.rows, kGemvTRows));
+  a.transposed = gemv_t_ok(a.g);
+  return a;
+}
+
+// The transposed launches of a plan, kGemvTRows rows each; with `rope` the first also rotates
+// every row's rope dims (launch_gemv_t).
+void launch_absorb_t(AbsorbPlan a, const Tensor& q_nope, Tensor& out, const RopeParams* rope) {
+  for (int64_t r = 0; r < a.rows; r += kGemvTRows) {
+    a.g.x = q_nope.f32() + r * q_nope.stride(0);
+    a.g.y = out.f32() + r * out.stride(0);
+    a.g.n = int(std::min<int64_t>(a.rows - r, kGemvTRows));
+    launch_gemv_t(a.g, stream(), r == 0 ? rope : nullptr);
   }
-  // Decode: W_UK[h] ([nope, lora], rows h * per.. of kv_b) read in place, transposed product.
-  GemvParams g = head_batch(kv_b, 0, per, heads, q_nope, out);
-  g.in = nope;
-  g.out = lora;
-  g.n = int(std::min<int64_t>(rows, kGemvTRows));
-  if (rows <= 4 * kGemvTRows && heads <= 65535 && gemv_t_ok(g)) {
-    for (int64_t r = 0; r < rows; r += kGemvTRows) {
-      g.x = q_nope.f32() + r * q_nope.stride(0);
-      g.y = out.f32() + r * out.stride(0);
-      g.n = int(std::min<int64_t>(rows - r, kGemvTRows));
-      launch_gemv_t(g, stream(), r == 0 ? rope : nullptr);
-    }
-    return true;
-  }
-  if (rope != nullptr) return false;
-  // Per head, row-major out[:, h, :] (rows x lora) = q_nope[:, h, :] (rows x nope) W_UK[h] (nope x
-  // lora); column-major: out^T (lora x rows) = W_UK[h]^T-as-stored (lora x nope) q^T (nope x rows).
-  Scratch buf;
-  const Tensor w = dequantized_kv_b(kv_b, buf);
-  const int64_t ldq = rows == 1 ? std::max(q_nope.stride(0), nope) : q_nope.stride(0);
-  const int64_t ldo = rows == 1 ? std::max(out.stride(0), lora) : out.stride(0);
-  batched_sgemm(CUBLAS_OP_N, lora, rows, nope, w.f32(), lora, per * lora, q_nope.f32(), ldq,
-                q_nope.stride(1), out.f32(), ldo, out.stride(1), heads);
-  return true;
 }
 
 }  // namespace
 
 void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
-  absorb_q(q_nope, kv_b, out, nullptr);
+  const AbsorbPlan a = absorb_plan(q_nope, kv_b, out);
+  if (a.rows == 0 || a.lora == 0) return;
+  DeviceGuard guard(q_nope.device());
+  if (a.nope == 0) {
+    fill_f32(out, 0.0f);
+    return;
+  }
+  if (a.transposed) {
+    launch_absorb_t(a, q_nope, out, nullptr);
+    return;
+  }
+  // Per head, row-major out[:, h, :] (rows x lora) = q_nope[:, h, :] (rows x nope) W_UK[h] (nope x
+  // lora); column-major: out^T (lora x rows) = W_UK[h]^T-as-stored (lora x nope) q^T (nope x rows).
+  Scratch buf;
+  const Tensor w = dequantized_kv_b(kv_b, buf);
+  const int64_t ldq = a.rows == 1 ? std::max(q_nope.stride(0), a.nope) : q_nope.stride(0);
+  const int64_t ldo = a.rows == 1 ? std::max(out.stride(0), a.lora) : out.stride(0);
+  batched_sgemm(CUBLAS_OP_N, a.lora, a.rows, a.nope, w.f32(), a.lora, a.per * a.lora, q_nope.f32(), ldq,
+                q_nope.stride(1), out.f32(), ldo, out.stride(1), a.heads);
 }
 
 void mla_absorbed_queries(const Tensor& q, int64_t nope, const LinearWeight& kv_b, const Tensor& positions,
@@ -222,8 +228,13 @@ void mla_absorbed_queries(const Tensor& q, int64_t nope, const LinearWeight& kv_
   const ops::MlaQueryParts parts = ops::mla_query_parts(q, nope, inv_freq, out);
   const Tensor q_nope = q.narrow(2, 0, nope);
   Tensor lat = out.narrow(2, 0, parts.lora), pe = out.narrow(2, parts.lora, parts.rot);
+  const AbsorbPlan a = absorb_plan(q_nope, kv_b, lat);
   const RopeParams r = rope_params(q, positions, inv_freq, attention_factor, style, int(nope), &pe);
-  if (absorb_q(q_nope, kv_b, lat, &r)) return;  // one launch: the product and the rotation
+  if (a.transposed) {  // one launch: the product and the rotation
+    DeviceGuard guard(q.device());
+    launch_absorb_t(a, q_nope, lat, &r);
+    return;
+  }
   mla_absorb_q(q_nope, kv_b, lat);
   Tensor qv = q;
   rope(qv, positions, inv_freq, attention_factor, style, int(nope), &pe);
