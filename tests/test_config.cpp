@@ -142,6 +142,9 @@ TEST(Config, BrokenFieldsNameTheField) {
   const std::vector<Case> cases = {
       {[](json& j) { j["model_type"] = "llama"; }, {"cfg.json", "unsupported model_type 'llama'"}},
       {[](json& j) { j.erase("model_type"); }, {"unsupported model_type ''"}},
+      // Control characters in a value are escaped: the message stays one line.
+      {[](json& j) { j["model_type"] = "gl\nm\t"; }, {"unsupported model_type 'gl\\nm\\t'"}},
+      {[](json& j) { j["hidden_act"] = "ge\nlu"; }, {"hidden_act 'ge\\nlu'"}},
       {[](json& j) { j.erase("hidden_size"); }, {"missing required field 'hidden_size'"}},
       {[](json& j) { j["hidden_size"] = "64"; }, {"'hidden_size' must be an integer"}},
       {[](json& j) { j["hidden_size"] = 0; }, {"'hidden_size' = 0 must be >= 1"}},

@@ -17,6 +17,13 @@ using json = nlohmann::json;
 
 namespace {
 
+// A string value from the file as an error message shows it: control characters (newlines
+// included) escaped as JSON writes them, so the message stays one line.
+std::string shown(const std::string& v) {
+  const std::string quoted = nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return quoted.substr(1, quoted.size() - 2);
+}
+
 class Reader {
  public:
   Reader(const json& j, const std::string& source) : j_(j), src_(source) {}
@@ -89,7 +96,7 @@ RopeConfig parse_rope(const Reader& r, int64_t max_pos) {
   rope.type = p.str_opt("rope_type", p.str_opt("type", "default"));
   if (rope.type == "default") return rope;
   DSI_CHECK(rope.type == "yarn", "{}: unsupported rope type '{}' (supported: default, yarn)", src,
-            rope.type);
+            shown(rope.type));
   rope.original_max_position_embeddings =
       p.int_opt("original_max_position_embeddings", r.int_opt("original_max_position_embeddings",
                                                                max_pos, 1),
@@ -195,7 +202,7 @@ ModelConfig parse_config(const json& j, const std::string& source) {
     c.family = ModelFamily::kDeepseekV32;
   } else {
     fail("{}: unsupported model_type '{}' (supported: glm_moe_dsa, deepseek_v32)", source,
-         c.model_type);
+         shown(c.model_type));
   }
   const bool glm = c.family == ModelFamily::kGlmMoeDsa;
 
@@ -227,7 +234,7 @@ ModelConfig parse_config(const json& j, const std::string& source) {
   c.n_mtp_layers = int(r.int_opt("num_nextn_predict_layers", -1, 0));
 
   const std::string act = r.str_opt("hidden_act", "silu");
-  DSI_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (only silu)", source, act);
+  DSI_CHECK(act == "silu", "{}: hidden_act '{}' is not supported (only silu)", source, shown(act));
   DSI_CHECK(!r.bool_opt("attention_bias", false), "{}: attention_bias = true is not supported",
             source);
   DSI_CHECK(c.head_dim_rope % 2 == 0, "{}: qk_rope_head_dim = {} must be even", source,
@@ -271,10 +278,10 @@ ModelConfig parse_config(const json& j, const std::string& source) {
     const std::string method = qr.str_opt("quant_method", "");
     DSI_CHECK(method == "fp8",
               "{}: quantization method '{}' is not supported (supported: fp8 block-scaled)", source,
-              method);
+              shown(method));
     const std::string fmt_name = qr.str_opt("fmt", "e4m3");
     DSI_CHECK(fmt_name == "e4m3", "{}: fp8 format '{}' is not supported (only e4m3)", source,
-              fmt_name);
+              shown(fmt_name));
     c.quant.fp8 = true;
     if (qr.has("weight_block_size")) {
       const json& b = q.at("weight_block_size");
