@@ -476,8 +476,7 @@ void launch_vec(const GemvParams& p, const GemvPlan& plan, dim3 grid, cudaStream
 
 template <FloatKind K, int N>
 void launch_vec_r(const GemvParams& p, const GemvPlan& plan, cudaStream_t s, int* blocks_per_sm) {
-  const int64_t rows_per_block =
-      gemv_outputs_per_row_group(p, plan.rows_per_warp) * (kWarps / plan.k_split) * plan.row_groups_per_warp;
+  const int64_t rows_per_block = gemv_block_rows(p, plan);
   const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
   if constexpr (N == 1) {
     if (p.swiglu) {  // rows_per_warp 2 or 4 (launch_gemv)
@@ -543,6 +542,15 @@ void run_fma(const GemvParams& p, const GemvPlan& plan, cudaStream_t s, int* blo
 // the k_split warps of a row group add their sums in warp order through shared memory.
 constexpr int kMmaTiles = 2;
 constexpr int kMmaRows = 16 * kMmaTiles;  // rows of W per warp
+
+}  // namespace
+
+int64_t gemv_block_rows(const GemvParams& p, const GemvPlan& plan) {
+  if (plan.mma) return int64_t(kMmaRows) * (kWarps / plan.k_split);
+  return gemv_outputs_per_row_group(p, plan.rows_per_warp) * (kWarps / plan.k_split) * plan.row_groups_per_warp;
+}
+
+namespace {
 
 // f16x2 of (a, b), a in the low half, and its value back in fp32.
 __device__ __forceinline__ uint32_t f16x2_bits(float a, float b, float& ra, float& rb) {
@@ -683,7 +691,10 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const GemvParams p0,
 
 template <int N>
 void launch_mma_n(const GemvParams& p, int k_split, cudaStream_t s) {
-  const int64_t rows_per_block = int64_t(kMmaRows) * (kWarps / k_split);
+  GemvPlan plan;
+  plan.mma = true;
+  plan.k_split = k_split;
+  const int64_t rows_per_block = gemv_block_rows(p, plan);
   const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
   launch(gemv_mma_kernel<N>, grid, kThreads, 0, s, p, k_split);
 }

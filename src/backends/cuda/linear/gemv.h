@@ -83,6 +83,9 @@ struct GemvPlan {
 // or DSI_GEMV_PREFETCH_MB from the environment (0 turns the prefetch off; for comparisons).
 constexpr int64_t kGemvPrefetchMB = 16;
 int64_t gemv_prefetch_budget();
+// Rows of W (from row 0 of each product) that one block of plan's kernel streams: the vector
+// kernel's row groups of all its warps, or the tensor-core kernel's 32-row groups.
+int64_t gemv_block_rows(const GemvParams& p, const GemvPlan& plan);
 // Whether plans may stream W through the shared-memory ring (for rows of at least
 // kGemvPipeMinStretches 512-byte stretches per warp): yes, unless DSI_GEMV_PIPE=0 (comparisons).
 bool gemv_pipelined_default();

@@ -172,8 +172,7 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   // L2 prefetch before the dependency wait: an equal share of the budget per block, all of a small
   // product. Grouped products cannot (their pointers are data).
   if (p.groups == nullptr) {
-    const int64_t rows_per_block =
-        per_rg * (kWarps / plan.k_split) * plan.row_groups_per_warp;
+    const int64_t rows_per_block = gemv_block_rows(p, plan);
     const int64_t blocks = (p.out + rows_per_block - 1) / rows_per_block * p.n_groups;
     const int64_t share = gemv_prefetch_budget() / std::max<int64_t>(1, blocks);
     plan.prefetch = std::min(share, rows_per_block * row_bytes) / 16 * 16;

@@ -1,0 +1,45 @@
+// Weights asked of the L2 ahead of the product that reads them (ops::prefetch_linear): queued where
+// the kernels in between read little, so the HBM streams them while those kernels wait on latency.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsi::cuda {
+
+// L2 bytes one early prefetch asks for at most: DSI_EARLY_PREFETCH_MB from the environment (0 turns
+// them off; for comparisons), else kEarlyPrefetchL2Share of the current device's L2.
+int64_t early_prefetch_budget();
+constexpr double kEarlyPrefetchL2Share = 0.5;
+
+// The stretches are cut into pieces of at most kPrefetchPiece bytes, one per thread: thread t asks
+// for [begin, end) of piece t % per of stretch t / per, per = prefetch_pieces_per_stretch(len)
+// (empty past the weight), for len <= stride - skip. Requests then leave from many SMs' copy engines at once.
+constexpr int64_t kPrefetchPiece = 32 << 10;
+struct PrefetchPiece {
+  int64_t begin = 0, end = 0;
+};
+__host__ __device__ inline int64_t prefetch_pieces_per_stretch(int64_t len) {
+  return (len + kPrefetchPiece - 1) / kPrefetchPiece;
+}
+__host__ __device__ inline PrefetchPiece prefetch_piece(int64_t t, int64_t total, int64_t stride, int64_t skip,
+                                                        int64_t len, int64_t per) {
+  const int64_t i = t / per, first = i * stride + skip;
+  PrefetchPiece p;
+  p.begin = first + (t % per) * kPrefetchPiece;
+  int64_t end = first + len;
+  if (end > total) end = total;
+  if (end > p.begin + kPrefetchPiece) end = p.begin + kPrefetchPiece;
+  p.end = p.begin < end ? p.begin + (end - p.begin) / 16 * 16 : p.begin;
+  return p;
+}
+
+// One kernel that asks the L2 for `len` bytes at base + i * stride + skip for each i with
+// i * stride < total (cut at stride and at total): the start of each block's stretch of a
+// GEMV's rows past what its own prologue asks for. Multiples of 16 bytes, 16-byte aligned base.
+// A programmatic dependent launch that waits for the previous kernel before it asks.
+void launch_prefetch_stretches(const void* base, int64_t total, int64_t stride, int64_t skip, int64_t len,
+                               cudaStream_t s);
+
+}  // namespace dsi::cuda
