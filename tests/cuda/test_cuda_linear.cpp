@@ -253,18 +253,19 @@ TEST(CudaPrefetch, PiecesCoverTheStretchesOnce) {
            {3 << 20, 3 << 20, 0, 3 << 20, "one stretch: a whole weight"},
            {int64_t(1) << 21, 1 << 18, 1 << 17, int64_t(1) << 20, "len past the next stretch"},
            {6144 * 16384, 16 * 16384, 22352, 87376, "GLM-5 o_proj, one row: 384 blocks"},
-           {1000016, 4096, 0, 4096, "whole stretches"}}) {
+           {1000016, 4096, 0, 4096, "whole stretches"}})
+    for (const int64_t piece : {int64_t(4) << 10, int64_t(32) << 10}) {
     const int64_t len = std::min(c.len, c.stride - c.skip);  // as the launcher clamps it
-    const int64_t per = cuda::prefetch_pieces_per_stretch(len);
+    const int64_t per = cuda::prefetch_pieces_per_stretch(len, piece);
     const int64_t stretches = (c.total + c.stride - 1) / c.stride;
     const int64_t threads = (stretches * per + 31) / 32 * 32;
     std::vector<int> asked(size_t(c.total / 16), 0);
     bool ok = true;
     for (int64_t t = 0; t < threads && ok; ++t) {
-      const cuda::PrefetchPiece p = cuda::prefetch_piece(t, c.total, c.stride, c.skip, len, per);
+      const cuda::PrefetchPiece p = cuda::prefetch_piece(t, c.total, c.stride, c.skip, len, per, piece);
       if (p.end == p.begin) continue;
       ok = p.begin % 16 == 0 && p.end % 16 == 0 && p.begin >= 0 && p.end <= c.total &&
-           p.end - p.begin <= cuda::kPrefetchPiece && p.end > p.begin;
+           p.end - p.begin <= piece && p.end > p.begin;
       EXPECT_TRUE(ok) << c.note << ": thread " << t << " asks [" << p.begin << ", " << p.end << ")";
       for (int64_t b = p.begin; ok && b < p.end; b += 16) ++asked[size_t(b / 16)];
     }
@@ -277,8 +278,8 @@ TEST(CudaPrefetch, PiecesCoverTheStretchesOnce) {
         ++wrong;
       }
     }
-    EXPECT_EQ(wrong, 0) << c.note << ": 16-byte granules asked the wrong number of times, the first at byte "
-                        << first_wrong;
+    EXPECT_EQ(wrong, 0) << c.note << ", pieces of " << piece
+                        << ": 16-byte granules asked the wrong number of times, the first at byte " << first_wrong;
   }
 }
 
