@@ -10,8 +10,7 @@
 // The MoE rows time the grouped GEMVs of one token's experts as the MoE layer launches them; the
 // MLA rows the per-head products of kv_b_proj (absorbed query, value up-projection).
 // --only NAME keeps the shapes whose layer name contains NAME (and skips the MoE rows).
-// --prefetch times the GEMV with an early L2 prefetch of its weight before it (bench_prefetch).
-//   bench_linear [--sweep] [--reps N] [--only NAME] [--gemm-only | --gemv-only | --moe-only | --prefetch]
+//   bench_linear [--sweep] [--reps N] [--only NAME] [--gemm-only | --gemv-only | --moe-only]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,7 +25,6 @@
 #include "backends/cuda/device.h"
 #include "backends/cuda/linear/fp8_gemm.h"
 #include "backends/cuda/linear/gemv.h"
-#include "backends/cuda/linear/prefetch.h"
 #include "bench_fill.cuh"
 #include "bench_util.h"
 
@@ -283,44 +281,8 @@ void bench_mla_heads(const char* model, int64_t heads, int64_t nope, int64_t dv,
 
 }  // namespace
 
-// Waits `ns` nanoseconds without touching memory: the latency-bound kernels an early prefetch
-// hides under.
-__global__ void idle_kernel(int64_t ns) {
-  uint64_t t0 = 0, t = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    __nanosleep(500);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (int64_t(t - t0) < ns);
-}
-
-// --prefetch: does an early prefetch (linear/prefetch.h) make the product after it faster? Per
-// fp8 shape and one row of x: [prefetch of `budget` MiB, an idle kernel of 20 us, the GEMV] against
-// the same without the GEMV; their difference is the GEMV after the prefetch (budget 0: cold).
-void bench_prefetch(const std::vector<Shape>& shapes, int sms, int64_t l2, int reps, float* x, float* y) {
-  for (const Shape& sh : shapes) {
-    Weights ws = make_weights(sh, true, l2);
-    const int copies = int(ws.w.size());
-    for (const int64_t mb : {0, 8, 16, 24, 32, 48}) {
-      double us[2];
-      for (const bool product : {false, true})
-        us[product] = time_graph(copies, reps, [&](int c, cudaStream_t st) {
-          dsi::cuda::GemvParams q = gemv_params(sh, true, 1, x, y);
-          q.w = ws.w[size_t(c)];
-          q.scale_inv = ws.s[size_t(c)];
-          if (mb > 0) dsi::cuda::launch_gemv_prefetch(q, mb << 20, st);
-          idle_kernel<<<1, 32, 0, st>>>(20000);
-          if (product) dsi::cuda::launch_gemv(q, dsi::cuda::gemv_plan(q, sms), st);
-        });
-      std::printf("prefetch %-7s %-12s %3lld MiB ahead: with the product %7.2f us, without %7.2f us, the product %6.2f us\n",
-                  sh.model, sh.name, static_cast<long long>(mb), us[1], us[0], us[1] - us[0]);
-    }
-    free_weights(ws);
-  }
-}
-
 int main(int argc, char** argv) {
-  bool sweep = false, gemv = true, gemm = true, moe_only = false, prefetch = false;
+  bool sweep = false, gemv = true, gemm = true, moe_only = false;
   int reps = 30;
   std::string only;
   for (int i = 1; i < argc; ++i) {
@@ -330,9 +292,8 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--moe-only")) gemm = false, moe_only = true;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(3, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-    else if (!std::strcmp(argv[i], "--prefetch")) prefetch = true;
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--only NAME] [--gemm-only | --gemv-only | --moe-only | --prefetch]\n",
+      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--only NAME] [--gemm-only | --gemv-only | --moe-only]\n",
                    argv[0]);
       return 2;
     }
@@ -376,10 +337,6 @@ int main(int argc, char** argv) {
     DSI_CUDA_CHECK(cudaMalloc(&sx, size_t(max_n * (max_in / 128 + 1)) * 4));
     fill_f32<<<1024, 256>>>(x, max_n * max_in, 7, -1.0f, 1.0f);
     DSI_CUDA_CHECK(cudaDeviceSynchronize());
-    if (prefetch) {
-      bench_prefetch(shapes, sms, l2, reps, x, y);
-      return 0;
-    }
 
     if (gemv && only.empty()) {
       bench_grouped("GLM-5", 6144, 2048, sms, l2, reps, sweep, x, y);

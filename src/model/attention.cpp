@@ -40,9 +40,6 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   Tensor q = Tensor::empty({n, heads, c.qk_head_dim()}, DType::F32, dev);
   Tensor q2 = q.view({n, heads * c.qk_head_dim()});
   ops::linear(c_q, w.q_b_proj, q2);
-  // The kernels from here to o_proj read little and wait on latency: the memory streams o_proj's
-  // weight into the L2 under them.
-  ops::prefetch_linear(w.o_proj, n);
 
   // Keys: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache keeps RMSNorm(c_kv) and RoPE(k_pe).
   Tensor kv_a = part(w.in_proj_kv_row, dk, w.kv_a_proj_with_mqa);

@@ -124,7 +124,6 @@ Tensor DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, T
   if (!w.is_moe) {
     ops::mlp(x, w.mlp, ffn);
   } else {
-    ops::prefetch_shared_expert(w.moe.shared_experts, n);  // under the router and the routing
     Tensor router_logits = Tensor::empty({n, cfg_.n_experts}, DType::F32, h.device());
     ops::linear(x, w.moe.gate, router_logits);
     const int k = cfg_.n_experts_active;

@@ -13,13 +13,6 @@ void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   DSI_DISPATCH(x.device(), linear, x, w, out);
 }
 
-void prefetch_linear(const LinearWeight& w, int64_t rows) {
-  DSI_CHECK(rows >= 0, "prefetch_linear: {} rows", rows);
-#ifdef DSI_WITH_CUDA
-  if (w.defined() && w.weight.device().type == DeviceType::CUDA) cuda::prefetch_linear(w, rows);
-#endif
-}
-
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
   DSI_DISPATCH(w.weight.device(), dequantize_rows, w, row_begin, row_end);
 }

@@ -26,14 +26,6 @@ namespace ops {
 // y = x W^T. x: [n, in] f32 (strided rows ok); out: [n, out] f32 contiguous.
 void linear(const Tensor& x, const LinearWeight& w, Tensor& out);
 
-// Asks the device's cache to start reading W for a product linear(x, w, .) of `rows` rows of x that
-// comes later on the same stream: a hint with no result. Worth it where the work queued between
-// here and the product reads little memory and waits on latency (MLA's attention before o_proj),
-// so the memory streams the weight under it. CPU: nothing. CUDA, decode sizes (1..8 rows): the
-// start of each GEMV block's rows past what the product's own prologue asks the L2 for, up to half
-// the L2 in all (cuda/linear/prefetch.h).
-void prefetch_linear(const LinearWeight& w, int64_t rows);
-
 // Dequantises rows [row_begin, row_end) of W to fp32 (host); out: [row_end - row_begin, in].
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
 

@@ -24,14 +24,6 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
   DSI_DISPATCH(x.device(), moe_experts, x, expert_ids, weights, experts, first_expert, n_experts,
                out, shared);
 }
-void prefetch_shared_expert(const MlpWeights& shared, int64_t rows) {
-  DSI_CHECK(rows >= 0, "prefetch_shared_expert: {} rows", rows);
-#ifdef DSI_WITH_CUDA
-  if (shared.gate_proj.defined() && shared.gate_proj.weight.device().type == DeviceType::CUDA)
-    cuda::prefetch_shared_expert(shared, rows);
-#endif
-}
-
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out) { DSI_DISPATCH(x.device(), mlp, x, w, out); }
 
 }  // namespace dsi::ops

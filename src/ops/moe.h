@@ -45,11 +45,6 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
                  Tensor& out, const MlpWeights* shared = nullptr);
 
-// Asks the device's cache to start reading the shared expert's gate and up rows for a later
-// moe_experts over `rows` tokens on the same stream (the router and the routing in between read
-// little): a hint with no result, as prefetch_linear (linear.h). CPU: nothing.
-void prefetch_shared_expert(const MlpWeights& shared, int64_t rows);
-
 // Dense SwiGLU MLP (dense layers and the shared expert). x: [n, hidden]; out: [n, hidden].
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
 

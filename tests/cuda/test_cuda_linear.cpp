@@ -15,11 +15,9 @@
 #include "backends/cpu/cpu_linear_fp8.h"
 #include "backends/cuda/cuda_linear_fp8.h"
 #include "backends/cuda/cuda_ops.h"
-#include "backends/cuda/linear/prefetch.h"
 #include "core/dtype.h"
 #include "cuda/cuda_test_util.h"
 #include "ops/linear.h"
-#include "ops/moe.h"
 
 namespace dsi {
 namespace {
@@ -235,98 +233,6 @@ TEST_F(CudaLinearGemv, SixtyFourRowsStillMatch) {  // the sgemm path next to the
     const LinearWeight w = make_weight(dt, 129, 257, 9, 3, 5);
     check_linear(w, 64, 10, case_name("linear", dt, 64, 129, 257));
   }
-}
-
-// ---------------------------------------------------------------- early prefetch
-
-// The pieces of an early prefetch (prefetch.h), as launch_prefetch_stretches cuts them: every 16
-// bytes of each stretch [i * stride + skip, + len) cut at the next stretch and at the weight's end,
-// asked once, none outside; pieces 16-byte aligned, at most kPrefetchPiece each.
-TEST(CudaPrefetch, PiecesCoverTheStretchesOnce) {
-  struct Case {
-    int64_t total, stride, skip, len;
-    const char* note;
-  };
-  for (const Case& c : std::vector<Case>{
-           {int64_t(1) << 20, 65536, 16384, 20000, "stretches shorter than a piece, not a multiple of 16"},
-           {5 * (int64_t(256) << 10) + (48 << 10), 256 << 10, 0, 100 << 10, "the last stretch cut by the end"},
-           {3 << 20, 3 << 20, 0, 3 << 20, "one stretch: a whole weight"},
-           {int64_t(1) << 21, 1 << 18, 1 << 17, int64_t(1) << 20, "len past the next stretch"},
-           {6144 * 16384, 16 * 16384, 22352, 87376, "GLM-5 o_proj, one row: 384 blocks"},
-           {1000016, 4096, 0, 4096, "whole stretches"}})
-    for (const int64_t piece : {int64_t(4) << 10, int64_t(32) << 10}) {
-    const int64_t len = std::min(c.len, c.stride - c.skip);  // as the launcher clamps it
-    const int64_t per = cuda::prefetch_pieces_per_stretch(len, piece);
-    const int64_t stretches = (c.total + c.stride - 1) / c.stride;
-    const int64_t threads = (stretches * per + 31) / 32 * 32;
-    std::vector<int> asked(size_t(c.total / 16), 0);
-    bool ok = true;
-    for (int64_t t = 0; t < threads && ok; ++t) {
-      const cuda::PrefetchPiece p = cuda::prefetch_piece(t, c.total, c.stride, c.skip, len, per, piece);
-      if (p.end == p.begin) continue;
-      ok = p.begin % 16 == 0 && p.end % 16 == 0 && p.begin >= 0 && p.end <= c.total &&
-           p.end - p.begin <= piece && p.end > p.begin;
-      EXPECT_TRUE(ok) << c.note << ": thread " << t << " asks [" << p.begin << ", " << p.end << ")";
-      for (int64_t b = p.begin; ok && b < p.end; b += 16) ++asked[size_t(b / 16)];
-    }
-    int64_t wrong = 0, first_wrong = -1;
-    for (int64_t g = 0; g < c.total / 16; ++g) {
-      const int64_t o = g * 16, in_stretch = o % c.stride;
-      const bool want = in_stretch >= c.skip && in_stretch + 16 <= c.skip + len;
-      if (asked[size_t(g)] != (want ? 1 : 0)) {
-        if (first_wrong < 0) first_wrong = o;
-        ++wrong;
-      }
-    }
-    EXPECT_EQ(wrong, 0) << c.note << ", pieces of " << piece
-                        << ": 16-byte granules asked the wrong number of times, the first at byte " << first_wrong;
-  }
-}
-
-// A prefetch changes no result: GEMV products after ops::prefetch_linear (or the shared expert's)
-// bitwise equal to those before it, on every kind of plan (the ring and register kernels, the
-// tensor-core kernel, the element-wise kernel where the prefetch does nothing), and sizes it skips
-// (no rows, prefill); negative rows are an error.
-TEST_F(CudaLinearGemv, PrefetchChangesNoResult) {
-  struct Case {
-    DType dt;
-    int64_t out, in, row0, col0;
-  };
-  for (const Case& c : std::vector<Case>{{DType::F8_E4M3, 6144, 16384, 0, 0},
-                                         {DType::F8_E4M3, 16384, 2048, 0, 0},
-                                         {DType::F8_E4M3, 300, 512, 127, 112},
-                                         {DType::F8_E4M3, 257, 384, 3, 17},
-                                         {DType::BF16, 2048, 6144, 0, 0}}) {
-    const LinearWeight w = make_weight(c.dt, c.out, c.in, uint64_t(c.out + c.in), c.row0, c.col0);
-    const LinearWeight dw = to_gpu(w);
-    for (int64_t n : {1, 4, 9}) {
-      const std::string what = case_name("prefetched linear", c.dt, n, c.out, c.in);
-      const Tensor dx = dev(test::rand_tensor({n, c.in}, uint64_t(n + c.out)));
-      Tensor before = Tensor::empty({n, c.out}, DType::F32, gpu());
-      Tensor after = Tensor::empty({n, c.out}, DType::F32, gpu());
-      ops::linear(dx, dw, before);
-      ops::prefetch_linear(dw, n);
-      ops::prefetch_linear(dw, 0);
-      ops::linear(dx, dw, after);
-      test::expect_bitwise(host(after), host(before), what);
-    }
-    EXPECT_THROW(ops::prefetch_linear(dw, -1), Error);
-  }
-  MlpWeights m;
-  m.gate_proj = test::make_weight(DType::F8_E4M3, 2048, 6144, 1);
-  m.up_proj = test::make_weight(DType::F8_E4M3, 2048, 6144, 2);
-  m.down_proj = test::make_weight(DType::F8_E4M3, 6144, 2048, 3);
-  MlpWeights dm{to_gpu(m.gate_proj), to_gpu(m.up_proj), to_gpu(m.down_proj)};
-  const Tensor dx = dev(test::rand_tensor({1, 6144}, 4));
-  Tensor before = Tensor::empty({1, 6144}, DType::F32, gpu());
-  Tensor after = Tensor::empty({1, 6144}, DType::F32, gpu());
-  ops::mlp(dx, dm, before);
-  ops::prefetch_shared_expert(dm, 1);
-  ops::mlp(dx, dm, after);
-  test::expect_bitwise(host(after), host(before), "shared expert after its prefetch");
-  EXPECT_THROW(ops::prefetch_shared_expert(dm, -1), Error);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 // ---------------------------------------------------------------- fp8 activations

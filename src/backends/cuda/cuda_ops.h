@@ -34,7 +34,6 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float atte
           RopeStyle style, int offset, Tensor* out);
 
 void linear(const Tensor& x, const LinearWeight& w, Tensor& out);
-void prefetch_linear(const LinearWeight& w, int64_t rows);
 // Returns a host tensor, as the CPU op (linear.h); dequantize_rows_to is the on-device form.
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
 // out: [row_end - row_begin, in] f32 contiguous, on the weight's device.
@@ -71,7 +70,6 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
                  Tensor& out, const MlpWeights* shared);
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
-void prefetch_shared_expert(const MlpWeights& shared, int64_t rows);
 
 void argmax(const Tensor& logits, Tensor& out);
 

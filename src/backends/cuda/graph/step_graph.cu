@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "backends/cuda/common.cuh"
-#include "backends/cuda/linear/prefetch.h"
 #include "backends/cuda/memory/memory.h"
 
 namespace dsi::cuda {
@@ -86,17 +85,14 @@ void StepGraph::capture(const std::function<void()>& fn) {
   g.checks = DeferredChecks{static_cast<unsigned long long*>(g.flags.raw()), kMaxChecks, {}};
   CaptureState state{g.device.index, g.pool, &g.checks};
   const cudaStream_t s = stream();
-  join_prefetches();  // eager prefetches (linear/prefetch.h) too
-  sync_stream();      // the eager work before it is done: capture sees an idle stream
+  sync_stream();  // the eager work before it is done: capture sees an idle stream
   DSI_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   cudaGraph_t graph = nullptr;
   try {
     ScopedCaptureState scope(&state);  // ends before the handler or the end of the capture
     DSI_CUDA_CHECK(cudaMemsetAsync(g.flags.raw(), 0xff, g.flags.nbytes(), s));
     fn();
-    join_prefetches();  // a capture must join every stream it forked
   } catch (...) {
-    forget_prefetches();
     if (cudaStreamEndCapture(s, &graph) == cudaSuccess && graph != nullptr) cudaGraphDestroy(graph);
     cudaGetLastError();
     g.checks.what.clear();
