@@ -164,14 +164,33 @@ TEST_F(CudaTopk, DecodeAndPrefillScale) {
   check_topk(topk_scores(2, 100000, 4), b, 2048, "topk 2x100000");
 }
 
+// A bound outside [0, keys] gives the CPU's error, naming the first such row, on every path: the
+// one-CTA and cluster select kernels (which check the bounds themselves) and the sort (k past the
+// select's); a call with good bounds after it still selects as the CPU.
 TEST_F(CudaTopk, BadBoundGivesTheCpuError) {
-  const Tensor s = topk_scores(2, 5, 1);
-  const Tensor b = Tensor::from_i32({3, 6}, {2});
-  Tensor ci = Tensor::empty({2, 2}, DType::I32), gi = Tensor::empty({2, 2}, DType::I32, gpu());
-  const std::string cm = test::error_of([&] { ops::topk(s, b, 2, ci, nullptr); });
-  const std::string gm = test::error_of([&] { ops::topk(dev(s), dev(b), 2, gi, nullptr); });
-  EXPECT_FALSE(cm.empty());
-  EXPECT_EQ(gm, cm);
+  struct Case {
+    int64_t n;
+    int k;
+    std::vector<int32_t> bounds;
+  };
+  for (const Case& c : std::vector<Case>{{5, 2, {3, 6}},
+                                         {8192, 2048, {8192, 8193, 5}},
+                                         {40000, 2048, {40000, 100, -1, 40001}},
+                                         {40000, 2048, {7, 40000, 39999, 2147483647}},
+                                         {3000, 2500, {3000, -5}}}) {
+    const int64_t rows = int64_t(c.bounds.size());
+    const std::string what = "topk" + sz("n", c.n) + sz("k", c.k);
+    const Tensor s = topk_scores(rows, c.n, uint64_t(c.n + rows));
+    const Tensor b = Tensor::from_i32(c.bounds, {rows});
+    Tensor ci = Tensor::empty({rows, c.k}, DType::I32), gi = Tensor::empty({rows, c.k}, DType::I32, gpu());
+    const std::string cm = test::error_of([&] { ops::topk(s, b, c.k, ci, nullptr); });
+    const std::string gm = test::error_of([&] { ops::topk(dev(s), dev(b), c.k, gi, nullptr); });
+    EXPECT_FALSE(cm.empty()) << what;
+    EXPECT_EQ(gm, cm) << what;
+    std::vector<int32_t> good(c.bounds);
+    for (int32_t& v : good) v = std::clamp<int32_t>(v, 0, int32_t(c.n));
+    check_topk(s, good, c.k, what + " good bounds after a bad call");
+  }
 }
 
 TEST_F(CudaTopk, MergeCandidateLists) {

@@ -71,6 +71,12 @@ __device__ __forceinline__ uint32_t order_key(float v) {
 
 constexpr uint32_t kNoKeyBits = 0xff800000u;  // -inf: what a position at or past the bound caches
 
+// The op's input check, by one thread of the row: a bound outside [0, n] lowers p.bad to the row.
+__device__ __forceinline__ void check_bound(const TopkSelectParams& p, int64_t row, int64_t bound) {
+  if (p.bad != nullptr && (bound < 0 || bound > p.n))
+    atomicMin(p.bad, static_cast<unsigned long long>(p.first_row + row));
+}
+
 // Dynamic shared memory (words): the local histograms of the three digits (pass 3 reuses the first),
 // this CTA's slices of the cluster-wide histograms, then the cached scores.
 __host__ __device__ constexpr int64_t merged_words(int ctas) { return 2 * (kBins / ctas) + 256 / ctas; }
@@ -308,6 +314,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   const int64_t row = blockIdx.y;
   const float* srow = p.scores + row * p.score_stride;
   const int64_t bound = p.bounds[row];
+  if (crank == 0 && tid == 0) check_bound(p, row, bound);
   const int64_t chunk = (p.n + n_ctas - 1) / n_ctas;
   const int64_t lo = std::min<int64_t>(p.n, int64_t(crank) * chunk);
   const int64_t len = std::min<int64_t>(p.n, lo + chunk) - lo;
@@ -629,7 +636,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x;
   const float* srow = p.scores + row * p.score_stride;
-  const int n = int(p.n), bound = min(int(p.bounds[row]), n);  // bound <= n (checked by the op)
+  if (tid == 0) check_bound(p, row, p.bounds[row]);
+  const int n = int(p.n), bound = min(int(p.bounds[row]), n);
   int32_t* out_idx = p.indices + row * p.k;
   float* out_val = p.values != nullptr ? p.values + row * p.k : nullptr;
   const int i0 = tid * PER;
@@ -730,6 +738,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
       q.rows = std::min<int64_t>(INT32_MAX, p.rows - r0);
       q.scores = p.scores + r0 * p.score_stride;
       q.bounds = p.bounds + r0;
+      q.first_row = p.first_row + r0;
       q.indices = p.indices + r0 * p.k;
       if (q.values != nullptr) q.values = p.values + r0 * p.k;
       launch(kernel, dim3(unsigned(q.rows)), dim3(kCtaThreads), 0, s, q);
@@ -794,6 +803,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
     q.rows = std::min<int64_t>(65535, p.rows - r0);
     q.scores = p.scores + r0 * p.score_stride;
     q.bounds = p.bounds + r0;
+    q.first_row = p.first_row + r0;
     q.indices = p.indices + r0 * p.k;
     if (q.values != nullptr) q.values = p.values + r0 * p.k;
     launch_cluster(kernel, dim3(unsigned(ctas), unsigned(q.rows), 1), dim3(kSelThreads), smem, unsigned(ctas), s, q,

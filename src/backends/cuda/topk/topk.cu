@@ -194,15 +194,13 @@ void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Te
   DSI_CHECK(bounds.is_contiguous(), "topk: bounds must be contiguous");
   DSI_CHECK(n < (int64_t(1) << 31), "topk: {} positions do not fit int32 indices", n);
   DeviceGuard guard(scores.device());
-  {
-    ErrorFlag bad("topk: a row's bound outside [0, keys]");
-    launch_topk_check_bounds(bounds.i32(), rows, n, bad.ptr(), stream());
+  ErrorFlag bad("topk: a row's bound outside [0, keys]");
+  auto fail_on_bad_bound = [&] {
     const unsigned long long first = bad.read();
     if (first != ErrorFlag::kNone)
       fail("topk: bound {} outside [0, {}]", read_device(bounds.i32() + first), n);
-  }
-  if (rows == 0 || k == 0) return;
-  if (topk_select_supported(n, k)) {
+  };
+  if (rows > 0 && k > 0 && topk_select_supported(n, k)) {  // the select checks the bounds itself
     TopkSelectParams sp{};
     sp.scores = scores.f32();
     sp.bounds = bounds.i32();
@@ -212,9 +210,14 @@ void topk(const Tensor& scores, const Tensor& bounds, int k, Tensor& indices, Te
     sp.rows = rows;
     sp.n = n;
     sp.k = k;
+    sp.bad = bad.ptr();
     launch_topk_select(sp, stream());
+    fail_on_bad_bound();
     return;
   }
+  launch_topk_check_bounds(bounds.i32(), rows, n, bad.ptr(), stream());
+  fail_on_bad_bound();
+  if (rows == 0 || k == 0) return;
   TopkKeysParams kp{};
   kp.scores = scores.f32();
   kp.bounds = bounds.i32();

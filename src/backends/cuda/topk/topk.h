@@ -45,12 +45,17 @@ void launch_topk_check_bounds(const int32_t* bounds, int64_t rows, int64_t n,
 inline constexpr int kTopkSelectMaxK = 2048;
 struct TopkSelectParams {
   const float* scores;    // [rows, n], row stride score_stride
-  const int32_t* bounds;  // [rows] positions [0, bound) selectable (bound <= n, checked by the op)
+  const int32_t* bounds;  // [rows] positions [0, bound) selectable
   int32_t* indices;       // [rows, k] contiguous, ascending positions, -1 padded
   float* values;          // [rows, k] contiguous, -inf padded; null when not wanted
   int64_t score_stride;
   int64_t rows, n;        // n < 2^31
   int k;                  // 1..kTopkSelectMaxK
+  // Lowered (atomicMin) to the first row whose bound is outside [0, n], when not null: the op's
+  // input check inside the select (such a row's selection is then meaningless, but reads nothing
+  // outside its scores).
+  unsigned long long* bad;
+  int64_t first_row;  // what bad calls this call's row 0 (the launch's chunks of rows)
 };
 // True when the select kernel handles (n, k) on the current device (sm_90+: clusters).
 bool topk_select_supported(int64_t n, int k);
