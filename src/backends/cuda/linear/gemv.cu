@@ -690,25 +690,22 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const GemvParams p0,
 }
 
 template <int N>
-void launch_mma_n(const GemvParams& p, int k_split, cudaStream_t s) {
-  GemvPlan plan;
-  plan.mma = true;
-  plan.k_split = k_split;
+void launch_mma_n(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   const int64_t rows_per_block = gemv_block_rows(p, plan);
   const dim3 grid(unsigned((p.out + rows_per_block - 1) / rows_per_block), unsigned(p.n_groups));
-  launch(gemv_mma_kernel<N>, grid, kThreads, 0, s, p, k_split);
+  launch(gemv_mma_kernel<N>, grid, kThreads, 0, s, p, plan.k_split);
 }
 
-void launch_mma(const GemvParams& p, int k_split, cudaStream_t s) {
+void launch_mma(const GemvParams& p, const GemvPlan& plan, cudaStream_t s) {
   switch (p.n) {
-    case 1: launch_mma_n<1>(p, k_split, s); break;
-    case 2: launch_mma_n<2>(p, k_split, s); break;
-    case 3: launch_mma_n<3>(p, k_split, s); break;
-    case 4: launch_mma_n<4>(p, k_split, s); break;
-    case 5: launch_mma_n<5>(p, k_split, s); break;
-    case 6: launch_mma_n<6>(p, k_split, s); break;
-    case 7: launch_mma_n<7>(p, k_split, s); break;
-    default: launch_mma_n<8>(p, k_split, s); break;
+    case 1: launch_mma_n<1>(p, plan, s); break;
+    case 2: launch_mma_n<2>(p, plan, s); break;
+    case 3: launch_mma_n<3>(p, plan, s); break;
+    case 4: launch_mma_n<4>(p, plan, s); break;
+    case 5: launch_mma_n<5>(p, plan, s); break;
+    case 6: launch_mma_n<6>(p, plan, s); break;
+    case 7: launch_mma_n<7>(p, plan, s); break;
+    default: launch_mma_n<8>(p, plan, s); break;
   }
 }
 
@@ -778,7 +775,7 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
   if (plan.mma) {
     DSI_CHECK(gemv_mma_ok(p), "gemv: the tensor-core kernel takes 1..{} rows of fp8 weights with "
               "128-column blocks, got {} rows", kGemvMaxRows, p.n);
-    launch_mma(p, plan.k_split, stream);
+    launch_mma(p, plan, stream);
     g_tensor_core_launches.fetch_add(1, std::memory_order_relaxed);
     return;
   }
