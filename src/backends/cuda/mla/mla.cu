@@ -199,10 +199,9 @@ void launch_absorb_t(AbsorbPlan a, const Tensor& q_nope, Tensor& out, const Rope
   }
 }
 
-}  // namespace
-
-void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
-  const AbsorbPlan a = absorb_plan(q_nope, kv_b, out);
+// The product of a checked plan: zeros (no nope dims), the transposed launches, or per head
+// through cuBLAS.
+void absorb(const AbsorbPlan& a, const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
   if (a.rows == 0 || a.lora == 0) return;
   DeviceGuard guard(q_nope.device());
   if (a.nope == 0) {
@@ -223,6 +222,12 @@ void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
                 q_nope.stride(1), out.f32(), ldo, out.stride(1), a.heads);
 }
 
+}  // namespace
+
+void mla_absorb_q(const Tensor& q_nope, const LinearWeight& kv_b, Tensor& out) {
+  absorb(absorb_plan(q_nope, kv_b, out), q_nope, kv_b, out);
+}
+
 void mla_absorbed_queries(const Tensor& q, int64_t nope, const LinearWeight& kv_b, const Tensor& positions,
                           const Tensor& inv_freq, float attention_factor, RopeStyle style, Tensor& out) {
   const ops::MlaQueryParts parts = ops::mla_query_parts(q, nope, inv_freq, out);
@@ -235,7 +240,7 @@ void mla_absorbed_queries(const Tensor& q, int64_t nope, const LinearWeight& kv_
     launch_absorb_t(a, q_nope, lat, &r);
     return;
   }
-  mla_absorb_q(q_nope, kv_b, lat);
+  absorb(a, q_nope, kv_b, lat);  // checked once, above
   Tensor qv = q;
   rope(qv, positions, inv_freq, attention_factor, style, int(nope), &pe);
 }
