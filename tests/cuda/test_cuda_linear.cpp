@@ -5,6 +5,7 @@
 // NaN-guarded buffers; repeated runs must be bitwise equal. Without a visible GPU every test skips.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -117,18 +118,20 @@ TEST_F(CudaLinearGemv, Fp8SliceOffsetsAndBlockSizes) {
 struct GemvSwitches {
   bool tensor_cores = cuda::gemv_tensor_cores();
   bool one_row = cuda::gemv_mma_one_row();
+  bool tma = cuda::gemv_tma();
   int row_groups = cuda::gemv_row_groups_per_warp();
   ~GemvSwitches() {
     cuda::set_gemv_tensor_cores(tensor_cores);
     cuda::set_gemv_mma_one_row(one_row);
+    cuda::set_gemv_tma(tma);
     cuda::set_gemv_row_groups_per_warp(row_groups);
   }
 };
 
 // GLM-5 decode shapes (and cut-down ones) that exercise every plan: rows split between 8 warps
 // (o_proj, 16 KiB fp8 rows), 1, 2 and 4 rows per warp, streamed row groups (q_b: 16384 rows); NaN
-// in one x row (its outputs NaN). Several rows of fp8: the tensor-core kernel (the default) and the
-// FMA kernels.
+// in one x row (its outputs NaN). fp8: the tensor-core kernels (the default: the tensor-map kernel
+// for one row, the mma kernel for several) and the FMA kernels.
 TEST_F(CudaLinearGemv, DecodeShapes) {
   struct Case {
     DType dt;
@@ -145,8 +148,9 @@ TEST_F(CudaLinearGemv, DecodeShapes) {
                                          {DType::F32, 3000, 2048}})
     for (int64_t n : {1, 4, 8})
       for (bool tc : {true, false}) {
-        if (!tc && (c.dt != DType::F8_E4M3 || n == 1)) continue;
+        if (!tc && c.dt != DType::F8_E4M3) continue;
         cuda::set_gemv_tensor_cores(tc);
+        cuda::set_gemv_tma(tc);
         const LinearWeight w = make_weight(c.dt, c.out, c.in, uint64_t(c.out ^ c.in));
         check_linear(w, n, uint64_t(n + 17),
                      case_name("decode linear", c.dt, n, c.out, c.in) + (tc ? "" : " (FMA kernels)"),
@@ -226,6 +230,59 @@ TEST_F(CudaLinearGemv, TensorCoreKernelMatches) {
   ops::linear(dev(x), to_gpu(w), g);
   EXPECT_EQ(cuda::gemv_tensor_core_launches() - before, 1u);
   test::expect_nmse_close(host(g), cpu, tol::kCudaGemmNmse, "tensor-core linear, scaled x blocks");
+}
+
+// The one-row tensor-map kernel (gemv_tma.cu): the plans it takes on an H200's 132 SMs, and the CPU
+// reference's results within the GEMM tolerance (x as two f16 halves of a power-of-two scaled
+// block, as the mma kernel), a NaN in x in every output, a repeat bitwise equal, contiguous and
+// strided x. Shapes: GLM-5's o_proj (4 warps a tile, 256-byte pieces) and q_b (8 warps of one tile,
+// 512-byte pieces), a last tile of 2 rows with rows of 2304 bytes (1 warp a tile, 256-byte pieces),
+// 36864 rows (each warp two tiles in turn), a slice starting one tile into its scale block (one
+// starting 5 rows in stays on the FMA kernels: its tiles would straddle scale blocks); x blocks of
+// very different magnitudes. A product too small to fill the GPU evenly
+// stays on the FMA kernels.
+TEST_F(CudaLinearGemv, TensorMapKernelMatches) {
+  GemvSwitches restore;
+  cuda::set_gemv_tma(true);
+  cuda::set_gemv_mma_one_row(false);
+  auto plan_of = [](int64_t out, int64_t in) { return cuda::gemv_tma_plan_for(out, in, 132); };
+  EXPECT_EQ(plan_of(6144, 16384), (std::array<int, 4>{3, 4, 1, 256}));
+  EXPECT_EQ(plan_of(16384, 2048), (std::array<int, 4>{8, 1, 1, 512}));
+  EXPECT_EQ(plan_of(2050, 2304), (std::array<int, 4>{1, 1, 1, 256}));
+  EXPECT_EQ(plan_of(36864, 1024), (std::array<int, 4>{9, 1, 2, 512}));
+  EXPECT_EQ(plan_of(1000, 2048)[0], 0);  // 63 tiles: most SMs would idle
+  EXPECT_EQ(plan_of(2816, 6144)[0], 0);  // 176 tiles: two on some SMs, one on others
+  struct Case {
+    int64_t out, in, row0;
+    int nan_row;
+    bool tma;  // the plan takes the tensor-map kernel
+  };
+  for (const Case& c : std::vector<Case>{{6144, 16384, 0, -1, true},
+                                         {16384, 2048, 0, 0, true},
+                                         {2050, 2304, 0, -1, true},
+                                         {36864, 1024, 0, -1, true},
+                                         {4096, 1024, 16, -1, true},
+                                         {4096, 1024, 5, -1, false},  // tiles would straddle scale rows
+                                         {1000, 2048, 0, -1, false}}) {
+    const LinearWeight w =
+        make_weight(DType::F8_E4M3, c.out, c.in, uint64_t(3 * c.out + c.in), c.row0, 0, 128, 128);
+    const std::string what =
+        case_name("tensor-map linear", DType::F8_E4M3, 1, c.out, c.in) + " row offset " + std::to_string(c.row0);
+    const uint64_t before = cuda::gemv_tma_launches();
+    check_linear(w, 1, uint64_t(c.out + 5), what, c.nan_row);
+    EXPECT_EQ(cuda::gemv_tma_launches() - before, c.tma ? 4u : 0u) << what << ": tensor-map launches";
+  }
+  // x blocks from 1e-6 to 3e4: each 128-column block gets its own scale.
+  const LinearWeight w = make_weight(DType::F8_E4M3, 4096, 2048, 79, 0, 0, 128, 128);
+  Tensor x = test::rand_tensor({1, 2048}, 80);
+  for (int64_t j = 0; j < 2048; ++j) x.f32()[j] *= std::ldexp(1.0f, int(j / 128) * 3 - 20);
+  Tensor cpu = Tensor::empty({1, 4096}, DType::F32);
+  ops::linear(x, w, cpu);
+  Tensor g = Tensor::empty({1, 4096}, DType::F32, gpu());
+  const uint64_t before = cuda::gemv_tma_launches();
+  ops::linear(dev(x), to_gpu(w), g);
+  EXPECT_EQ(cuda::gemv_tma_launches() - before, 1u);
+  test::expect_nmse_close(host(g), cpu, tol::kCudaGemmNmse, "tensor-map linear, scaled x blocks");
 }
 
 TEST_F(CudaLinearGemv, SixtyFourRowsStillMatch) {  // the sgemm path next to the GEMV's boundary

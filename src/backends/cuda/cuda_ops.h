@@ -4,6 +4,7 @@
 // includes it into plain C++ translation units.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -83,6 +84,16 @@ bool gemv_mma_one_row();
 void set_gemv_mma_one_row(bool on);
 // Launches of that kernel so far in this process (tests check that it ran).
 uint64_t gemv_tensor_core_launches();
+// Whether ops::linear runs one row of fp8 weights on the GEMV's tensor-map kernel
+// (linear/gemv_tma.cu) where its plan balances: on unless DSI_GEMV_TMA=0 or switched here; and its
+// launches so far in this process (tests check that it ran).
+bool gemv_tma();
+void set_gemv_tma(bool on);
+uint64_t gemv_tma_launches();
+// That kernel's plan for one row of an fp8 [out, in] weight with 128x128 blocks on a GPU of num_sms
+// SMs: {tile groups per block, warps per tile, tiles per warp, bytes per piece}, all 0 where the
+// plan leaves the product to the FMA kernels (linear/gemv.h's GemvTmaPlan; for tests).
+std::array<int, 4> gemv_tma_plan_for(int64_t out, int64_t in, int num_sms);
 // Row groups per warp forced on every vector-kernel GEMV plan, for tests and comparisons: 0 (the
 // default) lets the plan choose, 1 never streams row groups, n > 1 always streams n. Also read
 // from DSI_GEMV_ROW_GROUPS.

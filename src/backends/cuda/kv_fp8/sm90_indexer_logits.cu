@@ -33,7 +33,6 @@
 // (tests/cuda/test_cuda_kv_fp8.cpp), not bitwise; the same as the deployed fp8 indexer kernels.
 // Runs are deterministic: fixed orders only.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <atomic>
@@ -42,6 +41,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
 #include "backends/cuda/ptx.cuh"
+#include "backends/cuda/tensor_map.h"
 #include "backends/cuda/wgmma.cuh"
 #include "ops/kv_fp8.h"
 
@@ -303,28 +303,12 @@ __global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __
 }
 
 // The tensor map of the pool's key tiles: dimensions (128 bytes of a key, 64 keys, n_pages pages),
-// pages kPageBytes apart, one page per copy, written in the 128-byte swizzle. The driver's encoder
-// comes through the runtime (no link against the driver library).
+// pages kPageBytes apart, one page per copy, written in the 128-byte swizzle.
 CUtensorMap key_tensor_map(const uint8_t* pool, int64_t n_pages) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    DSI_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found));
-    DSI_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
-              "indexer_logits_fp8: the driver has no cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  CUtensorMap map{};
-  const cuuint64_t dims[3] = {cuuint64_t(kD), cuuint64_t(kPage), cuuint64_t(n_pages)};
-  const cuuint64_t strides[2] = {cuuint64_t(kD), cuuint64_t(kPageBytes)};  // bytes, of dims 1 and 2
-  const cuuint32_t box[3] = {cuuint32_t(kD), cuuint32_t(kPage), 1};
-  const cuuint32_t elem_strides[3] = {1, 1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, const_cast<uint8_t*>(pool), dims, strides, box,
-                            elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  DSI_CHECK(r == CUDA_SUCCESS, "indexer_logits_fp8: cannot describe the key pool to the copy engine (error {})",
-            int(r));
-  return map;
+  const uint64_t dims[3] = {uint64_t(kD), uint64_t(kPage), uint64_t(n_pages)};
+  const uint64_t strides[2] = {uint64_t(kD), uint64_t(kPageBytes)};  // bytes, of dims 1 and 2
+  const uint32_t box[3] = {uint32_t(kD), uint32_t(kPage), 1};
+  return byte_tensor_map(pool, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, "indexer_logits_fp8: the key pool");
 }
 
 // Blocks per row group forced on every call (0: the plan chooses); set_indexer_logits_blocks.

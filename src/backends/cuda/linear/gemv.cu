@@ -546,6 +546,7 @@ constexpr int kMmaRows = 16 * kMmaTiles;  // rows of W per warp
 }  // namespace
 
 int64_t gemv_block_rows(const GemvParams& p, const GemvPlan& plan) {
+  if (plan.tma.warp_tiles > 0) return 16 * int64_t(plan.tma.warp_tiles) * plan.tma.tiles_per_warp;
   if (plan.mma) return int64_t(kMmaRows) * (kWarps / plan.k_split);
   return gemv_outputs_per_row_group(p, plan.rows_per_warp) * (kWarps / plan.k_split) * plan.row_groups_per_warp;
 }
@@ -772,6 +773,10 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
   DSI_CHECK(!p.swiglu || (p.groups != nullptr && plan.vec && !plan.mma &&
                            (plan.rows_per_warp == 2 || plan.rows_per_warp == 4)),
             "gemv: swiglu takes the grouped vector kernel with 2 or 4 rows per warp");
+  if (plan.tma.warp_tiles > 0) {
+    launch_gemv_tma(p, plan.tma, stream);
+    return;
+  }
   if (plan.mma) {
     DSI_CHECK(gemv_mma_ok(p), "gemv: the tensor-core kernel takes 1..{} rows of fp8 weights with "
               "128-column blocks, got {} rows", kGemvMaxRows, p.n);

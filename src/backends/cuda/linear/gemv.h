@@ -63,6 +63,17 @@ struct GemvParams {
   int64_t batch_x = 0, batch_y = 0, batch_rows = 0;
 };
 
+// The one-row tensor-map kernel's plan (gemv_tma.cu): tiles of 16 rows of W, k_split warps per
+// tile, warp_tiles tile groups per block (each warp streaming tiles_per_warp tiles in turn, k_split
+// 1 only), W in pieces of `piece` (256 or 512) bytes per row through two ring stages per warp.
+// warp_tiles 0: not this kernel.
+struct GemvTmaPlan {
+  int warp_tiles = 0;
+  int k_split = 1;
+  int tiles_per_warp = 1;
+  int piece = 512;
+};
+
 // A launch plan: rows of W per warp, warps sharing one row group (split-K inside a block), and
 // whether the 16-byte vector kernel applies (else the element-wise one).
 struct GemvPlan {
@@ -77,6 +88,7 @@ struct GemvPlan {
   // Row groups each warp streams one after the other (> 1: the ring kernel, k_split 1). A block
   // then covers rows_per_warp * 8 * row_groups_per_warp rows.
   int row_groups_per_warp = 1;
+  GemvTmaPlan tma;  // warp_tiles > 0: the tensor-map kernel, and the fields above are unused
 };
 
 // The L2 bytes one GEMV launch prefetches in all (its blocks' shares of it): kGemvPrefetchMB MiB,
@@ -113,6 +125,14 @@ inline int64_t gemv_outputs_per_row_group(const GemvParams& p, int rows_per_warp
 // >= 4096 rows.
 bool gemv_mma_ok(const GemvParams& p);
 GemvPlan gemv_mma_plan(const GemvParams& p, int num_sms);
+// The one-row tensor-map kernel (gemv_tma.cu): one row of x, fp8 weights with 128-column scale
+// blocks and row blocks of a multiple of 16 rows, a 128-aligned column slice and 16-aligned row
+// slice, rows of a multiple of 256 bytes, 16-byte aligned W and x, ungrouped and unbatched.
+// gemv_plan takes it (when gemv_tma() in cuda_ops.h is on, the default) where gemv_tma_plan finds
+// a plan whose blocks fill the GPU evenly in one wave.
+bool gemv_tma_ok(const GemvParams& p);
+GemvTmaPlan gemv_tma_plan(const GemvParams& p, int num_sms);
+void launch_gemv_tma(const GemvParams& p, const GemvTmaPlan& plan, cudaStream_t stream);
 // Runs y = x W^T (p.n in 1..kGemvMaxRows, p.out > 0, p.in > 0) with the given plan.
 void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream);
 

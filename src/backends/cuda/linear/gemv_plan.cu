@@ -89,6 +89,14 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   if (gemv_tensor_cores() && gemv_mma_ok(p) && (p.n >= 3 || p.out >= 4096) &&
       (p.n > 1 || gemv_mma_one_row()) && p.out * p.n_groups >= 1024)
     return gemv_mma_plan(p, num_sms);
+  // One row of fp8 weights: the tensor-map kernel where its blocks fill the GPU evenly (measured in
+  // docs/decode-performance.md, "One-row GEMV on tensor cores fed by tensor-map copies").
+  if (gemv_tma() && gemv_tma_ok(p)) {
+    GemvPlan plan;
+    plan.vec = true;
+    plan.tma = gemv_tma_plan(p, num_sms);
+    if (plan.tma.warp_tiles > 0) return plan;
+  }
   GemvPlan plan;
   plan.vec = gemv_vector_ok(p);
   if (!plan.vec) return plan;
