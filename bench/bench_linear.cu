@@ -5,7 +5,8 @@
 // captured in one CUDA graph (no host launch gaps), and the figure is the median over replays of
 // (graph time / K). Prints microseconds, GB/s (weight + scale + x + y bytes), % of 4.3 TB/s and
 // TFLOP/s. --sweep also times every GEMV plan and prints the best, to tune gemv_plan(). Rows of
-// fp8 weights also time the tensor-core kernel (plan "mma") next to the FMA ones.
+// fp8 weights also time the tensor-core kernel (plan "mma") next to the FMA ones; one row of fp8
+// takes the tensor-map kernel (plan "tma") where gemv_plan chooses it (DSI_GEMV_TMA=0: never).
 //
 // The MoE rows time the grouped GEMVs of one token's experts as the MoE layer launches them; the
 // MLA rows the per-head products of kv_b_proj (absorbed query, value up-projection).
@@ -93,6 +94,9 @@ dsi::cuda::GemvParams gemv_params(const Shape& sh, bool fp8, int n, const float*
 }
 
 std::string plan_name(const dsi::cuda::GemvPlan& plan) {
+  if (plan.tma.warp_tiles > 0)
+    return "tma " + std::to_string(plan.tma.warp_tiles) + "x" + std::to_string(plan.tma.k_split) + " tiles/warp " +
+           std::to_string(plan.tma.tiles_per_warp) + " piece " + std::to_string(plan.tma.piece);
   if (plan.mma) return "mma ks" + std::to_string(plan.k_split);
   return "R" + std::to_string(plan.rows_per_warp) + " ks" + std::to_string(plan.k_split) +
          (plan.pipelined ? " pipe" : " regs") +
@@ -113,6 +117,7 @@ std::string sweep_plans(const dsi::cuda::GemvPlan& plan, double us, double bytes
       alt.pipelined = pipe;
       alt.row_groups_per_warp = 1;
       alt.mma = false;
+      alt.tma = {};
       const double t = run_plan(alt);
       if (t < best) {
         best = t;
@@ -370,6 +375,12 @@ int main(int argc, char** argv) {
             std::string extra = plan_name(plan);
             if (sweep) extra += sweep_plans(plan, us, bytes, run_plan);
             print_row(sh, dt, n, "gemv", us, bytes, extra);
+            if (plan.tma.warp_tiles > 0) {  // the tensor-map kernel and the FMA plan side by side
+              dsi::cuda::set_gemv_tma(false);
+              const dsi::cuda::GemvPlan fma = dsi::cuda::gemv_plan(p, sms);
+              dsi::cuda::set_gemv_tma(true);
+              print_row(sh, dt, n, "gemv", run_plan(fma), bytes, plan_name(fma));
+            }
             if (dsi::cuda::gemv_mma_ok(p)) {  // the FMA and tensor-core kernels side by side
               dsi::cuda::GemvPlan other = dsi::cuda::gemv_mma_plan(p, sms);
               if (plan.mma) {
