@@ -78,6 +78,24 @@ void check_linear(const LinearWeight& w, int64_t n, uint64_t seed, const std::st
   }
 }
 
+// x of n rows whose 128-column block b is scaled by 2^(step b - 20) (the tensor-core kernels give
+// each block its own scale) against an fp8 [out, in] weight with 128x128 blocks: ops::linear on the
+// GPU against the CPU, in one launch of the kernel that `launches` counts.
+void check_scaled_x_blocks(int64_t n, int64_t out, int64_t in, int step, uint64_t seed, uint64_t (*launches)(),
+                           const std::string& what) {
+  const LinearWeight w = make_weight(DType::F8_E4M3, out, in, seed, 0, 0, 128, 128);
+  Tensor x = test::rand_tensor({n, in}, seed + 1);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < in; ++j) x.f32()[r * in + j] *= std::ldexp(1.0f, int(j / 128) * step - 20);
+  Tensor cpu = Tensor::empty({n, out}, DType::F32);
+  ops::linear(x, w, cpu);
+  Tensor g = Tensor::empty({n, out}, DType::F32, gpu());
+  const uint64_t before = launches();
+  ops::linear(dev(x), to_gpu(w), g);
+  EXPECT_EQ(launches() - before, 1u) << what;
+  test::expect_nmse_close(host(g), cpu, tol::kCudaGemmNmse, what);
+}
+
 TEST_F(CudaLinearGemv, EveryDtypeOddShapes) {
   const std::vector<std::pair<int64_t, int64_t>> shapes = {
       {1, 1}, {127, 128}, {128, 129}, {129, 127}, {1, 2048}, {2049, 128}, {131, 2056}, {67, 2053}};
@@ -218,18 +236,8 @@ TEST_F(CudaLinearGemv, TensorCoreKernelMatches) {
       EXPECT_EQ(cuda::gemv_tensor_core_launches() - before, expected) << what << ": tensor-core launches";
     }
   }
-  // x blocks from 1e-6 to 3e4: each 128-column block gets its own scale.
-  const LinearWeight w = make_weight(DType::F8_E4M3, 1024, 1024, 77, 0, 0, 128, 128);
-  Tensor x = test::rand_tensor({4, 1024}, 78);
-  for (int64_t r = 0; r < 4; ++r)
-    for (int64_t j = 0; j < 1024; ++j) x.f32()[r * 1024 + j] *= std::ldexp(1.0f, int(j / 128) * 5 - 20);
-  Tensor cpu = Tensor::empty({4, 1024}, DType::F32);
-  ops::linear(x, w, cpu);
-  Tensor g = Tensor::empty({4, 1024}, DType::F32, gpu());
-  const uint64_t before = cuda::gemv_tensor_core_launches();
-  ops::linear(dev(x), to_gpu(w), g);
-  EXPECT_EQ(cuda::gemv_tensor_core_launches() - before, 1u);
-  test::expect_nmse_close(host(g), cpu, tol::kCudaGemmNmse, "tensor-core linear, scaled x blocks");
+  // x blocks from 1e-6 to 3e4.
+  check_scaled_x_blocks(4, 1024, 1024, 5, 77, cuda::gemv_tensor_core_launches, "tensor-core linear, scaled x blocks");
 }
 
 // The one-row tensor-map kernel (gemv_tma.cu): the plans it takes on an H200's 132 SMs, and the CPU
@@ -272,17 +280,8 @@ TEST_F(CudaLinearGemv, TensorMapKernelMatches) {
     check_linear(w, 1, uint64_t(c.out + 5), what, c.nan_row);
     EXPECT_EQ(cuda::gemv_tma_launches() - before, c.tma ? 4u : 0u) << what << ": tensor-map launches";
   }
-  // x blocks from 1e-6 to 3e4: each 128-column block gets its own scale.
-  const LinearWeight w = make_weight(DType::F8_E4M3, 4096, 2048, 79, 0, 0, 128, 128);
-  Tensor x = test::rand_tensor({1, 2048}, 80);
-  for (int64_t j = 0; j < 2048; ++j) x.f32()[j] *= std::ldexp(1.0f, int(j / 128) * 3 - 20);
-  Tensor cpu = Tensor::empty({1, 4096}, DType::F32);
-  ops::linear(x, w, cpu);
-  Tensor g = Tensor::empty({1, 4096}, DType::F32, gpu());
-  const uint64_t before = cuda::gemv_tma_launches();
-  ops::linear(dev(x), to_gpu(w), g);
-  EXPECT_EQ(cuda::gemv_tma_launches() - before, 1u);
-  test::expect_nmse_close(host(g), cpu, tol::kCudaGemmNmse, "tensor-map linear, scaled x blocks");
+  // x blocks from 1e-6 to 3e7.
+  check_scaled_x_blocks(1, 4096, 2048, 3, 79, cuda::gemv_tma_launches, "tensor-map linear, scaled x blocks");
 }
 
 TEST_F(CudaLinearGemv, SixtyFourRowsStillMatch) {  // the sgemm path next to the GEMV's boundary
