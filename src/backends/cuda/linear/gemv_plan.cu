@@ -28,6 +28,7 @@ int switch_value(std::atomic<int>& v, Read read) {
 
 std::atomic<int> g_tensor_cores{-1};
 std::atomic<int> g_mma_one_row{-1};
+std::atomic<int> g_tma{-1};
 std::atomic<int> g_row_groups_per_warp{-1};
 }  // namespace
 
@@ -45,6 +46,12 @@ bool gemv_mma_one_row() {
 }
 
 void set_gemv_mma_one_row(bool on) { g_mma_one_row.store(on ? 1 : 0); }
+
+bool gemv_tma() {
+  return switch_value(g_tma, [] { return env_switched_off("DSI_GEMV_TMA") ? 0 : 1; }) == 1;
+}
+
+void set_gemv_tma(bool on) { g_tma.store(on ? 1 : 0); }
 
 int gemv_row_groups_per_warp() {
   return switch_value(g_row_groups_per_warp, [] {

@@ -226,22 +226,9 @@ CUtensorMap weight_map(const GemvParams& p, int piece) {
   return map;
 }
 
-std::atomic<int> g_tma{-1};
 std::atomic<uint64_t> g_tma_launches{0};
 
 }  // namespace
-
-bool gemv_tma() {
-  int v = g_tma.load(std::memory_order_relaxed);
-  if (v < 0) {
-    int expected = -1;
-    g_tma.compare_exchange_strong(expected, env_switched_off("DSI_GEMV_TMA") ? 0 : 1);
-    v = g_tma.load();
-  }
-  return v == 1;
-}
-
-void set_gemv_tma(bool on) { g_tma.store(on ? 1 : 0); }
 
 uint64_t gemv_tma_launches() { return g_tma_launches.load(); }
 
