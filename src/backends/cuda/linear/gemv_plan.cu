@@ -97,7 +97,7 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
       (p.n > 1 || gemv_mma_one_row()) && p.out * p.n_groups >= 1024)
     return gemv_mma_plan(p, num_sms);
   // One row of fp8 weights: the tensor-map kernel where its blocks fill the GPU evenly (measured in
-  // docs/decode-performance.md, "One-row GEMV on tensor cores fed by tensor-map copies").
+  // docs/decode-performance.md, "The one-row GEMV on a tensor-map kernel").
   if (gemv_tma() && gemv_tma_ok(p)) {
     GemvPlan plan;
     plan.vec = true;

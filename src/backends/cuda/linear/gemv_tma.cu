@@ -1,10 +1,10 @@
-// The one-row tensor-map GEMV of gemv.h (launch_gemv_tma): y = W x for one row of fp8 x with
-// 128-column weight blocks, W streamed by the copy engine and summed on the tensor cores.
+// The one-row tensor-map GEMV of gemv.h (launch_gemv_tma): y = W x for one fp32 row x and fp8
+// weights with 128-column blocks, W streamed by the copy engine and summed on the tensor cores.
 //
 // Why: the FMA kernels (gemv.cu) hold their loads in registers, four rows of 512-byte stretches a
-// warp, and stop at 66-83% of the HBM's 4.3 TB/s; the same loads issued as one tensor-map copy of
-// 16 rows x 256 or 512 bytes per stage read at 95-98% (bench_gemv_tma, 16:37 run in
-// docs/decode-performance.md), and the tensor cores take the math off the critical path.
+// warp, and stop at 66-83% of the HBM's 4.3 TB/s; the same bytes copied by one tensor-map copy of
+// 16 rows x 256 or 512 bytes per stage read at 95-98% alone, and the tensor cores keep the math
+// off the critical path (docs/decode-performance.md, "The one-row GEMV on a tensor-map kernel").
 //
 // Tiling: W is cut into tiles of 16 rows (one m16 MMA tile). A block has warp_tiles x k_split warps;
 // k_split warps share a tile, each streaming a contiguous 1 / k_split of its columns, and add their
@@ -111,8 +111,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     sscale[i] = __ldg(p.scale_inv + ((p.row0 + row) / p.block_out) * p.scale_cols + p.col0 / 128 + i % kb);
   }
   pdl_enter();  // x is the previous kernel's output
-  // x's split, eight blocks' loads in flight per warp before any is split (one at a time, a
-  // 16K-column x took over a microsecond, the profiler's top stall).
+  // x's split, eight blocks' loads in flight per warp before any is split (one at a time, the
+  // profiler's top stall: o_proj 30.2 us against 27.3).
   constexpr int kBatch = 8;
   for (int64_t b0 = warp; b0 < kb; b0 += int64_t(warps) * kBatch) {
     float4 v[kBatch];
@@ -210,8 +210,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
 }
 
 // W as (128 bytes, in / 128 lines, out rows); one copy = 16 rows x `piece` bytes. Encoded once
-// per device, weight and piece (weights live as long as the model; the description is a few
-// hundred nanoseconds of host work, not worth repeating on every eager call).
+// per device, weight and piece (weights live as long as the model), not on every eager call.
 CUtensorMap weight_map(const GemvParams& p, int piece) {
   static std::mutex mu;
   static std::map<std::tuple<int, const void*, int64_t, int64_t, int>, CUtensorMap> maps;
