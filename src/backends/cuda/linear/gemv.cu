@@ -553,24 +553,6 @@ int64_t gemv_block_rows(const GemvParams& p, const GemvPlan& plan) {
 
 namespace {
 
-// f16x2 of (a, b), a in the low half, and its value back in fp32.
-__device__ __forceinline__ uint32_t f16x2_bits(float a, float b, float& ra, float& rb) {
-  const __half2 h = __floats2half2_rn(a, b);
-  const float2 r = __half22float2(h);
-  ra = r.x;
-  rb = r.y;
-  const __half2_raw raw = h;
-  return uint32_t(raw.x) | (uint32_t(raw.y) << 16);
-}
-
-// The power of two that brings the block maximum m (>= 0) into [2^14, 2^15), as a biased fp32
-// exponent in [1, 253] (so 1 / s is a normal number too); 127 (s = 1) for 0, inf or NaN.
-__device__ __forceinline__ int block_scale_exponent(float m) {
-  const int e = int((__float_as_uint(m) >> 23) & 0xffu);
-  if (m == 0.0f || e == 255) return 127;
-  return min(253, max(1, 268 - e));  // 127 + 14 - (e - 127)
-}
-
 template <int N>
 __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const GemvParams p0, const int k_split) {
   GemvParams p;
@@ -761,6 +743,10 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
             "gemv: {} rows x [{}, {}] outside the GEMV path", p.n, p.out, p.in);
   DSI_CHECK(p.n_groups >= 1 && p.n_groups <= 65535 && (p.groups == nullptr || p.n == 1),
             "gemv: {} groups of {} rows", p.n_groups, p.n);
+  if (plan.tma.warp_tiles > 0) {  // its own checks (gemv_tma.cu); the fields below are the FMA kernels'
+    launch_gemv_tma(p, plan.tma, stream);
+    return;
+  }
   DSI_CHECK(!plan.vec || gemv_vector_ok(p), "gemv: the vector kernel needs 16-byte aligned operands");
   DSI_CHECK(plan.k_split == 1 || plan.k_split == 2 || plan.k_split == 4 || plan.k_split == 8,
             "gemv: k_split {}", plan.k_split);
@@ -773,10 +759,6 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
   DSI_CHECK(!p.swiglu || (p.groups != nullptr && plan.vec && !plan.mma &&
                            (plan.rows_per_warp == 2 || plan.rows_per_warp == 4)),
             "gemv: swiglu takes the grouped vector kernel with 2 or 4 rows per warp");
-  if (plan.tma.warp_tiles > 0) {
-    launch_gemv_tma(p, plan.tma, stream);
-    return;
-  }
   if (plan.mma) {
     DSI_CHECK(gemv_mma_ok(p), "gemv: the tensor-core kernel takes 1..{} rows of fp8 weights with "
               "128-column blocks, got {} rows", kGemvMaxRows, p.n);

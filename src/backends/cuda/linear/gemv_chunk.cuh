@@ -75,6 +75,26 @@ __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t bits) {
   return __half22float2(__half2(r));  // exact
 }
 
+// The tensor-core kernels' split of x (gemv.cu, gemv_tma.cu): each 128-column block scaled by a
+// power of two (block_scale_exponent), then f16 hi and lo halves (f16x2_bits: f16x2 of (a, b), a in
+// the low half, and its value back in fp32).
+__device__ __forceinline__ uint32_t f16x2_bits(float a, float b, float& ra, float& rb) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 r = __half22float2(h);
+  ra = r.x;
+  rb = r.y;
+  const __half2_raw raw = h;
+  return uint32_t(raw.x) | (uint32_t(raw.y) << 16);
+}
+
+// The power of two that brings the block maximum m (>= 0) into [2^14, 2^15), as a biased fp32
+// exponent in [1, 253] (so 1 / s is a normal number too); 127 (s = 1) for 0, inf or NaN.
+__device__ __forceinline__ int block_scale_exponent(float m) {
+  const int e = int((__float_as_uint(m) >> 23) & 0xffu);
+  if (m == 0.0f || e == 255) return 127;
+  return min(253, max(1, 268 - e));  // 127 + 14 - (e - 127)
+}
+
 // Elements 4 * sub .. 4 * sub + 3 of a 16-byte chunk of W as fp32, exactly (byte order: element 0
 // in the lowest bytes, little-endian).
 template <FloatKind K>

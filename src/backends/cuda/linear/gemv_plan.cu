@@ -98,13 +98,11 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
     return gemv_mma_plan(p, num_sms);
   // One row of fp8 weights: the tensor-map kernel where its blocks fill the GPU evenly (measured in
   // docs/decode-performance.md, "The one-row GEMV on a tensor-map kernel").
+  GemvPlan plan;
   if (gemv_tma() && gemv_tma_ok(p)) {
-    GemvPlan plan;
-    plan.vec = true;
     plan.tma = gemv_tma_plan(p, num_sms);
     if (plan.tma.warp_tiles > 0) return plan;
   }
-  GemvPlan plan;
   plan.vec = gemv_vector_ok(p);
   if (!plan.vec) return plan;
   // Four rows per warp (each x load serves 4 rows; measured fastest on every GLM-5 / DeepSeek-V3.2

@@ -35,12 +35,15 @@
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/gemv.h"
+#include "backends/cuda/linear/gemv_chunk.cuh"
 #include "backends/cuda/ptx.cuh"
 #include "backends/cuda/tensor_map.h"
 
 namespace dsi::cuda {
 
 namespace {
+
+using gemv_chunk::block_scale_exponent;
 
 constexpr int kStages = 2;          // ring stages per warp
 constexpr int kMaxWarps = 12;       // per block (more did not pay: q_b with 16 warps 9.7 us, 8 warps 9.2)
@@ -57,14 +60,6 @@ __host__ __device__ constexpr size_t x_split_bytes(int64_t in) {
 // Barriers, x's split, the ring's alignment slack and the rings.
 size_t dynamic_smem(int64_t in, int warps, int piece) {
   return kBarrierBytes + x_split_bytes(in) + 1024 + size_t(warps) * kStages * 16 * piece;
-}
-
-// The power of two that brings the block maximum m (>= 0) into [2^14, 2^15), as a biased fp32
-// exponent in [1, 253]; 127 (s = 1) for 0, inf or NaN (gemv.cu's rule).
-__device__ __forceinline__ int split_exponent(float m) {
-  const int e = int((__float_as_uint(m) >> 23) & 0xffu);
-  if (m == 0.0f || e == 255) return 127;
-  return min(253, max(1, 268 - e));
 }
 
 template <int S>
@@ -127,10 +122,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
       if (b >= kb) break;
       float m = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
       for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      const int se = split_exponent(m);
+      const int se = block_scale_exponent(m);
       const float sc = __uint_as_float(uint32_t(se) << 23);
       const float a[4] = {v[i].x * sc, v[i].y * sc, v[i].z * sc, v[i].w * sc};  // exact
-      uint32_t hi[2], lo[2];
+      uint32_t hi[2], lo[2];  // gemv_chunk's f16x2_bits written out: the form that was measured
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const __half2 x2 = __floats2half2_rn(a[2 * h], a[2 * h + 1]);
@@ -232,10 +227,10 @@ std::atomic<uint64_t> g_tma_launches{0};
 uint64_t gemv_tma_launches() { return g_tma_launches.load(); }
 
 bool gemv_tma_ok(const GemvParams& p) {
-  return p.kind == FloatKind::kE4M3 && p.n == 1 && p.groups == nullptr && p.n_groups == 1 && !p.swiglu &&
-         p.block_in == 128 && p.col0 % 128 == 0 && p.in % 256 == 0 && p.in <= INT_MAX / 2 && p.out > 0 &&
-         p.out <= INT_MAX / 2 && p.block_out % 16 == 0 && p.row0 % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(p.w) % 16 == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+  // The mma kernel's operands (fp8, 128-column blocks and slices, aligned, ungrouped), one row of
+  // one product, rows of whole pieces, tiles inside one scale row, coordinates in 32 bits.
+  return p.n == 1 && p.n_groups == 1 && !p.swiglu && gemv_mma_ok(p) && p.in % 256 == 0 &&
+         p.block_out % 16 == 0 && p.row0 % 16 == 0 && p.in <= INT_MAX / 2 && p.out <= INT_MAX / 2 &&
          dynamic_smem(p.in, 1, 256) <= kMaxDynamicSmem;
 }
 
