@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <utility>
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/gemv.h"
@@ -330,11 +331,15 @@ GemvSegPlan gemv_seg_plan(const GemvSegParams& p, int num_sms) {
   // DeepSeek-V3.2 [7168, 9 x 2048] registers 42.0, the four-stage ring at 2 warps 53.6 (448
   // blocks: two waves). 2 rows per warp lost everywhere (44-84 us), as did four chunks in flight
   // through registers (199 registers, one block per SM; 50-71 us).
+  // Where the four-stage ring takes more than one wave, the three-stage ring at 4 warps per row
+  // group within two waves beat it at 2 warps in one (bench_moe --rows 1, DeepSeek-V3.2, us per MoE
+  // layer: 896 blocks 122.3 / 122.7, 448 blocks 125.5 / 125.9); GLM-5 keeps 2 warps (one wave of
+  // the four-stage ring: 33.1 us against 35.4 at 4 warps for its down launch alone).
   // DSI_GEMV_SEG_RING=0 keeps the register kernel (for comparisons).
   static const bool ring_ok = !env_switched_off("DSI_GEMV_SEG_RING");
   GemvSegPlan plan;
-  for (const GemvSegPlan& c : {GemvSegPlan{2, 4, true, 3}, GemvSegPlan{2, 4, true, 2}})
-    if (ring_ok && seg_blocks_per_token(p, c) * p.n <= int64_t(seg_blocks_per_sm(p, c)) * num_sms) {
+  for (const auto& [c, waves] : {std::pair{GemvSegPlan{2, 4, true, 3}, 1}, std::pair{GemvSegPlan{4, 4, true, 2}, 2}})
+    if (ring_ok && seg_blocks_per_token(p, c) * p.n <= int64_t(waves) * seg_blocks_per_sm(p, c) * num_sms) {
       plan = c;
       break;
     }
