@@ -1,6 +1,6 @@
 // MoE layer benchmark at a real geometry (configs/glm-5.2.json, configs/deepseek-v3.2.json): one MoE
 // layer's decode work as the model runs it (the router product, routing and the experts:
-// ops::linear, ops::moe_route, ops::moe_experts) on synthetic fp8 experts, replayed from a CUDA graph
+// ops::linear, ops::moe) on synthetic fp8 experts, replayed from a CUDA graph
 // as decoding replays it. The graph holds `copies` calls one after the other, each with its own
 // input rows (so its own routed experts) and its own router and shared expert, so that no call
 // finds its weights in the L2. Prints the time per MoE layer, the bytes the layer must read (the
@@ -8,9 +8,10 @@
 // rate against the H200's 4.3 TB/s, and the kernels one call launches.
 // --seg-plan K,D,R,RING forces the segment-sum down launch's plan (warps per row group, chunks in
 // flight, rows per warp, 0 registers or 1 the ring; set_gemv_seg_plan); --segment-tokens N the largest batch that takes it (0: the grouped down products and the
-// combine kernel for every batch). For comparisons.
+// combine kernel for every batch); --separate-route routes with ops::moe_route, then ops::moe_experts
+// (a pairs kernel more). For comparisons.
 //   bench_moe --config configs/glm-5.2.json [--rows 1] [--copies 16] [--reps 20] [--seg-plan K,D,R,RING]
-//             [--segment-tokens N]
+//             [--segment-tokens N] [--separate-route]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -37,6 +38,7 @@ struct Args {
   int rows = 1, copies = 16, reps = 20;
   int seg_k_split = 0, seg_depth = 0, seg_rows = 0, seg_ring = -1;  // 0 (-1): the plan's
   int segment_tokens = -1;              // -1: the default
+  bool separate_route = false;
 };
 
 Args parse(int argc, char** argv) {
@@ -47,6 +49,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--copies") a.copies = std::stoi(next());
     else if (k == "--reps") a.reps = std::stoi(next());
     else if (k == "--segment-tokens") a.segment_tokens = std::stoi(next());
+    else if (k == "--separate-route") a.separate_route = true;
     else if (k == "--seg-plan") {
       int* const fields[4] = {&a.seg_k_split, &a.seg_depth, &a.seg_rows, &a.seg_ring};
       std::string v = next() + ",";
@@ -142,8 +145,12 @@ int run(const Args& a) {
   auto step = [&] {
     for (Call& cl : calls) {
       dsi::ops::linear(cl.x, cl.router, cl.logits);
-      dsi::ops::moe_route(cl.logits, cl.bias, rp, cl.ids, cl.weights);
-      dsi::ops::moe_experts(cl.x, cl.ids, cl.weights, cl.experts, 0, int(E), cl.out, &cl.shared);
+      if (a.separate_route) {
+        dsi::ops::moe_route(cl.logits, cl.bias, rp, cl.ids, cl.weights);
+        dsi::ops::moe_experts(cl.x, cl.ids, cl.weights, cl.experts, 0, int(E), cl.out, &cl.shared);
+      } else {
+        dsi::ops::moe(cl.x, cl.logits, cl.bias, rp, cl.experts, 0, int(E), cl.ids, cl.weights, cl.out, &cl.shared);
+      }
     }
   };
   step();  // eagerly first, as a model's first step: one-time state (the experts' device tables)

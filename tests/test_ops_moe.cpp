@@ -336,5 +336,43 @@ TEST(OpMoe, ExpertShardsSumToTheWhole) {
   for (int64_t i = 0; i < none.numel(); ++i) EXPECT_EQ(none.f32()[i], 0.0f);
 }
 
+// moe = moe_route, then moe_experts with what it picked: the routing's ids and weights against the
+// float64 routing, the output against float64 experts with those picks; logits for another number
+// of tokens than x has are refused.
+TEST(OpMoe, RoutedFromLogits) {
+  const int64_t hidden = 16, inter = 12, n = 3, E = 8;
+  std::vector<MlpWeights> experts;
+  for (int e = 0; e < E; ++e) experts.push_back(make_mlp(hidden, inter, 1100 + 10 * uint64_t(e)));
+  const MlpWeights shared = make_mlp(hidden, 20, 1190);
+  RouterParams p;
+  p.n_experts_active = 3;
+  p.n_group = 4;
+  p.topk_group = 2;
+  p.routed_scaling_factor = 1.5f;
+  const Tensor logits = test::rand_tensor({n, E}, 1191, 3.0f), bias = test::rand_tensor({E}, 1192, 0.1f);
+  const Tensor x = test::rand_tensor({n, hidden}, 1193, 2.0f);
+  Tensor ids = Tensor::empty({n, 3}, DType::I32), w = Tensor::empty({n, 3}, DType::F32);
+  Tensor out = Tensor::empty({n, hidden}, DType::F32);
+  ops::moe(x, logits, bias, p, experts, 0, int(E), ids, w, out, &shared);
+  std::vector<double> want(size_t(n * hidden), 0.0);
+  const std::vector<double> xv = to_f64(x);
+  for (int64_t t = 0; t < n; ++t) {
+    const Route r = ref_route_token(logits.f32() + t * E, bias.f32(), E, p);
+    ASSERT_GT(r.margin, 1e-5) << "token " << t << ": a selection this close may round either way";
+    const std::vector<double> row(xv.begin() + t * hidden, xv.begin() + (t + 1) * hidden);
+    const std::vector<double> s = ref_mlp_row(row, shared);
+    for (int64_t c = 0; c < hidden; ++c) want[size_t(t * hidden + c)] = s[size_t(c)];
+    for (int64_t j = 0; j < 3; ++j) {
+      EXPECT_EQ(ids.i32()[t * 3 + j], r.ids[size_t(j)]) << "token " << t << " slot " << j;
+      EXPECT_NEAR(w.f32()[t * 3 + j], r.w[size_t(j)], 1e-6) << "token " << t << " slot " << j;
+      const std::vector<double> y = ref_mlp_row(row, experts[size_t(r.ids[size_t(j)])]);
+      for (int64_t c = 0; c < hidden; ++c) want[size_t(t * hidden + c)] += r.w[size_t(j)] * y[size_t(c)];
+    }
+  }
+  test::expect_reduction_near(out, want, {}, "moe");
+  test::expect_error([&] { ops::moe(x, test::rand_tensor({2, E}, 1), bias, p, experts, 0, int(E), ids, w, out); },
+                     {"router logits"});
+}
+
 }  // namespace
 }  // namespace dsi

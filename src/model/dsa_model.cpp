@@ -135,9 +135,8 @@ Tensor DsaModel::decoder_layer(const LayerContext& ctx, const LayerWeights& w, T
     rp.topk_group = cfg_.topk_group;
     rp.norm_topk_prob = cfg_.norm_topk_prob;
     rp.routed_scaling_factor = float(cfg_.routed_scaling_factor);
-    ops::moe_route(router_logits, w.moe.e_score_correction_bias, rp, ids, weights);
-    ops::moe_experts(x, ids, weights, w.moe.experts, w.moe.first_expert, cfg_.n_experts, ffn,
-                     &w.moe.shared_experts);
+    ops::moe(x, router_logits, w.moe.e_score_correction_bias, rp, w.moe.experts, w.moe.first_expert,
+             cfg_.n_experts, ids, weights, ffn, &w.moe.shared_experts);
   }
   rank_.all_reduce_tp(ffn);  // column/row-split MLPs and this rank's experts: partial sums
   return ffn;                // h += ffn happens in the next norm (ops::add_rms_norm)

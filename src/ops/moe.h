@@ -45,6 +45,12 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
                  Tensor& out, const MlpWeights* shared = nullptr);
 
+// moe_route, then moe_experts with the ids and weights it picks (both written): one op, so that a
+// backend can route a decode batch and lay out its experts' work in one pass (one kernel on the GPU).
+void moe(const Tensor& x, const Tensor& router_logits, const Tensor& bias, const RouterParams& rp,
+         const std::vector<MlpWeights>& experts, int first_expert, int n_experts, Tensor& expert_ids,
+         Tensor& weights, Tensor& out, const MlpWeights* shared = nullptr);
+
 // Dense SwiGLU MLP (dense layers and the shared expert). x: [n, hidden]; out: [n, hidden].
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
 

@@ -189,6 +189,79 @@ TEST_F(CudaMoe, ExpertsAtDecodeWidths) {
   }
 }
 
+// ops::moe from router logits: on the device path the routing kernel writes the slots itself (no
+// pairs kernel). The ids it picks are the CPU's, its output the CPU's within the GEMM tolerance and
+// bit for bit what routing and then moe_experts give on the GPU. Grouped routing with ties (equal
+// logits decide by the lower id), this rank holding experts [4, 12) of 16, shared experts fused (as
+// wide as the routed ones, narrower), added after (wider) or absent; 1, 2 and 4 tokens route on
+// the device, 40 (320 pairs) on the host.
+TEST_F(CudaMoe, RoutedFromLogitsAsRouteThenExperts) {
+  const int64_t hidden = 256, inter = 128;
+  const int n_experts = 16, first = 4, held = 8, k = 6;
+  RestoreGemvPlans restore;
+  std::vector<MlpWeights> cpu_experts, gpu_experts;
+  for (int e = 0; e < held; ++e) {
+    cpu_experts.push_back(mlp_of(DType::F8_E4M3, hidden, inter, uint64_t(e) * 10 + 5, false));
+    gpu_experts.push_back(mlp_of(DType::F8_E4M3, hidden, inter, uint64_t(e) * 10 + 5, true));
+  }
+  RouterParams rp;
+  rp.n_experts_active = k;
+  rp.n_group = 4;
+  rp.topk_group = 3;
+  rp.routed_scaling_factor = 2.5f;
+  std::vector<float> bias = test::random_floats(size_t(n_experts), 31);
+  for (float& v : bias) v *= 0.1f;
+  const Tensor hb = Tensor::from_f32(bias, {n_experts});
+  for (int64_t shared_inter : {0, 128, 64, 256}) {
+    const MlpWeights cpu_shared = mlp_of(DType::F8_E4M3, hidden, std::max<int64_t>(shared_inter, 1), 77, false);
+    const MlpWeights gpu_shared = mlp_of(DType::F8_E4M3, hidden, std::max<int64_t>(shared_inter, 1), 77, true);
+    const MlpWeights* cs = shared_inter ? &cpu_shared : nullptr;
+    const MlpWeights* gs = shared_inter ? &gpu_shared : nullptr;
+    for (int64_t n : {1, 2, 4, 40}) {
+      const std::string what = "moe" + sz("n", n) + sz("shared inter", shared_inter);
+      std::vector<float> lg = test::random_floats(size_t(n * n_experts), uint64_t(n) + 50);
+      for (float& v : lg) v = float(int(v * 4.0f));  // a few levels: ties
+      const Tensor hl = test::host_f32(lg, {n, int64_t(n_experts)});
+      const Tensor x = test::rand_tensor({n, hidden}, uint64_t(n) + 60);
+      Tensor ci = Tensor::empty({n, k}, DType::I32), cw = Tensor::empty({n, k}, DType::F32);
+      Tensor cpu = Tensor::empty({n, hidden}, DType::F32);
+      ops::moe(x, hl, hb, rp, cpu_experts, first, n_experts, ci, cw, cpu, cs);
+      test::Guarded gi = test::guarded({n, int64_t(k)}, DType::I32);
+      test::Guarded gw = test::guarded({n, int64_t(k)}, DType::F32);
+      test::Guarded g = test::guarded({n, hidden}, DType::F32);
+      ops::moe(dev(x), dev(hl), dev(hb), rp, gpu_experts, first, n_experts, gi.view, gw.view, g.view, gs);
+      test::expect_same_i32(gi.check(what), ci, what + " ids");
+      const Tensor weights = gw.check(what);
+      test::expect_elementwise_close(weights, cw, what + " weights");
+      const Tensor got = g.check(what);
+      test::expect_nmse_close(got, cpu, tol::kCudaGemmNmse, what);
+      // The same through the two ops.
+      Tensor ids2 = Tensor::empty({n, k}, DType::I32, gpu()), w2 = Tensor::empty({n, k}, DType::F32, gpu());
+      Tensor out2 = Tensor::empty({n, hidden}, DType::F32, gpu());
+      ops::moe_route(dev(hl), dev(hb), rp, ids2, w2);
+      ops::moe_experts(dev(x), ids2, w2, gpu_experts, first, n_experts, out2, gs);
+      test::expect_bitwise(weights, host(w2), what + " weights, route then experts");
+      test::expect_bitwise(got, host(out2), what + ", route then experts");
+    }
+  }
+}
+
+// Router logits for another number of tokens than x's rows: the op's error, on both backends.
+TEST_F(CudaMoe, RoutedFromLogitsOfTheWrongShapeIsRefused) {
+  std::vector<MlpWeights> ce = {mlp_of(DType::F32, 8, 4, 1, false)};
+  std::vector<MlpWeights> ge = {mlp_of(DType::F32, 8, 4, 1, true)};
+  RouterParams rp;
+  rp.n_experts_active = 1;
+  const Tensor x = test::rand_tensor({2, 8}, 1), lg = test::rand_tensor({3, 4}, 2), b = test::rand_tensor({4}, 3);
+  Tensor ci = Tensor::empty({2, 1}, DType::I32), cw = Tensor::empty({2, 1}, DType::F32);
+  Tensor gi = Tensor::empty({2, 1}, DType::I32, gpu()), gw = Tensor::empty({2, 1}, DType::F32, gpu());
+  Tensor co = Tensor::empty({2, 8}, DType::F32), go = Tensor::empty({2, 8}, DType::F32, gpu());
+  const std::string cm = test::error_of([&] { ops::moe(x, lg, b, rp, ce, 0, 4, ci, cw, co); });
+  const std::string gm = test::error_of([&] { ops::moe(dev(x), dev(lg), dev(b), rp, ge, 0, 4, gi, gw, go); });
+  EXPECT_NE(cm.find("router logits"), std::string::npos) << cm;
+  EXPECT_EQ(gm, cm);
+}
+
 TEST_F(CudaMoe, BadExpertIdGivesTheCpuError) {
   std::vector<MlpWeights> ce = {mlp_of(DType::F32, 8, 4, 1, false)};
   std::vector<MlpWeights> ge = {mlp_of(DType::F32, 8, 4, 1, true)};

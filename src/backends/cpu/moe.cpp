@@ -128,4 +128,11 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
   }
 }
 
+void moe(const Tensor& x, const Tensor& router_logits, const Tensor& bias, const RouterParams& rp,
+         const std::vector<MlpWeights>& experts, int first_expert, int n_experts, Tensor& expert_ids,
+         Tensor& weights, Tensor& out, const MlpWeights* shared) {
+  moe_route(router_logits, bias, rp, expert_ids, weights);
+  moe_experts(x, expert_ids, weights, experts, first_expert, n_experts, out, shared);
+}
+
 }  // namespace dsi::cpu

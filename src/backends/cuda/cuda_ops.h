@@ -70,6 +70,9 @@ void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterPara
 void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
                  Tensor& out, const MlpWeights* shared);
+void moe(const Tensor& x, const Tensor& router_logits, const Tensor& bias, const RouterParams& rp,
+         const std::vector<MlpWeights>& experts, int first_expert, int n_experts, Tensor& expert_ids,
+         Tensor& weights, Tensor& out, const MlpWeights* shared);
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
 
 void argmax(const Tensor& logits, Tensor& out);

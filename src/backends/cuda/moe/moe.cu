@@ -23,8 +23,53 @@ __device__ __forceinline__ bool ranks_before(float a, int pa, float b, int pb) {
   return a > b || (a == b && pa < pb);  // ops::topk_before
 }
 
-// Shared memory: s[E], b[E], gscore[G] (floats), keep[G], sel[k] (ints).
-__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(MoeRouteParams p) {
+// Slot q's gate/up group and its down segment (or down group) for expert id e (moe.h: MoePairParams).
+__device__ void moe_write_slot(const MoePairParams& p, int64_t q, int32_t e) {
+  const bool routed = q < p.pairs;
+  const int64_t t = routed ? q / p.k : q - p.pairs;
+  bool held = true;
+  const MoeExpertPtrs* ex = p.experts + p.n_local;  // the shared expert
+  if (routed) {
+    if (e < 0 || e >= p.n_experts) atomicMin(p.bad, static_cast<unsigned long long>(q));
+    const int64_t local = int64_t(e) - p.first_expert;
+    held = e >= 0 && e < p.n_experts && local >= 0 && local < p.n_local;
+    ex = held ? p.experts + local : nullptr;
+  }
+  const GemvGroup(&shape)[3] = p.shape[routed ? 0 : 1];
+  float* act = p.act + q * p.inter;
+  GemvGroup g = shape[0];
+  g.x = p.x + t * p.d;
+  g.w = held ? ex->w[0] : nullptr;
+  g.scale_inv = held ? ex->scale[0] : nullptr;
+  g.w2 = held ? ex->w[1] : nullptr;
+  g.scale_inv2 = held ? ex->scale[1] : nullptr;
+  g.y = act;
+  p.groups[q] = g;
+  const GemvGroup& down = shape[2];
+  if (p.down_groups != nullptr) {
+    GemvGroup dg = down;
+    dg.x = act;
+    dg.w = held ? ex->w[2] : nullptr;
+    dg.scale_inv = held ? ex->scale[2] : nullptr;
+    dg.y = p.ys + q * p.d;
+    p.down_groups[q] = dg;
+    return;
+  }
+  GemvSegment sg{};
+  sg.x = act;
+  sg.w = held ? ex->w[2] : nullptr;
+  sg.scale_inv = held ? ex->scale[2] : nullptr;
+  sg.coef = routed ? p.weights + q : nullptr;
+  sg.in = down.in;
+  sg.scale_cols = down.scale_cols;
+  sg.row0 = down.row0;
+  sg.col0 = down.col0;
+  p.segs[t * p.n_seg + (routed ? q - t * p.k : p.k)] = sg;
+}
+
+// Shared memory: s[E], b[E], gscore[G] (floats), keep[G], sel[k] (ints). With slots.groups set
+// (launch_moe_route_slots), each block also writes its token's slots, as moe_pairs_kernel would.
+__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(MoeRouteParams p, MoePairParams slots) {
   pdl_enter();
   extern __shared__ float smem[];
   const int E = p.n_experts, G = p.n_group, per_group = E / G;
@@ -91,6 +136,10 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(MoeRouteParams
       const float denom = p.norm_topk_prob ? __fadd_rn(sum, 1e-20f) : 1.0f;
       for (int j = 0; j < p.k; ++j) w[j] = __fmul_rn(__fdiv_rn(w[j], denom), p.routed_scaling_factor);
     }
+    // The slots point at the weights thread 0 writes; only their addresses are taken here.
+    if (slots.groups != nullptr)
+      for (int j = threadIdx.x; j < slots.n_seg; j += blockDim.x)
+        moe_write_slot(slots, j < p.k ? t * p.k + j : slots.pairs + t, j < p.k ? sel[j] : -1);
     __syncthreads();  // s, b and sel are rewritten for the next token
   }
 }
@@ -120,47 +169,7 @@ __global__ void moe_pairs_kernel(MoePairParams p) {
   pdl_enter();
   const int64_t q = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (q >= p.slots) return;
-  const bool routed = q < p.pairs;
-  const int64_t t = routed ? q / p.k : q - p.pairs;
-  bool held = true;
-  const MoeExpertPtrs* ex = p.experts + p.n_local;  // the shared expert
-  if (routed) {
-    const int32_t e = p.ids[q];
-    if (e < 0 || e >= p.n_experts) atomicMin(p.bad, static_cast<unsigned long long>(q));
-    const int64_t local = int64_t(e) - p.first_expert;
-    held = e >= 0 && e < p.n_experts && local >= 0 && local < p.n_local;
-    ex = held ? p.experts + local : nullptr;
-  }
-  const GemvGroup(&shape)[3] = p.shape[routed ? 0 : 1];
-  float* act = p.act + q * p.inter;
-  GemvGroup g = shape[0];
-  g.x = p.x + t * p.d;
-  g.w = held ? ex->w[0] : nullptr;
-  g.scale_inv = held ? ex->scale[0] : nullptr;
-  g.w2 = held ? ex->w[1] : nullptr;
-  g.scale_inv2 = held ? ex->scale[1] : nullptr;
-  g.y = act;
-  p.groups[q] = g;
-  const GemvGroup& down = shape[2];
-  if (p.down_groups != nullptr) {
-    GemvGroup dg = down;
-    dg.x = act;
-    dg.w = held ? ex->w[2] : nullptr;
-    dg.scale_inv = held ? ex->scale[2] : nullptr;
-    dg.y = p.ys + q * p.d;
-    p.down_groups[q] = dg;
-    return;
-  }
-  GemvSegment sg{};
-  sg.x = act;
-  sg.w = held ? ex->w[2] : nullptr;
-  sg.scale_inv = held ? ex->scale[2] : nullptr;
-  sg.coef = routed ? p.weights + q : nullptr;
-  sg.in = down.in;
-  sg.scale_cols = down.scale_cols;
-  sg.row0 = down.row0;
-  sg.col0 = down.col0;
-  p.segs[t * p.n_seg + (routed ? q - t * p.k : p.k)] = sg;
+  moe_write_slot(p, q, q < p.pairs ? p.ids[q] : -1);
 }
 
 // A block per (token, column range): the token's held slots are ordered once, by rank counting
@@ -216,12 +225,16 @@ size_t moe_route_smem_bytes(const MoeRouteParams& p) {
   return size_t(2 * p.n_experts + p.n_group) * sizeof(float) + size_t(p.n_group + p.k) * sizeof(int);
 }
 
-void launch_moe_route(const MoeRouteParams& p, cudaStream_t s) {
+void launch_moe_route_slots(const MoeRouteParams& p, const MoePairParams& slots, cudaStream_t s) {
   if (p.n == 0) return;
+  DSI_CHECK(slots.groups == nullptr || (slots.pairs == p.n * p.k && slots.k == p.k && slots.n_seg >= p.k),
+            "moe_route: slots of {} pairs for {} tokens x {}", slots.pairs, p.n, p.k);
   const size_t smem = moe_route_smem_bytes(p);
   DSI_CHECK(smem <= 48 * 1024, "moe_route: {} experts need too much shared memory", p.n_experts);
-  launch(moe_route_kernel, grid_items(p.n), kRouteThreads, smem, s, p);
+  launch(moe_route_kernel, grid_items(p.n), kRouteThreads, smem, s, p, slots);
 }
+
+void launch_moe_route(const MoeRouteParams& p, cudaStream_t s) { launch_moe_route_slots(p, MoePairParams{}, s); }
 
 void launch_moe_gather(const MoeGatherParams& p, cudaStream_t s) {
   if (p.m * p.d == 0) return;
@@ -233,8 +246,11 @@ void launch_moe_scatter_add(const MoeScatterParams& p, cudaStream_t s) {
   launch(moe_scatter_add_kernel, grid_for(p.m * p.d, 256), 256, 0, s, p);
 }
 
-void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterParams& rp,
-               Tensor& expert_ids, Tensor& weights) {
+namespace {
+
+// The routing launch of ops::moe_route's operands (checked); n = 0 when there is nothing to route.
+MoeRouteParams route_params(const Tensor& router_logits, const Tensor& bias, const RouterParams& rp,
+                            Tensor& expert_ids, Tensor& weights) {
   DSI_CHECK(router_logits.ndim() == 2 && router_logits.is_contiguous(),
             "moe_route: logits must be [n, experts], got {}", router_logits.desc());
   const int64_t n = router_logits.dim(0), e = router_logits.dim(1);
@@ -252,9 +268,8 @@ void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterPara
   check_on(bias, router_logits.device(), "moe_route", "bias");
   check_on(expert_ids, router_logits.device(), "moe_route", "expert_ids");
   check_on(weights, router_logits.device(), "moe_route", "weights");
-  if (n == 0 || k == 0) return;
-  DeviceGuard guard(router_logits.device());
   MoeRouteParams p{};
+  if (n == 0 || k == 0) return p;
   p.logits = router_logits.f32();
   p.bias = bias.f32();
   p.ids = expert_ids.i32();
@@ -266,6 +281,16 @@ void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterPara
   p.topk_group = rp.topk_group;
   p.norm_topk_prob = rp.norm_topk_prob;
   p.routed_scaling_factor = rp.routed_scaling_factor;
+  return p;
+}
+
+}  // namespace
+
+void moe_route(const Tensor& router_logits, const Tensor& bias, const RouterParams& rp,
+               Tensor& expert_ids, Tensor& weights) {
+  const MoeRouteParams p = route_params(router_logits, bias, rp, expert_ids, weights);
+  if (p.n == 0) return;
+  DeviceGuard guard(router_logits.device());
   launch_moe_route(p, stream());
 }
 
@@ -420,9 +445,10 @@ GemvSegParams seg_params(const ExpertTable& table, int64_t n, int n_seg) {
 // slot, so its weights are read once per token), for more as its own MLP over all the tokens
 // (`shared`: its weights read once, 3..8 rows on the GEMV's tensor cores), added by the combine
 // (or by the segment-sum launch, when tests force it on such batches).
+// With `route`, that launch routes the batch and writes the slots (no pairs kernel).
 void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                            const ExpertTable& table, const MlpWeights* shared, int first_expert,
-                           int n_experts, Tensor& out) {
+                           int n_experts, Tensor& out, const MoeRouteParams* route = nullptr) {
   const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1), pairs = n * k;
   const bool fused = table.shared && n <= kMoeFusedSharedTokens;
   Tensor shared_out;
@@ -466,7 +492,10 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
   pp.first_expert = first_expert;
   pp.n_local = int(table.host.size()) - (table.shared ? 1 : 0);
   pp.n_experts = n_experts;
-  launch_moe_pairs(pp, stream());
+  if (route != nullptr)
+    launch_moe_route_slots(*route, pp, stream());
+  else
+    launch_moe_pairs(pp, stream());
   const int sms = sm_count();
   // Gate, up and SwiGLU of every slot: one grouped launch.
   GemvParams g = grouped_launch(table.proj[0], pp.x, pp.act, pp.groups, slots);
@@ -565,6 +594,19 @@ void moe_experts_on_host(const Tensor& x, const Tensor& expert_ids, const Tensor
   }
 }
 
+// The device-routed path's table when a batch of x's rows with k experts each takes it (at most
+// kMoeDeviceRoutedPairs pairs, experts of one shape, rows that keep the GEMV's 16-byte alignment),
+// else null.
+const ExpertTable* device_routed_table(const Tensor& x, int64_t k, const std::vector<MlpWeights>& experts,
+                                       const MlpWeights* shared) {
+  const int64_t n = x.dim(0), d = x.dim(1);
+  if (n * k <= 0 || n * k > kMoeDeviceRoutedPairs || d <= 0) return nullptr;
+  const ExpertTable& table = expert_table(experts, shared, x.device());
+  const bool aligned =
+      d % 4 == 0 && table.proj[0].out % 4 == 0 && reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
+  return table.uniform && aligned ? &table : nullptr;
+}
+
 }  // namespace
 
 namespace {
@@ -578,27 +620,38 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
                  const std::vector<MlpWeights>& experts, int first_expert, int n_experts,
                  Tensor& out, const MlpWeights* shared) {
   // ops::moe_experts checked the shapes.
-  const int64_t n = x.dim(0), d = x.dim(1), k = expert_ids.dim(1);
+  const int64_t k = expert_ids.dim(1);
   check_dtype(x, DType::F32, "moe_experts x");
   check_dtype(out, DType::F32, "moe_experts out");
   check_on(expert_ids, x.device(), "moe_experts", "expert_ids");
   check_on(weights, x.device(), "moe_experts", "weights");
   check_on(out, x.device(), "moe_experts", "out");
   DeviceGuard guard(x.device());
-  if (n * k > 0 && n * k <= kMoeDeviceRoutedPairs && d > 0) {
-    const ExpertTable& table = expert_table(experts, shared, x.device());
-    // Every pair's rows (x rows, gate rows) must keep the GEMV's 16-byte alignment.
-    const bool aligned = d % 4 == 0 && table.proj[0].out % 4 == 0 &&
-                         reinterpret_cast<uintptr_t>(x.raw()) % 16 == 0;
-    if (table.uniform && aligned) {
-      moe_experts_on_device(x, expert_ids, weights, table, shared, first_expert, n_experts, out);
-      if (table.shared) return;
-      add_shared(x, shared, out);
-      return;
-    }
+  if (const ExpertTable* table = device_routed_table(x, k, experts, shared)) {
+    moe_experts_on_device(x, expert_ids, weights, *table, shared, first_expert, n_experts, out);
+    if (!table->shared) add_shared(x, shared, out);
+    return;
   }
   moe_experts_on_host(x, expert_ids, weights, experts, first_expert, n_experts, out);
   add_shared(x, shared, out);
+}
+
+void moe(const Tensor& x, const Tensor& router_logits, const Tensor& bias, const RouterParams& rp,
+         const std::vector<MlpWeights>& experts, int first_expert, int n_experts, Tensor& expert_ids,
+         Tensor& weights, Tensor& out, const MlpWeights* shared) {
+  const MoeRouteParams route = route_params(router_logits, bias, rp, expert_ids, weights);
+  check_dtype(x, DType::F32, "moe x");
+  check_dtype(out, DType::F32, "moe out");
+  check_on(router_logits, x.device(), "moe", "router_logits");
+  check_on(out, x.device(), "moe", "out");
+  DeviceGuard guard(x.device());
+  if (const ExpertTable* table = route.n > 0 ? device_routed_table(x, route.k, experts, shared) : nullptr) {
+    moe_experts_on_device(x, expert_ids, weights, *table, shared, first_expert, n_experts, out, &route);
+    if (!table->shared) add_shared(x, shared, out);
+    return;
+  }
+  launch_moe_route(route, stream());
+  moe_experts(x, expert_ids, weights, experts, first_expert, n_experts, out, shared);
 }
 
 }  // namespace dsi::cuda

@@ -90,6 +90,9 @@ struct MoePairParams {
   int first_expert, n_local, n_experts;
 };
 void launch_moe_pairs(const MoePairParams& p, cudaStream_t stream);
+// Routing that also writes the slots (slots.groups set: what launch_moe_pairs would write, from the
+// ids it picks; slots.ids is not read), so a decode batch's MoE has one kernel fewer.
+void launch_moe_route_slots(const MoeRouteParams& p, const MoePairParams& slots, cudaStream_t stream);
 
 // Decode batches of up to this many tokens take the segment-sum down launch; larger ones the
 // grouped down products and moe_combine. Measured (bench_moe, one H200, us per MoE layer, segment
