@@ -3,7 +3,8 @@
 // the CPU's. Experts, two ways:
 // - Decode batches (at most kMoeDeviceRoutedPairs (token, expert) pairs) stay on the device, so a
 //   step can be captured into a graph: a kernel turns the ids into one slot per pair (expert
-//   weights through a per-layer pointer table built once), the shared expert as one more slot per
+//   weights through a per-layer pointer table built once; with ops::moe the routing kernel itself,
+//   else the pairs kernel), the shared expert as one more slot per
 //   token (up to kMoeFusedSharedTokens tokens; with more its own MLP over all of them, so its
 //   weights are read once). Then two GEMV launches: gate, up and SwiGLU of every slot (one grouped
 //   GEMV whose warps read a gate row and the up row of the same output, so only the activation
