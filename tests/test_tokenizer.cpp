@@ -403,6 +403,15 @@ TEST(TokenizerErrors, OneLineMessagesNamingFileAndField) {
   test::expect_error(load_with({{"pre_tokenizer", {{"type", "Split"}, {"pattern", {{"Regex", "(\r\x01"}}},
                                                    {"behavior", "Isolated"}}}}),
                      {path, "regex '(\\r\\x01' does not compile"});
+  // So are types, token names and merges (found by fuzz_tokenizer_json: a type holding a newline).
+  test::expect_error(load_with({{"pre_tokenizer", {{"type", "Sequ\nce"}}}}),
+                     {path, "type 'Sequ\\nce' is not supported"});
+  test::expect_error(load_with({{"model", {{"type", "B\rPE"}}}}), {path, "model.type 'B\\rPE'"});
+  test::expect_error(load_with({{"model", {{"merges", json::array({"a\tb c d"})}}}}),
+                     {path, "model.merges[0] = 'a\\tb c d'"});
+  test::expect_error(load_with({{"model", {{"merges", json::array({"a b\n"})}}}}),
+                     {path, "model.merges[0]: token 'b\\n' is not in the vocab"});
+  test::expect_error(load_with({{"model", {{"unk_token", "\n"}}}}), {path, "unk_token '\\n' is not in the vocab"});
   test::expect_error(load_with({{"decoder", {{"type", "WordPiece"}}}}),
                      {path, "decoder", "'WordPiece' is not supported"});
   test::expect_error(load_with({{"post_processor", {{"type", "Weird"}}}}),

@@ -48,11 +48,11 @@ void BpeModel::load(const json& m, BpeTables tables, const std::string& where) {
   const int64_t id_limit = 2 * int64_t(tables.vocab.size()) + 1024;
   for (auto& [token, id] : tables.vocab) {
     DSI_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0,
-              "{}.vocab: token '{}' has id {}, expected a non-negative integer", where, token,
+              "{}.vocab: token '{}' has id {}, expected a non-negative integer", where, utf8::shown(token),
               id.dump());
     DSI_CHECK(id.get<int64_t>() < id_limit,
-              "{}.vocab: token '{}' has id {}, far past the vocabulary's {} entries", where, token,
-              id.dump(), tables.vocab.size());
+              "{}.vocab: token '{}' has id {}, far past the vocabulary's {} entries", where,
+              utf8::shown(token), id.dump(), tables.vocab.size());
     const int32_t i = id.get<int32_t>();
     if (size_t(i) >= id_to_token_.size()) {
       id_to_token_.resize(size_t(i) + 1);
@@ -66,7 +66,7 @@ void BpeModel::load(const json& m, BpeTables tables, const std::string& where) {
   if (!is_null_or(m, "unk_token")) {
     const std::string unk = m.at("unk_token").get<std::string>();
     const auto it = vocab_.find(unk);
-    DSI_CHECK(it != vocab_.end(), "{}.unk_token '{}' is not in the vocab", where, unk);
+    DSI_CHECK(it != vocab_.end(), "{}.unk_token '{}' is not in the vocab", where, utf8::shown(unk));
     unk_id_ = it->second;
   }
 
@@ -75,7 +75,8 @@ void BpeModel::load(const json& m, BpeTables tables, const std::string& where) {
   merges_.reserve(merges.size());
   const auto id_of = [&](const std::string& t, size_t index) {
     const auto it = vocab_.find(t);
-    DSI_CHECK(it != vocab_.end(), "{}.merges[{}]: token '{}' is not in the vocab", where, index, t);
+    DSI_CHECK(it != vocab_.end(), "{}.merges[{}]: token '{}' is not in the vocab", where, index,
+              utf8::shown(t));
     return it->second;
   };
   uint32_t rank = 0;
@@ -87,7 +88,8 @@ void BpeModel::load(const json& m, BpeTables tables, const std::string& where) {
       if (line.rfind("#version", 0) == 0) continue;
       const size_t sp = line.find(' ');
       DSI_CHECK(sp != std::string::npos && line.find(' ', sp + 1) == std::string::npos,
-                "{}.merges[{}] = '{}': expected two tokens separated by one space", where, k, line);
+                "{}.merges[{}] = '{}': expected two tokens separated by one space", where, k,
+                utf8::shown(line));
       a.assign(line, 0, sp);
       b.assign(line, sp + 1);
     } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {

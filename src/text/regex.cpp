@@ -26,27 +26,6 @@ std::string pcre2_message(int code) {
   return n < 0 ? fmt::format("PCRE2 error {}", code) : std::string(reinterpret_cast<char*>(buf));
 }
 
-// A pattern as error messages quote it: control characters escaped (\n, \r, \t, \xHH), so the
-// message stays one line.
-std::string shown(std::string_view p) {
-  std::string out;
-  out.reserve(p.size());
-  for (const char c : p) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '\n')
-      out += "\\n";
-    else if (c == '\r')
-      out += "\\r";
-    else if (c == '\t')
-      out += "\\t";
-    else if (u < 0x20 || u == 0x7f)
-      out += fmt::format("\\x{:02x}", u);
-    else
-      out += c;
-  }
-  return out;
-}
-
 bool is_hex(char c) {
   return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
@@ -80,7 +59,7 @@ std::string onig_to_pcre2(std::string_view p, const std::string& where) {
         const bool negated = e == 'S' || e == 'W' || e == 'H';
         if (in_class && negated)
           fail("{}: regex '{}': a negated class escape \\{} inside [...] is not supported", where,
-               shown(p), e);
+               utf8::shown(p), e);
         if (in_class)
           out += items;
         else
@@ -99,22 +78,22 @@ std::string onig_to_pcre2(std::string_view p, const std::string& where) {
         if (i + 1 < p.size() && p[i + 1] == ':') {  // POSIX class [:alpha:]
           const size_t end = p.find(":]", i + 2);
           if (end == std::string_view::npos)
-            fail("{}: regex '{}': unterminated POSIX class", where, shown(p));
+            fail("{}: regex '{}': unterminated POSIX class", where, utf8::shown(p));
           out.append(p.substr(i, end + 2 - i));
           i = end + 2;
           continue;
         }
-        fail("{}: regex '{}': nested character classes are not supported", where, shown(p));
+        fail("{}: regex '{}': nested character classes are not supported", where, utf8::shown(p));
       }
       if (c == '&' && i + 1 < p.size() && p[i + 1] == '&')
-        fail("{}: regex '{}': class intersection && is not supported", where, shown(p));
+        fail("{}: regex '{}': class intersection && is not supported", where, utf8::shown(p));
       if (c == ']') in_class = false;
       copy_char();
     } else if (c == '[') {
       open_class();
     } else if (c == '^' || c == '$') {
       fail("{}: regex '{}': the anchor '{}' is not supported (its meaning differs between "
-           "Oniguruma and PCRE2)", where, shown(p), c);
+           "Oniguruma and PCRE2)", where, utf8::shown(p), c);
     } else {
       copy_char();
     }
@@ -137,8 +116,8 @@ std::shared_ptr<Regex::Code> compile(std::string_view pattern, uint32_t options,
   code->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                              options, &err, &offset, nullptr);
   if (!code->code)
-    fail("{}: regex '{}' does not compile: {} (at offset {} of the PCRE2 form '{}')", where, shown(source),
-         pcre2_message(err), offset, shown(pattern));
+    fail("{}: regex '{}' does not compile: {} (at offset {} of the PCRE2 form '{}')", where, utf8::shown(source),
+         pcre2_message(err), offset, utf8::shown(pattern));
   pcre2_jit_compile(code->code, PCRE2_JIT_COMPLETE);  // no JIT: the interpreter runs it
   return code;
 }

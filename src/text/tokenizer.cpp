@@ -17,6 +17,7 @@
 #include "text/bpe.h"
 #include "text/regex.h"
 #include "text/unicode_nfc.h"
+#include "text/utf8.h"
 
 namespace dsi {
 
@@ -147,7 +148,7 @@ void Tokenizer::Impl::parse(const json& j, BpeTables tables) {
   if (mtype) {
     DSI_CHECK(mtype->is_string(), "{}: model.type must be a string", where);
     if (mtype->get<std::string>() != "BPE")
-      fail("{}: model.type '{}' is not supported (only BPE)", where, mtype->get<std::string>());
+      fail("{}: model.type '{}' is not supported (only BPE)", where, utf8::shown(mtype->get<std::string>()));
   } else {
     DSI_CHECK(model->contains("merges"), "{}: model has no \"type\" and is not BPE (no merges); "
               "only BPE is supported", where);
@@ -167,7 +168,7 @@ void Tokenizer::Impl::parse(const json& j, BpeTables tables) {
                type_of(d->at("decoders")[0], w + ".decoders[0]") == "ByteLevel") {
       byte_level_decoder = true;
     } else {
-      fail("{}: type '{}' is not supported (only ByteLevel or null)", w, t);
+      fail("{}: type '{}' is not supported (only ByteLevel or null)", w, utf8::shown(t));
     }
   }
   if (const json* a = field(j, "added_tokens")) parse_added_tokens(*a, where + ": added_tokens");
@@ -186,7 +187,7 @@ void Tokenizer::Impl::parse_normalizer(const json& j, const std::string& w) {
     const json& list = j.at("normalizers");
     for (size_t i = 0; i < list.size(); ++i) parse_normalizer(list[i], fmt::format("{}.normalizers[{}]", w, i));
   } else {
-    fail("{}: type '{}' is not supported (only null or NFC)", w, t);
+    fail("{}: type '{}' is not supported (only null or NFC)", w, utf8::shown(t));
   }
 }
 
@@ -220,7 +221,7 @@ void Tokenizer::Impl::parse_pre_tokenizer(const json& j, const std::string& w) {
     s.invert = bool_field(j, "invert", false, w);
     pre.push_back(std::move(s));
   } else {
-    fail("{}: type '{}' is not supported (only Sequence, Split, ByteLevel or null)", w, t);
+    fail("{}: type '{}' is not supported (only Sequence, Split, ByteLevel or null)", w, utf8::shown(t));
   }
 }
 
@@ -253,7 +254,7 @@ void Tokenizer::Impl::parse_post_processor(const json& j, const std::string& w,
   }
   if (t != "TemplateProcessing")
     fail("{}: type '{}' is not supported (only TemplateProcessing, ByteLevel, Sequence, "
-         "BertProcessing, RobertaProcessing or null)", w, t);
+         "BertProcessing, RobertaProcessing or null)", w, utf8::shown(t));
   const json* single = field(j, "single");
   const json* specials = field(j, "special_tokens");
   DSI_CHECK(single && single->is_array(), "{}.single: missing or not an array", w);
@@ -268,13 +269,13 @@ void Tokenizer::Impl::parse_post_processor(const json& j, const std::string& w,
     } else if (const json* sp = field(item, "SpecialToken")) {
       const std::string name = sp->value("id", "");
       DSI_CHECK(specials && specials->contains(name), "{}: special token '{}' is not in "
-                "special_tokens", wi, name);
+                "special_tokens", wi, utf8::shown(name));
       const json* ids = field(specials->at(name), "ids");
-      DSI_CHECK(ids && ids->is_array(), "{}: special token '{}' has no \"ids\" array", wi, name);
+      DSI_CHECK(ids && ids->is_array(), "{}: special token '{}' has no \"ids\" array", wi, utf8::shown(name));
       for (const json& id : *ids) {
         DSI_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 &&
                       id.get<int64_t>() <= std::numeric_limits<int32_t>::max(),
-                  "{}: special token '{}' has id {}, not a token id", wi, name, id.dump());
+                  "{}: special token '{}' has id {}, not a token id", wi, utf8::shown(name), id.dump());
         (seen_sequence ? after : before).push_back(id.get<int32_t>());
       }
     } else {

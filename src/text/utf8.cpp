@@ -2,6 +2,8 @@
 // (well-formed UTF-8 byte sequences).
 #include "text/utf8.h"
 
+#include <fmt/format.h>
+
 namespace dsi::utf8 {
 
 Step next(std::string_view s, size_t i) {
@@ -121,6 +123,25 @@ std::string LossyStream::flush() {
   // What is held is a well-formed prefix of one sequence: one maximal subpart, one U+FFFD.
   std::string out = held_.empty() ? "" : kReplacement;
   held_.clear();
+  return out;
+}
+
+std::string shown(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n')
+      out += "\\n";
+    else if (c == '\r')
+      out += "\\r";
+    else if (c == '\t')
+      out += "\\t";
+    else if (u < 0x20 || u == 0x7f)
+      out += fmt::format("\\x{:02x}", u);
+    else
+      out += c;
+  }
   return out;
 }
 

@@ -32,6 +32,10 @@ inline size_t seq_len(unsigned char lead) {
   return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
 }
 
+// s as error messages quote it: control characters escaped (\n, \r, \t, \xHH), so a message that
+// quotes text from a file or a request stays one line (dsi::Error's promise).
+std::string shown(std::string_view s);
+
 // Rust's char::is_whitespace: the Unicode White_Space property.
 bool is_whitespace(char32_t c);
 
