@@ -96,6 +96,12 @@ std::string type_of(const json& j, const std::string& where) {
   return t->get<std::string>();
 }
 
+// The error for a component type this tokenizer does not implement; the type is quoted escaped, so
+// the message stays one line whatever the file holds.
+[[noreturn]] void unsupported_type(const std::string& where, const std::string& type, const char* supported) {
+  fail("{}: type '{}' is not supported (only {})", where, utf8::shown(type), supported);
+}
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -168,7 +174,7 @@ void Tokenizer::Impl::parse(const json& j, BpeTables tables) {
                type_of(d->at("decoders")[0], w + ".decoders[0]") == "ByteLevel") {
       byte_level_decoder = true;
     } else {
-      fail("{}: type '{}' is not supported (only ByteLevel or null)", w, utf8::shown(t));
+      unsupported_type(w, t, "ByteLevel or null");
     }
   }
   if (const json* a = field(j, "added_tokens")) parse_added_tokens(*a, where + ": added_tokens");
@@ -187,7 +193,7 @@ void Tokenizer::Impl::parse_normalizer(const json& j, const std::string& w) {
     const json& list = j.at("normalizers");
     for (size_t i = 0; i < list.size(); ++i) parse_normalizer(list[i], fmt::format("{}.normalizers[{}]", w, i));
   } else {
-    fail("{}: type '{}' is not supported (only null or NFC)", w, utf8::shown(t));
+    unsupported_type(w, t, "null or NFC");
   }
 }
 
@@ -221,7 +227,7 @@ void Tokenizer::Impl::parse_pre_tokenizer(const json& j, const std::string& w) {
     s.invert = bool_field(j, "invert", false, w);
     pre.push_back(std::move(s));
   } else {
-    fail("{}: type '{}' is not supported (only Sequence, Split, ByteLevel or null)", w, utf8::shown(t));
+    unsupported_type(w, t, "Sequence, Split, ByteLevel or null");
   }
 }
 
@@ -253,8 +259,8 @@ void Tokenizer::Impl::parse_post_processor(const json& j, const std::string& w,
     return;
   }
   if (t != "TemplateProcessing")
-    fail("{}: type '{}' is not supported (only TemplateProcessing, ByteLevel, Sequence, "
-         "BertProcessing, RobertaProcessing or null)", w, utf8::shown(t));
+    unsupported_type(w, t, "TemplateProcessing, ByteLevel, Sequence, BertProcessing, RobertaProcessing "
+                           "or null");
   const json* single = field(j, "single");
   const json* specials = field(j, "special_tokens");
   DSI_CHECK(single && single->is_array(), "{}.single: missing or not an array", w);

@@ -440,11 +440,19 @@ GemvSegParams seg_params(const ExpertTable& table, int64_t n, int n_seg) {
   return sp;
 }
 
-// The experts of a decode batch, routed on the device (moe.h); with table.shared, the shared
-// expert's output is added too: for one or two tokens as slots of the two launches (one x row per
-// slot, so its weights are read once per token), for more as its own MLP over all the tokens
-// (`shared`: its weights read once, 3..8 rows on the GEMV's tensor cores), added by the combine
-// (or by the segment-sum launch, when tests force it on such batches).
+// out += SharedExpert(x) (ops::moe_experts' last step) when shared is not null.
+void add_shared(const Tensor& x, const MlpWeights* shared, Tensor& out) {
+  if (shared == nullptr || x.numel() == 0) return;
+  Tensor s = Tensor::empty(out.shape(), DType::F32, x.device());
+  mlp(x, *shared, s);
+  add_inplace(out, s);
+}
+
+// The experts of a decode batch, routed on the device (moe.h), and the shared expert's output: with
+// table.shared for one or two tokens as slots of the two launches (one x row per slot, so its
+// weights are read once per token), for more as its own MLP over all the tokens (`shared`: its
+// weights read once, 3..8 rows on the GEMV's tensor cores), added by the combine (or by the
+// segment-sum launch, when tests force it on such batches); without, added after (add_shared).
 // With `route`, that launch routes the batch and writes the slots (no pairs kernel).
 void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tensor& weights,
                            const ExpertTable& table, const MlpWeights* shared, int first_expert,
@@ -522,14 +530,7 @@ void moe_experts_on_device(const Tensor& x, const Tensor& expert_ids, const Tens
   if (first != ErrorFlag::kNone)
     fail("moe_experts: expert id {} outside [0, {})", read_device(expert_ids.i32() + first),
          n_experts);
-}
-
-// out += SharedExpert(x) (ops::moe_experts' last step) when shared is not null.
-void add_shared(const Tensor& x, const MlpWeights* shared, Tensor& out) {
-  if (shared == nullptr || x.numel() == 0) return;
-  Tensor s = Tensor::empty(out.shape(), DType::F32, x.device());
-  mlp(x, *shared, s);
-  add_inplace(out, s);
+  if (!table.shared) add_shared(x, shared, out);
 }
 
 // Larger batches: the routing table on the host (a synchronising read), tokens grouped per expert.
@@ -629,7 +630,6 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
   DeviceGuard guard(x.device());
   if (const ExpertTable* table = device_routed_table(x, k, experts, shared)) {
     moe_experts_on_device(x, expert_ids, weights, *table, shared, first_expert, n_experts, out);
-    if (!table->shared) add_shared(x, shared, out);
     return;
   }
   moe_experts_on_host(x, expert_ids, weights, experts, first_expert, n_experts, out);
@@ -645,9 +645,8 @@ void moe(const Tensor& x, const Tensor& router_logits, const Tensor& bias, const
   check_on(router_logits, x.device(), "moe", "router_logits");
   check_on(out, x.device(), "moe", "out");
   DeviceGuard guard(x.device());
-  if (const ExpertTable* table = route.n > 0 ? device_routed_table(x, route.k, experts, shared) : nullptr) {
+  if (const ExpertTable* table = device_routed_table(x, route.k, experts, shared)) {  // route.k 0: nothing to route
     moe_experts_on_device(x, expert_ids, weights, *table, shared, first_expert, n_experts, out, &route);
-    if (!table->shared) add_shared(x, shared, out);
     return;
   }
   launch_moe_route(route, stream());
