@@ -32,6 +32,10 @@ struct EngineOptions {
   // "fp8" (656-byte MLA entries, e4m3 indexer keys).
   std::string kv_cache_dtype = "auto";
   bool cuda_graphs = true;              // CUDA ranks: decode-only steps replay CUDA graphs (step_graphs.h)
+  // Full blocks of computed tokens stay cached (shared while requests run, kept after they end
+  // until their pages are needed), and a request whose tokens start with them takes them instead
+  // of computing them (runtime/prefix_cache.h).
+  bool prefix_caching = true;
   // Collectives between ranks: verify that every rank issues the same ones (debugging), and how
   // long one may wait before it fails with an error naming the rank and the operation.
   bool check_lockstep = false;
@@ -67,6 +71,7 @@ struct RequestEvent {
   std::string error;          // when finish_reason == "error": what went wrong
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // so far
+  int64_t cached_tokens = 0;      // prompt tokens taken from the prefix cache, not computed
 };
 
 // Called on the engine thread for every event of a request; must be quick and must not throw.
@@ -77,11 +82,15 @@ struct EngineMetrics {
   int64_t running = 0;          // requests being prefilled or decoded
   int64_t waiting = 0;          // queued requests (new or preempted)
   int64_t kv_pages_total = 0;   // pages of 64 tokens (per DCP rank) in the pool
-  int64_t kv_pages_used = 0;
+  int64_t kv_pages_used = 0;     // held by requests
+  int64_t kv_pages_cached = 0;   // holding cached blocks that no request holds (evictable)
   int64_t kv_capacity_tokens = 0;  // tokens of one sequence the pool can hold in all
   int64_t requests_finished = 0;
   int64_t preemptions = 0;
   int64_t prompt_tokens = 0;       // processed in prefill (recomputation after preemption included)
+  // The prefix cache, as vLLM counts it: tokens of admitted sequences looked up, and found.
+  int64_t prefix_cache_queries = 0;
+  int64_t prefix_cache_hits = 0;
   int64_t generation_tokens = 0;
   int64_t steps = 0;
   int64_t graph_steps = 0;         // of those, decode steps replayed from CUDA graphs

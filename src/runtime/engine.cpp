@@ -151,6 +151,7 @@ EngineImpl::EngineImpl(const EngineOptions& o, std::unique_ptr<RankGroup> ranks)
   sc.speculative_tokens = K_;
   sc.n_pages = n_pages;
   sc.dcp = dcp;
+  sc.prefix_caching = o.prefix_caching;
   sched_ = std::make_unique<Scheduler>(sc);
   if (!graphs_.empty()) {  // decode batches of the smallest context bucket replay from their first step
     const auto t0 = std::chrono::steady_clock::now();
@@ -277,6 +278,7 @@ uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
   s->sink = std::move(sink);
   s->sched.n_tokens = P;
   s->sched.max_drafts = K_;
+  s->sched.tokens = &s->tokens;
   std::lock_guard<std::mutex> lock(mu_);
   DSI_CHECK(failed_.empty(), "the engine has failed: {}", failed_);
   DSI_CHECK(!stop_, "the engine is shutting down");
@@ -479,6 +481,7 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
     s->sink = [](RequestEvent&&) {};  // the leader reports to the clients
     s->sched.n_tokens = s->prompt_len;
     s->sched.max_drafts = K_;
+    s->sched.tokens = &s->tokens;
     incoming.push_back(std::move(s));
   }
   const uint64_t c = rd.get<uint64_t>();

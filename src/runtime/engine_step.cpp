@@ -54,11 +54,20 @@ void EngineImpl::reset(EngineSequence& s) {
 }
 
 // Gives the sequence its caches on this process's ranks (first run) and its current pages.
+// A sequence starting from blocks of the prefix cache has their tokens' entries (the MTP layer's
+// too) in its first pages: its caches start that long.
 void EngineImpl::prepare(EngineSequence& s) {
-  if (s.ranks.empty())
+  const bool first = s.ranks.empty();
+  if (first)
     for (int r : ranks_->local())
       s.ranks.emplace_back(SequenceKvCache(pools_[size_t(ranks_->slot(r))], ranks_->context(r).dcp));
-  for (EngineRankState& st : s.ranks) st.cache.set_pages(s.sched.pages);
+  for (EngineRankState& st : s.ranks) {
+    st.cache.set_pages(s.sched.pages);
+    if (!first) continue;
+    st.cache.set_length(s.sched.computed);
+    if (st.cache.has_mtp()) st.cache.set_mtp_length(s.sched.computed);
+  }
+  if (first) s.pending_start = s.sched.computed;
 }
 
 void EngineImpl::append_pending(EngineSequence& s, int64_t first_row, int64_t n) {
@@ -76,6 +85,9 @@ void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
   for (EngineSequence* s : seqs) {
     s->draft = Draft{};
     most = std::max(most, s->drafts);
+    // The first step caches the MTP entries of the pending rows for good (the prefix cache's
+    // blocks wait for them).
+    s->sched.mtp_computed = s->pending_start + int64_t(s->pending_next.size());
   }
   const bool share = cfg_.index_share_for_mtp_iteration;
   Tensor logits;  // rank 0's draft logits of this step, host
@@ -349,6 +361,7 @@ bool EngineImpl::emit(EngineSequence& s, const std::vector<int32_t>& tokens, con
   s.sched.n_tokens = int64_t(s.tokens.size());
   s.sched.n_generated = s.generated();
   ev.prompt_tokens = s.prompt_len;
+  ev.cached_tokens = s.sched.cache_hit;
   ev.completion_tokens = s.generated();
   if (!reason.empty()) {
     ev.finished = true;
@@ -369,6 +382,7 @@ void EngineImpl::finish(EngineSequence& s, const std::string& reason, const std:
   ev.finish_reason = reason;
   ev.error = error;
   ev.prompt_tokens = s.prompt_len;
+  ev.cached_tokens = s.sched.cache_hit;
   ev.completion_tokens = s.generated();
   s.finished = true;
   sched_->remove(&s.sched);
@@ -390,6 +404,9 @@ void EngineImpl::publish_metrics() {
   stats_.running = int64_t(sched_->running().size());
   stats_.waiting = int64_t(sched_->waiting().size());
   stats_.kv_pages_used = sched_->used_pages();
+  stats_.kv_pages_cached = sched_->prefix_cache().evictable_pages();
+  stats_.prefix_cache_queries = sched_->cache_queries();
+  stats_.prefix_cache_hits = sched_->cache_hits();
   std::lock_guard<std::mutex> lock(mu_);
   metrics_ = stats_;
   metrics_.waiting += int64_t(incoming_.size());

@@ -6,7 +6,10 @@
 //      pages freed, its tokens recomputed later), so a full cache queues work instead of failing;
 //   2. prefilling sequences, oldest first: the next chunk of their tokens;
 //   3. waiting sequences (preempted ones first, then new ones in arrival order) while fewer than
-//      max_num_seqs run and pages for their first chunk exist.
+//      max_num_seqs run and pages for their first chunk exist. An admitted sequence first takes
+//      the cached blocks its tokens start with (prefix_cache.h): those tokens count as computed.
+// Full blocks of computed tokens join the prefix cache at the start of each plan and when their
+// sequence ends or is preempted.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "runtime/parallel.h"
+#include "runtime/prefix_cache.h"
 
 namespace dsi {
 
@@ -27,6 +31,15 @@ struct SchedSeq {
   int64_t max_drafts = 0;  // drafts the next decode round may verify (0 without speculation)
   std::vector<int32_t> pages;
   int64_t preemptions = 0;
+  // The prefix cache: the sequence's tokens (null: none of its blocks are cached or looked up),
+  // positions whose MTP-layer entries are cached (with speculation, a block joins the cache once
+  // they cover it), its leading blocks in the cache (taken from it or given to it) and the entry of
+  // the last of them, and the tokens its latest admission took from the cache.
+  const std::vector<int32_t>* tokens = nullptr;
+  int64_t mtp_computed = 0;
+  int64_t cached_blocks = 0;
+  uint64_t last_block = 0;
+  int64_t cache_hit = 0;
 
   // Decoding: all tokens but the newest are cached and the newest was generated.
   bool decoding() const { return n_generated > 0 && computed == n_tokens - 1; }
@@ -38,6 +51,7 @@ struct SchedulerConfig {
   int speculative_tokens = 0;  // K: pages for 1 + K tokens are reserved per decode round
   int64_t n_pages = 0;
   DcpLayout dcp;  // pages hold 64 tokens on every rank: a logical page spans W x 64 tokens
+  bool prefix_caching = true;
 };
 
 struct StepPlan {
@@ -57,9 +71,14 @@ class Scheduler {
 
   // Pages a sequence of `tokens` tokens holds on every rank.
   int64_t pages_for(int64_t tokens) const;
-  int64_t free_pages() const { return int64_t(free_.size()); }
+  // Pages an admission can get (free, or cached and held by nobody) and the others.
+  int64_t free_pages() const { return cache_.available(); }
   int64_t used_pages() const { return cfg_.n_pages - free_pages(); }
   const SchedulerConfig& config() const { return cfg_; }
+  const PrefixCache& prefix_cache() const { return cache_; }
+  // Tokens admissions looked up in the prefix cache, and those they found there.
+  int64_t cache_queries() const { return cache_queries_; }
+  int64_t cache_hits() const { return cache_hits_; }
 
   void add(SchedSeq* seq);  // a new sequence waits at the back of the queue
   // Drops a sequence wherever it is and frees its pages.
@@ -75,12 +94,16 @@ class Scheduler {
  private:
   bool ensure_pages(SchedSeq* s, int64_t tokens);
   void preempt(SchedSeq* s, StepPlan& plan);
+  void give_back(SchedSeq* s);      // its full blocks join the cache, its pages are released
+  void cache_blocks(SchedSeq* s);   // its full blocks of final cache entries join the cache
+  bool admit(SchedSeq* s, int64_t budget, StepPlan& plan);
   int64_t chunk_for(const SchedSeq* s, int64_t budget) const;
   StepPlan schedule_with(const std::vector<int64_t>& drafts);
   StepPlan plan_once(const std::vector<int64_t>& drafts);  // drafts[i]: of running_[i]
 
   SchedulerConfig cfg_;
-  std::vector<int32_t> free_;       // free page ids (a stack)
+  PrefixCache cache_;  // the page ids: free, held, cached
+  int64_t cache_queries_ = 0, cache_hits_ = 0;
   std::vector<SchedSeq*> running_;  // admitted sequences, oldest first
   std::deque<SchedSeq*> waiting_;   // preempted sequences first, then new ones
 };

@@ -76,6 +76,8 @@ std::string render_prometheus(const EngineMetrics& e, ServerMetrics& s, const st
   gauge("kv_cache_pages_used", "KV cache pages in use.", double(e.kv_pages_used));
   gauge("kv_cache_usage_perc", "Fraction of the KV cache pages in use (1 = full).",
         e.kv_pages_total > 0 ? double(e.kv_pages_used) / double(e.kv_pages_total) : 0.0);
+  gauge("kv_cache_pages_cached", "KV cache pages of cached prefix blocks that no request holds.",
+        double(e.kv_pages_cached));
   gauge("kv_cache_capacity_tokens", "Tokens of one sequence the KV pool can hold.",
         double(e.kv_capacity_tokens));
 
@@ -92,6 +94,10 @@ std::string render_prometheus(const EngineMetrics& e, ServerMetrics& s, const st
           double(e.preemptions));
   counter("prompt_tokens", "Prompt tokens prefilled (recomputation after preemption included).",
           double(e.prompt_tokens));
+  counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache at admission.",
+          double(e.prefix_cache_queries));
+  counter("prefix_cache_hits", "Of those, tokens found there (not computed).",
+          double(e.prefix_cache_hits));
   counter("generation_tokens", "Tokens generated.", double(e.generation_tokens));
   counter("engine_steps", "Engine steps run.", double(e.steps));
   counter("engine_graph_steps", "Decode steps replayed from CUDA graphs.", double(e.graph_steps));

@@ -48,8 +48,12 @@ Json bytes_of(const std::string& s) {
   return b;
 }
 
-Json usage_json(int64_t prompt, int64_t completion) {
-  return {{"prompt_tokens", prompt}, {"completion_tokens", completion}, {"total_tokens", prompt + completion}};
+// OpenAI's usage object; cached: prompt tokens the prefix cache served.
+Json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
 // One request in the engine, seen from the handler thread.
@@ -83,6 +87,7 @@ class Run {
     if (done_) return d;
     for (RequestEvent& ev : queue_->pop(timeout)) {
       if (ev.prompt_tokens > 0) prompt_tokens_ = ev.prompt_tokens;
+      cached_tokens_ = ev.cached_tokens;
       if (!ev.tokens.empty()) {
         const auto now = Clock::now();
         const double dt = std::chrono::duration<double>(now - last_token_).count();
@@ -121,6 +126,7 @@ class Run {
   const std::string& finish_reason() const { return finish_reason_; }
   const std::string& error() const { return error_; }
   int64_t prompt_tokens() const { return prompt_tokens_; }
+  int64_t cached_tokens() const { return cached_tokens_; }
   int64_t completion_tokens() const { return out_.tokens_consumed(); }
   const std::string& text() const { return out_.text(); }
 
@@ -152,6 +158,7 @@ class Run {
   std::string finish_reason_;
   std::string error_;
   int64_t prompt_tokens_ = 0;
+  int64_t cached_tokens_ = 0;
   Clock::time_point start_, last_token_;
 };
 
@@ -221,7 +228,7 @@ struct Reply {
   static Json usage(const std::vector<std::shared_ptr<Run>>& runs) {
     int64_t completion = 0;
     for (const auto& r : runs) completion += r->completion_tokens();
-    return usage_json(runs.front()->prompt_tokens(), completion);
+    return usage_json(runs.front()->prompt_tokens(), completion, runs.front()->cached_tokens());
   }
 
   Json usage_chunk(const std::vector<std::shared_ptr<Run>>& runs) const {

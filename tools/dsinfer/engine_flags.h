@@ -20,6 +20,7 @@ struct EngineFlags {
   EngineOptions engine;
   std::string kv_cache_memory;  // "2G", ... (parsed after the command line)
   bool no_cuda_graphs = false;
+  bool no_prefix_caching = false;
 };
 
 void add_engine_flags(CLI::App* cmd, EngineFlags& flags);

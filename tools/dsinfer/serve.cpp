@@ -84,12 +84,15 @@ void add_engine_flags(CLI::App* cmd, EngineFlags& f) {
       ->check(CLI::IsMember({"auto", "f32", "bf16", "fp8"}));
   cmd->add_flag("--no-cuda-graphs", f.no_cuda_graphs,
                 "--device cuda: run decode steps eagerly instead of replaying CUDA graphs");
+  cmd->add_flag("--no-prefix-caching", f.no_prefix_caching,
+                "compute every prompt in full instead of taking cached blocks of earlier requests");
 }
 
 std::unique_ptr<Engine> start_engine(const EngineFlags& f, MpiSession* mpi) {
   EngineOptions o = f.engine;
   if (!f.kv_cache_memory.empty()) o.kv_cache_memory = parse_bytes(f.kv_cache_memory);
   o.cuda_graphs = !f.no_cuda_graphs;
+  o.prefix_caching = !f.no_prefix_caching;
 #ifdef DSI_WITH_MPI
   if (mpi != nullptr && mpi->size() > 1) {
     // mpirun passes a SIGINT / SIGTERM on to every process: rank 0's server stops on it and stops
