@@ -6,7 +6,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <fstream>
 #include <mutex>
+#include <numeric>
 #include <string>
 #include <thread>
 
@@ -27,6 +29,7 @@ struct Collector {
   bool done = false;
   std::string reason, error;
   int events = 0;
+  int64_t cached = 0;  // prompt tokens from the prefix cache (the final event's count)
 
   EventSink sink() {
     return [this](RequestEvent&& ev) {
@@ -37,6 +40,7 @@ struct Collector {
         tokens.push_back(t);
       }
       if (ev.finished) {
+        cached = ev.cached_tokens;
         done = true;
         reason = ev.finish_reason;
         error = ev.error;
@@ -139,6 +143,210 @@ void expect_same_as_generator(const std::string& dir, EngineOptions o, int n_cas
     EXPECT_GT(m.num_drafts, 0);
     EXPECT_EQ(int64_t(m.accepted_per_pos.size()), o.speculative_tokens);
   }
+}
+
+// Prompts that share prefixes, in waves: each wave is submitted once the one before it finished,
+// so later waves find the earlier waves' blocks in the prefix cache (and requests of one wave find
+// each other's once computed). `base` tokens of a random stream; the cases take leading parts of it
+// and their own tails, or repeat another case's prompt exactly.
+struct Wave {
+  std::vector<Case> cases;
+};
+
+std::vector<Wave> shared_prefix_waves(int vocab, int64_t block, bool sampled) {
+  const std::vector<float> r = test::random_floats(8000, 11);
+  size_t at = 0;
+  auto tokens = [&](int64_t n) {
+    std::vector<int32_t> t;
+    for (int64_t i = 0; i < n; ++i) t.push_back(int32_t((r[at++ % r.size()] + 1.0f) * 0.5f * float(vocab - 1)));
+    return t;
+  };
+  const std::vector<int32_t> base = tokens(3 * block + 20);
+  auto head = [&](int64_t n, int64_t tail) {
+    std::vector<int32_t> t(base.begin(), base.begin() + n);
+    const std::vector<int32_t> more = tokens(tail);
+    t.insert(t.end(), more.begin(), more.end());
+    return t;
+  };
+  auto c = [&](std::vector<int32_t> prompt, int max_new, float temperature, uint64_t seed) {
+    Case k;
+    k.prompt = std::move(prompt);
+    k.max_new = max_new;
+    k.temperature = sampled ? temperature : 0.0f;
+    k.seed = seed;
+    return k;
+  };
+  std::vector<Wave> waves(3);
+  waves[0].cases = {c(head(2 * block + 5, 7), 6, 0.0f, 1), c(head(block + 3, 2), 9, 0.8f, 2)};
+  waves[1].cases = {c(head(2 * block + 5, 9), 7, 0.8f, 3),                 // 2 blocks of wave 0
+                    c(std::vector<int32_t>(base.begin(), base.end()), 5, 0.0f, 4),  // all of base
+                    c(waves[0].cases[1].prompt, 8, 0.0f, 5),                 // a repeat
+                    c(head(block, 4), 6, 0.8f, 6),  // block 0 with another next token: no match
+                    c(tokens(block + 9), 5, 0.0f, 7)};
+  waves[2].cases = {c(std::vector<int32_t>(base.begin(), base.end()), 6, 0.8f, 8),  // a repeat
+                    c(head(3 * block + 1, 3), 4, 0.0f, 9), c(head(block / 2, 30), 5, 0.0f, 10)};
+  return waves;
+}
+
+// Shared prompt tokens of `c` with any earlier case of the waves (an upper bound on its hit).
+int64_t shared_with_earlier(const std::vector<Wave>& waves, size_t w, size_t i) {
+  const std::vector<int32_t>& p = waves[w].cases[i].prompt;
+  int64_t most = 0;
+  for (size_t v = 0; v <= w; ++v)
+    for (size_t j = 0; j < waves[v].cases.size() && (v < w || j < i); ++j) {
+      const std::vector<int32_t>& q = waves[v].cases[j].prompt;
+      const size_t n = std::min(p.size(), q.size());
+      most = std::max<int64_t>(most, std::mismatch(p.begin(), p.begin() + long(n), q.begin()).first - p.begin());
+    }
+  return most;
+}
+
+// Runs the waves through one engine and checks every request against the generator; returns the
+// tokens each request took from the prefix cache, by wave (and the engine's metrics at the end).
+std::vector<std::vector<int64_t>> expect_waves_match(const std::string& dir, EngineOptions o,
+                                                     const std::vector<Wave>& waves, int64_t block,
+                                                     EngineMetrics* metrics = nullptr) {
+  o.model_dir = dir;
+  auto engine = Engine::start(o);
+  std::vector<std::vector<int64_t>> cached(waves.size());
+  int64_t finished = 0;
+  for (size_t w = 0; w < waves.size(); ++w) {
+    std::vector<std::unique_ptr<Collector>> got;
+    for (const Case& c : waves[w].cases) {
+      got.push_back(std::make_unique<Collector>());
+      engine->submit(request_of(c), got.back()->sink());
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      const Case& c = waves[w].cases[i];
+      SCOPED_TRACE("wave " + std::to_string(w) + " request " + std::to_string(i) + " (prompt of " +
+                   std::to_string(c.prompt.size()) + " tokens, temperature " + std::to_string(c.temperature) + ")");
+      EXPECT_TRUE(got[i]->wait());
+      EXPECT_EQ(got[i]->reason, "length") << got[i]->error;
+      EXPECT_EQ(got[i]->ids, reference(dir, c, o.speculative_tokens).output_ids);
+      // Whole blocks, never past what the prompt shares with earlier ones, never the whole prompt.
+      EXPECT_EQ(got[i]->cached % block, 0);
+      EXPECT_LE(got[i]->cached, shared_with_earlier(waves, w, i));
+      EXPECT_LT(got[i]->cached, int64_t(c.prompt.size()));
+      cached[w].push_back(got[i]->cached);
+      ++finished;
+    }
+  }
+  const EngineMetrics m = engine->metrics();
+  EXPECT_EQ(m.kv_pages_used, 0);
+  EXPECT_EQ(m.requests_finished, finished);
+  int64_t hits = 0;
+  for (const auto& w : cached) hits = std::accumulate(w.begin(), w.end(), hits);
+  EXPECT_EQ(m.prefix_cache_hits, hits);
+  if (o.prefix_caching) {
+    EXPECT_GT(m.kv_pages_cached, 0);
+  }
+  if (metrics != nullptr) *metrics = m;
+  return cached;
+}
+
+TEST(Engine, PrefixCacheServesSharedPromptsAsComputedOnes) {
+  const std::string dir = test::fixture_dir("glm_tiny");
+  const int vocab = int(load_config(dir + "/config.json").vocab_size);
+  EngineOptions o;
+  o.max_num_seqs = 4;
+  o.max_num_batched_tokens = 48;  // prompts in several chunks
+  o.kv_cache_memory = 64 << 20;
+  const std::vector<Wave> waves = shared_prefix_waves(vocab, 64, true);
+  const auto cached = expect_waves_match(dir, o, waves, 64);
+  // The pool is large, so nothing was evicted: the hits are what earlier requests computed.
+  EXPECT_EQ(cached[0][1], 64);    // admitted while the first request's prefill passed its block 0
+  EXPECT_EQ(cached[1][0], 128);
+  EXPECT_EQ(cached[1][1], 128);   // wave 0 computed blocks 0 and 1 of base; this one block 2
+  EXPECT_EQ(cached[1][2], 64);    // the repeat of a 67-token prompt
+  EXPECT_EQ(cached[1][3], 0);     // block 0 followed by another token
+  EXPECT_EQ(cached[1][4], 0);
+  EXPECT_EQ(cached[2][0], 192);   // base again: its last block lacks a next token
+  EXPECT_EQ(cached[2][1], 192);
+  EXPECT_EQ(cached[2][2], 0);
+
+  o.prefix_caching = false;
+  for (const auto& w : expect_waves_match(dir, o, waves, 64))
+    for (int64_t c : w) EXPECT_EQ(c, 0);
+}
+
+// With MTP drafting, with DCP (blocks of W x 64 tokens, or more when the interleave does not
+// divide 64), and with a pool so small that cached blocks are evicted. Verification hides what the
+// drafts were, so the drafts' statistics are compared with a run without the cache: a request's
+// drafts depend on its own MTP cache only, and cached blocks must hold the MTP entries the request
+// would have made (the block's key has the token after it for that).
+TEST(Engine, PrefixCacheWithSpeculationRanksAndEviction) {
+  struct Layout {
+    const char* fixture;
+    int tp, dcp, interleave, K;
+    int64_t block;
+    int64_t pool_pages;  // 0: plenty
+  };
+  for (const Layout& l : {Layout{"dsv32_tiny", 1, 1, 1, 3, 64, 0}, Layout{"glm_tiny", 2, 2, 1, 2, 128, 0},
+                          Layout{"glm_tiny", 4, 2, 3, 1, 384, 0}, Layout{"glm_tiny", 1, 1, 1, 2, 64, 9}}) {
+    const std::string dir = test::fixture_dir(l.fixture);
+    const ModelConfig cfg = load_config(dir + "/config.json");
+    EngineOptions o;
+    o.tp = l.tp;
+    o.dcp = l.dcp;
+    o.dcp_interleave = l.interleave;
+    o.speculative_tokens = l.K;
+    o.max_num_seqs = 3;
+    o.max_num_batched_tokens = 160;
+    o.kv_cache_memory = l.pool_pages > 0 ? KvPool::bytes_per_page(cfg, true) * l.pool_pages : (128 << 20) / l.tp;
+    SCOPED_TRACE(std::string(l.fixture) + " tp " + std::to_string(l.tp) + " dcp " + std::to_string(l.dcp) +
+                 " interleave " + std::to_string(l.interleave) + " K " + std::to_string(l.K));
+    const std::vector<Wave> waves = shared_prefix_waves(int(cfg.vocab_size), l.block, true);
+    EngineMetrics with, without;
+    const auto cached = expect_waves_match(dir, o, waves, l.block, &with);
+    if (l.pool_pages == 0) {
+      EXPECT_GT(cached[1][1], 0);  // base: wave 0 computed (and drafted past) two of its blocks
+      EXPECT_GT(cached[2][0], 0);
+    }
+    o.prefix_caching = false;
+    expect_waves_match(dir, o, waves, l.block, &without);
+    EXPECT_EQ(with.num_drafts, without.num_drafts);
+    EXPECT_EQ(with.num_draft_tokens, without.num_draft_tokens);
+    EXPECT_EQ(with.num_accepted_tokens, without.num_accepted_tokens);
+    EXPECT_EQ(with.accepted_per_pos, without.accepted_per_pos);
+  }
+}
+
+// The same on the bundled trained model, whose MTP drafts are accepted about half the time, so the
+// drafts' statistics see any MTP cache entry that differs: natural text from its held-out slice,
+// requests sharing passages, submitted together so that some are admitted while the blocks they
+// share are computed but not yet drafted from (a block waits for its MTP entries).
+TEST(Engine, PrefixCacheKeepsTheBundledModelsDraftsExact) {
+  const std::string dir = test::source_dir() + "/models/kjv-dsa";
+  std::ifstream f(test::source_dir() + "/tests/data/kjv_eval_slice.json");
+  ASSERT_TRUE(f.good());
+  const auto text = nlohmann::json::parse(f).at("tokens").get<std::vector<int32_t>>();
+  ASSERT_GE(text.size(), 700u);
+  auto part = [&](std::initializer_list<std::pair<size_t, size_t>> spans) {
+    Case c;
+    for (const auto& [from, to] : spans) c.prompt.insert(c.prompt.end(), text.begin() + long(from), text.begin() + long(to));
+    c.max_new = 24;
+    return c;
+  };
+  std::vector<Wave> waves(2);
+  waves[0].cases = {part({{0, 150}}), part({{0, 140}, {600, 610}}), part({{0, 70}})};
+  waves[1].cases = {part({{0, 150}}), part({{0, 129}, {300, 320}}), part({{0, 64}, {500, 530}}),
+                    part({{0, 200}}), part({{400, 470}})};
+  EngineOptions o;
+  o.speculative_tokens = 3;
+  o.max_num_seqs = 4;
+  o.max_num_batched_tokens = 40;
+  o.kv_cache_memory = 32 << 20;
+  EngineMetrics with, without;
+  const auto cached = expect_waves_match(dir, o, waves, 64, &with);
+  EXPECT_GT(cached[1][0], 0);
+  EXPECT_GT(cached[1][3], 0);
+  o.prefix_caching = false;
+  expect_waves_match(dir, o, waves, 64, &without);
+  EXPECT_GT(with.num_accepted_tokens, with.num_draft_tokens / 4) << "the drafts are rarely right";
+  EXPECT_EQ(with.num_drafts, without.num_drafts);
+  EXPECT_EQ(with.num_draft_tokens, without.num_draft_tokens);
+  EXPECT_EQ(with.num_accepted_tokens, without.num_accepted_tokens);
+  EXPECT_EQ(with.accepted_per_pos, without.accepted_per_pos);
 }
 
 TEST(Engine, ConcurrentRequestsMatchTheGenerator) {

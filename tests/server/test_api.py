@@ -302,6 +302,30 @@ def test_chat_logprobs(server):
             assert abs(t.top_logprobs[0].logprob - t.logprob) < 1e-5  # greedy picks the top one
 
 
+def test_prefix_cache_serves_a_repeated_prompt(server):
+    # A prompt of a few 64-token blocks, twice: the second request takes the first one's blocks
+    # (usage.prompt_tokens_details.cached_tokens, as OpenAI reports it) and continues identically.
+    prompt = ("Then Solomon gathered the elders of Israel, and all the heads of the tribes, the chief "
+              "of the fathers of the children of Israel, unto king Solomon in Jerusalem, that they "
+              "might bring up the ark of the covenant of the LORD out of the city of David, which is "
+              "Zion. And all the men of Israel assembled themselves unto king Solomon at the feast "
+              "in the month Ethanim, which is the seventh month.")
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    first = httpx.post(server.url + "/v1/completions", json=body, timeout=600).json()
+    second = httpx.post(server.url + "/v1/completions", json=body, timeout=600).json()
+    n = first["usage"]["prompt_tokens"]
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    if server.fake:
+        assert cached == 0
+        return
+    assert n > 64 and cached == (n - 1) // 64 * 64, (n, cached)
+    metrics = httpx.get(server.url + "/metrics", timeout=60).text
+    hits = [line for line in metrics.splitlines() if line.startswith("dsinfer:prefix_cache_hits_total{")]
+    assert len(hits) == 1 and float(hits[0].split()[-1]) >= cached
+
+
 def test_concurrent_streams_match_sequential(server):
     n = 32
     bodies = [{"model": MODEL, "prompt": f"Verse {i}: and the LORD said", "max_tokens": 8 + i % 9,
