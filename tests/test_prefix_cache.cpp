@@ -168,15 +168,20 @@ struct Seq {
   }
 };
 
+SchedulerConfig config(int speculative_tokens = 0) {
+  SchedulerConfig cfg;
+  cfg.max_num_batched_tokens = 1000;
+  cfg.speculative_tokens = speculative_tokens;
+  cfg.n_pages = 20;
+  return cfg;
+}
+
 StepPlan plan(Scheduler& sc) {
   return sc.schedule([](const SchedSeq&) { return int64_t(0); });
 }
 
 TEST(PrefixCacheScheduler, AdmitsFromCachedBlocksAndCachesFinishedOnes) {
-  SchedulerConfig cfg;
-  cfg.max_num_batched_tokens = 1000;
-  cfg.n_pages = 20;
-  Scheduler sc(cfg);
+  Scheduler sc(config());
   Seq a(1, iota_tokens(200, 0));
   sc.add(&a.s);
   StepPlan p = plan(sc);
@@ -215,11 +220,7 @@ TEST(PrefixCacheScheduler, AdmitsFromCachedBlocksAndCachesFinishedOnes) {
 }
 
 TEST(PrefixCacheScheduler, WithSpeculationBlocksWaitForTheirMtpEntries) {
-  SchedulerConfig cfg;
-  cfg.max_num_batched_tokens = 1000;
-  cfg.speculative_tokens = 2;
-  cfg.n_pages = 20;
-  Scheduler sc(cfg);
+  Scheduler sc(config(2));
   Seq a(1, iota_tokens(150, 0));
   sc.add(&a.s);
   plan(sc);
@@ -238,10 +239,7 @@ TEST(PrefixCacheScheduler, WithSpeculationBlocksWaitForTheirMtpEntries) {
 TEST(PrefixCacheScheduler, ARecomputedSequenceResumesAsAPrefill) {
   // A preempted sequence that had generated tokens takes its own blocks back but recomputes at
   // least its last two tokens, so it samples from a prefill row again.
-  SchedulerConfig cfg;
-  cfg.max_num_batched_tokens = 1000;
-  cfg.n_pages = 20;
-  Scheduler sc(cfg);
+  Scheduler sc(config());
   Seq a(1, iota_tokens(128, 0));
   sc.add(&a.s);
   plan(sc);

@@ -7,8 +7,10 @@
 
 #include <condition_variable>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -41,42 +43,54 @@ std::vector<int32_t> cpu_greedy(const std::string& fixture, const std::vector<in
   return generate(test::fixture_model(fixture), prompt, greedy(n, 0)).output_ids;
 }
 
-// Runs every prompt through an engine at once; returns each request's tokens (and, if asked, the
-// engine's counters at the end).
-std::vector<std::vector<int32_t>> engine_outputs(const EngineOptions& o, int n,
-                                                 EngineMetrics* metrics = nullptr) {
-  auto engine = Engine::start(o);
+// Runs `prompts` through `engine` at once (n greedy tokens each); returns each request's tokens and
+// the prompt tokens it took from the prefix cache.
+std::vector<std::pair<std::vector<int32_t>, int64_t>> run_wave(Engine& engine,
+                                                              const std::vector<std::vector<int32_t>>& prompts,
+                                                              int n) {
   struct Out {
     std::mutex mu;
     std::condition_variable cv;
     std::vector<int32_t> ids;
     std::string reason, error;
+    int64_t cached = 0;
   };
   std::vector<std::unique_ptr<Out>> outs;
-  for (const auto& p : kPrompts) {
+  for (const auto& p : prompts) {
     outs.push_back(std::make_unique<Out>());
     Out* out = outs.back().get();
     EngineRequest r;
     r.prompt = p;
     r.max_new_tokens = n;
     r.ignore_eos = true;
-    engine->submit(r, [out](RequestEvent&& ev) {
+    engine.submit(r, [out](RequestEvent&& ev) {
       std::lock_guard<std::mutex> lock(out->mu);
       for (const auto& t : ev.tokens) out->ids.push_back(t.id);
       if (ev.finished) {
         out->reason = ev.finish_reason;
         out->error = ev.error;
+        out->cached = ev.cached_tokens;
         out->cv.notify_all();
       }
     });
   }
-  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::pair<std::vector<int32_t>, int64_t>> got;
   for (auto& out : outs) {
     std::unique_lock<std::mutex> lock(out->mu);
     EXPECT_TRUE(out->cv.wait_for(lock, std::chrono::seconds(300), [&] { return !out->reason.empty(); }));
     EXPECT_EQ(out->reason, "length") << out->error;
-    ids.push_back(out->ids);
+    got.emplace_back(out->ids, out->cached);
   }
+  return got;
+}
+
+// Runs every prompt through an engine at once; returns each request's tokens (and, if asked, the
+// engine's counters at the end).
+std::vector<std::vector<int32_t>> engine_outputs(const EngineOptions& o, int n,
+                                                 EngineMetrics* metrics = nullptr) {
+  auto engine = Engine::start(o);
+  std::vector<std::vector<int32_t>> ids;
+  for (auto& w : run_wave(*engine, kPrompts, n)) ids.push_back(std::move(w.first));
   EXPECT_EQ(engine->metrics().kv_pages_used, 0);
   if (metrics) *metrics = engine->metrics();
   return ids;
@@ -104,6 +118,50 @@ TEST_P(CudaEngine, BatchedRequestsMatchTheCpu) {
     if (graphs) EXPECT_GT(m.graph_steps, 0);
     else EXPECT_EQ(m.graph_steps, 0);
     EXPECT_LT(m.graph_steps, m.steps);
+  }
+}
+
+// Prefix caching on the GPU: requests whose prompts start with the block an earlier request
+// computed take its pages and still give the tokens of the CPU (f32 cache) or of the same engine
+// without the cache (fp8 cache), with and without MTP.
+TEST_P(CudaEngine, PrefixCachedRequestsMatchTheCpu) {
+  const std::vector<int32_t>& longest = kPrompts.back();  // 70 tokens: one 64-token block
+  ASSERT_GT(longest.size(), 65u);
+  auto with = [&](std::vector<int32_t> tail) {
+    std::vector<int32_t> p = longest;
+    p.insert(p.end(), tail.begin(), tail.end());
+    return p;
+  };
+  const std::vector<int32_t> first = with({4, 5});
+  const std::vector<std::vector<int32_t>> second = {with({6, 7, 8}), longest, with({9})};
+  for (const char* dtype : {"f32", "fp8"})
+  for (int K : {0, 2}) {
+    SCOPED_TRACE(fmt::format("speculative tokens {}, KV cache {}", K, dtype));
+    EngineOptions o;
+    o.model_dir = test::fixture_dir(GetParam());
+    o.device = "cuda";
+    o.speculative_tokens = K;
+    o.max_num_batched_tokens = 24;
+    o.kv_cache_memory = 64 << 20;
+    o.kv_cache_dtype = dtype;
+    auto engine = Engine::start(o);
+    EXPECT_EQ(run_wave(*engine, {first}, 8)[0].second, 0);
+    const auto got = run_wave(*engine, second, 8);
+    const EngineMetrics m = engine->metrics();
+    EXPECT_EQ(m.prefix_cache_hits, 3 * 64);
+    EXPECT_EQ(m.kv_pages_used, 0);
+    engine.reset();
+    std::unique_ptr<Engine> plain;
+    if (std::string(dtype) != "f32") {
+      o.prefix_caching = false;
+      plain = Engine::start(o);
+    }
+    for (size_t i = 0; i < second.size(); ++i) {
+      EXPECT_EQ(got[i].second, 64) << "request " << i;
+      const std::vector<int32_t> want =
+          plain ? run_wave(*plain, {second[i]}, 8)[0].first : cpu_greedy(GetParam(), second[i], 8);
+      EXPECT_EQ(got[i].first, want) << "request " << i;
+    }
   }
 }
 

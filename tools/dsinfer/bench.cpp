@@ -34,6 +34,7 @@ struct BenchOptions {
   int num_requests = 16;
   int concurrency = 4;
   int prompt_len = 128;
+  int shared_prefix_len = 0;  // words every random prompt starts with
   std::string prompt_file;
   int max_tokens = 128;
   double temperature = 0.0;
@@ -109,6 +110,7 @@ struct RequestResult {
   std::string error;
   int status = 0;
   int64_t prompt_tokens = -1;      // from the usage chunk (-1: the server sent none)
+  int64_t cached_tokens = -1;      // of those, served from the server's prefix cache
   int64_t completion_tokens = -1;
   int64_t chunks = 0;              // events that carried text
   std::string finish_reason;
@@ -122,6 +124,7 @@ class Runner {
   Runner(const BenchOptions& o) : o_(o) {
     std::tie(base_, prefix_) = split_url(o.url);
     if (!o.prompt_file.empty()) prompts_ = read_prompt_file(o.prompt_file);
+    if (o.shared_prefix_len > 0) shared_prefix_ = random_prompt(o.seed, -1, o.shared_prefix_len) + " ";
   }
 
   std::unique_ptr<httplib::Client> client() const {
@@ -152,7 +155,7 @@ class Runner {
 
   std::string prompt(int i) const {
     if (!prompts_.empty()) return prompts_[size_t(i) % prompts_.size()];
-    return random_prompt(o_.seed, i, o_.prompt_len);
+    return shared_prefix_ + random_prompt(o_.seed, i, o_.prompt_len);
   }
 
   RequestResult one(httplib::Client& c, int index, Clock::time_point t0) const {
@@ -191,6 +194,11 @@ class Runner {
           r.prompt_tokens = u["prompt_tokens"].get<int64_t>();
         if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer())
           r.completion_tokens = u["completion_tokens"].get<int64_t>();
+        if (u.contains("prompt_tokens_details") && u["prompt_tokens_details"].is_object()) {
+          const Json& d = u["prompt_tokens_details"];
+          if (d.contains("cached_tokens") && d["cached_tokens"].is_number_integer())
+            r.cached_tokens = d["cached_tokens"].get<int64_t>();
+        }
       }
       if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
       const Json& ch = j["choices"][0];
@@ -272,6 +280,7 @@ class Runner {
   const BenchOptions& o_;
   std::string base_, prefix_;
   std::vector<std::string> prompts_;
+  std::string shared_prefix_;  // --shared-prefix-len words and a space (or empty)
 };
 
 Json summary_json(const Summary& s, double scale) {
@@ -302,8 +311,13 @@ BenchCommand::BenchCommand(CLI::App& app) : options_(std::make_unique<BenchOptio
   auto* len = sub_->add_option("--prompt-len", o.prompt_len,
                                "words per random prompt (about one token each; default 128)")
                   ->check(CLI::Range(1, 1 << 20));
+  auto* shared = sub_->add_option("--shared-prefix-len", o.shared_prefix_len,
+                                  "words of a random prefix every random prompt starts with, before "
+                                  "its own --prompt-len words (default 0)")
+                     ->check(CLI::Range(0, 1 << 20));
   auto* file = sub_->add_option("--prompt-file", o.prompt_file, "prompts, one per line (used in turn)");
   len->excludes(file);
+  shared->excludes(file);
   sub_->add_option("--max-tokens", o.max_tokens, "max_tokens of each request (default 128)")->check(CLI::Range(1, 1 << 24));
   sub_->add_option("--temperature", o.temperature, "sampling temperature (default 0: greedy)")->check(CLI::Range(0.0, 2.0));
   sub_->add_flag("--ignore-eos", o.ignore_eos, "generate max_tokens even past an eos token");
@@ -339,7 +353,8 @@ int BenchCommand::run() const {
   }
 
   std::vector<double> tps, ttft, itl, e2e;
-  int64_t ok = 0, prompt_tokens = 0, completion_tokens = 0;
+  int64_t ok = 0, prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  bool cached_reported = false;
   for (const RequestResult& r : results) {
     if (!r.ok) {
       std::fprintf(stderr, "request %d failed: %s\n", r.index, r.error.c_str());
@@ -347,6 +362,8 @@ int BenchCommand::run() const {
     }
     ++ok;
     prompt_tokens += std::max<int64_t>(r.prompt_tokens, 0);
+    cached_tokens += std::max<int64_t>(r.cached_tokens, 0);
+    cached_reported = cached_reported || r.cached_tokens >= 0;
     completion_tokens += r.completion_tokens;
     if (!std::isnan(r.decode_tps)) tps.push_back(r.decode_tps);
     if (r.first_token_s >= 0) ttft.push_back(r.first_token_s - r.start_s);
@@ -361,6 +378,9 @@ int BenchCommand::run() const {
   out += fmt::format("tokens: {} prompt ({:.1f} per request), {} completion ({:.1f} per request)\n",
                      prompt_tokens, ok ? double(prompt_tokens) / double(ok) : 0.0, completion_tokens,
                      ok ? double(completion_tokens) / double(ok) : 0.0);
+  if (cached_reported)
+    out += fmt::format("prompt tokens from the server's prefix cache: {} ({})\n", cached_tokens,
+                       percent(prompt_tokens > 0 ? double(cached_tokens) / double(prompt_tokens) : std::nan("")));
   out += fmt::format("throughput: {:.2f} output tok/s, {:.2f} total tok/s, {:.3f} requests/s\n\n",
                      double(completion_tokens) / wall_s, double(prompt_tokens + completion_tokens) / wall_s,
                      double(ok) / wall_s);
@@ -405,6 +425,7 @@ int BenchCommand::run() const {
       Json j = {{"index", r.index}, {"ok", r.ok}};
       if (!r.ok) j["error"] = r.error;
       j["prompt_tokens"] = r.prompt_tokens;
+      j["cached_tokens"] = r.cached_tokens;
       j["completion_tokens"] = r.completion_tokens;
       j["finish_reason"] = r.finish_reason;
       j["ttft_s"] = r.first_token_s >= 0 ? Json(r.first_token_s - r.start_s) : Json(nullptr);
@@ -418,10 +439,12 @@ int BenchCommand::run() const {
         {"config", {{"url", o.url}, {"model", o.model}, {"num_requests", o.num_requests},
                     {"concurrency", o.concurrency},
                     {"prompt_len", o.prompt_file.empty() ? Json(o.prompt_len) : Json(nullptr)},
+                    {"shared_prefix_len", o.prompt_file.empty() ? Json(o.shared_prefix_len) : Json(nullptr)},
                     {"prompt_file", o.prompt_file}, {"max_tokens", o.max_tokens},
                     {"temperature", o.temperature}, {"ignore_eos", o.ignore_eos}, {"seed", o.seed}}},
         {"completed", ok}, {"failed", failed}, {"duration_s", wall_s},
-        {"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
+        {"prompt_tokens", prompt_tokens}, {"cached_prompt_tokens", cached_reported ? Json(cached_tokens) : Json(nullptr)},
+        {"completion_tokens", completion_tokens},
         {"output_tokens_per_second", double(completion_tokens) / wall_s},
         {"total_tokens_per_second", double(prompt_tokens + completion_tokens) / wall_s},
         {"requests_per_second", double(ok) / wall_s},
