@@ -3,6 +3,7 @@
 // logprobs, a client that disconnects mid-stream (its request is cancelled), bad input, metrics.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -62,10 +63,11 @@ Sse parse_sse(const std::string& body) {
 
 class ServerRoutes : public ::testing::Test {
  protected:
-  void start(FakeEngineOptions o = kjv_like()) {
+  void start(FakeEngineOptions o = kjv_like(), std::optional<ChatTemplate> chat = ChatTemplate::load(kjv()),
+             ServiceOptions so = {}) {
     api_.reset();
     engine_ = std::make_unique<FakeEngine>(o);
-    api_ = std::make_unique<OpenAiService>(*engine_, kjv_tokenizer(), ChatTemplate::load(kjv()));
+    api_ = std::make_unique<OpenAiService>(*engine_, kjv_tokenizer(), std::move(chat), so);
   }
   void SetUp() override { start(); }
   void TearDown() override {
@@ -337,6 +339,62 @@ TEST_F(ServerRoutes, Chat) {
     EXPECT_EQ(t["bytes"].size(), t["token"].get<std::string>().size());
     EXPECT_EQ(t["top_logprobs"].size(), 2u);
   }
+}
+
+// A reasoning model's answer: its <think> block as reasoning_content (JSON and streamed), the rest
+// as content; thinking turned off by the template's switch, or the parser off: all content.
+TEST_F(ServerRoutes, ChatReasoningContent) {
+  const ChatTemplate thinking(
+      "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>"
+      "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% else %}<think>{% endif %}",
+      {});
+  const std::string thought = "The light was made on the first day.";
+  const std::string said = "\nGod made the light.";
+  const std::string answer = thought + "</think>" + said;
+  FakeEngineOptions o = kjv_like();
+  o.script = kjv_tokenizer().encode(answer, false);
+  const int n = int(o.script.size());
+  const Json messages = Json::array({{{"role", "user"}, {"content", "Who made the light?"}}});
+  const Json body = {{"messages", messages}, {"max_tokens", n}, {"temperature", 0}};
+
+  start(o, thinking);
+  Json r = post_json("/v1/chat/completions", body);
+  EXPECT_EQ(r["choices"][0]["message"]["reasoning_content"], thought);
+  EXPECT_EQ(r["choices"][0]["message"]["content"], said);
+  const Sse s = stream("/v1/chat/completions", body);
+  ASSERT_TRUE(s.done);
+  std::string reasoning, content;
+  for (const Json& c : s.chunks) {
+    const Json& d = c["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(reasoning, thought);
+  EXPECT_EQ(content, said);
+  EXPECT_GT(std::count_if(s.chunks.begin(), s.chunks.end(),
+                          [](const Json& c) { return c["choices"][0]["delta"].contains("reasoning_content"); }),
+            1) << "the reasoning streams as it comes";
+
+  Json off = body;
+  off["chat_template_kwargs"] = {{"enable_thinking", false}};
+  r = post_json("/v1/chat/completions", off);  // the prompt closed the block: all of it is content
+  EXPECT_TRUE(r["choices"][0]["message"]["reasoning_content"].is_null());
+  EXPECT_EQ(r["choices"][0]["message"]["content"], answer);
+
+  ServiceOptions none;
+  none.reasoning_parser = "none";
+  start(o, thinking, none);
+  r = post_json("/v1/chat/completions", body);
+  EXPECT_FALSE(r["choices"][0]["message"].contains("reasoning_content"));
+  EXPECT_EQ(r["choices"][0]["message"]["content"], answer);
+  // The bundled model's template has no think block: no parser by default.
+  start(o);
+  r = post_json("/v1/chat/completions", body);
+  EXPECT_FALSE(r["choices"][0]["message"].contains("reasoning_content"));
+  ServiceOptions bad;
+  bad.reasoning_parser = "r1";
+  EXPECT_THROW(start(o, thinking, bad), Error);
+  start(o);
 }
 
 TEST_F(ServerRoutes, ClientDisconnectCancelsTheRequest) {

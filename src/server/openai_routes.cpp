@@ -14,6 +14,8 @@
 #include "dsinfer/error.h"
 #include "server/event_queue.h"
 #include "server/output_text.h"
+#include "server/reasoning.h"
+#include "text/utf8.h"
 
 namespace dsi::server {
 
@@ -59,11 +61,13 @@ Json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
 // One request in the engine, seen from the handler thread.
 class Run {
  public:
-  Run(Engine& engine, ServerMetrics& metrics, const Tokenizer& tokenizer, const ParsedRequest& r)
+  // keep: tokens written into the text even when special tokens are skipped (think tags).
+  Run(Engine& engine, ServerMetrics& metrics, const Tokenizer& tokenizer, const ParsedRequest& r,
+      std::vector<int32_t> keep)
       : engine_(engine),
         metrics_(metrics),
         queue_(std::make_shared<EventQueue>()),
-        out_(tokenizer, r.skip_special_tokens, r.stop, r.logprobs >= 0) {
+        out_(tokenizer, r.skip_special_tokens, r.stop, r.logprobs >= 0, std::move(keep)) {
     metrics_.in_flight.fetch_add(1);
   }
   ~Run() {
@@ -201,12 +205,15 @@ struct Reply {
   size_t echo_len = 0;  // bytes of echoed prompt before the completion text
 
   // A streamed chunk of choice `index` with new text (and the tokens' logprobs) or a finish reason.
+  // reasoning: the chat answer's new reasoning text (reasoning.h).
   Json chunk(int index, const std::string& text, const std::vector<TokenRecord>* tokens,
-             const std::string* finish_reason, bool first_chat_chunk = false) const {
+             const std::string* finish_reason, bool first_chat_chunk = false,
+             const std::string& reasoning = {}) const {
     Json choice = {{"index", index}};
     if (endpoint == Endpoint::kChat) {
       Json delta = Json::object();
       if (first_chat_chunk) delta["role"] = "assistant";
+      if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
       if (!text.empty() || first_chat_chunk) delta["content"] = text;
       choice["delta"] = std::move(delta);
       choice["logprobs"] = logprobs && tokens ? chat_logprobs(*tokens) : Json(nullptr);
@@ -240,12 +247,14 @@ struct Reply {
             {"usage", usage(runs)}};
   }
 
-  // One choice of a non-streamed answer.
+  // One choice of a non-streamed answer; reasoning: a chat answer's (null: no reasoning parser).
   Json choice(int index, const std::string& text, const std::vector<TokenRecord>& tokens,
-              const Run& run) const {
+              const Run& run, const std::string* reasoning = nullptr) const {
     Json c = {{"index", index}};
     if (endpoint == Endpoint::kChat) {
       c["message"] = {{"role", "assistant"}, {"content", text}};
+      if (reasoning != nullptr)
+        c["message"]["reasoning_content"] = reasoning->empty() ? Json(nullptr) : Json(*reasoning);
       c["logprobs"] = logprobs ? chat_logprobs(tokens) : Json(nullptr);
     } else {
       c["text"] = text;
@@ -298,6 +307,14 @@ OpenAiService::OpenAiService(Engine& engine, Tokenizer tokenizer,
   limits_.id = options_.served_model_name.empty() ? info.id : options_.served_model_name;
   limits_.max_model_len = info.max_model_len;
   limits_.vocab_size = info.vocab_size;
+  const std::string& rp = options_.reasoning_parser;
+  DSI_CHECK(rp == "auto" || rp == "think" || rp == "none",
+            "reasoning parser '{}': expected auto, think or none", utf8::shown(rp));
+  reasoning_ = rp == "think" ||
+               (rp == "auto" && chat_template_ &&
+                chat_template_->source().find(ReasoningSplitter::kClose) != std::string::npos);
+  for (std::string_view tag : {ReasoningSplitter::kOpen, ReasoningSplitter::kClose})
+    if (const auto id = tokenizer_.token_to_id(tag)) think_tags_.push_back(*id);
   router_.add("GET", "/health", [this](const HttpRequest& r) { return health(r); });
   router_.add("GET", "/v1/models", [this](const HttpRequest& r) { return models(r); });
   router_.add("GET", "/metrics", [this](const HttpRequest& r) { return metrics_page(r); });
@@ -346,6 +363,8 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
   // encoded without the post-processor's (as HF apply_chat_template(tokenize=True) does).
   std::vector<int32_t> prompt;
   std::string echo_text;
+  const bool split = endpoint == Endpoint::kChat && reasoning_;  // reasoning_content apart
+  bool opens_reasoning = false;  // the chat prompt leaves the answer inside a think block
   if (endpoint == Endpoint::kChat) {
     if (!chat_template_)
       return reject(ApiError{400, "this model has no chat template; use /v1/completions", "invalid_request_error", "messages"});
@@ -358,6 +377,7 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
                              "invalid_request_error", "messages"});
     }
     prompt = tokenizer_.encode(text, /*add_special_tokens=*/false);
+    opens_reasoning = ReasoningSplitter::prompt_opens_reasoning(text);
   } else if (req.prompt_is_ids) {
     prompt = req.prompt_ids;
     if (req.echo) echo_text = tokenizer_.decode(req.prompt_ids, req.skip_special_tokens);
@@ -375,7 +395,8 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
   std::vector<std::shared_ptr<Run>> runs;
   const EngineRequest& base = std::get<EngineRequest>(made);
   for (int i = 0; i < req.n; ++i) {
-    runs.push_back(std::make_shared<Run>(engine_, metrics_, tokenizer_, req));
+    runs.push_back(std::make_shared<Run>(engine_, metrics_, tokenizer_, req,
+                                         split ? think_tags_ : std::vector<int32_t>{}));
     EngineRequest e = base;
     e.sampling.seed = base.sampling.seed + uint64_t(i);
     try {
@@ -402,15 +423,30 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
     return true;
   };
 
+  // Each choice's text, the reasoning apart when asked: a splitter per choice.
+  auto splitters = std::make_shared<std::vector<ReasoningSplitter>>(runs.size(), ReasoningSplitter(opens_reasoning));
+  const auto parts = [split, splitters](size_t i, const TextDelta& d, bool done) {
+    if (!split) return ReasoningSplitter::Split{{}, d.text};
+    ReasoningSplitter::Split s = (*splitters)[i].push(d.text);
+    if (done) {
+      ReasoningSplitter::Split rest = (*splitters)[i].finish();
+      s.reasoning += rest.reasoning;
+      s.content += rest.content;
+    }
+    return s;
+  };
+
   if (!req.stream) {
-    std::vector<std::string> texts(runs.size(), echo_text);
+    std::vector<std::string> texts(runs.size(), echo_text), reasoning(runs.size());
     std::vector<std::vector<TokenRecord>> tokens(runs.size());
     while (!all_done(runs)) {
       for (size_t i = 0; i < runs.size(); ++i) {
         if (stopping_.load()) runs[i]->cancel();
         if (runs[i]->done()) continue;
         TextDelta d = runs[i]->poll(std::chrono::milliseconds(waits(runs, i) ? 200 : 0));
-        texts[i] += d.text;
+        const ReasoningSplitter::Split s = parts(i, d, runs[i]->done());
+        texts[i] += s.content;
+        reasoning[i] += s.reasoning;
         for (auto& t : d.tokens) tokens[i].push_back(std::move(t));
       }
     }
@@ -421,7 +457,7 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
         return error_response(ApiError{500, "generation failed: " + run.error(), "internal_error"});
       if (run.finish_reason() == "abort")
         return error_response(ApiError{503, "the request was aborted (the server is stopping)", "internal_error"});
-      choices.push_back(reply.choice(int(i), texts[i], tokens[i], run));
+      choices.push_back(reply.choice(int(i), texts[i], tokens[i], run, split ? &reasoning[i] : nullptr));
     }
     return json_response(200, reply.full(std::move(choices), runs));
   }
@@ -441,7 +477,7 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
   HttpResponse r;
   r.content_type = "text/event-stream";
   r.headers.emplace_back("Cache-Control", "no-cache");
-  r.stream = [this, st, all_done, waits](const ChunkWriter& write) -> bool {
+  r.stream = [this, st, all_done, waits, parts](const ChunkWriter& write) -> bool {
     const Reply& rep = st->reply;
     auto send = [&](const std::string& s) {
       st->last_write = Clock::now();
@@ -460,8 +496,9 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
       if (st->finished[i]) continue;
       if (stopping_.load()) run.cancel();
       TextDelta d = run.poll(std::chrono::milliseconds(waits(st->runs, i) ? 100 : 0));
-      if (!d.text.empty() || (rep.logprobs && !d.tokens.empty())) {
-        if (!send(sse(rep.chunk(int(i), d.text, &d.tokens, nullptr)))) return false;
+      const ReasoningSplitter::Split s = parts(i, d, run.done());
+      if (!s.empty() || (rep.logprobs && !d.tokens.empty())) {
+        if (!send(sse(rep.chunk(int(i), s.content, &d.tokens, nullptr, false, s.reasoning)))) return false;
         wrote = true;
       }
       if (!run.done()) continue;

@@ -21,6 +21,9 @@ namespace dsi::server {
 struct ServiceOptions {
   std::string served_model_name;  // "" = the engine's ModelInfo::id
   int heartbeat_ms = 1000;        // SSE comment sent to an idle stream (detects disconnects)
+  // Chat answers' <think> blocks as `reasoning_content` (server/reasoning.h): "think", "none", or
+  // "auto" (think when the chat template writes "</think>").
+  std::string reasoning_parser = "auto";
 };
 
 class OpenAiService {
@@ -53,6 +56,8 @@ class OpenAiService {
   std::optional<ChatTemplate> chat_template_;
   ServiceOptions options_;
   ModelLimits limits_;
+  bool reasoning_ = false;            // the reasoning parser is on
+  std::vector<int32_t> think_tags_;   // the tokenizer's <think> and </think> tokens, if it has them
   ServerMetrics metrics_;
   std::atomic<bool> stopping_{false};
   Router router_;

@@ -46,11 +46,12 @@ std::string StopStringMatcher::flush() {
 }
 
 OutputText::OutputText(const Tokenizer& tokenizer, bool skip_special_tokens,
-                       std::vector<std::string> stops, bool with_logprobs)
+                       std::vector<std::string> stops, bool with_logprobs, std::vector<int32_t> keep)
     : tokenizer_(tokenizer),
       decoder_(tokenizer.stream_decoder(skip_special_tokens)),
       matcher_(std::move(stops)),
-      with_logprobs_(with_logprobs) {}
+      with_logprobs_(with_logprobs),
+      keep_(std::move(keep)) {}
 
 TextDelta OutputText::push(const std::vector<GeneratedToken>& tokens) {
   TextDelta d;
@@ -65,7 +66,8 @@ TextDelta OutputText::push(const std::vector<GeneratedToken>& tokens) {
       rec.logprob = t.logprob;
       for (const TokenLogprob& a : t.top) rec.top.emplace_back(tokenizer_.decode({a.id}), a.logprob);
     }
-    const std::string piece = decoder_.push(t.id);
+    const bool keep = std::find(keep_.begin(), keep_.end(), t.id) != keep_.end();
+    const std::string piece = decoder_.push(t.id, keep);
     decoded_bytes_ += piece.size();
     d.text += matcher_.push(piece);
     d.tokens.push_back(std::move(rec));

@@ -46,8 +46,10 @@ struct TextDelta {
 
 class OutputText {
  public:
+  // `keep`: tokens written out even when special tokens are skipped (a reasoning model's think
+  // tags, which the reasoning splitter reads and takes out).
   OutputText(const Tokenizer& tokenizer, bool skip_special_tokens, std::vector<std::string> stops,
-             bool with_logprobs);
+             bool with_logprobs, std::vector<int32_t> keep = {});
   // Consumes tokens until a stop string completes (the tokens after it are dropped).
   TextDelta push(const std::vector<GeneratedToken>& tokens);
   // The end of generation: flushes the decoder and the held-back text.
@@ -61,6 +63,7 @@ class OutputText {
   Tokenizer::StreamDecoder decoder_;
   StopStringMatcher matcher_;
   bool with_logprobs_;
+  std::vector<int32_t> keep_;
   std::string text_;
   size_t decoded_bytes_ = 0;  // decoded text so far, before stop-string handling
   int64_t consumed_ = 0;

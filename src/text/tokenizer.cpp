@@ -690,12 +690,12 @@ Tokenizer::StreamDecoder Tokenizer::stream_decoder(bool skip_special_tokens) con
 Tokenizer::StreamDecoder::StreamDecoder(std::shared_ptr<const Impl> impl, bool skip_special_tokens)
     : impl_(std::move(impl)), skip_special_(skip_special_tokens) {}
 
-std::string Tokenizer::StreamDecoder::push(int32_t id) {
+std::string Tokenizer::StreamDecoder::push(int32_t id, bool keep) {
   // tokenizer/mod.rs decode: unknown ids are skipped, special ones on request; the ByteLevel
   // decoder concatenates the tokens' bytes and decodes them lossily (String::from_utf8_lossy).
   const Impl& m = *impl_;
   if (id < 0 || size_t(id) >= m.id_known.size() || !m.id_known[size_t(id)]) return {};
-  if (skip_special_ && m.id_special[size_t(id)]) return {};
+  if (skip_special_ && m.id_special[size_t(id)] && !keep) return {};
   std::string out;
   if (!m.byte_level_decoder && !first_) out = bytes_.push(" ");
   first_ = false;

@@ -46,7 +46,8 @@ class Tokenizer {
   // concatenated output equals decode(all ids, skip_special_tokens).
   class StreamDecoder {
    public:
-    std::string push(int32_t id);
+    // keep: write the token even if it is a special token this decoder skips.
+    std::string push(int32_t id, bool keep = false);
     std::string flush();
 
    private:

@@ -30,6 +30,7 @@ struct FakeEngineOptions {
   std::chrono::microseconds step_time{1000};
   int64_t kv_pages_total = 4096;
   std::string failure;         // non-empty: the engine reports itself failed
+  std::vector<int32_t> script; // non-empty: every request's first tokens are these
 };
 
 class FakeEngine : public Engine {

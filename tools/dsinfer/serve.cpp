@@ -124,6 +124,10 @@ ServeCommand::ServeCommand(CLI::App& app) : options_(std::make_unique<ServeOptio
       ->check(CLI::Range(0, 65535));
   sub_->add_option("--served-model-name", options_->service.served_model_name,
                    "the model's name in the API (default: the model directory's name)");
+  sub_->add_option("--reasoning-parser", options_->service.reasoning_parser,
+                   "chat answers' <think> blocks as reasoning_content: think, none, or auto (default: "
+                   "think when the chat template writes </think>)")
+      ->check(CLI::IsMember({"auto", "think", "none"}));
   sub_->add_option("--http-threads", options_->http.threads,
                    "connections served at once (default 64; each streaming client holds one)")
       ->check(CLI::Range(2, 4096));
