@@ -2,6 +2,8 @@
 // they appear) and incremental detokenisation that never emits half a UTF-8 character.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "server/output_text.h"
 #include "test_util.h"
 #include "text/utf8.h"
@@ -137,6 +139,32 @@ TEST_F(ServerOutputText, SpecialTokensSkippedOrKept) {
   OutputText keep(tok(), false, {}, false);
   text = keep.push(gen(ids)).text;
   EXPECT_EQ(text + keep.finish().text, "Amen.<|endoftext|>");
+}
+
+// Special tokens a reasoning splitter reads (think tags) stay in the text when the request skips
+// special tokens; other special tokens are still skipped.
+TEST(OutputText, KeptSpecialTokensStayWhenSpecialTokensAreSkipped) {
+  nlohmann::json j = {
+      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"post_processor", nullptr}, {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}}, {"merges", nlohmann::json::array({"a b"})}}}};
+  auto added = [](int id, const char* content) {
+    return nlohmann::json{{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
+                          {"rstrip", false}, {"normalized", false}, {"special", true}};
+  };
+  j["added_tokens"] = {added(3, "<think>"), added(4, "</think>"), added(5, "<eos>")};
+  const Tokenizer tok = Tokenizer::from_json_text(j.dump(), "think tags");
+  std::vector<GeneratedToken> ids;
+  for (int32_t id : {3, 0, 4, 2, 5}) ids.push_back(GeneratedToken{id, 0.0f, {}});
+  auto text = [&](bool skip, std::vector<int32_t> keep) {
+    OutputText out(tok, skip, {}, false, std::move(keep));
+    std::string t = out.push(ids).text;
+    return t + out.finish().text;
+  };
+  EXPECT_EQ(text(true, {3, 4}), "<think>a</think>ab");
+  EXPECT_EQ(text(true, {}), "aab");
+  EXPECT_EQ(text(false, {}), "<think>a</think>ab<eos>");
 }
 
 }  // namespace
