@@ -15,6 +15,7 @@
 #include "server/event_queue.h"
 #include "server/output_text.h"
 #include "server/reasoning.h"
+#include "server/tool_calls.h"
 #include "text/utf8.h"
 
 namespace dsi::server {
@@ -195,6 +196,61 @@ Json chat_logprobs(const std::vector<TokenRecord>& tokens) {
   return Json{{"content", std::move(content)}};
 }
 
+// One chat choice's text on its way out: the reasoning apart (reasoning.h), then the tool calls
+// (tool_calls.h); either may be off, and then the text passes through.
+class Answer {
+ public:
+  Answer(bool split_reasoning, bool opens_reasoning, ToolFormat tools, const Json& tool_list)
+      : split_(split_reasoning), reasoning_(opens_reasoning), tools_(tools, tool_list) {}
+
+  struct Piece {
+    std::string reasoning, content;
+    std::vector<ToolCall> calls;  // at the end only
+    bool empty() const { return reasoning.empty() && content.empty() && calls.empty(); }
+  };
+  // The next text of the choice; done: it is the last.
+  Piece push(const std::string& text, bool done) {
+    Piece p;
+    ReasoningSplitter::Split s = split_ ? reasoning_.push(text) : ReasoningSplitter::Split{{}, text};
+    if (done && split_) {
+      const ReasoningSplitter::Split rest = reasoning_.finish();
+      s.reasoning += rest.reasoning;
+      s.content += rest.content;
+    }
+    p.reasoning = std::move(s.reasoning);
+    p.content = tools_.push(s.content);
+    if (done) {
+      ToolCallParser::Result r = tools_.finish();
+      p.content += r.content;
+      p.calls = std::move(r.calls);
+    }
+    return p;
+  }
+
+ private:
+  bool split_;
+  ReasoningSplitter reasoning_;
+  ToolCallParser tools_;
+};
+
+// OpenAI's tool_calls entries (streamed ones carry their index).
+Json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+  Json out = Json::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    Json c = {{"id", "call_" + random_hex(24)},
+              {"type", "function"},
+              {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
+    if (with_index) c["index"] = i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// A choice's finish reason: "tool_calls" for an answer that ended (eos) with calls.
+std::string finish_reason_of(const std::string& run_reason, bool called) {
+  return called && run_reason == "stop" ? "tool_calls" : run_reason;
+}
+
 struct Reply {
   Endpoint endpoint;
   std::string id;
@@ -205,16 +261,17 @@ struct Reply {
   size_t echo_len = 0;  // bytes of echoed prompt before the completion text
 
   // A streamed chunk of choice `index` with new text (and the tokens' logprobs) or a finish reason.
-  // reasoning: the chat answer's new reasoning text (reasoning.h).
+  // reasoning: the chat answer's new reasoning text (reasoning.h); calls: its tool calls.
   Json chunk(int index, const std::string& text, const std::vector<TokenRecord>* tokens,
              const std::string* finish_reason, bool first_chat_chunk = false,
-             const std::string& reasoning = {}) const {
+             const std::string& reasoning = {}, const std::vector<ToolCall>& calls = {}) const {
     Json choice = {{"index", index}};
     if (endpoint == Endpoint::kChat) {
       Json delta = Json::object();
       if (first_chat_chunk) delta["role"] = "assistant";
       if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
       if (!text.empty() || first_chat_chunk) delta["content"] = text;
+      if (!calls.empty()) delta["tool_calls"] = tool_calls_json(calls, true);
       choice["delta"] = std::move(delta);
       choice["logprobs"] = logprobs && tokens ? chat_logprobs(*tokens) : Json(nullptr);
     } else {
@@ -247,20 +304,24 @@ struct Reply {
             {"usage", usage(runs)}};
   }
 
-  // One choice of a non-streamed answer; reasoning: a chat answer's (null: no reasoning parser).
+  // One choice of a non-streamed answer; reasoning: a chat answer's (null: no reasoning parser);
+  // calls: its tool calls (the content is null when they are all it says).
   Json choice(int index, const std::string& text, const std::vector<TokenRecord>& tokens,
-              const Run& run, const std::string* reasoning = nullptr) const {
+              const Run& run, const std::string* reasoning = nullptr,
+              const std::vector<ToolCall>& calls = {}) const {
     Json c = {{"index", index}};
     if (endpoint == Endpoint::kChat) {
-      c["message"] = {{"role", "assistant"}, {"content", text}};
+      c["message"] = {{"role", "assistant"},
+                      {"content", calls.empty() || !text.empty() ? Json(text) : Json(nullptr)}};
       if (reasoning != nullptr)
         c["message"]["reasoning_content"] = reasoning->empty() ? Json(nullptr) : Json(*reasoning);
+      if (!calls.empty()) c["message"]["tool_calls"] = tool_calls_json(calls, false);
       c["logprobs"] = logprobs ? chat_logprobs(tokens) : Json(nullptr);
     } else {
       c["text"] = text;
       c["logprobs"] = logprobs ? completion_logprobs(tokens, echo_len) : Json(nullptr);
     }
-    c["finish_reason"] = run.finish_reason();
+    c["finish_reason"] = finish_reason_of(run.finish_reason(), !calls.empty());
     return c;
   }
 
@@ -313,6 +374,7 @@ OpenAiService::OpenAiService(Engine& engine, Tokenizer tokenizer,
   reasoning_ = rp == "think" ||
                (rp == "auto" && chat_template_ &&
                 chat_template_->source().find(ReasoningSplitter::kClose) != std::string::npos);
+  tool_format_ = tool_format(options_.tool_call_parser, chat_template_ ? chat_template_->source() : "");
   for (std::string_view tag : {ReasoningSplitter::kOpen, ReasoningSplitter::kClose})
     if (const auto id = tokenizer_.token_to_id(tag)) think_tags_.push_back(*id);
   router_.add("GET", "/health", [this](const HttpRequest& r) { return health(r); });
@@ -423,30 +485,27 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
     return true;
   };
 
-  // Each choice's text, the reasoning apart when asked: a splitter per choice.
-  auto splitters = std::make_shared<std::vector<ReasoningSplitter>>(runs.size(), ReasoningSplitter(opens_reasoning));
-  const auto parts = [split, splitters](size_t i, const TextDelta& d, bool done) {
-    if (!split) return ReasoningSplitter::Split{{}, d.text};
-    ReasoningSplitter::Split s = (*splitters)[i].push(d.text);
-    if (done) {
-      ReasoningSplitter::Split rest = (*splitters)[i].finish();
-      s.reasoning += rest.reasoning;
-      s.content += rest.content;
-    }
-    return s;
-  };
+  // Each choice's text: the reasoning apart and the tool calls read back when asked (chat only;
+  // tool calls when the request has tools and allows calling them).
+  const bool call_tools = endpoint == Endpoint::kChat && req.tools.is_array() && !req.tools.empty() &&
+                          req.tool_choice != "none";
+  auto answers = std::make_shared<std::vector<Answer>>();
+  for (size_t i = 0; i < runs.size(); ++i)
+    answers->emplace_back(split, opens_reasoning, call_tools ? tool_format_ : ToolFormat::kNone, req.tools);
 
   if (!req.stream) {
     std::vector<std::string> texts(runs.size(), echo_text), reasoning(runs.size());
     std::vector<std::vector<TokenRecord>> tokens(runs.size());
+    std::vector<std::vector<ToolCall>> calls(runs.size());
     while (!all_done(runs)) {
       for (size_t i = 0; i < runs.size(); ++i) {
         if (stopping_.load()) runs[i]->cancel();
         if (runs[i]->done()) continue;
         TextDelta d = runs[i]->poll(std::chrono::milliseconds(waits(runs, i) ? 200 : 0));
-        const ReasoningSplitter::Split s = parts(i, d, runs[i]->done());
+        Answer::Piece s = (*answers)[i].push(d.text, runs[i]->done());
         texts[i] += s.content;
         reasoning[i] += s.reasoning;
+        for (ToolCall& c : s.calls) calls[i].push_back(std::move(c));
         for (auto& t : d.tokens) tokens[i].push_back(std::move(t));
       }
     }
@@ -457,7 +516,7 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
         return error_response(ApiError{500, "generation failed: " + run.error(), "internal_error"});
       if (run.finish_reason() == "abort")
         return error_response(ApiError{503, "the request was aborted (the server is stopping)", "internal_error"});
-      choices.push_back(reply.choice(int(i), texts[i], tokens[i], run, split ? &reasoning[i] : nullptr));
+      choices.push_back(reply.choice(int(i), texts[i], tokens[i], run, split ? &reasoning[i] : nullptr, calls[i]));
     }
     return json_response(200, reply.full(std::move(choices), runs));
   }
@@ -470,14 +529,16 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
     std::string echo;
     bool started = false;
     std::vector<bool> finished;
+    std::vector<bool> called;  // the choice's answer had tool calls
     Clock::time_point last_write = Clock::now();
   };
-  auto st = std::make_shared<StreamState>(
-      StreamState{runs, reply, std::move(echo_text), false, std::vector<bool>(runs.size(), false)});
+  auto st = std::make_shared<StreamState>(StreamState{runs, reply, std::move(echo_text), false,
+                                                      std::vector<bool>(runs.size(), false),
+                                                      std::vector<bool>(runs.size(), false)});
   HttpResponse r;
   r.content_type = "text/event-stream";
   r.headers.emplace_back("Cache-Control", "no-cache");
-  r.stream = [this, st, all_done, waits, parts](const ChunkWriter& write) -> bool {
+  r.stream = [this, st, all_done, waits, answers](const ChunkWriter& write) -> bool {
     const Reply& rep = st->reply;
     auto send = [&](const std::string& s) {
       st->last_write = Clock::now();
@@ -496,11 +557,12 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
       if (st->finished[i]) continue;
       if (stopping_.load()) run.cancel();
       TextDelta d = run.poll(std::chrono::milliseconds(waits(st->runs, i) ? 100 : 0));
-      const ReasoningSplitter::Split s = parts(i, d, run.done());
+      const Answer::Piece s = (*answers)[i].push(d.text, run.done());
       if (!s.empty() || (rep.logprobs && !d.tokens.empty())) {
-        if (!send(sse(rep.chunk(int(i), s.content, &d.tokens, nullptr, false, s.reasoning)))) return false;
+        if (!send(sse(rep.chunk(int(i), s.content, &d.tokens, nullptr, false, s.reasoning, s.calls)))) return false;
         wrote = true;
       }
+      if (!s.calls.empty()) st->called[i] = true;
       if (!run.done()) continue;
       st->finished[i] = true;
       if (run.finish_reason() == "error") {
@@ -508,7 +570,7 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
         send("data: [DONE]\n\n");
         return false;
       }
-      const std::string reason = run.finish_reason();
+      const std::string reason = finish_reason_of(run.finish_reason(), st->called[i]);
       if (!send(sse(rep.chunk(int(i), "", nullptr, &reason)))) return false;
       wrote = true;
     }

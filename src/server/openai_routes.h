@@ -13,6 +13,7 @@
 #include "server/http.h"
 #include "server/metrics.h"
 #include "server/task.h"
+#include "server/tool_calls.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -24,6 +25,9 @@ struct ServiceOptions {
   // Chat answers' <think> blocks as `reasoning_content` (server/reasoning.h): "think", "none", or
   // "auto" (think when the chat template writes "</think>").
   std::string reasoning_parser = "auto";
+  // Chat answers' tool calls read back (server/tool_calls.h) when the request has tools: "glm",
+  // "dsml", "none", or "auto" (the format the chat template writes, if any).
+  std::string tool_call_parser = "auto";
 };
 
 class OpenAiService {
@@ -57,6 +61,7 @@ class OpenAiService {
   ServiceOptions options_;
   ModelLimits limits_;
   bool reasoning_ = false;            // the reasoning parser is on
+  ToolFormat tool_format_ = ToolFormat::kNone;
   std::vector<int32_t> think_tags_;   // the tokenizer's <think> and </think> tokens, if it has them
   ServerMetrics metrics_;
   std::atomic<bool> stopping_{false};

@@ -314,6 +314,10 @@ ParseResult parse_chat_request(std::string_view body) {
       if (!t->is_array()) bad("tools", fmt::format("'tools' must be an array, got {}", type_name(*t)));
       if (!t->empty()) r.tools = *t;
     }
+    if (const Json* c = field(j, "tool_choice")) {
+      if (c->is_string() && (*c == "auto" || *c == "none")) r.tool_choice = c->get<std::string>();
+      else unsupported("tool_choice", "a tool_choice other than \"auto\" or \"none\" (calls are not forced)");
+    }
     if (const Json* k = field(j, "chat_template_kwargs")) {
       if (!k->is_object())
         bad("chat_template_kwargs",

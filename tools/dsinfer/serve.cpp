@@ -128,6 +128,10 @@ ServeCommand::ServeCommand(CLI::App& app) : options_(std::make_unique<ServeOptio
                    "chat answers' <think> blocks as reasoning_content: think, none, or auto (default: "
                    "think when the chat template writes </think>)")
       ->check(CLI::IsMember({"auto", "think", "none"}));
+  sub_->add_option("--tool-call-parser", options_->service.tool_call_parser,
+                   "chat answers' tool calls as tool_calls: glm (GLM-4.5 .. GLM-5), dsml (DeepSeek-V3.2), "
+                   "none, or auto (default: the format the chat template writes)")
+      ->check(CLI::IsMember({"auto", "glm", "dsml", "none"}));
   sub_->add_option("--http-threads", options_->http.threads,
                    "connections served at once (default 64; each streaming client holds one)")
       ->check(CLI::Range(2, 4096));
