@@ -4,11 +4,15 @@
 // pieces the answer arrives in; calls cut short or malformed stay content.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "dsinfer/error.h"
+#include "server/reasoning.h"
 #include "server/tool_calls.h"
+#include "test_util.h"
 
 namespace dsi::server {
 namespace {
@@ -95,7 +99,37 @@ TEST(ToolCalls, Dsml) {
   expect_calls(d, bad, bad, {});
 }
 
+TEST(ToolCalls, DeepSeekV3) {
+  const ToolFormat v3 = ToolFormat::kDeepSeekV3;
+  expect_calls(v3,
+               "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\", \"days\": 3}"
+               "<｜tool▁call▁end｜><｜tool▁call▁begin｜>search<｜tool▁sep｜>```json\n{\"query\": \"x\"}\n```<｜tool▁call▁end｜>"
+               "<｜tool▁calls▁end｜>",
+               "Checking.", {{"get_weather", {{"city", "Paris"}, {"days", 3}}}, {"search", {{"query", "x"}}}});
+  const std::string bad = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>search<｜tool▁sep｜>not json<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  expect_calls(v3, bad, bad, {});
+}
+
+// The released models' chat templates (tests/jinja/templates) pick their formats, and all of them
+// write think blocks (so the reasoning parser's auto turns on).
+TEST(ToolCalls, FormatsOfTheModelsTemplates) {
+  const std::pair<const char*, ToolFormat> cases[] = {
+      {"glm46", ToolFormat::kGlm}, {"glm47", ToolFormat::kGlm}, {"glm5_flash", ToolFormat::kGlm},
+      {"deepseek_v32_dsml_llamacpp", ToolFormat::kDsml}, {"deepseek_v32_exp", ToolFormat::kDeepSeekV3},
+      {"deepseek_v32_vllm_tools", ToolFormat::kDeepSeekV3}};
+  for (const auto& [name, format] : cases) {
+    std::ifstream f(test::source_dir() + "/tests/jinja/templates/" + name + ".jinja");
+    ASSERT_TRUE(f.good()) << name;
+    std::stringstream ss;
+    ss << f.rdbuf();
+    EXPECT_EQ(tool_format("auto", ss.str()), format) << name;
+    EXPECT_NE(ss.str().find(ReasoningSplitter::kClose), std::string::npos) << name;
+  }
+}
+
 TEST(ToolCalls, FormatFromTheTemplateOrByName) {
+  EXPECT_EQ(tool_format("auto", "{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'}}"), ToolFormat::kDeepSeekV3);
+  EXPECT_EQ(tool_format("deepseek_v3", ""), ToolFormat::kDeepSeekV3);
   EXPECT_EQ(tool_format("auto", "...<tool_call>{function-name}<arg_key>{arg-key-1}</arg_key>..."), ToolFormat::kGlm);
   EXPECT_EQ(tool_format("auto", "{%- set dsml_token = \"｜DSML｜\" -%}"), ToolFormat::kDsml);
   EXPECT_EQ(tool_format("auto", "{{ messages }}"), ToolFormat::kNone);

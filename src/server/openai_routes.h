@@ -26,7 +26,7 @@ struct ServiceOptions {
   // "auto" (think when the chat template writes "</think>").
   std::string reasoning_parser = "auto";
   // Chat answers' tool calls read back (server/tool_calls.h) when the request has tools: "glm",
-  // "dsml", "none", or "auto" (the format the chat template writes, if any).
+  // "dsml", "deepseek_v3", "none", or "auto" (the format the chat template writes, if any).
   std::string tool_call_parser = "auto";
 };
 

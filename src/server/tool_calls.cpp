@@ -23,6 +23,10 @@ constexpr std::string_view kDsmlOpen = "<｜DSML｜function_calls>", kDsmlClose 
 constexpr std::string_view kInvokeOpen = "<｜DSML｜invoke name=\"", kInvokeClose = "</｜DSML｜invoke>";
 constexpr std::string_view kParamOpen = "<｜DSML｜parameter name=\"", kParamClose = "</｜DSML｜parameter>";
 constexpr std::string_view kStringAttr = "\" string=\"";
+// DeepSeek-V3.1's ("▁" is U+2581).
+constexpr std::string_view kV3Open = "<｜tool▁calls▁begin｜>", kV3Close = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kV3CallOpen = "<｜tool▁call▁begin｜>", kV3Sep = "<｜tool▁sep｜>";
+constexpr std::string_view kV3CallClose = "<｜tool▁call▁end｜>";
 
 std::string_view trim(std::string_view s) {
   const size_t a = s.find_first_not_of(kSpace);
@@ -61,17 +65,22 @@ struct Reader {
   }
 };
 
-std::string_view open_marker(ToolFormat f) { return f == ToolFormat::kGlm ? kGlmOpen : kDsmlOpen; }
+std::string_view open_marker(ToolFormat f) {
+  return f == ToolFormat::kGlm ? kGlmOpen : f == ToolFormat::kDsml ? kDsmlOpen : kV3Open;
+}
 
 }  // namespace
 
 ToolFormat tool_format(const std::string& name, std::string_view chat_template_source) {
   if (name == "glm") return ToolFormat::kGlm;
   if (name == "dsml") return ToolFormat::kDsml;
+  if (name == "deepseek_v3") return ToolFormat::kDeepSeekV3;
   if (name == "none") return ToolFormat::kNone;
-  DSI_CHECK(name == "auto", "tool call parser '{}': expected auto, glm, dsml or none", utf8::shown(name));
+  DSI_CHECK(name == "auto", "tool call parser '{}': expected auto, glm, dsml, deepseek_v3 or none",
+            utf8::shown(name));
   if (chat_template_source.find("<arg_key>") != std::string_view::npos) return ToolFormat::kGlm;
   if (chat_template_source.find("DSML") != std::string_view::npos) return ToolFormat::kDsml;
+  if (chat_template_source.find(kV3Open) != std::string_view::npos) return ToolFormat::kDeepSeekV3;
   return ToolFormat::kNone;
 }
 
@@ -104,7 +113,8 @@ ToolCallParser::Result ToolCallParser::finish() {
     return r;
   }
   if (format_ == ToolFormat::kGlm) read_glm(text, r.calls, r.content);
-  else read_dsml(text, r.calls, r.content);
+  else if (format_ == ToolFormat::kDsml) read_dsml(text, r.calls, r.content);
+  else read_deepseek_v3(text, r.calls, r.content);
   return r;
 }
 
@@ -236,6 +246,46 @@ bool ToolCallParser::read_dsml(std::string_view text, std::vector<ToolCall>& cal
         call.arguments = arguments_object(args);
         found.push_back(std::move(call));
       }
+    }
+    if (!ok) {
+      rest += text.substr(next);
+      return false;
+    }
+    for (ToolCall& c : found) calls.push_back(std::move(c));
+  }
+}
+
+bool ToolCallParser::read_deepseek_v3(std::string_view text, std::vector<ToolCall>& calls,
+                                      std::string& rest) const {
+  Reader r{text};
+  for (;;) {
+    const size_t next = text.find(kV3Open, r.at);
+    if (next == std::string_view::npos) {
+      if (!blank(text.substr(r.at))) rest += text.substr(r.at);
+      return true;
+    }
+    if (!blank(text.substr(r.at, next - r.at))) rest += text.substr(r.at, next - r.at);
+    r.at = next + kV3Open.size();
+    std::string block;
+    bool ok = r.until(kV3Close, block);
+    std::vector<ToolCall> found;
+    Reader b{block};
+    while (ok) {
+      b.skip_space();
+      if (b.at >= block.size()) break;
+      ToolCall call;
+      std::string args;
+      ok = b.take(kV3CallOpen) && b.until(kV3Sep, call.name) && b.until(kV3CallClose, args);
+      call.name = std::string(trim(call.name));
+      // The arguments: a JSON object (a fenced ```json block in V3's older form).
+      std::string_view a = trim(args);
+      if (a.substr(0, 7) == "```json" && a.size() >= 10 && a.substr(a.size() - 3) == "```")
+        a = trim(a.substr(7, a.size() - 10));
+      const Json parsed = ok ? Json::parse(a, nullptr, false) : Json();
+      ok = ok && !call.name.empty() && parsed.is_object();
+      if (!ok) break;
+      call.arguments = parsed.dump(-1, ' ', false, Json::error_handler_t::replace);
+      found.push_back(std::move(call));
     }
     if (!ok) {
       rest += text.substr(next);

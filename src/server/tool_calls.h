@@ -4,6 +4,8 @@
 //   dsml (DeepSeek-V3.2):    <｜DSML｜function_calls> <｜DSML｜invoke name="NAME">
 //                              <｜DSML｜parameter name="KEY" string="true|false">VALUE</｜DSML｜parameter> ...
 //                            </｜DSML｜invoke> ... </｜DSML｜function_calls>
+//   deepseek_v3 (DeepSeek-V3.1, V3.2-Exp): <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>
+//                              {JSON arguments}<｜tool▁call▁end｜>...<｜tool▁calls▁end｜>
 // A value is a string where the model marks it so (dsml: string="true"; glm: the tool's JSON schema
 // types the parameter "string"), else JSON, else (not valid JSON) the text as a string. Arguments
 // come out as a JSON object's text, as OpenAI's API carries them.
@@ -21,9 +23,10 @@
 
 namespace dsi::server {
 
-enum class ToolFormat { kNone, kGlm, kDsml };
+enum class ToolFormat { kNone, kGlm, kDsml, kDeepSeekV3 };
 
-// "glm", "dsml" or "none"; "auto": the format the chat template writes (by its markers), if any.
+// "glm", "dsml", "deepseek_v3" or "none"; "auto": the format the chat template writes (by its
+// markers), if any.
 ToolFormat tool_format(const std::string& name, std::string_view chat_template_source);
 
 struct ToolCall {
@@ -56,6 +59,7 @@ class ToolCallParser {
   // Reads calls from text that starts at a call marker; appends them, returns false if malformed.
   bool read_glm(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
   bool read_dsml(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
+  bool read_deepseek_v3(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
 
   ToolFormat format_;
   nlohmann::ordered_json tools_;

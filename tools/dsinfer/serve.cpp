@@ -130,8 +130,9 @@ ServeCommand::ServeCommand(CLI::App& app) : options_(std::make_unique<ServeOptio
       ->check(CLI::IsMember({"auto", "think", "none"}));
   sub_->add_option("--tool-call-parser", options_->service.tool_call_parser,
                    "chat answers' tool calls as tool_calls: glm (GLM-4.5 .. GLM-5), dsml (DeepSeek-V3.2), "
-                   "none, or auto (default: the format the chat template writes)")
-      ->check(CLI::IsMember({"auto", "glm", "dsml", "none"}));
+                   "deepseek_v3 (DeepSeek-V3.1, V3.2-Exp), none, or auto (default: the format the chat "
+                   "template writes)")
+      ->check(CLI::IsMember({"auto", "glm", "dsml", "deepseek_v3", "none"}));
   sub_->add_option("--http-threads", options_->http.threads,
                    "connections served at once (default 64; each streaming client holds one)")
       ->check(CLI::Range(2, 4096));
