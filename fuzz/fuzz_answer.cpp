@@ -1,0 +1,83 @@
+// Fuzzes the readers of model output in chat answers: the reasoning splitter (server/reasoning.h)
+// and the tool-call parser in each format (server/tool_calls.h). They take any text, never throw,
+// and give the same result whatever pieces the text arrives in; text without their markers passes
+// through unchanged; calls they return have a name and a JSON object of arguments. The first byte
+// picks the format and whether the answer starts in a think block, the second where to cut.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "fuzz_util.h"
+#include "server/reasoning.h"
+#include "server/tool_calls.h"
+
+using dsi::server::ReasoningSplitter;
+using dsi::server::ToolCallParser;
+using dsi::server::ToolFormat;
+
+namespace {
+
+struct Reasoned {
+  std::string reasoning, content;
+};
+
+Reasoned split(bool in_reasoning, std::string_view a, std::string_view b) {
+  ReasoningSplitter s(in_reasoning);
+  Reasoned r;
+  for (std::string_view piece : {a, b}) {
+    const ReasoningSplitter::Split x = s.push(piece);
+    r.reasoning += x.reasoning;
+    r.content += x.content;
+  }
+  const ReasoningSplitter::Split x = s.finish();
+  r.reasoning += x.reasoning;
+  r.content += x.content;
+  return r;
+}
+
+ToolCallParser::Result calls(ToolFormat f, const nlohmann::ordered_json& tools, std::string_view a,
+                             std::string_view b) {
+  ToolCallParser p(f, tools);
+  std::string content = p.push(a);
+  content += p.push(b);
+  ToolCallParser::Result r = p.finish();
+  r.content.insert(0, content);
+  return r;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 2) return 0;
+  const uint8_t mode = data[0];
+  const std::string_view text(reinterpret_cast<const char*>(data + 2), size - 2);
+  const size_t cut = text.empty() ? 0 : data[1] % (text.size() + 1);
+  const std::string_view a = text.substr(0, cut), b = text.substr(cut);
+
+  const bool in_reasoning = mode & 1;
+  const Reasoned whole = split(in_reasoning, text, {}), pieces = split(in_reasoning, a, b);
+  DSI_FUZZ_ASSERT(whole.reasoning == pieces.reasoning && whole.content == pieces.content);
+  DSI_FUZZ_ASSERT(whole.reasoning.size() + whole.content.size() <= text.size());
+  if (text.find(ReasoningSplitter::kClose) == std::string_view::npos &&
+      text.find(ReasoningSplitter::kOpen) == std::string_view::npos)
+    DSI_FUZZ_ASSERT((in_reasoning ? whole.reasoning : whole.content) == text);
+
+  static const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "properties": {"s": {"type": "string"}, "n": {"type": "integer"}}}}}])");
+  const ToolFormat formats[] = {ToolFormat::kNone, ToolFormat::kGlm, ToolFormat::kDsml, ToolFormat::kDeepSeekV3};
+  const ToolFormat f = formats[(mode >> 1) % 4];
+  const ToolCallParser::Result w = calls(f, tools, text, {}), p = calls(f, tools, a, b);
+  DSI_FUZZ_ASSERT(w.content == p.content && w.calls.size() == p.calls.size());
+  for (size_t i = 0; i < w.calls.size(); ++i) {
+    DSI_FUZZ_ASSERT(w.calls[i].name == p.calls[i].name && w.calls[i].arguments == p.calls[i].arguments);
+    DSI_FUZZ_ASSERT(!w.calls[i].name.empty());
+    const auto args = nlohmann::ordered_json::parse(w.calls[i].arguments, nullptr, false);
+    DSI_FUZZ_ASSERT(!args.is_discarded() && args.is_object());
+  }
+  if (f == ToolFormat::kNone || w.calls.empty())
+    DSI_FUZZ_ASSERT(w.calls.empty() && w.content.size() <= text.size());
+  if (f == ToolFormat::kNone) DSI_FUZZ_ASSERT(w.content == text);
+  return 0;
+}
