@@ -169,130 +169,113 @@ std::string arguments_object(const std::vector<std::pair<std::string, std::strin
 
 }  // namespace
 
-bool ToolCallParser::read_glm(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const {
-  Reader r{text};
-  for (;;) {
-    const size_t next = text.find(kGlmOpen, r.at);
-    const size_t call_start = next;
-    if (next == std::string_view::npos) {
-      if (!blank(text.substr(r.at))) rest += text.substr(r.at);
-      return true;
-    }
-    if (!blank(text.substr(r.at, next - r.at))) rest += text.substr(r.at, next - r.at);
-    r.at = next + kGlmOpen.size();
-    std::string body;
-    bool ok = r.until(kGlmClose, body);
-    ToolCall call;
-    std::vector<std::pair<std::string, std::string>> args;
-    if (ok) {
-      Reader b{body};
-      const size_t first_key = body.find(kKeyOpen);
-      call.name = std::string(trim(std::string_view(body).substr(0, first_key)));
-      ok = !call.name.empty() && call.name.find('<') == std::string::npos;
-      b.at = first_key == std::string::npos ? body.size() : first_key;
-      while (ok) {
-        b.skip_space();
-        if (b.at >= body.size()) break;
-        std::string key, value;
-        ok = b.take(kKeyOpen) && b.until(kKeyClose, key);
-        b.skip_space();
-        ok = ok && b.take(kValueOpen) && b.until(kValueClose, value);
-        if (ok) args.emplace_back(std::string(trim(key)), value_json(call.name, std::string(trim(key)), value, false));
-      }
-    }
-    if (!ok) {  // not a call: the text from its marker on stays content
-      rest += text.substr(call_start);
-      return false;
-    }
-    call.arguments = arguments_object(args);
-    calls.push_back(std::move(call));
-  }
-}
+namespace {
 
-bool ToolCallParser::read_dsml(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const {
-  Reader r{text};
+// Reads the call blocks of `text` (which holds the rest of an answer from a block's opening marker
+// on): `block` reads one block from just after its `open` marker, consuming it, and returns false
+// when it is malformed. Text between blocks that is not blank is content; so is everything from a
+// malformed block on.
+template <typename ReadBlock>
+void read_blocks(std::string_view text, std::string_view open, std::vector<ToolCall>& calls,
+                 std::string& rest, ReadBlock block) {
+  size_t at = 0;
   for (;;) {
-    const size_t next = text.find(kDsmlOpen, r.at);
-    if (next == std::string_view::npos) {
-      if (!blank(text.substr(r.at))) rest += text.substr(r.at);
-      return true;
-    }
-    if (!blank(text.substr(r.at, next - r.at))) rest += text.substr(r.at, next - r.at);
-    r.at = next + kDsmlOpen.size();
-    std::string block;
-    bool ok = r.until(kDsmlClose, block);
+    const size_t next = text.find(open, at);
+    const std::string_view between =
+        text.substr(at, next == std::string_view::npos ? std::string_view::npos : next - at);
+    if (!blank(between)) rest += between;
+    if (next == std::string_view::npos) return;
+    Reader r{text, next + open.size()};
     std::vector<ToolCall> found;
-    if (ok) {
-      Reader b{block};
-      for (;;) {
-        b.skip_space();
-        if (b.at >= block.size()) break;
-        ToolCall call;
-        std::string body;
-        ok = b.take(kInvokeOpen) && b.until("\">", call.name) && !call.name.empty() && b.until(kInvokeClose, body);
-        if (!ok) break;
-        Reader p{body};
-        std::vector<std::pair<std::string, std::string>> args;
-        for (;;) {
-          p.skip_space();
-          if (p.at >= body.size()) break;
-          std::string key, marked, value;
-          ok = p.take(kParamOpen) && p.until(kStringAttr, key) && p.until("\">", marked) &&
-               (marked == "true" || marked == "false") && p.until(kParamClose, value);
-          if (!ok) break;
-          args.emplace_back(key, value_json(call.name, key, value, marked == "true"));
-        }
-        if (!ok) break;
-        call.arguments = arguments_object(args);
-        found.push_back(std::move(call));
-      }
-    }
-    if (!ok) {
+    if (!block(r, found)) {
       rest += text.substr(next);
-      return false;
+      return;
     }
     for (ToolCall& c : found) calls.push_back(std::move(c));
+    at = r.at;
   }
 }
 
-bool ToolCallParser::read_deepseek_v3(std::string_view text, std::vector<ToolCall>& calls,
-                                      std::string& rest) const {
-  Reader r{text};
-  for (;;) {
-    const size_t next = text.find(kV3Open, r.at);
-    if (next == std::string_view::npos) {
-      if (!blank(text.substr(r.at))) rest += text.substr(r.at);
-      return true;
-    }
-    if (!blank(text.substr(r.at, next - r.at))) rest += text.substr(r.at, next - r.at);
-    r.at = next + kV3Open.size();
-    std::string block;
-    bool ok = r.until(kV3Close, block);
-    std::vector<ToolCall> found;
-    Reader b{block};
-    while (ok) {
+}  // namespace
+
+void ToolCallParser::read_glm(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const {
+  read_blocks(text, kGlmOpen, calls, rest, [&](Reader& r, std::vector<ToolCall>& found) {
+    std::string body;
+    if (!r.until(kGlmClose, body)) return false;
+    ToolCall call;
+    const size_t first_key = body.find(kKeyOpen);
+    call.name = std::string(trim(std::string_view(body).substr(0, first_key)));
+    if (call.name.empty() || call.name.find('<') != std::string::npos) return false;
+    Reader b{body, first_key == std::string::npos ? body.size() : first_key};
+    std::vector<std::pair<std::string, std::string>> args;
+    for (;;) {
       b.skip_space();
-      if (b.at >= block.size()) break;
+      if (b.at >= body.size()) break;
+      std::string key, value;
+      if (!b.take(kKeyOpen) || !b.until(kKeyClose, key)) return false;
+      b.skip_space();
+      if (!b.take(kValueOpen) || !b.until(kValueClose, value)) return false;
+      key = std::string(trim(key));
+      args.emplace_back(key, value_json(call.name, key, value, false));
+    }
+    call.arguments = arguments_object(args);
+    found.push_back(std::move(call));
+    return true;
+  });
+}
+
+void ToolCallParser::read_dsml(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const {
+  read_blocks(text, kDsmlOpen, calls, rest, [&](Reader& r, std::vector<ToolCall>& found) {
+    std::string block;
+    if (!r.until(kDsmlClose, block)) return false;
+    Reader b{block};
+    for (;;) {
+      b.skip_space();
+      if (b.at >= block.size()) return true;
+      ToolCall call;
+      std::string body;
+      if (!b.take(kInvokeOpen) || !b.until("\">", call.name) || call.name.empty() || !b.until(kInvokeClose, body))
+        return false;
+      Reader p{body};
+      std::vector<std::pair<std::string, std::string>> args;
+      for (;;) {
+        p.skip_space();
+        if (p.at >= body.size()) break;
+        std::string key, marked, value;
+        if (!p.take(kParamOpen) || !p.until(kStringAttr, key) || !p.until("\">", marked) ||
+            (marked != "true" && marked != "false") || !p.until(kParamClose, value))
+          return false;
+        args.emplace_back(key, value_json(call.name, key, value, marked == "true"));
+      }
+      call.arguments = arguments_object(args);
+      found.push_back(std::move(call));
+    }
+  });
+}
+
+void ToolCallParser::read_deepseek_v3(std::string_view text, std::vector<ToolCall>& calls,
+                                      std::string& rest) const {
+  read_blocks(text, kV3Open, calls, rest, [&](Reader& r, std::vector<ToolCall>& found) {
+    std::string block;
+    if (!r.until(kV3Close, block)) return false;
+    Reader b{block};
+    for (;;) {
+      b.skip_space();
+      if (b.at >= block.size()) return true;
       ToolCall call;
       std::string args;
-      ok = b.take(kV3CallOpen) && b.until(kV3Sep, call.name) && b.until(kV3CallClose, args);
+      if (!b.take(kV3CallOpen) || !b.until(kV3Sep, call.name) || !b.until(kV3CallClose, args)) return false;
       call.name = std::string(trim(call.name));
-      // The arguments: a JSON object (a fenced ```json block in V3's older form).
+      // The arguments: a JSON object (in a fenced ```json block in V3's older form).
       std::string_view a = trim(args);
       if (a.substr(0, 7) == "```json" && a.size() >= 10 && a.substr(a.size() - 3) == "```")
         a = trim(a.substr(7, a.size() - 10));
-      const Json parsed = ok ? Json::parse(a, nullptr, false) : Json();
-      ok = ok && !call.name.empty() && parsed.is_object();
-      if (!ok) break;
+      const Json parsed = Json::parse(a, nullptr, /*allow_exceptions=*/false);
+      if (call.name.empty() || !parsed.is_object()) return false;
       call.arguments = parsed.dump(-1, ' ', false, Json::error_handler_t::replace);
       found.push_back(std::move(call));
     }
-    if (!ok) {
-      rest += text.substr(next);
-      return false;
-    }
-    for (ToolCall& c : found) calls.push_back(std::move(c));
-  }
+  });
 }
 
 }  // namespace dsi::server

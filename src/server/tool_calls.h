@@ -56,10 +56,10 @@ class ToolCallParser {
   bool is_string_parameter(const std::string& function, const std::string& key) const;
   std::string value_json(const std::string& function, const std::string& key, const std::string& value,
                          bool marked_string) const;
-  // Reads calls from text that starts at a call marker; appends them, returns false if malformed.
-  bool read_glm(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
-  bool read_dsml(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
-  bool read_deepseek_v3(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
+  // Reads the calls of text that starts at a call marker into `calls`, the rest into `rest`.
+  void read_glm(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
+  void read_dsml(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
+  void read_deepseek_v3(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
 
   ToolFormat format_;
   nlohmann::ordered_json tools_;
