@@ -1,7 +1,8 @@
 // Fuzzes the server's request-body parsers (src/server/task.h): parse_completion_request and
 // parse_chat_request take any bytes and return a ParsedRequest or an ApiError, never throw; an
 // accepted request then goes through make_engine_request against a small model's limits, whose
-// result must respect them. The first input byte picks the endpoint and the limits.
+// result must respect them. The first input byte picks the endpoint and the limits; with bit 2 or
+// 3 set, the /tokenize or /detokenize parser instead.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +31,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const uint8_t mode = data[0];
   const std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
+  if (mode & 12) {
+    dsi::fuzz::expect_only_dsi_errors("tokenize parser", [&] {
+      if (mode & 4) {
+        const auto r = dsi::server::parse_tokenize_request(body);
+        if (const auto* e = std::get_if<ApiError>(&r)) return check_error(*e);
+        const auto& t = std::get<dsi::server::TokenizeRequest>(r);
+        DSI_FUZZ_ASSERT(!t.chat || (t.messages.is_array() && !t.messages.empty()));
+        DSI_FUZZ_ASSERT(t.chat || t.messages.empty());
+      } else {
+        const auto r = dsi::server::parse_detokenize_request(body);
+        if (const auto* e = std::get_if<ApiError>(&r)) return check_error(*e);
+        for (int32_t id : std::get<dsi::server::DetokenizeRequest>(r).tokens) DSI_FUZZ_ASSERT(id >= 0);
+      }
+    });
+    return 0;
+  }
   dsi::fuzz::expect_only_dsi_errors("request parser", [&] {
     const bool chat = mode & 1;
     const dsi::server::ParseResult parsed =

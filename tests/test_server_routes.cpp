@@ -459,6 +459,32 @@ TEST_F(ServerRoutes, ChatToolCalls) {
   expect_error(call("POST", "/v1/chat/completions", required.dump()), 400, "tool_choice", "tool_choice");
 }
 
+// /tokenize gives the ids the completions endpoints would run (prompt: with the post-processor's
+// specials; messages: the chat template's text), /detokenize their text back; bad input is a 400.
+TEST_F(ServerRoutes, TokenizeAndDetokenize) {
+  const std::string text = "And God said, Let there be light: and there was light.";
+  Json r = post_json("/tokenize", {{"prompt", text}});
+  const std::vector<int32_t> ids = kjv_tokenizer().encode(text, true);
+  EXPECT_EQ(r["tokens"], Json(ids));
+  EXPECT_EQ(r["count"], ids.size());
+  EXPECT_EQ(r["max_model_len"], 256);
+  EXPECT_EQ(post_json("/tokenize", {{"prompt", text}, {"add_special_tokens", false}})["tokens"],
+            Json(kjv_tokenizer().encode(text, false)));
+  const Json messages = Json::array({{{"role", "user"}, {"content", "Who made the light?"}}});
+  const std::string rendered = ChatTemplate::load(kjv()).render(messages, nullptr, true);
+  r = post_json("/tokenize", {{"messages", messages}});
+  EXPECT_EQ(r["tokens"], Json(kjv_tokenizer().encode(rendered, false)));
+  // The same count as a chat completion's usage.
+  const Json c = post_json("/v1/chat/completions", {{"messages", messages}, {"max_tokens", 1}});
+  EXPECT_EQ(c["usage"]["prompt_tokens"], r["count"]);
+
+  r = post_json("/detokenize", {{"tokens", ids}});
+  EXPECT_EQ(r["prompt"], kjv_tokenizer().decode(ids, false));
+  expect_error(call("POST", "/detokenize", Json{{"tokens", {1, 999999}}}.dump()), 400, "999999", "tokens");
+  expect_error(call("POST", "/tokenize", "{}"), 400, "either", "prompt");
+  expect_error(call("POST", "/tokenize", Json{{"prompt", "x"}, {"model", "other"}}.dump()), 404, "other");
+}
+
 TEST_F(ServerRoutes, ClientDisconnectCancelsTheRequest) {
   FakeEngineOptions o = kjv_like();
   o.step_time = std::chrono::microseconds(3000);

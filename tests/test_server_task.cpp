@@ -301,5 +301,48 @@ TEST(ServerTask, ErrorJsonShape) {
             R"({"error":{"message":"x","type":"internal_error","param":null,"code":null}})");
 }
 
+// /tokenize and /detokenize bodies: a prompt or messages (exactly one), their defaults, the errors.
+TEST(ServerTask, TokenizeAndDetokenize) {
+  auto tok = [](const std::string& body) {
+    auto r = parse_tokenize_request(body);
+    if (auto* e = std::get_if<ApiError>(&r)) ADD_FAILURE() << body << " -> " << e->message;
+    return std::holds_alternative<TokenizeRequest>(r) ? std::get<TokenizeRequest>(r) : TokenizeRequest{};
+  };
+  auto tok_error = [](const std::string& body, const std::string& param, const std::string& needle) {
+    auto r = parse_tokenize_request(body);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << body;
+    EXPECT_EQ(std::get<ApiError>(r).param, param) << body;
+    EXPECT_NE(std::get<ApiError>(r).message.find(needle), std::string::npos) << std::get<ApiError>(r).message;
+  };
+  TokenizeRequest t = tok(R"({"prompt": "In the beginning", "model": "kjv-dsa"})");
+  EXPECT_FALSE(t.chat);
+  EXPECT_EQ(t.prompt, "In the beginning");
+  EXPECT_EQ(t.model, "kjv-dsa");
+  EXPECT_TRUE(t.add_special_tokens);
+  t = tok(R"({"prompt": "", "add_special_tokens": false})");
+  EXPECT_FALSE(t.add_special_tokens);
+  t = tok(R"({"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false,
+              "chat_template_kwargs": {"enable_thinking": false}})");
+  EXPECT_TRUE(t.chat);
+  EXPECT_FALSE(t.add_special_tokens);  // the template writes the specials
+  EXPECT_FALSE(t.add_generation_prompt);
+  EXPECT_EQ(t.chat_template_kwargs["enable_thinking"], false);
+  tok_error("{}", "prompt", "either");
+  tok_error(R"({"prompt": "a", "messages": []})", "prompt", "either");
+  tok_error(R"({"prompt": 5})", "prompt", "string");
+  tok_error(R"({"messages": []})", "messages", "empty");
+  tok_error(R"({"messages": [{"content": "x"}]})", "messages", "role");
+  tok_error("[1]", "", "object");
+
+  auto de = parse_detokenize_request(R"({"tokens": [1, 2, 3]})");
+  ASSERT_TRUE(std::holds_alternative<DetokenizeRequest>(de));
+  EXPECT_EQ(std::get<DetokenizeRequest>(de).tokens, (std::vector<int32_t>{1, 2, 3}));
+  for (const char* body : {R"({})", R"({"tokens": "1 2"})", R"({"tokens": [-1]})", R"({"tokens": [1.5]})"}) {
+    auto r = parse_detokenize_request(body);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r)) << body;
+    EXPECT_EQ(std::get<ApiError>(r).param, "tokens") << body;
+  }
+}
+
 }  // namespace
 }  // namespace dsi::server

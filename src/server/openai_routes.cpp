@@ -384,6 +384,8 @@ OpenAiService::OpenAiService(Engine& engine, Tokenizer tokenizer,
               [this](const HttpRequest& r) { return completions(r, Endpoint::kCompletions); });
   router_.add("POST", "/v1/chat/completions",
               [this](const HttpRequest& r) { return completions(r, Endpoint::kChat); });
+  router_.add("POST", "/tokenize", [this](const HttpRequest& r) { return tokenize(r); });
+  router_.add("POST", "/detokenize", [this](const HttpRequest& r) { return detokenize(r); });
 }
 
 HttpResponse OpenAiService::health(const HttpRequest&) {
@@ -414,6 +416,48 @@ HttpResponse OpenAiService::reject(const ApiError& e) {
   return error_response(e);
 }
 
+std::variant<std::string, ApiError> OpenAiService::render_chat(const Json& messages, const Json& tools,
+                                                              bool add_generation_prompt,
+                                                              const Json& kwargs) const {
+  if (!chat_template_)
+    return ApiError{400, "this model has no chat template; use /v1/completions", "invalid_request_error", "messages"};
+  try {
+    return chat_template_->render(messages, tools, add_generation_prompt, kwargs);
+  } catch (const dsi::Error& e) {
+    return ApiError{400, fmt::format("the chat template failed on these messages: {}", e.what()),
+                    "invalid_request_error", "messages"};
+  }
+}
+
+// vLLM's /tokenize: {"count", "max_model_len", "tokens"} for a prompt or chat messages.
+HttpResponse OpenAiService::tokenize(const HttpRequest& http) {
+  auto parsed = parse_tokenize_request(http.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return reject(*e);
+  const TokenizeRequest& req = std::get<TokenizeRequest>(parsed);
+  if (auto e = check_model(req.model, limits_)) return reject(*e);
+  std::string text = req.prompt;
+  if (req.chat) {
+    auto rendered = render_chat(req.messages, req.tools, req.add_generation_prompt, req.chat_template_kwargs);
+    if (auto* e = std::get_if<ApiError>(&rendered)) return reject(*e);
+    text = std::get<std::string>(rendered);
+  }
+  const std::vector<int32_t> ids = tokenizer_.encode(text, req.add_special_tokens);
+  return json_response(200, Json{{"count", ids.size()}, {"max_model_len", limits_.max_model_len}, {"tokens", ids}});
+}
+
+// vLLM's /detokenize: {"prompt"}, the ids' text (special tokens included).
+HttpResponse OpenAiService::detokenize(const HttpRequest& http) {
+  auto parsed = parse_detokenize_request(http.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return reject(*e);
+  const DetokenizeRequest& req = std::get<DetokenizeRequest>(parsed);
+  if (auto e = check_model(req.model, limits_)) return reject(*e);
+  for (int32_t id : req.tokens)
+    if (id >= limits_.vocab_size)
+      return reject(ApiError{400, fmt::format("token id {} is outside the vocabulary [0, {})", id, limits_.vocab_size),
+                             "invalid_request_error", "tokens"});
+  return json_response(200, Json{{"prompt", tokenizer_.decode(req.tokens, /*skip_special_tokens=*/false)}});
+}
+
 HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoint) {
   ParseResult parsed = endpoint == Endpoint::kChat ? parse_chat_request(http.body)
                                                    : parse_completion_request(http.body);
@@ -428,16 +472,9 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
   const bool split = endpoint == Endpoint::kChat && reasoning_;  // reasoning_content apart
   bool opens_reasoning = false;  // the chat prompt leaves the answer inside a think block
   if (endpoint == Endpoint::kChat) {
-    if (!chat_template_)
-      return reject(ApiError{400, "this model has no chat template; use /v1/completions", "invalid_request_error", "messages"});
-    std::string text;
-    try {
-      text = chat_template_->render(req.messages, req.tools, /*add_generation_prompt=*/true,
-                                    req.chat_template_kwargs);
-    } catch (const dsi::Error& e) {
-      return reject(ApiError{400, fmt::format("the chat template failed on these messages: {}", e.what()),
-                             "invalid_request_error", "messages"});
-    }
+    auto rendered = render_chat(req.messages, req.tools, /*add_generation_prompt=*/true, req.chat_template_kwargs);
+    if (auto* e = std::get_if<ApiError>(&rendered)) return reject(*e);
+    const std::string& text = std::get<std::string>(rendered);
     prompt = tokenizer_.encode(text, /*add_special_tokens=*/false);
     opens_reasoning = ReasoningSplitter::prompt_opens_reasoning(text);
   } else if (req.prompt_is_ids) {

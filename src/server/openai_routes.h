@@ -53,7 +53,13 @@ class OpenAiService {
   HttpResponse models(const HttpRequest&);
   HttpResponse metrics_page(const HttpRequest&);
   HttpResponse completions(const HttpRequest&, Endpoint endpoint);
+  HttpResponse tokenize(const HttpRequest&);
+  HttpResponse detokenize(const HttpRequest&);
   HttpResponse reject(const ApiError& error);
+  // The chat template's text for these messages, or the 400 for a template that fails on them.
+  std::variant<std::string, ApiError> render_chat(const nlohmann::ordered_json& messages,
+                                                  const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                                                  const nlohmann::ordered_json& kwargs) const;
 
   Engine& engine_;
   Tokenizer tokenizer_;

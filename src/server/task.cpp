@@ -110,12 +110,16 @@ Json parse_body(std::string_view body) {
   return j;
 }
 
+std::string get_model(const Json& j) {
+  const Json* m = field(j, "model");
+  if (!m) return {};
+  if (!m->is_string()) bad("model", fmt::format("'model' must be a string, got {}", type_name(*m)));
+  return m->get<std::string>();
+}
+
 // The parameters /v1/completions and /v1/chat/completions share.
 void parse_common(const Json& j, ParsedRequest& r) {
-  if (const Json* m = field(j, "model")) {
-    if (!m->is_string()) bad("model", fmt::format("'model' must be a string, got {}", type_name(*m)));
-    r.model = m->get<std::string>();
-  }
+  r.model = get_model(j);
   if (auto n = get_int(j, "n")) {
     if (*n < 1 || *n > kMaxChoices)
       bad("n", fmt::format("'n' must be in [1, {}], got {}", kMaxChoices, *n));
@@ -245,8 +249,28 @@ void check_message(Json& m, size_t i) {
   *c = text;
 }
 
+// What the chat template renders: `messages` (required, checked), `tools` and
+// `chat_template_kwargs` (optional).
+void parse_chat_input(const Json& j, Json& messages, Json& tools, Json& kwargs) {
+  const Json* m = field(j, "messages");
+  if (!m) bad("messages", "'messages' is required");
+  if (!m->is_array()) bad("messages", fmt::format("'messages' must be an array, got {}", type_name(*m)));
+  if (m->empty()) bad("messages", "'messages' is empty");
+  messages = *m;
+  for (size_t i = 0; i < messages.size(); ++i) check_message(messages[i], i);
+  if (const Json* t = field(j, "tools")) {
+    if (!t->is_array()) bad("tools", fmt::format("'tools' must be an array, got {}", type_name(*t)));
+    if (!t->empty()) tools = *t;
+  }
+  if (const Json* k = field(j, "chat_template_kwargs")) {
+    if (!k->is_object())
+      bad("chat_template_kwargs", fmt::format("'chat_template_kwargs' must be an object, got {}", type_name(*k)));
+    kwargs = *k;
+  }
+}
+
 template <typename F>
-ParseResult guarded(F&& f) {
+auto guarded(F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const Bad& b) {
@@ -257,6 +281,7 @@ ParseResult guarded(F&& f) {
     return ApiError{400, "bad request"};
   }
 }
+
 
 }  // namespace
 
@@ -304,25 +329,10 @@ ParseResult parse_chat_request(std::string_view body) {
     ParsedRequest r;
     r.endpoint = Endpoint::kChat;
     parse_common(j, r);
-    const Json* m = field(j, "messages");
-    if (!m) bad("messages", "'messages' is required");
-    if (!m->is_array()) bad("messages", fmt::format("'messages' must be an array, got {}", type_name(*m)));
-    if (m->empty()) bad("messages", "'messages' is empty");
-    r.messages = *m;
-    for (size_t i = 0; i < r.messages.size(); ++i) check_message(r.messages[i], i);
-    if (const Json* t = field(j, "tools")) {
-      if (!t->is_array()) bad("tools", fmt::format("'tools' must be an array, got {}", type_name(*t)));
-      if (!t->empty()) r.tools = *t;
-    }
+    parse_chat_input(j, r.messages, r.tools, r.chat_template_kwargs);
     if (const Json* c = field(j, "tool_choice")) {
       if (c->is_string() && (*c == "auto" || *c == "none")) r.tool_choice = c->get<std::string>();
       else unsupported("tool_choice", "a tool_choice other than \"auto\" or \"none\" (calls are not forced)");
-    }
-    if (const Json* k = field(j, "chat_template_kwargs")) {
-      if (!k->is_object())
-        bad("chat_template_kwargs",
-            fmt::format("'chat_template_kwargs' must be an object, got {}", type_name(*k)));
-      r.chat_template_kwargs = *k;
     }
     parse_max_tokens(j, "max_tokens", r);
     parse_max_tokens(j, "max_completion_tokens", r);  // the newer name wins when both are given
@@ -332,6 +342,39 @@ ParseResult parse_chat_request(std::string_view body) {
       bad("top_logprobs", fmt::format("'top_logprobs' must be in [0, 20], got {}", *top));
     if (top && !logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     if (logprobs) r.logprobs = int(top.value_or(0));
+    return r;
+  });
+}
+
+std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body) {
+  return guarded([&]() -> std::variant<TokenizeRequest, ApiError> {
+    const Json j = parse_body(body);
+    TokenizeRequest r;
+    r.model = get_model(j);
+    const Json* p = field(j, "prompt");
+    if ((p == nullptr) == (field(j, "messages") == nullptr)) bad("prompt", "give either 'prompt' or 'messages'");
+    if (p) {
+      if (!p->is_string()) bad("prompt", fmt::format("'prompt' must be a string, got {}", type_name(*p)));
+      r.prompt = p->get<std::string>();
+    } else {
+      r.chat = true;
+      parse_chat_input(j, r.messages, r.tools, r.chat_template_kwargs);
+      r.add_generation_prompt = get_bool(j, "add_generation_prompt", true);
+    }
+    r.add_special_tokens = get_bool(j, "add_special_tokens", !r.chat);
+    return r;
+  });
+}
+
+std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_view body) {
+  return guarded([&]() -> std::variant<DetokenizeRequest, ApiError> {
+    const Json j = parse_body(body);
+    DetokenizeRequest r;
+    r.model = get_model(j);
+    const Json* t = field(j, "tokens");
+    if (!t) bad("tokens", "'tokens' is required");
+    if (!t->is_array()) bad("tokens", fmt::format("'tokens' must be an array of token ids, got {}", type_name(*t)));
+    r.tokens = as_ids(*t, "tokens");
     return r;
   });
 }

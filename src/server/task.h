@@ -74,6 +74,26 @@ using ParseResult = std::variant<ParsedRequest, ApiError>;
 ParseResult parse_completion_request(std::string_view body);
 ParseResult parse_chat_request(std::string_view body);
 
+// POST /tokenize (vLLM's): a prompt, or chat messages rendered by the chat template, to token ids.
+struct TokenizeRequest {
+  std::string model;
+  bool chat = false;  // `messages` given (else `prompt`)
+  std::string prompt;
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  nlohmann::ordered_json tools = nullptr;
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
+  bool add_special_tokens = true;  // the post-processor's special tokens (chat: default false)
+  bool add_generation_prompt = true;
+};
+std::variant<TokenizeRequest, ApiError> parse_tokenize_request(std::string_view body);
+
+// POST /detokenize: token ids to text.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_view body);
+
 // The limits of the served model that a request is checked against.
 struct ModelLimits {
   std::string id;
