@@ -10,7 +10,9 @@
 // communicator, whose collectives are captured too); without it every op is launched from the host.
 //   bench_decode --config configs/glm-5.2.json [--layers 4] [--first-layer 6] [--context 131072]
 //                [--iters 20] [--weights fp8|bf16] [--kv-cache fp8|bf16|f32] [--tp T] [--dcp W]
-//                [--rows R] [--graphs] [--profile-step]
+//                [--rows R] [--graphs] [--profile-step] [--prefill N]
+// --prefill N times a chunk of N prompt tokens after the context instead (eager, as prefill runs;
+// DSI_FP8_PREFILL=1 runs fp8 weights' products on the fp8 tensor cores, cuda_ops.h).
 // --profile-step runs one more step after the timed ones between cudaProfilerStart and
 // cudaProfilerStop, for a kernel profiler started with profiling from the start off (ncu
 // --profile-from-start off): its per-kernel table is where a layer's time goes.
@@ -49,6 +51,7 @@ struct Args {
   int tp = 1, dcp = 1, rows = 1;
   bool graphs = false;
   bool profile_step = false;
+  int prefill = 0;  // > 0: time a prefill chunk of this many tokens after the context instead
 };
 
 // Forwards every collective to `inner` and adds up the wall time spent in them (the collectives
@@ -107,6 +110,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--rows") a.rows = std::stoi(next());
     else if (k == "--graphs") a.graphs = true;
     else if (k == "--profile-step") a.profile_step = true;
+    else if (k == "--prefill") a.prefill = std::stoi(next());
     else return false;
     return true;
   });
@@ -206,8 +210,21 @@ int run(const Args& a) {
         if (rank.is_root())
           fmt::print("synthetic weights made and loaded in {:.1f} s\n",
                      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-        dsi::SequenceKvCache cache = model->make_cache(C + a.rows, /*with_mtp=*/false, kv);
+        dsi::SequenceKvCache cache = model->make_cache(C + std::max(a.rows, a.prefill), /*with_mtp=*/false, kv);
         fill_cache(*model, cache, C);
+        if (a.prefill > 0) {  // a chunk of prompt tokens after the context, eager, as prefill runs
+          std::vector<int32_t> ids(size_t(a.prefill));
+          for (size_t i = 0; i < ids.size(); ++i) ids[i] = int32_t((i * 7919) % size_t(cfg.vocab_size));
+          const dsi::Tensor chunk = dsi::Tensor::from_i32(ids, {a.prefill});
+          for (int it = 0; it < a.iters + 1; ++it) {
+            cache.set_length(C);
+            const auto s = std::chrono::steady_clock::now();
+            dsi::to_host(model->forward(chunk, cache));  // waits for the chunk
+            const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+            if (it >= 1 && rank.is_root()) times.push_back(dt);
+          }
+          return;
+        }
         const dsi::Tensor tokens = dsi::Tensor::from_i32(std::vector<int32_t>(size_t(a.rows), 42), {a.rows});
         // The graph's inputs: the same step (positions C ..) every iteration.
         cache.set_length(C);
@@ -251,6 +268,13 @@ int run(const Args& a) {
       /*cuda=*/true);
   std::sort(times.begin(), times.end());
   const double step = times[times.size() / 2];
+  if (a.prefill > 0) {
+    fmt::print("\nprefill chunk of {} tokens after {}: {:.2f} ms median over {} ({:.3f} ms per layer; "
+               "min {:.2f}, max {:.2f} ms); {:.0f} prompt tok/s implied for all {} layers\n",
+               a.prefill, C, step * 1e3, times.size(), step / cfg.n_layers * 1e3, times.front() * 1e3,
+               times.back() * 1e3, a.prefill / (step / cfg.n_layers * full.n_layers), full.n_layers);
+    return 0;
+  }
 
   fmt::print("\n{:>6} {:>8} {:>6} {:>12} {:>16} {:>16}\n", "layer", "indexer", "mlp", "weights MB",
              "floor us (run)", "floor us (fp8)");

@@ -39,7 +39,21 @@ constexpr double kFp8ActTensorCoresVsCpuNmse = 1e-7;
 // ... and against the exact fp32 linear: the e4m3 quantisation of x (see tests/test_ops_linear_fp8.cpp).
 constexpr double kFp8ActVsExactNmse = 2e-3;
 
-class CudaLinearGemv : public test::CudaTest {};
+// The GEMV and the fp32 GEMMs over dequantised weights, against the CPU's fp32 products: more than
+// the GEMV's rows of fp8 weights take the dequantising path here (cuda::fp8_prefill off), as the
+// fp8-activation path has its own reference (CudaLinearFp8Act).
+class CudaLinearGemv : public test::CudaTest {
+ protected:
+  void SetUp() override {
+    test::CudaTest::SetUp();
+    was_ = cuda::fp8_prefill();
+    cuda::set_fp8_prefill(false);
+  }
+  void TearDown() override { cuda::set_fp8_prefill(was_); }
+
+ private:
+  bool was_ = false;
+};
 class CudaLinearFp8Act : public test::CudaTest {};
 
 std::string case_name(const char* kind, DType dt, int64_t n, int64_t out, int64_t in) {
@@ -292,6 +306,22 @@ TEST_F(CudaLinearGemv, SixtyFourRowsStillMatch) {  // the sgemm path next to the
 }
 
 // ---------------------------------------------------------------- fp8 activations
+
+// With cuda::fp8_prefill on (DSI_FP8_PREFILL=1), ops::linear of more than the GEMV's rows of an fp8
+// weight is the fp8-activation linear, bit for bit; up to the GEMV's rows it is the GEMV.
+TEST_F(CudaLinearFp8Act, PrefillRowsOfFp8WeightsTakeIt) {
+  const bool was = cuda::fp8_prefill();
+  cuda::set_fp8_prefill(true);
+  const LinearWeight w = to_gpu(make_weight(DType::F8_E4M3, 384, 512, 21, 0, 0, 128, 128));
+  for (int64_t n : {9, 64, 300}) {
+    const Tensor x = dev(test::rand_tensor({n, 512}, uint64_t(n)));
+    Tensor a = Tensor::empty({n, 384}, DType::F32, gpu()), b = Tensor::empty({n, 384}, DType::F32, gpu());
+    ops::linear(x, w, a);
+    ops::linear_fp8_act(x, w, b);
+    test::expect_bitwise(host(a), host(b), "fp8 prefill rows " + std::to_string(n));
+  }
+  cuda::set_fp8_prefill(was);
+}
 
 TEST_F(CudaLinearFp8Act, QuantiserIsBitwiseTheCpus) {
   for (auto [n, in, col0] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{

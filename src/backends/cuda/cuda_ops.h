@@ -93,6 +93,13 @@ uint64_t gemv_tensor_core_launches();
 bool gemv_tma();
 void set_gemv_tma(bool on);
 uint64_t gemv_tma_launches();
+// Whether ops::linear runs more than the GEMV's rows (prefill) of fp8 block-scaled weights in
+// DeepSeek's recipe, on the fp8 tensor cores (ops::linear_fp8_act: activations quantised per
+// 128 columns, no dequantised copy of the weight), instead of fp32 GEMMs over dequantised rows (the
+// CPU reference's numerics, which the GPU's model tests hold it to): off unless DSI_FP8_PREFILL=1
+// or switched here.
+bool fp8_prefill();
+void set_fp8_prefill(bool on);
 // That kernel's plan for one row of an fp8 [out, in] weight with 128x128 blocks on a GPU of num_sms
 // SMs: {tile groups per block, warps per tile, tiles per warp, bytes per piece}, all 0 where the
 // plan leaves the product to the FMA kernels (linear/gemv.h's GemvTmaPlan; for tests).

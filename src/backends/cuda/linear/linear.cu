@@ -1,9 +1,12 @@
 // Linear ops of the CUDA backend; see linear.h and ops/linear.h.
 #include <algorithm>
+#include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <optional>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_linear_fp8.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/cublas.h"
 #include "backends/cuda/linear/gemv.h"
@@ -168,6 +171,23 @@ Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end
   return host;
 }
 
+namespace {
+std::atomic<int> g_fp8_prefill{-1};  // -1: DSI_FP8_PREFILL not read yet
+}  // namespace
+
+bool fp8_prefill() {
+  int v = g_fp8_prefill.load(std::memory_order_relaxed);
+  if (v < 0) {
+    int expected = -1;
+    const char* env = std::getenv("DSI_FP8_PREFILL");
+    g_fp8_prefill.compare_exchange_strong(expected, env != nullptr && std::atoi(env) > 0 ? 1 : 0);
+    v = g_fp8_prefill.load();
+  }
+  return v == 1;
+}
+
+void set_fp8_prefill(bool on) { g_fp8_prefill.store(on ? 1 : 0); }
+
 void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   const int64_t out_f = w.out_features(), in_f = w.in_features();
   DSI_CHECK(x.ndim() == 2 && x.dim(1) == in_f && x.stride(1) == 1,
@@ -188,6 +208,11 @@ void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   if (n <= kGemvMaxRows) {  // decode: stream the weight once at memory bandwidth
     validate_weight(w, 0, out_f);
     linear_gemv(x, w, out);
+    return;
+  }
+  if (w.weight.dtype() == DType::F8_E4M3 && fp8_prefill()) {  // prefill: fp8 tensor cores
+    validate_weight(w, 0, out_f);
+    linear_fp8_act(x, w, out);
     return;
   }
   if (w.weight.dtype() == DType::F32 && w.weight.is_contiguous()) {
