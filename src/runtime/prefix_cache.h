@@ -16,9 +16,9 @@
 // the same calls and gets the same pages.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <list>
-#include <memory>
 #include <unordered_map>
 #include <vector>
 

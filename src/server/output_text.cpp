@@ -5,6 +5,12 @@
 
 namespace dsi::server {
 
+size_t partial_match_at_end(std::string_view text, std::string_view s) {
+  for (size_t k = std::min(text.size(), s.empty() ? 0 : s.size() - 1); k > 0; --k)
+    if (text.substr(text.size() - k) == s.substr(0, k)) return k;
+  return 0;
+}
+
 StopStringMatcher::StopStringMatcher(std::vector<std::string> stops) : stops_(std::move(stops)) {
   std::erase_if(stops_, [](const std::string& s) { return s.empty(); });
 }
@@ -27,14 +33,7 @@ std::string StopStringMatcher::push(std::string_view text) {
   }
   // Hold back the longest suffix that is a proper prefix of some stop string.
   size_t keep = 0;
-  for (const std::string& s : stops_) {
-    for (size_t k = std::min(held_.size(), s.size() - 1); k > keep; --k) {
-      if (held_.compare(held_.size() - k, k, s, 0, k) == 0) {
-        keep = k;
-        break;
-      }
-    }
-  }
+  for (const std::string& s : stops_) keep = std::max(keep, partial_match_at_end(held_, s));
   std::string out = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   return out;

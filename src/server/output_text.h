@@ -14,6 +14,10 @@
 
 namespace dsi::server {
 
+// The length of the longest suffix of `text` that is a proper prefix of `s`: what a stream must
+// hold back because it may still become `s` (stop strings, think tags, tool-call markers).
+size_t partial_match_at_end(std::string_view text, std::string_view s);
+
 // Finds the first of several stop strings in a stream of text pieces.
 class StopStringMatcher {
  public:

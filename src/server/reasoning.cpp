@@ -1,6 +1,8 @@
 // Reasoning and content of an answer; see reasoning.h.
 #include "server/reasoning.h"
 
+#include "server/output_text.h"
+
 #include <algorithm>
 
 namespace dsi::server {
@@ -9,12 +11,6 @@ namespace {
 
 constexpr std::string_view kSpace = " \t\r\n";
 
-// The length of the longest suffix of `s` that is a proper prefix of `tag`.
-size_t partial_tag_at_end(std::string_view s, std::string_view tag) {
-  for (size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n)
-    if (s.substr(s.size() - n) == tag.substr(0, n)) return n;
-  return 0;
-}
 
 }  // namespace
 
@@ -52,7 +48,7 @@ ReasoningSplitter::Split ReasoningSplitter::push(std::string_view text) {
         state_ = State::kContent;
         continue;
       }
-      const size_t keep = partial_tag_at_end(held_, kClose);
+      const size_t keep = partial_match_at_end(held_, kClose);
       out.reasoning += held_.substr(0, held_.size() - keep);
       held_.erase(0, held_.size() - keep);
       return out;

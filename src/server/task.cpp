@@ -282,7 +282,6 @@ auto guarded(F&& f) -> decltype(f()) {
   }
 }
 
-
 }  // namespace
 
 ParseResult parse_completion_request(std::string_view body) {

@@ -1,6 +1,8 @@
 // Tool calls read back from chat answers; see tool_calls.h.
 #include "server/tool_calls.h"
 
+#include "server/output_text.h"
+
 #include <algorithm>
 
 #include "dsinfer/error.h"
@@ -36,12 +38,6 @@ std::string_view trim(std::string_view s) {
 
 bool blank(std::string_view s) { return s.find_first_not_of(kSpace) == std::string_view::npos; }
 
-// The length of the longest suffix of `s` that is a proper prefix of `tag`.
-size_t partial_tag_at_end(std::string_view s, std::string_view tag) {
-  for (size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n)
-    if (s.substr(s.size() - n) == tag.substr(0, n)) return n;
-  return 0;
-}
 
 // A cursor over the held text: skips whitespace, takes markers and the text up to a marker.
 struct Reader {
@@ -99,7 +95,7 @@ std::string ToolCallParser::push(std::string_view text) {
     held_.erase(0, at);
     return out;
   }
-  const size_t keep = partial_tag_at_end(held_, marker);
+  const size_t keep = partial_match_at_end(held_, marker);
   std::string out = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   return out;
