@@ -3,6 +3,7 @@
 // before both are done; an error in a piece reaches the caller with the streams joined.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 
 #include "backends/cuda/graph/step_graph.h"
@@ -124,6 +125,14 @@ TEST_F(CudaBeside, AnErrorInAPieceReachesTheCaller) {
           [&] { fail("the main piece failed"); });
     });
     EXPECT_NE(err.find(which == 0 ? "the side piece failed" : "the main piece failed"), std::string::npos) << err;
+  }
+  // A run_beside inside either piece is refused.
+  for (int which = 0; which < 2; ++which) {
+    const std::function<void()> nested = [] { ops::run_beside(gpu(), [] {}, [] {}); };
+    const std::string err = test::error_of([&] {
+      ops::run_beside(gpu(), which == 0 ? nested : [] {}, which == 1 ? nested : [] {});
+    });
+    EXPECT_NE(err.find("inside a run_beside"), std::string::npos) << err;
   }
   // The device goes on: both streams again, then one.
   Tensor a = dev(host(gx)), b = dev(host(gx));

@@ -17,7 +17,8 @@ namespace dsi::cuda {
 
 namespace {
 thread_local int t_logical = -1;  // the innermost DeviceGuard's logical device
-thread_local bool t_side = false;  // stream() is the side stream (run_beside)
+thread_local bool t_side = false;    // stream() is the side stream (run_beside)
+thread_local bool t_beside = false;  // inside a run_beside
 }  // namespace
 
 DeviceGuard::DeviceGuard(Device device) {
@@ -90,16 +91,18 @@ cudaEvent_t beside_event(int dev, int which) {
 class Beside {
  public:
   explicit Beside(int dev) : dev_(dev), main_(stream()) {
-    DSI_CHECK(!t_side, "run_beside: already beside the main stream");
+    DSI_CHECK(!t_beside, "run_beside: called inside a run_beside");
     t_side = true;
     side_ = stream();
     t_side = false;
     DSI_CUDA_CHECK(cudaEventRecord(beside_event(dev_, 0), main_));
     DSI_CUDA_CHECK(cudaStreamWaitEvent(side_, beside_event(dev_, 0), 0));
     hold_released_blocks(dev_, true);
+    t_beside = true;
   }
   ~Beside() {
     t_side = false;
+    t_beside = false;
     // No throw from here: a failing record or wait leaves the error to the next checked call.
     const cudaEvent_t join = beside_event(dev_, 1);
     cudaEventRecord(join, side_);
