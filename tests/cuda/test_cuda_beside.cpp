@@ -57,33 +57,33 @@ TEST_F(CudaBeside, PiecesGiveTheirSequentialResults) {
 
 TEST_F(CudaBeside, FreedBlocksWaitUntilBothPiecesAreDone) {
   const int64_t n = int64_t(1) << 18;  // 1 MiB blocks
-  const Tensor x = dev(test::rand_tensor({n}, 3));
+  const Tensor x = dev(test::rand_tensor({1, n}, 3));
   void* first = nullptr;
   {
-    Tensor t = Tensor::empty({n}, DType::F32, gpu());
+    Tensor t = Tensor::empty({1, n}, DType::F32, gpu());
     first = t.raw();
   }
   {
-    Tensor t = Tensor::empty({n}, DType::F32, gpu());
+    Tensor t = Tensor::empty({1, n}, DType::F32, gpu());
     ASSERT_EQ(t.raw(), first) << "outside run_beside a freed block is taken again at once";
   }
   void *side_block = nullptr, *main_block = nullptr;
   ops::run_beside(
       gpu(),
       [&] {
-        Tensor t = Tensor::empty({n}, DType::F32, gpu());
+        Tensor t = Tensor::empty({1, n}, DType::F32, gpu());
         t.copy_from(x);
         ops::axpy_inplace(t, x, 2.0f);  // still queued on the side stream when t is freed
         side_block = t.raw();
       },
       [&] {
-        Tensor t = Tensor::empty({n}, DType::F32, gpu());
+        Tensor t = Tensor::empty({1, n}, DType::F32, gpu());
         main_block = t.raw();
         t.copy_from(x);
       });
   EXPECT_NE(main_block, side_block);
   // Both are back after the call.
-  Tensor u = Tensor::empty({n}, DType::F32, gpu()), v = Tensor::empty({n}, DType::F32, gpu());
+  Tensor u = Tensor::empty({1, n}, DType::F32, gpu()), v = Tensor::empty({1, n}, DType::F32, gpu());
   EXPECT_TRUE((u.raw() == side_block && v.raw() == main_block) || (u.raw() == main_block && v.raw() == side_block))
       << "the held blocks went back to the pool";
 }
@@ -112,7 +112,7 @@ TEST_F(CudaBeside, ReplayedFromAStepGraph) {
 }
 
 TEST_F(CudaBeside, AnErrorInAPieceReachesTheCaller) {
-  const Tensor gx = dev(test::rand_tensor({64}, 6));
+  const Tensor gx = dev(test::rand_tensor({1, 64}, 6));
   for (int which = 0; which < 2; ++which) {
     Tensor a = dev(host(gx));
     const std::string err = test::error_of([&] {
