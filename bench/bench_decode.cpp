@@ -13,7 +13,7 @@
 //                [--rows R] [--graphs] [--profile-step] [--prefill N]
 // --prefill N times a chunk of N prompt tokens after the context instead (eager, as prefill runs;
 // DSI_FP8_PREFILL=1 runs fp8 weights' products on the fp8 tensor cores, cuda_ops.h).
-// --profile-step runs one more step after the timed ones between cudaProfilerStart and
+// --profile-step runs one more step (or prefill chunk) after the timed ones between cudaProfilerStart and
 // cudaProfilerStop, for a kernel profiler started with profiling from the start off (ncu
 // --profile-from-start off): its per-kernel table is where a layer's time goes.
 #include <cuda_profiler_api.h>
@@ -222,6 +222,12 @@ int run(const Args& a) {
             dsi::to_host(model->forward(chunk, cache));  // waits for the chunk
             const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
             if (it >= 1 && rank.is_root()) times.push_back(dt);
+          }
+          if (a.profile_step) {
+            cache.set_length(C);
+            cudaProfilerStart();
+            dsi::to_host(model->forward(chunk, cache));
+            cudaProfilerStop();
           }
           return;
         }

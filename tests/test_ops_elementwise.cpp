@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "dsinfer/error.h"
+#include "ops/beside.h"
 #include "ops/elementwise.h"
 #include "test_ops_common.h"
 #include "test_util.h"
@@ -154,6 +156,15 @@ TEST(OpElementwise, EmptyHostTensorsFromVectors) {
   Tensor out = Tensor::empty({0, 30}, DType::F32);
   ops::copy(f, out);
   EXPECT_EQ(out.numel(), 0);
+}
+
+// run_beside on the CPU: the side piece, then the main one; an error in either reaches the caller.
+TEST(OpBeside, CpuRunsSideThenMain) {
+  std::vector<int> order;
+  ops::run_beside(Device::cpu(), [&] { order.push_back(1); }, [&] { order.push_back(2); });
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  test::expect_error([&] { ops::run_beside(Device::cpu(), [] { fail("side broke"); }, [] {}); }, {"side broke"});
+  test::expect_error([&] { ops::run_beside(Device::cpu(), [] {}, [] { fail("main broke"); }); }, {"main broke"});
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include "model/attention.h"
 
 #include "model/indexer.h"
+#include "ops/beside.h"
 #include "ops/elementwise.h"
 #include "ops/kv_fp8.h"
 #include "ops/linear.h"
@@ -39,22 +40,24 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   ops::rms_norm(c_q, w.q_a_layernorm, eps, c_q);
   Tensor q = Tensor::empty({n, heads, c.qk_head_dim()}, DType::F32, dev);
   Tensor q2 = q.view({n, heads * c.qk_head_dim()});
-  ops::linear(c_q, w.q_b_proj, q2);
-
-  // Keys: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache keeps RMSNorm(c_kv) and RoPE(k_pe).
-  Tensor kv_a = part(w.in_proj_kv_row, dk, w.kv_a_proj_with_mqa);
-  if (kv.latent.dtype() == DType::U8) {  // the fp8 656-byte entries (ops/kv_fp8.h): one fused op
-    ops::MlaKeyPrep prep{w.kv_a_layernorm, eps, ctx.positions, ctx.rope->inv_freq,
-                         ctx.rope->attention_factor, RopeStyle::kInterleaved};
-    ops::mla_cache_store_fp8(kv_a, ctx.store_slots, kv.latent, &prep);
-  } else {
-    Tensor ckv = kv_a.narrow(1, 0, lora);
-    ops::rms_norm(ckv, w.kv_a_layernorm, eps, ckv);
-    Tensor kv3 = kv_a.unsqueeze(1);
-    ops::rope(kv3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
-              RopeStyle::kInterleaved, /*offset=*/int(lora));
-    ops::scatter_rows(kv_a, ctx.store_slots, kv.latent);
-  }
+  // q, and this row's keys into the cache: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache keeps
+  // RMSNorm(c_kv) and RoPE(k_pe).
+  auto queries_and_cache = [&] {
+    ops::linear(c_q, w.q_b_proj, q2);
+    Tensor kv_a = part(w.in_proj_kv_row, dk, w.kv_a_proj_with_mqa);
+    if (kv.latent.dtype() == DType::U8) {  // the fp8 656-byte entries (ops/kv_fp8.h): one fused op
+      ops::MlaKeyPrep prep{w.kv_a_layernorm, eps, ctx.positions, ctx.rope->inv_freq,
+                           ctx.rope->attention_factor, RopeStyle::kInterleaved};
+      ops::mla_cache_store_fp8(kv_a, ctx.store_slots, kv.latent, &prep);
+    } else {
+      Tensor ckv = kv_a.narrow(1, 0, lora);
+      ops::rms_norm(ckv, w.kv_a_layernorm, eps, ckv);
+      Tensor kv3 = kv_a.unsqueeze(1);
+      ops::rope(kv3, ctx.positions, ctx.rope->inv_freq, ctx.rope->attention_factor,
+                RopeStyle::kInterleaved, /*offset=*/int(lora));
+      ops::scatter_rows(kv_a, ctx.store_slots, kv.latent);
+    }
+  };
 
   // Absorbed queries [n, H, kv_lora | rope]: W_UK^T q_nope and RoPE(q_pe).
   auto absorbed_queries = [&] {
@@ -63,38 +66,59 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
                               RopeStyle::kInterleaved, q_abs);
     return q_abs;
   };
-  // They are made right before attention, unless the DCP exchange carries them: then the attention
-  // kernel's predecessor writes neither the cache nor the slots, and it can gather its first keys
-  // while that predecessor still runs (ops::sparse_mla_fp8's inputs_settled).
-  const bool exchanged = ctx.rank->dcp.size > 1;
-  const Tensor q_abs = exchanged ? absorbed_queries() : Tensor();
-
-  // The DCP exchange: the group's queries, and on a layer with its own indexer the exact global
-  // top-k over every member's scores, in one all-gather (runtime/dcp.h). Without DCP, the top-k.
-  Tensor q_all;
-  if (w.indexer && !ctx.reuse_topk) {
-    const Tensor index_k = part(w.in_proj_index_k_row, c.index_head_dim, w.indexer->wk);
-    const Tensor scores = indexer_scores(ctx, *w.indexer, u, c_q, index_k, kv.index_keys);
-    if (exchanged)
-      q_all = dcp_exchange(*ctx.rank, q_abs, &scores, ctx.local_bounds, c.index_topk, &topk);
-    else
-      topk = dcp_topk(*ctx.rank, scores, ctx.local_bounds, c.index_topk);
-  } else {
-    DSI_CHECK(topk.local.defined() && topk.local.dim(0) == n,
-              "shared indexer layer: no top-k from a previous full layer");
-    if (exchanged) q_all = dcp_exchange(*ctx.rank, q_abs, nullptr, ctx.local_bounds, 0, nullptr);
-  }
-
   // The winners' pool slots: this rank attends to the ones it owns, wherever their pages are.
-  const bool fresh_slots = !topk.slots.defined();
-  if (fresh_slots) {
+  bool fresh_slots = false;
+  auto make_slots = [&] {
+    fresh_slots = !topk.slots.defined();
+    if (!fresh_slots) return;
     topk.slots = Tensor::empty(topk.local.shape(), DType::I32, dev);
-    ops::slots_from_local(topk.local, ctx.pages.block_tables, ctx.pages.row_seq,
-                          ctx.pages.page_size, topk.slots);
+    ops::slots_from_local(topk.local, ctx.pages.block_tables, ctx.pages.row_seq, ctx.pages.page_size, topk.slots);
+  };
+  const bool exchanged = ctx.rank->dcp.size > 1;
+  const bool own_indexer = w.indexer && !ctx.reuse_topk;
+  auto scores = [&] {
+    const Tensor index_k = part(w.in_proj_index_k_row, c.index_head_dim, w.indexer->wk);
+    return indexer_scores(ctx, *w.indexer, u, c_q, index_k, kv.index_keys);
+  };
+  Tensor q_all;
+  bool settled = true;
+  if (own_indexer && !exchanged) {
+    // The indexer and the top-k (a chain of small kernels) beside the queries and the cache store
+    // (q_b_proj streams its weights): ops/beside.h. Without a DCP exchange there is no collective in
+    // either. The attention then follows both, so its start is not settled.
+    ops::run_beside(
+        dev,
+        [&] {
+          topk = dcp_topk(*ctx.rank, scores(), ctx.local_bounds, c.index_topk);
+          make_slots();
+        },
+        [&] {
+          queries_and_cache();
+          q_all = absorbed_queries();
+        });
+    settled = false;
+  } else {
+    queries_and_cache();
+    // The absorbed queries are made right before attention, unless the DCP exchange carries them:
+    // then the attention kernel's predecessor writes neither the cache nor the slots, and it can
+    // gather its first keys while that predecessor still runs (ops::sparse_mla_fp8's inputs_settled).
+    const Tensor q_abs = exchanged ? absorbed_queries() : Tensor();
+    // The DCP exchange: the group's queries, and on a layer with its own indexer the exact global
+    // top-k over every member's scores, in one all-gather (runtime/dcp.h).
+    if (own_indexer) {
+      const Tensor s = scores();
+      q_all = dcp_exchange(*ctx.rank, q_abs, &s, ctx.local_bounds, c.index_topk, &topk);
+    } else {
+      DSI_CHECK(topk.local.defined() && topk.local.dim(0) == n,
+                "shared indexer layer: no top-k from a previous full layer");
+      if (exchanged) q_all = dcp_exchange(*ctx.rank, q_abs, nullptr, ctx.local_bounds, 0, nullptr);
+    }
+    make_slots();
+    if (!exchanged) q_all = absorbed_queries();
+    settled = !exchanged || !fresh_slots;
   }
-  if (!exchanged) q_all = absorbed_queries();
   Tensor o_lat = dcp_attend(*ctx.rank, q_all, kv.latent, topk.slots, float(c.attn_softmax_scale()),
-                            int(lora), /*settled=*/!exchanged || !fresh_slots);
+                            int(lora), settled);
 
   Tensor o = Tensor::empty({n, heads, c.v_head_dim}, DType::F32, dev);
   ops::mla_up_v(o_lat, w.kv_b_proj, o);

@@ -2,6 +2,7 @@
 // semantics; see the op headers). Plain loops with fp32 accumulation; OpenBLAS for GEMMs.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -63,6 +64,9 @@ void moe(const Tensor& x, const Tensor& router_logits, const Tensor& bias, const
          const std::vector<MlpWeights>& experts, int first_expert, int n_experts, Tensor& expert_ids,
          Tensor& weights, Tensor& out, const MlpWeights* shared);
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
+
+// ops::run_beside (ops/beside.h).
+void run_beside(Device device, const std::function<void()>& side, const std::function<void()>& main);
 
 void argmax(const Tensor& logits, Tensor& out);
 std::vector<double> token_distribution(const Tensor& logits, const SamplingParams& sp);

@@ -69,4 +69,9 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
   }
 }
 
+void run_beside(Device, const std::function<void()>& side, const std::function<void()>& main) {
+  side();
+  main();
+}
+
 }  // namespace dsi::cpu

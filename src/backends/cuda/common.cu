@@ -1,5 +1,6 @@
 // Host side of the CUDA backend's shared pieces; see common.cuh.
 #include <atomic>
+#include <functional>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
@@ -16,6 +17,8 @@ namespace dsi::cuda {
 
 namespace {
 thread_local int t_logical = -1;  // the innermost DeviceGuard's logical device
+thread_local bool t_side = false;    // stream() is the side stream (run_beside)
+thread_local bool t_beside = false;  // inside a run_beside
 }  // namespace
 
 DeviceGuard::DeviceGuard(Device device) {
@@ -45,20 +48,95 @@ int current_device() {
 
 cudaStream_t stream() {
   constexpr int kMaxDevices = 64;
-  static std::atomic<cudaStream_t> streams[kMaxDevices];
+  static std::atomic<cudaStream_t> streams[kMaxDevices][2];  // [device][main, side]
   static std::mutex mu;
   const int dev = current_device();
   DSI_CHECK(dev >= 0 && dev < kMaxDevices, "cuda:{}: device index beyond {}", dev, kMaxDevices);
-  cudaStream_t s = streams[dev].load(std::memory_order_acquire);
+  std::atomic<cudaStream_t>& slot = streams[dev][t_side ? 1 : 0];
+  cudaStream_t s = slot.load(std::memory_order_acquire);
   if (s != nullptr) return s;
   std::lock_guard<std::mutex> lock(mu);
-  s = streams[dev].load();
+  s = slot.load();
   if (s == nullptr) {
     // Never destroyed: tensors released during static destruction may still enqueue on it.
     DSI_CUDA_CHECK(cudaStreamCreateWithFlags(&s, gpu_sharing() ? cudaStreamNonBlocking : cudaStreamDefault));
-    streams[dev].store(s, std::memory_order_release);
+    slot.store(s, std::memory_order_release);
   }
   return s;
+}
+
+bool on_side_stream() { return t_side; }
+
+namespace {
+// The fork and join events of a device (reused: each record is waited for before the next).
+cudaEvent_t beside_event(int dev, int which) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<cudaEvent_t> events[kMaxDevices][2];
+  static std::mutex mu;
+  DSI_CHECK(dev >= 0 && dev < kMaxDevices, "cuda:{}: device index beyond {}", dev, kMaxDevices);
+  cudaEvent_t e = events[dev][which].load(std::memory_order_acquire);
+  if (e != nullptr) return e;
+  std::lock_guard<std::mutex> lock(mu);
+  e = events[dev][which].load();
+  if (e == nullptr) {
+    DSI_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    events[dev][which].store(e, std::memory_order_release);
+  }
+  return e;
+}
+
+// One run_beside: the side stream starts after the work queued so far on the main one, and the main
+// one goes on only once the side's work is done (also when an op throws); freed blocks are held
+// back in between.
+class Beside {
+ public:
+  explicit Beside(int dev) : dev_(dev), main_(stream()) {
+    DSI_CHECK(!t_beside, "run_beside: called inside a run_beside");
+    t_side = true;
+    side_ = stream();
+    t_side = false;
+    DSI_CUDA_CHECK(cudaEventRecord(beside_event(dev_, 0), main_));
+    DSI_CUDA_CHECK(cudaStreamWaitEvent(side_, beside_event(dev_, 0), 0));
+    hold_released_blocks(dev_, true);
+    t_beside = true;
+  }
+  ~Beside() {
+    t_side = false;
+    t_beside = false;
+    // No throw from here: a failing record or wait leaves the error to the next checked call.
+    const cudaEvent_t join = beside_event(dev_, 1);
+    cudaEventRecord(join, side_);
+    cudaStreamWaitEvent(main_, join, 0);
+    hold_released_blocks(dev_, false);
+  }
+  Beside(const Beside&) = delete;
+  Beside& operator=(const Beside&) = delete;
+  // Runs f with stream() the side stream.
+  template <typename F>
+  void on_side(F&& f) {
+    t_side = true;
+    f();
+    t_side = false;
+  }
+
+ private:
+  int dev_;
+  cudaStream_t main_, side_ = nullptr;
+};
+}  // namespace
+
+void run_beside(Device device, const std::function<void()>& side, const std::function<void()>& main) {
+  // DSI_BESIDE=0 runs both on the one stream, side first (for comparisons).
+  static const bool on = !env_switched_off("DSI_BESIDE");
+  if (!on) {
+    side();
+    main();
+    return;
+  }
+  DeviceGuard guard(device);
+  Beside beside(current_device());
+  beside.on_side(side);
+  main();
 }
 
 int sm_count() {
@@ -96,6 +174,15 @@ void prepare_thread(int i) {
   (void)stream();
   prepare_host_copies();
   (void)cublas_handle();
+  t_side = true;  // the side stream and its cuBLAS workspace too, before any capture
+  try {
+    (void)stream();
+    (void)cublas_handle();
+  } catch (...) {
+    t_side = false;
+    throw;
+  }
+  t_side = false;
   prepare_fp8_gemm_lt();
   if (done.size() <= size_t(i)) done.resize(size_t(i) + 1, false);
   done[size_t(i)] = true;

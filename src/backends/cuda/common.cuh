@@ -23,6 +23,9 @@ namespace dsi::cuda {
 // devices of one GPU must never wait for one another (a peer collective of one waits for the
 // others' kernels). Step graphs (graph/step_graph.h) are captured on it.
 cudaStream_t stream();
+// The device's second stream, for work beside the main one (run_beside): while this thread runs
+// such work, stream() returns it.
+bool on_side_stream();
 // The (logical) device ops of this thread run on now: the innermost DeviceGuard's, else the CUDA
 // runtime's current GPU.
 int current_device();

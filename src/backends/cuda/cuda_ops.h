@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -74,6 +75,9 @@ void moe(const Tensor& x, const Tensor& router_logits, const Tensor& bias, const
          const std::vector<MlpWeights>& experts, int first_expert, int n_experts, Tensor& expert_ids,
          Tensor& weights, Tensor& out, const MlpWeights* shared);
 void mlp(const Tensor& x, const MlpWeights& w, Tensor& out);
+
+// ops::run_beside (ops/beside.h).
+void run_beside(Device device, const std::function<void()>& side, const std::function<void()>& main);
 
 void argmax(const Tensor& logits, Tensor& out);
 

@@ -17,7 +17,7 @@ constexpr size_t kWorkspace = size_t(32) << 20;  // what cuBLAS takes by default
 
 struct ThreadHandles {
   std::array<cublasHandle_t, kMaxDevices> h{};
-  std::array<Scratch, kMaxDevices> workspace;
+  std::array<Scratch, 2 * kMaxDevices> workspace;  // [device][main stream, side stream]
   ~ThreadHandles() {
     for (int d = 0; d < kMaxDevices; ++d) {
       if (h[size_t(d)] == nullptr) continue;
@@ -37,16 +37,16 @@ cublasHandle_t cublas_handle() {
   DSI_CHECK(dev >= 0 && dev < kMaxDevices, "cuBLAS: device {} beyond the {} supported", dev,
             kMaxDevices);
   cublasHandle_t& h = handles.h[size_t(dev)];
-  Scratch& ws = handles.workspace[size_t(dev)];
+  Scratch& ws = handles.workspace[size_t(2 * dev + (on_side_stream() ? 1 : 0))];
   if (h == nullptr) {
     DSI_CUBLAS_CHECK(cublasCreate(&h));
     // Plain fp32 GEMMs (no TF32, whatever NVIDIA_TF32_OVERRIDE says): the CPU reference is fp32.
     DSI_CUBLAS_CHECK(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH));
     DSI_CUBLAS_CHECK(cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED));
-    ws = Scratch(kWorkspace);
   }
-  // Setting the stream resets the workspace to cuBLAS's own: ours again after it. The stream is
-  // the device's one stream, so the workspace's uses are ordered.
+  if (ws.size() == 0) ws = Scratch(kWorkspace);
+  // Setting the stream resets the workspace to cuBLAS's own: ours again after it. Each of the
+  // device's two streams (run_beside) has its own, so a workspace's uses are ordered by its stream.
   DSI_CUBLAS_CHECK(cublasSetStream(h, stream()));
   DSI_CUBLAS_CHECK(cublasSetWorkspace(h, ws.as<void>(), ws.size()));
   return h;

@@ -166,13 +166,57 @@ void* allocate_block(int device, size_t bytes, std::shared_ptr<BlockPool>& pool)
   return p;
 }
 
+namespace {
+// A device's blocks held back while it runs work on two streams (hold_released_blocks).
+struct HeldBlocks {
+  std::mutex mu;
+  int depth = 0;
+  std::vector<std::pair<std::shared_ptr<BlockPool>, void*>> blocks;
+};
+HeldBlocks& held_blocks(int device) {
+  static HeldBlocks h[kMaxDevices];
+  return h[device];
+}
+
+void free_block(BlockPool& pool, void* ptr) noexcept {
+  std::lock_guard<std::mutex> lock(pool.mu);
+  auto it = pool.blocks.find(ptr);
+  if (it == pool.blocks.end()) return;
+  pool.free.emplace(it->second, ptr);
+  counters(pool.device).in_use -= int64_t(it->second);
+}
+}  // namespace
+
 void release_block(const std::shared_ptr<BlockPool>& pool, void* ptr) noexcept {
   if (!pool || ptr == nullptr) return;
-  std::lock_guard<std::mutex> lock(pool->mu);
-  auto it = pool->blocks.find(ptr);
-  if (it == pool->blocks.end()) return;
-  pool->free.emplace(it->second, ptr);
-  counters(pool->device).in_use -= int64_t(it->second);
+  if (pool->device >= 0 && pool->device < kMaxDevices) {
+    HeldBlocks& h = held_blocks(pool->device);
+    std::lock_guard<std::mutex> lock(h.mu);
+    if (h.depth > 0) {
+      try {
+        h.blocks.emplace_back(pool, ptr);
+        return;
+      } catch (const std::bad_alloc&) {
+        // No room to hold it: a leak of this block is better than handing it out too early.
+        return;
+      }
+    }
+  }
+  free_block(*pool, ptr);
+}
+
+void hold_released_blocks(int device, bool on) {
+  DSI_CHECK(device >= 0 && device < kMaxDevices, "cuda:{}: device index beyond {}", device, kMaxDevices);
+  HeldBlocks& h = held_blocks(device);
+  std::vector<std::pair<std::shared_ptr<BlockPool>, void*>> release;
+  {
+    std::lock_guard<std::mutex> lock(h.mu);
+    h.depth += on ? 1 : -1;
+    if (h.depth > 0 || on) return;
+    h.depth = 0;
+    release.swap(h.blocks);
+  }
+  for (auto& [pool, ptr] : release) free_block(*pool, ptr);
 }
 
 std::shared_ptr<BlockPool> make_private_pool(int device) {

@@ -31,6 +31,10 @@ size_t block_size_class(size_t bytes);
 void* allocate_block(int device, size_t bytes, std::shared_ptr<BlockPool>& pool);
 // Gives a block back to its pool (never throws).
 void release_block(const std::shared_ptr<BlockPool>& pool, void* ptr) noexcept;
+// While work runs on two streams of `device` (run_beside), a block freed on either may still be in
+// use by the other's kernels: from hold_released_blocks(device, true) to the matching false, blocks
+// released go back to their pools only then (nesting counts).
+void hold_released_blocks(int device, bool on);
 // A new pool private to one step graph (its blocks are freed with the last reference).
 std::shared_ptr<BlockPool> make_private_pool(int device);
 
