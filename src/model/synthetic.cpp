@@ -1,7 +1,10 @@
 // Synthetic checkpoints; see synthetic.h.
 #include "model/synthetic.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
+#include <memory>
 #include <random>
 
 #include <fmt/format.h>
@@ -76,40 +79,46 @@ std::map<std::string, Spec> tensor_specs(const ModelConfig& c) {
   return t;
 }
 
-// A table of pseudo-random bytes per dtype, tiled over each tensor at a per-tensor offset: fast
-// enough for tens of GB of weights, and never NaN.
+// A table of pseudo-random bytes per kind of tensor, repeated over a buffer as long as the table plus
+// the largest tensor of that kind, so every tensor is a view of the buffer at a per-tensor offset
+// (nothing allocated or copied per tensor: tens of GB of weights cost one buffer per kind), and
+// never NaN. Views are read-only in use, as a mapped checkpoint's are.
+enum class Fill { kBf16, kNormBf16, kE4m3, kF32, kScale, kCount };
+
 struct Pool {
   static constexpr size_t kBytes = size_t(1) << 22;
-  std::vector<uint8_t> bf16, e4m3, f32, norm_bf16;
-  explicit Pool(uint64_t seed) {
+  std::shared_ptr<Storage> buf[size_t(Fill::kCount)];
+
+  Pool(uint64_t seed, const std::array<size_t, size_t(Fill::kCount)>& longest) {
+    std::vector<uint8_t> table[size_t(Fill::kCount)];
+    for (auto& t : table) t.resize(kBytes);
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    bf16.resize(kBytes);
-    e4m3.resize(kBytes);
-    f32.resize(kBytes);
-    norm_bf16.resize(kBytes);
     for (size_t i = 0; i < kBytes / 2; ++i) {
       const uint16_t w = f32_to_bf16(0.05f * u(rng)), n = f32_to_bf16(1.0f + 0.1f * u(rng));
-      std::memcpy(&bf16[2 * i], &w, 2);
-      std::memcpy(&norm_bf16[2 * i], &n, 2);
+      std::memcpy(&table[size_t(Fill::kBf16)][2 * i], &w, 2);
+      std::memcpy(&table[size_t(Fill::kNormBf16)][2 * i], &n, 2);
     }
-    for (size_t i = 0; i < kBytes; ++i) e4m3[i] = f32_to_e4m3(400.0f * u(rng));
+    for (size_t i = 0; i < kBytes; ++i) table[size_t(Fill::kE4m3)][i] = f32_to_e4m3(400.0f * u(rng));
     for (size_t i = 0; i < kBytes / 4; ++i) {
-      const float v = 0.01f * u(rng);
-      std::memcpy(&f32[4 * i], &v, 4);
+      const float v = 0.01f * u(rng), scale = 1.25e-4f;  // block scales: fp8 up to 400 -> |w| <= 0.05
+      std::memcpy(&table[size_t(Fill::kF32)][4 * i], &v, 4);
+      std::memcpy(&table[size_t(Fill::kScale)][4 * i], &scale, 4);
+    }
+    for (size_t k = 0; k < size_t(Fill::kCount); ++k) {
+      if (longest[k] == 0) continue;
+      const size_t n = kBytes + longest[k];
+      buf[k] = std::make_shared<HostStorage>(n);
+      auto* dst = static_cast<uint8_t*>(buf[k]->data());
+      for (size_t done = 0; done < n; done += kBytes) std::memcpy(dst + done, table[k].data(), std::min(kBytes, n - done));
     }
   }
 };
 
-void tile(const std::vector<uint8_t>& src, size_t offset, uint8_t* dst, size_t n) {
-  size_t done = 0;
-  offset %= src.size();
-  while (done < n) {
-    const size_t len = std::min(n - done, src.size() - offset);
-    std::memcpy(dst + done, src.data() + offset, len);
-    done += len;
-    offset = 0;
-  }
+Fill fill_of(DType dtype, Kind kind) {
+  if (dtype == DType::F8_E4M3) return Fill::kE4m3;
+  if (dtype == DType::BF16) return kind == Kind::kNorm ? Fill::kNormBf16 : Fill::kBf16;
+  return kind == Kind::kProjection ? Fill::kScale : Fill::kF32;
 }
 
 }  // namespace
@@ -140,22 +149,19 @@ Checkpoint synthetic_checkpoint(const ModelConfig& cfg, uint64_t seed) {
     infos[name] = ti;
     kinds[name] = spec.kind;
   }
-  auto pool = std::make_shared<Pool>(seed);
+  std::array<size_t, size_t(Fill::kCount)> longest{};
+  for (const auto& [name, ti] : infos) {
+    size_t& l = longest[size_t(fill_of(ti.dtype, kinds.at(name)))];
+    l = std::max(l, ti.nbytes);
+  }
+  auto pool = std::make_shared<Pool>(seed, longest);
   auto make = [pool, kinds](const TensorInfo& ti) {
-    Tensor t = Tensor::empty(ti.shape, ti.dtype);
-    const size_t offset = std::hash<std::string>{}(ti.name) % Pool::kBytes & ~size_t(3);
-    const Kind kind = kinds.at(ti.name);
-    if (ti.dtype == DType::F8_E4M3) {
-      tile(pool->e4m3, offset, static_cast<uint8_t*>(t.raw()), t.nbytes());
-    } else if (ti.dtype == DType::BF16) {
-      tile(kind == Kind::kNorm ? pool->norm_bf16 : pool->bf16, offset, static_cast<uint8_t*>(t.raw()),
-           t.nbytes());
-    } else if (kind == Kind::kProjection) {  // block scales: fp8 values up to 400 -> |w| <= 0.05
-      for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = 1.25e-4f;
-    } else {
-      tile(pool->f32, offset, static_cast<uint8_t*>(t.raw()), t.nbytes());
-    }
-    return t;
+    const std::shared_ptr<Storage>& buf = pool->buf[size_t(fill_of(ti.dtype, kinds.at(ti.name)))];
+    // Scales are one value; the others start at a per-tensor offset into the repeated table.
+    const size_t offset = fill_of(ti.dtype, kinds.at(ti.name)) == Fill::kScale
+                              ? 0
+                              : std::hash<std::string>{}(ti.name) % Pool::kBytes & ~size_t(3);
+    return Tensor::wrap(static_cast<uint8_t*>(buf->data()) + offset, ti.shape, ti.dtype, Device::cpu(), buf);
   };
   return Checkpoint::synthetic(fmt::format("synthetic {} model", cfg.model_type), std::move(infos),
                                std::move(make));
