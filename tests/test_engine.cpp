@@ -269,6 +269,35 @@ TEST(Engine, PrefixCacheServesSharedPromptsAsComputedOnes) {
     for (int64_t c : w) EXPECT_EQ(c, 0);
 }
 
+// One prompt sent three times at once (a request's n choices): the first computes it, the others
+// wait for its blocks and take them (2 of its 2 full blocks with a next token), all sampled
+// differently and each the generator's; with chunks smaller than the prompt as well.
+TEST(Engine, PrefixCacheSharesAPromptSentTogether) {
+  const std::string dir = test::fixture_dir("glm_tiny");
+  const int vocab = int(load_config(dir + "/config.json").vocab_size);
+  const std::vector<float> r = test::random_floats(150, 21);
+  std::vector<int32_t> prompt;
+  for (float v : r) prompt.push_back(int32_t((v + 1.0f) * 0.5f * float(vocab - 1)));
+  Wave w;
+  for (uint64_t seed = 1; seed <= 3; ++seed) {
+    Case c;
+    c.prompt = prompt;
+    c.max_new = 5;
+    c.temperature = 0.9f;
+    c.seed = seed;
+    w.cases.push_back(c);
+  }
+  for (int64_t budget : {512, 48}) {
+    SCOPED_TRACE("max_num_batched_tokens " + std::to_string(budget));
+    EngineOptions o;
+    o.max_num_seqs = 4;
+    o.max_num_batched_tokens = budget;
+    o.kv_cache_memory = 64 << 20;
+    const auto cached = expect_waves_match(dir, o, {w}, 64);
+    EXPECT_EQ(cached[0], (std::vector<int64_t>{0, 128, 128}));
+  }
+}
+
 // With MTP drafting, with DCP (blocks of W x 64 tokens, or more when the interleave does not
 // divide 64), and with a pool so small that cached blocks are evicted. Verification hides what the
 // drafts were, so the drafts' statistics are compared with a run without the cache: a request's

@@ -219,6 +219,43 @@ TEST(PrefixCacheScheduler, AdmitsFromCachedBlocksAndCachesFinishedOnes) {
   EXPECT_EQ(sc.prefix_cache().evictable_pages(), 3);
 }
 
+// Prompts sharing blocks, queued together (the n choices of a request): the first is admitted, the
+// others wait until it has cached the blocks they share and then take them; a prompt sharing
+// nothing, or less than a block, is admitted at once past them.
+TEST(PrefixCacheScheduler, PromptsQueuedTogetherShareTheBlocksOneComputes) {
+  Scheduler sc(config());
+  Seq a(1, iota_tokens(200, 0)), b(2, iota_tokens(200, 0)), c(3, iota_tokens(100, 500));
+  Seq d(4, iota_tokens(150, 0)), e(5, iota_tokens(40, 0));
+  for (Seq* q : {&a, &b, &c, &d, &e}) sc.add(&q->s);
+  StepPlan p = plan(sc);
+  std::vector<SchedSeq*> admitted;
+  for (const auto& r : p.prefill) admitted.push_back(r.seq);
+  EXPECT_EQ(admitted, (std::vector<SchedSeq*>{&a.s, &c.s, &e.s})) << "b and d wait for a's blocks";
+  for (Seq* q : {&a, &c, &e}) {  // prefilled, and their first token sampled
+    q->computed(q->s.n_tokens);
+    q->generate(7);
+  }
+  p = plan(sc);
+  EXPECT_EQ(p.decode.size(), 3u);
+  ASSERT_EQ(p.prefill.size(), 2u);
+  EXPECT_EQ(p.prefill[0].seq, &b.s);
+  EXPECT_EQ(b.s.cache_hit, 192);
+  EXPECT_EQ(p.prefill[1].seq, &d.s);
+  EXPECT_EQ(d.s.cache_hit, 128);
+  EXPECT_EQ(std::vector<int32_t>(b.s.pages.begin(), b.s.pages.begin() + 3),
+            std::vector<int32_t>(a.s.pages.begin(), a.s.pages.begin() + 3));
+  for (Seq* q : {&a, &b, &c, &d, &e}) sc.remove(&q->s);
+
+  // Without the cache nobody waits.
+  SchedulerConfig off = config();
+  off.prefix_caching = false;
+  Scheduler plain(off);
+  Seq f(6, iota_tokens(200, 0)), g(7, iota_tokens(200, 0));
+  plain.add(&f.s);
+  plain.add(&g.s);
+  EXPECT_EQ(plan(plain).prefill.size(), 2u);
+}
+
 TEST(PrefixCacheScheduler, WithSpeculationBlocksWaitForTheirMtpEntries) {
   Scheduler sc(config(2));
   Seq a(1, iota_tokens(150, 0));

@@ -109,6 +109,24 @@ bool Scheduler::admit(SchedSeq* s, int64_t budget, StepPlan& plan) {
   return true;
 }
 
+bool Scheduler::waits_for_shared_blocks(const SchedSeq* s) const {
+  if (!cache_.enabled() || s->tokens == nullptr) return false;
+  const int64_t B = cache_.block_tokens();
+  const int64_t most = s->n_tokens - (s->n_generated > 0 ? 2 : 1);  // what admit() may take
+  if (most < B) return false;
+  for (const SchedSeq* r : running_) {
+    // Only a sequence still prefilling makes new blocks; at its end it has cached those whose
+    // next token it knows.
+    if (r->tokens == nullptr || r->computed >= r->n_tokens) continue;
+    const int64_t len = std::min<int64_t>(most, int64_t(r->tokens->size()) - 1);
+    if (len < B) continue;
+    const auto* a = s->tokens->data();
+    const int64_t common = std::mismatch(a, a + len, r->tokens->data()).first - a;
+    if (common / B > r->cached_blocks) return true;
+  }
+  return false;
+}
+
 int64_t Scheduler::chunk_for(const SchedSeq* s, int64_t budget) const {
   return std::min(s->n_tokens - s->computed, budget);
 }
@@ -163,12 +181,18 @@ StepPlan Scheduler::plan_once(const std::vector<int64_t>& drafts) {
     plan.prefill.push_back({s, chunk});
     budget -= chunk;
   }
-  // 3. Admissions. A sequence preempted by this very plan waits for the next step.
-  while (!waiting_.empty() && int64_t(running_.size()) < cfg_.max_num_seqs && budget > 0) {
-    SchedSeq* s = waiting_.front();
+  // 3. Admissions, in queue order. A sequence preempted by this very plan waits for the next step;
+  // one whose shared blocks a running sequence is computing lets those behind it go first.
+  for (auto it = waiting_.begin();
+       it != waiting_.end() && int64_t(running_.size()) < cfg_.max_num_seqs && budget > 0;) {
+    SchedSeq* s = *it;
     if (std::find(plan.preempted.begin(), plan.preempted.end(), s) != plan.preempted.end()) break;
+    if (waits_for_shared_blocks(s)) {
+      ++it;
+      continue;
+    }
     if (!admit(s, budget, plan)) break;
-    waiting_.pop_front();
+    it = waiting_.erase(it);
     running_.push_back(s);
     budget -= plan.prefill.back().n;
   }

@@ -97,6 +97,10 @@ class Scheduler {
   void give_back(SchedSeq* s);      // its full blocks join the cache, its pages are released
   void cache_blocks(SchedSeq* s);   // its full blocks of final cache entries join the cache
   bool admit(SchedSeq* s, int64_t budget, StepPlan& plan);
+  // Whether a running sequence is still computing blocks that s's prompt shares and could take
+  // from the cache once they are there (the n choices of one request, identical prompts sent
+  // together): s then waits for them rather than computing them a second time.
+  bool waits_for_shared_blocks(const SchedSeq* s) const;
   int64_t chunk_for(const SchedSeq* s, int64_t budget) const;
   StepPlan schedule_with(const std::vector<int64_t>& drafts);
   StepPlan plan_once(const std::vector<int64_t>& drafts);  // drafts[i]: of running_[i]
