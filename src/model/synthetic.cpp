@@ -110,7 +110,8 @@ struct Pool {
       const size_t n = kBytes + longest[k];
       buf[k] = std::make_shared<HostStorage>(n);
       auto* dst = static_cast<uint8_t*>(buf[k]->data());
-      for (size_t done = 0; done < n; done += kBytes) std::memcpy(dst + done, table[k].data(), std::min(kBytes, n - done));
+      for (size_t done = 0; done < n; done += kBytes)
+        std::memcpy(dst + done, table[k].data(), std::min(kBytes, n - done));
     }
   }
 };
