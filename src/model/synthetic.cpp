@@ -157,11 +157,10 @@ Checkpoint synthetic_checkpoint(const ModelConfig& cfg, uint64_t seed) {
   }
   auto pool = std::make_shared<Pool>(seed, longest);
   auto make = [pool, kinds](const TensorInfo& ti) {
-    const std::shared_ptr<Storage>& buf = pool->buf[size_t(fill_of(ti.dtype, kinds.at(ti.name)))];
+    const Fill fill = fill_of(ti.dtype, kinds.at(ti.name));
+    const std::shared_ptr<Storage>& buf = pool->buf[size_t(fill)];
     // Scales are one value; the others start at a per-tensor offset into the repeated table.
-    const size_t offset = fill_of(ti.dtype, kinds.at(ti.name)) == Fill::kScale
-                              ? 0
-                              : std::hash<std::string>{}(ti.name) % Pool::kBytes & ~size_t(3);
+    const size_t offset = fill == Fill::kScale ? 0 : std::hash<std::string>{}(ti.name) % Pool::kBytes & ~size_t(3);
     return Tensor::wrap(static_cast<uint8_t*>(buf->data()) + offset, ti.shape, ti.dtype, Device::cpu(), buf);
   };
   return Checkpoint::synthetic(fmt::format("synthetic {} model", cfg.model_type), std::move(infos),

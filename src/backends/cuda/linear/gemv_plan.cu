@@ -7,25 +7,13 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/gemv.h"
 #include "backends/cuda/linear/gemv_chunk.cuh"
+#include "backends/cuda/switch_value.h"
 
 namespace dsi::cuda {
 
 using namespace gemv_chunk;
 
 namespace {
-// A switch that the set_* call or, until then, the environment (read once, by `read`) decides;
-// -1: not yet read.
-template <typename Read>
-int switch_value(std::atomic<int>& v, Read read) {
-  int x = v.load(std::memory_order_relaxed);
-  if (x < 0) {
-    int expected = -1;
-    v.compare_exchange_strong(expected, read());
-    x = v.load();
-  }
-  return x;
-}
-
 std::atomic<int> g_tensor_cores{-1};
 std::atomic<int> g_mma_one_row{-1};
 std::atomic<int> g_tma{-1};

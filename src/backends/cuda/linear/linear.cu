@@ -10,6 +10,7 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/linear/cublas.h"
 #include "backends/cuda/linear/gemv.h"
+#include "backends/cuda/switch_value.h"
 #include "backends/cuda/linear/linear.h"
 #include "backends/cuda/memory/memory.h"
 #include "ops/linear.h"
@@ -176,14 +177,10 @@ std::atomic<int> g_fp8_prefill{-1};  // -1: DSI_FP8_PREFILL not read yet
 }  // namespace
 
 bool fp8_prefill() {
-  int v = g_fp8_prefill.load(std::memory_order_relaxed);
-  if (v < 0) {
-    int expected = -1;
-    const char* env = std::getenv("DSI_FP8_PREFILL");
-    g_fp8_prefill.compare_exchange_strong(expected, env != nullptr && std::atoi(env) > 0 ? 1 : 0);
-    v = g_fp8_prefill.load();
-  }
-  return v == 1;
+  return switch_value(g_fp8_prefill, [] {
+           const char* env = std::getenv("DSI_FP8_PREFILL");
+           return env != nullptr && std::atoi(env) > 0 ? 1 : 0;
+         }) == 1;
 }
 
 void set_fp8_prefill(bool on) { g_fp8_prefill.store(on ? 1 : 0); }
