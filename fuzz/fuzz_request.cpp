@@ -60,8 +60,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
     // The prompt the server would tokenize: the ids as given, else a stand-in of the text's length.
     const dsi::server::ModelLimits limits{"kjv-dsa", (mode & 2) ? 64 : 4096, 4096};
-    std::vector<int32_t> prompt = r.prompt_ids;
-    if (!r.prompt_is_ids) prompt.assign(std::min<size_t>(r.prompt_text.size(), 100), 7);
+    DSI_FUZZ_ASSERT(chat ? r.prompts.empty()
+                         : !r.prompts.empty() && r.prompts.size() <= size_t(dsi::server::kMaxBatchPrompts));
+    std::vector<int32_t> prompt;  // (a chat request's is rendered later: none here)
+    if (!r.prompts.empty()) {
+      const dsi::server::CompletionPrompt& first = r.prompts.front();
+      prompt = first.is_ids ? first.ids : std::vector<int32_t>(std::min<size_t>(first.text.size(), 100), 7);
+    }
     const auto made = dsi::server::make_engine_request(r, prompt, limits, /*default_seed=*/1);
     if (const auto* e = std::get_if<ApiError>(&made)) return check_error(*e);
     const dsi::EngineRequest& er = std::get<dsi::EngineRequest>(made);

@@ -41,8 +41,9 @@ TEST(ServerTask, CompletionDefaultsAndFields) {
   ParsedRequest r = ok_completion(R"({"model": "kjv-dsa", "prompt": "In the beginning"})");
   EXPECT_EQ(r.endpoint, Endpoint::kCompletions);
   EXPECT_EQ(r.model, "kjv-dsa");
-  EXPECT_EQ(r.prompt_text, "In the beginning");
-  EXPECT_FALSE(r.prompt_is_ids);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0].text, "In the beginning");
+  EXPECT_FALSE(r.prompts[0].is_ids);
   EXPECT_FALSE(r.max_tokens.has_value());
   EXPECT_FLOAT_EQ(r.temperature, 1.0f);
   EXPECT_FLOAT_EQ(r.top_p, 1.0f);
@@ -57,8 +58,9 @@ TEST(ServerTask, CompletionDefaultsAndFields) {
     "stream_options": {"include_usage": true}, "logprobs": 3, "n": 1, "best_of": 1,
     "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {}, "user": "u",
     "ignore_eos": true, "top_k": 20, "min_p": 0.05})");
-  EXPECT_TRUE(r.prompt_is_ids);
-  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_TRUE(r.prompts[0].is_ids);
+  EXPECT_EQ(r.prompts[0].ids, (std::vector<int32_t>{1, 2, 3}));
   EXPECT_EQ(r.max_tokens, 5);
   EXPECT_FLOAT_EQ(r.temperature, 0.0f);
   EXPECT_FLOAT_EQ(r.top_p, 0.5f);
@@ -72,8 +74,17 @@ TEST(ServerTask, CompletionDefaultsAndFields) {
   EXPECT_EQ(r.logprobs, 3);
   EXPECT_TRUE(r.ignore_eos);
 
-  EXPECT_EQ(ok_completion(R"({"prompt": ["one"], "stop": "x"})").prompt_text, "one");
-  EXPECT_EQ(ok_completion(R"({"prompt": [[4, 5]]})").prompt_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(ok_completion(R"({"prompt": ["one"], "stop": "x"})").prompts.at(0).text, "one");
+  EXPECT_EQ(ok_completion(R"({"prompt": [[4, 5]]})").prompts.at(0).ids, (std::vector<int32_t>{4, 5}));
+  // A batch: texts, id lists, or both, in order.
+  r = ok_completion(R"({"prompt": ["one", [4, 5], "three"], "n": 2})");
+  ASSERT_EQ(r.prompts.size(), 3u);
+  EXPECT_EQ(r.prompts[0].text, "one");
+  EXPECT_FALSE(r.prompts[0].is_ids);
+  EXPECT_TRUE(r.prompts[1].is_ids);
+  EXPECT_EQ(r.prompts[1].ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(r.prompts[2].text, "three");
+  EXPECT_EQ(r.n, 2);
   EXPECT_EQ(ok_completion(R"({"prompt": "p", "stop": "x"})").stop, std::vector<std::string>{"x"});
   EXPECT_EQ(ok_completion(R"({"prompt": "p", "max_tokens": 16.0})").max_tokens, 16);
   EXPECT_TRUE(ok_completion(R"({"prompt": "p", "echo": true})").echo);
@@ -214,7 +225,12 @@ TEST(ServerTask, UnsupportedFeatures) {
   expect_error(cmpl(R"("suffix": "end")"), 400, "suffix", "not supported", "unsupported");
   expect_error(cmpl(R"("echo": true, "logprobs": 1)"), 400, "logprobs", "not supported", "unsupported");
   expect_error(cmpl(R"("stream_options": {"include_usage": true})"), 400, "stream_options", "only allowed when");
-  expect_error(parse_completion_request(R"({"prompt": ["a", "b"]})"), 400, "prompt", "batch of 2", "unsupported");
+  std::string many = R"({"prompt": [)";
+  for (int i = 0; i <= kMaxBatchPrompts; ++i) many += i ? R"(, "p")" : R"("p")";
+  expect_error(parse_completion_request(many + "]}"), 400, "prompt", "at most 64");
+  expect_error(parse_completion_request(R"({"prompt": ["a", ""]})"), 400, "prompt", "'prompt[1]' is empty");
+  expect_error(parse_completion_request(R"({"prompt": ["a", 3]})"), 400, "prompt", "'prompt[1]' must be");
+  expect_error(parse_completion_request(R"({"prompt": [[1], [-2]]})"), 400, "prompt", "not a token id");
   expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
                400, "messages", "not supported", "unsupported");
   expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}],
@@ -234,8 +250,8 @@ TEST(ServerTask, EngineRequestDefaults) {
                                       "top_k": -1, "min_p": 0.1, "logit_bias": {"3": -100, "7": 2.5},
                                       "stop_token_ids": [7], "logprobs": 2, "presence_penalty": 0.5,
                                       "frequency_penalty": -1, "repetition_penalty": 1.1})");
-  EngineRequest e = ok_engine(c, c.prompt_ids);
-  EXPECT_EQ(e.prompt, c.prompt_ids);
+  EngineRequest e = ok_engine(c, c.prompts.at(0).ids);
+  EXPECT_EQ(e.prompt, c.prompts.at(0).ids);
   EXPECT_EQ(e.max_new_tokens, 16);  // the legacy completions default
   EXPECT_FLOAT_EQ(e.sampling.temperature, 0.5f);
   EXPECT_FLOAT_EQ(e.sampling.top_p, 0.9f);

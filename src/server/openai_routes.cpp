@@ -258,7 +258,8 @@ struct Reply {
   int64_t created;
   bool logprobs;
   bool include_usage;
-  size_t echo_len = 0;  // bytes of echoed prompt before the completion text
+  int n = 1;                     // choices per prompt (choice p * n + i: prompt p's choice i)
+  std::vector<size_t> echo_len;  // per choice: bytes of echoed prompt before the completion text
 
   // A streamed chunk of choice `index` with new text (and the tokens' logprobs) or a finish reason.
   // reasoning: the chat answer's new reasoning text (reasoning.h); calls: its tool calls.
@@ -276,7 +277,7 @@ struct Reply {
       choice["logprobs"] = logprobs && tokens ? chat_logprobs(*tokens) : Json(nullptr);
     } else {
       choice["text"] = text;
-      choice["logprobs"] = logprobs && tokens ? completion_logprobs(*tokens, echo_len) : Json(nullptr);
+      choice["logprobs"] = logprobs && tokens ? completion_logprobs(*tokens, echo_len[size_t(index)]) : Json(nullptr);
     }
     choice["finish_reason"] = finish_reason ? Json(*finish_reason) : Json(nullptr);
     Json j = {{"id", id},
@@ -288,11 +289,15 @@ struct Reply {
     return j;
   }
 
-  // The usage of all choices: the prompt once, the completions summed (OpenAI's accounting).
-  static Json usage(const std::vector<std::shared_ptr<Run>>& runs) {
-    int64_t completion = 0;
-    for (const auto& r : runs) completion += r->completion_tokens();
-    return usage_json(runs.front()->prompt_tokens(), completion, runs.front()->cached_tokens());
+  // The usage of all choices: each prompt once (its first choice's count and cached tokens), the
+  // completions summed (OpenAI's accounting).
+  Json usage(const std::vector<std::shared_ptr<Run>>& runs) const {
+    int64_t prompt = 0, cached = 0, completion = 0;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      completion += runs[i]->completion_tokens();
+      if (i % size_t(n) == 0) prompt += runs[i]->prompt_tokens(), cached += runs[i]->cached_tokens();
+    }
+    return usage_json(prompt, completion, cached);
   }
 
   Json usage_chunk(const std::vector<std::shared_ptr<Run>>& runs) const {
@@ -319,7 +324,7 @@ struct Reply {
       c["logprobs"] = logprobs ? chat_logprobs(tokens) : Json(nullptr);
     } else {
       c["text"] = text;
-      c["logprobs"] = logprobs ? completion_logprobs(tokens, echo_len) : Json(nullptr);
+      c["logprobs"] = logprobs ? completion_logprobs(tokens, echo_len[size_t(index)]) : Json(nullptr);
     }
     c["finish_reason"] = finish_reason_of(run.finish_reason(), !calls.empty());
     return c;
@@ -465,52 +470,68 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
   const ParsedRequest& req = std::get<ParsedRequest>(parsed);
   if (auto e = check_model(req.model, limits_)) return reject(*e);
 
-  // The prompt's tokens. Chat: the template's text already holds its special tokens, so it is
+  // The prompts' tokens. Chat: the template's text already holds its special tokens, so it is
   // encoded without the post-processor's (as HF apply_chat_template(tokenize=True) does).
-  std::vector<int32_t> prompt;
-  std::string echo_text;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::string> echo_texts;  // per prompt
   const bool split = endpoint == Endpoint::kChat && reasoning_;  // reasoning_content apart
   bool opens_reasoning = false;  // the chat prompt leaves the answer inside a think block
   if (endpoint == Endpoint::kChat) {
     auto rendered = render_chat(req.messages, req.tools, /*add_generation_prompt=*/true, req.chat_template_kwargs);
     if (auto* e = std::get_if<ApiError>(&rendered)) return reject(*e);
     const std::string& text = std::get<std::string>(rendered);
-    prompt = tokenizer_.encode(text, /*add_special_tokens=*/false);
+    prompts.push_back(tokenizer_.encode(text, /*add_special_tokens=*/false));
+    echo_texts.emplace_back();
     opens_reasoning = ReasoningSplitter::prompt_opens_reasoning(text);
-  } else if (req.prompt_is_ids) {
-    prompt = req.prompt_ids;
-    if (req.echo) echo_text = tokenizer_.decode(req.prompt_ids, req.skip_special_tokens);
   } else {
-    prompt = tokenizer_.encode(req.prompt_text, /*add_special_tokens=*/true);
-    if (req.echo) echo_text = req.prompt_text;
+    for (const CompletionPrompt& p : req.prompts) {
+      prompts.push_back(p.is_ids ? p.ids : tokenizer_.encode(p.text, /*add_special_tokens=*/true));
+      echo_texts.push_back(!req.echo ? std::string()
+                           : p.is_ids ? tokenizer_.decode(p.ids, req.skip_special_tokens)
+                                      : p.text);
+    }
   }
-  auto made = make_engine_request(req, std::move(prompt), limits_, random_seed());
-  if (auto* e = std::get_if<ApiError>(&made)) return reject(*e);
+  // Every prompt's engine request is checked before any runs.
+  std::vector<EngineRequest> bases;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    auto made = make_engine_request(req, std::move(prompts[p]), limits_, random_seed());
+    if (auto* e = std::get_if<ApiError>(&made)) {
+      if (prompts.size() > 1) e->message = fmt::format("prompt {} of the batch: {}", p, e->message);
+      return reject(*e);
+    }
+    bases.push_back(std::move(std::get<EngineRequest>(made)));
+  }
 
   // A failed engine is the server's fault, not the request's: 503, as /health says.
   if (const std::string failure = engine_.failure(); !failure.empty())
     return reject(ApiError{503, "the engine has failed: " + failure, "server_error"});
-  // n choices: n engine requests, choice i with seed + i (so sampled choices differ).
+  // n choices of each prompt: n engine requests, choice i with seed + i (so sampled choices differ,
+  // and a prompt's choices in a batch are those of a request of that prompt alone).
   std::vector<std::shared_ptr<Run>> runs;
-  const EngineRequest& base = std::get<EngineRequest>(made);
-  for (int i = 0; i < req.n; ++i) {
-    runs.push_back(std::make_shared<Run>(engine_, metrics_, tokenizer_, req,
-                                         split ? think_tags_ : std::vector<int32_t>{}));
-    EngineRequest e = base;
-    e.sampling.seed = base.sampling.seed + uint64_t(i);
-    try {
-      runs.back()->submit(std::move(e));
-    } catch (const dsi::Error& err) {
-      return reject(ApiError{400, err.what()});  // the runs submitted so far are cancelled
+  std::vector<std::string> echoes;  // per choice
+  for (size_t p = 0; p < bases.size(); ++p)
+    for (int i = 0; i < req.n; ++i) {
+      runs.push_back(std::make_shared<Run>(engine_, metrics_, tokenizer_, req,
+                                           split ? think_tags_ : std::vector<int32_t>{}));
+      echoes.push_back(echo_texts[p]);
+      EngineRequest e = bases[p];
+      e.sampling.seed = bases[p].sampling.seed + uint64_t(i);
+      try {
+        runs.back()->submit(std::move(e));
+      } catch (const dsi::Error& err) {
+        return reject(ApiError{400, err.what()});  // the runs submitted so far are cancelled
+      }
     }
-  }
+  std::vector<size_t> echo_len;
+  for (const std::string& t : echoes) echo_len.push_back(t.size());
   Reply reply{endpoint,
               (endpoint == Endpoint::kChat ? "chatcmpl-" : "cmpl-") + random_hex(24),
               limits_.id,
               unix_now(),
               req.logprobs >= 0,
               req.include_usage,
-              echo_text.size()};
+              req.n,
+              std::move(echo_len)};
   const auto all_done = [](const std::vector<std::shared_ptr<Run>>& rs) {
     return std::all_of(rs.begin(), rs.end(), [](const auto& r) { return r->done(); });
   };
@@ -531,7 +552,7 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
     answers->emplace_back(split, opens_reasoning, call_tools ? tool_format_ : ToolFormat::kNone, req.tools);
 
   if (!req.stream) {
-    std::vector<std::string> texts(runs.size(), echo_text), reasoning(runs.size());
+    std::vector<std::string> texts = echoes, reasoning(runs.size());
     std::vector<std::vector<TokenRecord>> tokens(runs.size());
     std::vector<std::vector<ToolCall>> calls(runs.size());
     while (!all_done(runs)) {
@@ -563,13 +584,13 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
   struct StreamState {
     std::vector<std::shared_ptr<Run>> runs;
     Reply reply;
-    std::string echo;
+    std::vector<std::string> echoes;  // per choice
     bool started = false;
     std::vector<bool> finished;
     std::vector<bool> called;  // the choice's answer had tool calls
     Clock::time_point last_write = Clock::now();
   };
-  auto st = std::make_shared<StreamState>(StreamState{runs, reply, std::move(echo_text), false,
+  auto st = std::make_shared<StreamState>(StreamState{runs, reply, std::move(echoes), false,
                                                       std::vector<bool>(runs.size(), false),
                                                       std::vector<bool>(runs.size(), false)});
   HttpResponse r;
@@ -585,7 +606,8 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
       st->started = true;
       for (int i = 0; i < int(st->runs.size()); ++i) {
         if (rep.endpoint == Endpoint::kChat && !send(sse(rep.chunk(i, "", nullptr, nullptr, true)))) return false;
-        if (!st->echo.empty() && !send(sse(rep.chunk(i, st->echo, nullptr, nullptr)))) return false;
+        const std::string& echo = st->echoes[size_t(i)];
+        if (!echo.empty() && !send(sse(rep.chunk(i, echo, nullptr, nullptr)))) return false;
       }
     }
     bool wrote = false;

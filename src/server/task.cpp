@@ -292,23 +292,26 @@ ParseResult parse_completion_request(std::string_view body) {
     parse_common(j, r);
     const Json* p = field(j, "prompt");
     if (!p) bad("prompt", "'prompt' is required");
-    // A string, an array of ids, or a batch of one of either.
-    const Json* one = p;
-    if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
-      if (p->size() != 1) unsupported("prompt", fmt::format("a batch of {} prompts", p->size()));
-      one = &p->front();
+    // A string, an array of ids, or a batch (an array) of either.
+    const bool batch = p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array());
+    const size_t count = batch ? p->size() : 1;
+    if (count > size_t(kMaxBatchPrompts))
+      bad("prompt", fmt::format("a batch of {} prompts; at most {}", count, kMaxBatchPrompts));
+    for (size_t i = 0; i < count; ++i) {
+      const Json& one = batch ? (*p)[i] : *p;
+      const std::string which = batch ? fmt::format("'prompt[{}]'", i) : std::string("'prompt'");
+      CompletionPrompt cp;
+      if (one.is_string()) {
+        cp.text = one.get<std::string>();
+      } else if (one.is_array()) {
+        cp.ids = as_ids(one, "prompt");
+        cp.is_ids = true;
+      } else {
+        bad("prompt", fmt::format("{} must be a string or an array of token ids, got {}", which, type_name(one)));
+      }
+      if (cp.is_ids ? cp.ids.empty() : cp.text.empty()) bad("prompt", fmt::format("{} is empty", which));
+      r.prompts.push_back(std::move(cp));
     }
-    if (one->is_string()) {
-      r.prompt_text = one->get<std::string>();
-    } else if (one->is_array()) {
-      r.prompt_ids = as_ids(*one, "prompt");
-      r.prompt_is_ids = true;
-    } else {
-      bad("prompt", fmt::format("'prompt' must be a string or an array of token ids, got {}",
-                                type_name(*one)));
-    }
-    if (r.prompt_is_ids ? r.prompt_ids.empty() : r.prompt_text.empty())
-      bad("prompt", "'prompt' is empty");
     parse_max_tokens(j, "max_tokens", r);
     r.echo = get_bool(j, "echo", false);
     if (const Json* s = field(j, "suffix"))

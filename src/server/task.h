@@ -1,7 +1,7 @@
 // The task layer: OpenAI request JSON -> a validated request, and the checks that need the model
 // (context length, vocabulary). Pure functions, no I/O, no engine: a fuzzer can call them with any
-// bytes. Validation mirrors the OpenAI API's documented ranges; anything unsupported (n > 1,
-// penalties, logit_bias, suffix, echo with logprobs, ...) is a 400 naming the parameter.
+// bytes. Validation mirrors the OpenAI API's documented ranges; anything unsupported (suffix, echo
+// with logprobs, a forced tool call, ...) is a 400 naming the parameter.
 #pragma once
 
 #include <cstdint>
@@ -34,14 +34,21 @@ nlohmann::ordered_json error_json(const ApiError& e);
 enum class Endpoint { kCompletions, kChat };
 
 inline constexpr int kMaxChoices = 16;  // the most choices (n) one request may ask for
+inline constexpr int kMaxBatchPrompts = 64;  // the most prompts one /v1/completions request may batch
+
+// One prompt of /v1/completions: text, or token ids.
+struct CompletionPrompt {
+  std::string text;
+  std::vector<int32_t> ids;
+  bool is_ids = false;
+};
 
 struct ParsedRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   std::string model;  // "" when not given (the served model)
-  // /v1/completions: text or token ids.
-  std::string prompt_text;
-  std::vector<int32_t> prompt_ids;
-  bool prompt_is_ids = false;
+  // /v1/completions: one prompt or a batch of them. The response's choices are prompt-major: choice
+  // p * n + i is prompt p's choice i (OpenAI's order).
+  std::vector<CompletionPrompt> prompts;
   bool echo = false;
   // /v1/chat/completions: rendered by the model's chat template.
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();

@@ -131,6 +131,37 @@ def test_n_choices(server):
     assert bad.status_code == 400 and "'n'" in bad.json()["error"]["message"]
 
 
+def test_batch_of_prompts(server):
+    # A batch of prompts is each prompt's request at once: choice p * n + i is prompt p's choice i,
+    # the same as a request of prompt p alone (same seed), streamed or not; usage counts each prompt.
+    prompts = ["And God said", [1, 2, 3, 4], "In the beginning"]
+    body = {"model": MODEL, "max_tokens": 6, "temperature": 1.0, "seed": 11, "ignore_eos": True, "n": 2}
+    batch = httpx.post(server.url + "/v1/completions", json=dict(body, prompt=prompts), timeout=600).json()
+    assert [c["index"] for c in batch["choices"]] == list(range(6))
+    singles = [httpx.post(server.url + "/v1/completions", json=dict(body, prompt=p), timeout=600).json()
+               for p in prompts]
+    assert [c["text"] for c in batch["choices"]] == [c["text"] for s in singles for c in s["choices"]]
+    assert batch["usage"]["prompt_tokens"] == sum(s["usage"]["prompt_tokens"] for s in singles)
+    assert batch["usage"]["completion_tokens"] == 36
+    chunks = sse_events(server, "/v1/completions",
+                        dict(body, prompt=prompts, stream=True, stream_options={"include_usage": True}))
+    texts = [""] * 6
+    for c in chunks[:-1]:
+        for ch in c["choices"]:
+            texts[ch["index"]] += ch["text"]
+    assert texts == [c["text"] for c in batch["choices"]]
+    assert all(chunks[-1]["usage"][k] == batch["usage"][k] for k in ("prompt_tokens", "completion_tokens"))
+    # echo: each choice starts with its own prompt's text.
+    echo = httpx.post(server.url + "/v1/completions",
+                      json=dict(body, prompt=["And God said", "Let there be"], echo=True, n=1), timeout=600).json()
+    assert echo["choices"][0]["text"].startswith("And God said")
+    assert echo["choices"][1]["text"].startswith("Let there be")
+    # One prompt past the context refuses the whole batch, naming it.
+    e = error_of(httpx.post(server.url + "/v1/completions",
+                            json=dict(body, prompt=["x", " light" * 600]), timeout=60), 400)
+    assert "prompt 1 of the batch" in e["message"] and str(MAX_MODEL_LEN) in e["message"]
+
+
 def test_completion_stream_matches_non_stream(server):
     body = {"model": MODEL, "prompt": "And the earth was without form", "max_tokens": 24,
             "temperature": 0, "ignore_eos": True}
