@@ -1,7 +1,7 @@
-// Wide layouts (6, 8, 12 and 16 thread ranks, DCP groups of 2..16, interleaves, both combines, chunked
-// prefill, MTP speculation) on synthetic checkpoints of shapes the fixtures do not have: more heads
-// and experts than the fixtures, shared-indexer layers in other patterns, grouped routing, fp8
-// blocks that TP shards cut through. Every layout must give one rank's teacher-forced logits (to
+// Wide layouts (4, 6, 8, 12 and 16 thread ranks, DCP groups of 1..16, interleaves, both combines,
+// chunked prefill, MTP speculation) on synthetic checkpoints of shapes the fixtures do not have: more
+// heads and experts than the fixtures, fewer experts than ranks, shared-indexer layers in other
+// patterns, grouped routing, fp8 blocks that TP shards cut through. Every layout must give one rank's teacher-forced logits (to
 // the self-consistency tolerance: TP and DCP change only the order of sums) and its greedy tokens.
 #include <gtest/gtest.h>
 
@@ -68,6 +68,12 @@ std::vector<Case> cases() {
         {"moe_intermediate_size", 48},
         {"index_topk", 7}},
        {{6, 3, 1, ag}, {6, 6, 2, a2a}, {12, 4, 1, ag}, {12, 12, 1, a2a}}},
+      // Experts the ranks cannot share evenly: 6 over 4 ranks (1 or 2 each) and over 8 (two ranks
+      // hold none and add only their share of the shared expert).
+      {"glm_6_experts",
+       "glm_tiny",
+       {{"n_routed_experts", 6}, {"num_experts_per_tok", 3}},
+       {{4, 2, 1, ag}, {8, 8, 1, a2a}, {8, 1, 1, ag}}},
   };
 }
 

@@ -188,15 +188,17 @@ class Loader {
     w.in_proj = std::move(s);
   }
 
-  // Routed experts are spread across ranks: rank r holds experts [r E / T, (r + 1) E / T).
+  // Routed experts are spread across ranks: rank r holds experts [floor(r E / T), floor((r + 1) E / T)),
+  // E / T each when T divides E; else some hold one more, and with more ranks than experts some
+  // hold none (their MoE adds only the shared expert's share).
   MoeWeights moe(const std::string& p) const {
     const ModelConfig& c = cfg_;
     MoeWeights w;
     w.gate = linear(p, "mlp.gate", c.n_experts, c.hidden_size);
     w.e_score_correction_bias = vec(p + ".mlp.gate.e_score_correction_bias", c.n_experts);
-    const int per_rank = c.n_experts / shard_.size;
-    w.first_expert = shard_.rank * per_rank;
-    for (int e = w.first_expert; e < w.first_expert + per_rank; ++e)
+    w.first_expert = int(int64_t(shard_.rank) * c.n_experts / shard_.size);
+    const int end = int(int64_t(shard_.rank + 1) * c.n_experts / shard_.size);
+    for (int e = w.first_expert; e < end; ++e)
       w.experts.push_back(mlp(p, "mlp.experts." + std::to_string(e), c.moe_intermediate_size));
     w.shared_experts = mlp(p, "mlp.shared_experts", c.shared_intermediate_size());
     return w;

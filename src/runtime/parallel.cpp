@@ -14,7 +14,6 @@ void ParallelConfig::validate(const ModelConfig& c) const {
     DSI_CHECK(n % tp == 0, "parallel layout: tp = {} must divide {} = {}", tp, what, n);
   };
   divides(c.n_heads, "num_attention_heads");
-  divides(c.n_experts, "n_routed_experts (experts are spread across ranks)");
   divides(c.intermediate_size, "intermediate_size");
   divides(c.shared_intermediate_size(), "the shared expert's intermediate size");
 }

@@ -628,6 +628,11 @@ void moe_experts(const Tensor& x, const Tensor& expert_ids, const Tensor& weight
   check_on(weights, x.device(), "moe_experts", "weights");
   check_on(out, x.device(), "moe_experts", "out");
   DeviceGuard guard(x.device());
+  if (experts.empty()) {  // a rank that holds no routed expert (more ranks than experts): the shared one
+    if (out.numel() > 0) DSI_CUDA_CHECK(cudaMemsetAsync(out.raw(), 0, out.nbytes(), stream()));
+    add_shared(x, shared, out);
+    return;
+  }
   if (const ExpertTable* table = device_routed_table(x, k, experts, shared)) {
     moe_experts_on_device(x, expert_ids, weights, *table, shared, first_expert, n_experts, out);
     return;
