@@ -130,6 +130,35 @@ std::string sweep_plans(const dsi::cuda::GemvPlan& plan, double us, double bytes
   return buf;
 }
 
+// One fp8 row: times every tensor-map plan launch_gemv_tma takes (one or more blocks per SM; the
+// plan of gemv_tma_plan is one block per SM, all in one wave): the fastest time, and the five
+// fastest plans.
+template <typename Run>
+std::pair<double, std::string> sweep_tma_plans(const dsi::cuda::GemvParams& p, double bytes, Run&& run_plan) {
+  std::vector<std::pair<double, std::string>> times;
+  const int64_t tiles = (p.out + 15) / 16, kb = p.in / 128;
+  for (int ks = 1; ks <= 8; ks *= 2)
+    for (int wt = 1; wt * ks <= 12; ++wt)
+      for (int tpw = 1; tpw <= (ks == 1 ? 4 : 1); ++tpw)
+        for (int piece : {256, 512}) {
+          if ((p.in / ks) % piece != 0 || p.in % ks != 0 || int64_t(wt) * tpw * kb > 1024) continue;
+          dsi::cuda::GemvPlan alt;
+          alt.tma = dsi::cuda::GemvTmaPlan{wt, ks, tpw, piece};
+          if (dsi::cuda::gemv_tma_smem(p, alt.tma) == 0) continue;
+          const int64_t blocks = (tiles + int64_t(wt) * tpw - 1) / (int64_t(wt) * tpw);
+          times.emplace_back(run_plan(alt), plan_name(alt) + " (" + std::to_string(blocks) + " blocks)");
+        }
+  std::sort(times.begin(), times.end());
+  std::string out;
+  for (size_t i = 0; i < times.size() && i < 5; ++i) {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "; %s %.2f us (%.1f%%)", times[i].second.c_str(), times[i].first,
+                  100.0 * bytes / (times[i].first * 1e-6) / 1e9 / kPeakGBs);
+    out += buf;
+  }
+  return {times.empty() ? 0.0 : times[0].first, out};
+}
+
 void print_row(const Shape& sh, const char* dt, int n, const char* kernel, double us, double bytes,
                const std::string& extra) {
   const double gbs = bytes / (us * 1e-6) / 1e9;
@@ -317,7 +346,8 @@ int main(int argc, char** argv) {
     // in_proj: the stacked q_a, kv_a (576 rows padded to 640, whole scale blocks) and indexer wk
     // (AttentionWeights::in_proj; GLM-5.2's shared-indexer layers have no wk: 2688 rows).
     std::vector<Shape> shapes = {
-        {"GLM-5", "in_proj", 2816, 6144},     {"DSV3.2", "in_proj", 2304, 7168},
+        {"GLM-5", "in_proj", 2816, 6144},     {"GLM-5", "in_proj_shared", 2688, 6144},
+        {"DSV3.2", "in_proj", 2304, 7168},
         {"GLM-5", "o_proj", 6144, 16384},     {"GLM-5", "q_b_proj", 16384, 2048},
         {"GLM-5", "expert_gate", 2048, 6144}, {"GLM-5", "expert_down", 6144, 2048},
         {"DSV3.2", "o_proj", 7168, 16384},    {"DSV3.2", "expert_gate", 2048, 7168},
@@ -375,6 +405,10 @@ int main(int argc, char** argv) {
             std::string extra = plan_name(plan);
             if (sweep) extra += sweep_plans(plan, us, bytes, run_plan);
             print_row(sh, dt, n, "gemv", us, bytes, extra);
+            if (sweep && dsi::cuda::gemv_tma_ok(p)) {
+              const auto [best, plans] = sweep_tma_plans(p, bytes, run_plan);
+              if (best > 0) print_row(sh, dt, n, "gemv_tma", best, bytes, "tensor-map plans" + plans);
+            }
             if (plan.tma.warp_tiles > 0) {  // the tensor-map kernel and the FMA plan side by side
               dsi::cuda::set_gemv_tma(false);
               const dsi::cuda::GemvPlan fma = dsi::cuda::gemv_plan(p, sms);

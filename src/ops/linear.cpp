@@ -3,6 +3,7 @@
 
 #include "backends/cpu/cpu_linear_fp8.h"
 #include "ops/dispatch.h"
+#include "ops/norm.h"
 #ifdef DSI_WITH_CUDA
 #include "backends/cuda/cuda_linear_fp8.h"
 #endif
@@ -11,6 +12,25 @@ namespace dsi::ops {
 
 void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   DSI_DISPATCH(x.device(), linear, x, w, out);
+}
+
+void rms_norm_linear(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out) {
+  DSI_CHECK(x.ndim() == 2 && x.dim(1) == w.in_features() && x.stride(1) == 1,
+            "rms_norm_linear: input {} does not match weight {}", x.desc(), w.weight.desc());
+  check_dtype(x, DType::F32, "rms_norm_linear input");
+  check_shape(norm_w, {x.dim(1)}, "rms_norm_linear norm weight");
+  check_dtype(norm_w, DType::F32, "rms_norm_linear norm weight");
+  DSI_CHECK(out.ndim() == 2 && out.dim(0) == x.dim(0) && out.dim(1) == w.out_features() && out.stride(1) == 1,
+            "rms_norm_linear: output {} for input {} and weight {}", out.desc(), x.desc(), w.weight.desc());
+  check_dtype(out, DType::F32, "rms_norm_linear output");
+#ifdef DSI_WITH_CUDA
+  if (x.device().type == DeviceType::CUDA && norm_w.device() == x.device() && w.weight.device() == x.device() &&
+      out.device() == x.device() && cuda::rms_norm_linear_fused(x, norm_w, eps, w, out))
+    return;
+#endif
+  Tensor normed = Tensor::empty(x.shape(), DType::F32, x.device());
+  rms_norm(x, norm_w, eps, normed);
+  linear(normed, w, out);
 }
 
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end) {

@@ -26,6 +26,12 @@ namespace ops {
 // y = x W^T. x: [n, in] f32 (strided rows ok); out: [n, out] f32 contiguous.
 void linear(const Tensor& x, const LinearWeight& w, Tensor& out);
 
+// y = rms_norm(x, norm_w, eps) W^T (ops/norm.h's RMSNorm, then linear): x itself is left as it is.
+// On the GPU one kernel where the one-row tensor-map GEMV takes the product (the norm in its
+// prologue, the same numerics up to the order of the sum of squares); else the two ops.
+// x: [n, in] f32 (strided rows ok); norm_w: [in] f32; out: [n, out] f32 contiguous.
+void rms_norm_linear(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out);
+
 // Dequantises rows [row_begin, row_end) of W to fp32 (host); out: [row_end - row_begin, in].
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
 

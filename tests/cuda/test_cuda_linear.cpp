@@ -298,6 +298,61 @@ TEST_F(CudaLinearGemv, TensorMapKernelMatches) {
   check_scaled_x_blocks(1, 4096, 2048, 3, 79, cuda::gemv_tma_launches, "tensor-map linear, scaled x blocks");
 }
 
+// ops::rms_norm_linear: one row of fp8 weights that the tensor-map kernel takes runs the RMSNorm in
+// that kernel's prologue (one launch, x left as it was); more rows, and a product the plan leaves to
+// the FMA kernels, run the norm and the linear. Each against the CPU's norm then linear (the GEMV's
+// tolerance), a repeat bitwise equal; x with a large scale (the norm's sum of squares) and a NaN
+// (every output NaN). q_b's shape and a 2-row, 2304-column one.
+TEST_F(CudaLinearGemv, RmsNormInFrontOfTheProduct) {
+  GemvSwitches restore;
+  const bool norm_was = cuda::norm_in_gemv();
+  cuda::set_norm_in_gemv(true);
+  cuda::set_gemv_tma(true);
+  cuda::set_gemv_mma_one_row(false);
+  struct Case {
+    int64_t out, in, n;
+    float x_scale;
+    bool nan, fused;
+  };
+  for (const Case& c : std::vector<Case>{{16384, 2048, 1, 1.0f, false, true},
+                                         {16384, 2048, 1, 3e4f, false, true},
+                                         {2050, 2304, 1, 1e-3f, false, true},
+                                         {16384, 2048, 1, 1.0f, true, true},
+                                         {16384, 2048, 3, 1.0f, false, false},
+                                         {1000, 2048, 1, 1.0f, false, false}}) {
+    const std::string what = case_name("rms_norm_linear", DType::F8_E4M3, c.n, c.out, c.in) + " x scale " +
+                             std::to_string(c.x_scale) + (c.nan ? " NaN" : "");
+    const LinearWeight w = make_weight(DType::F8_E4M3, c.out, c.in, uint64_t(c.out + 7 * c.in), 0, 0, 128, 128);
+    Tensor x = test::rand_tensor({c.n, c.in}, uint64_t(c.in + c.n));
+    for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] *= c.x_scale;
+    if (c.nan) x.f32()[c.in / 3] = NAN;
+    Tensor norm_w = test::rand_tensor({c.in}, 41);
+    for (int64_t j = 0; j < c.in; ++j) norm_w.f32()[j] += 1.0f;
+    Tensor cpu = Tensor::empty({c.n, c.out}, DType::F32);
+    ops::rms_norm_linear(x, norm_w, 1e-6f, w, cpu);
+    const LinearWeight dw = to_gpu(w);
+    const Tensor dx = dev(x), dn = dev(norm_w);
+    Tensor g = Tensor::empty({c.n, c.out}, DType::F32, gpu());
+    const uint64_t before = cuda::gemv_tma_launches();
+    ops::rms_norm_linear(dx, dn, 1e-6f, dw, g);
+    EXPECT_EQ(cuda::gemv_tma_launches() - before, c.fused ? 1u : 0u) << what << ": tensor-map launches";
+    const Tensor got = host(g);
+    if (c.nan) {
+      for (int64_t o = 0; o < c.out; ++o)
+        if (!std::isnan(got.f32()[o])) {
+          ADD_FAILURE() << what << ": output " << o << " is " << got.f32()[o] << ", not NaN";
+          break;
+        }
+    } else {
+      test::expect_nmse_close(got, cpu, tol::kCudaGemmNmse, what);
+    }
+    test::expect_bitwise(host(dx), x, what + ": x untouched");
+    ops::rms_norm_linear(dx, dn, 1e-6f, dw, g);
+    test::expect_bitwise(host(g), got, what + " repeat");
+  }
+  cuda::set_norm_in_gemv(norm_was);
+}
+
 TEST_F(CudaLinearGemv, SixtyFourRowsStillMatch) {  // the sgemm path next to the GEMV's boundary
   for (DType dt : {DType::BF16, DType::F8_E4M3}) {
     const LinearWeight w = make_weight(dt, 129, 257, 9, 3, 5);

@@ -102,6 +102,14 @@ uint64_t gemv_tma_launches();
 // 128 columns, no dequantised copy of the weight), instead of fp32 GEMMs over dequantised rows (the
 // CPU reference's numerics, which the GPU's model tests hold it to): off unless DSI_FP8_PREFILL=1
 // or switched here.
+// y = rms_norm(x, norm_w, eps) W^T as one kernel where the one-row tensor-map GEMV takes the
+// product (gemv.h: one row, fp8 weights, a plan that balances); false (nothing launched) elsewhere.
+// Arguments as ops::rms_norm_linear's, already checked.
+bool rms_norm_linear_fused(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out);
+// Whether rms_norm_linear_fused may fuse: off unless DSI_GEMV_NORM=1 or switched here (the kernel's
+// prologue has not yet run on a GPU; tests switch it on).
+bool norm_in_gemv();
+void set_norm_in_gemv(bool on);
 bool fp8_prefill();
 void set_fp8_prefill(bool on);
 // That kernel's plan for one row of an fp8 [out, in] weight with 128x128 blocks on a GPU of num_sms

@@ -747,6 +747,7 @@ void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream)
     launch_gemv_tma(p, plan.tma, stream);
     return;
   }
+  DSI_CHECK(p.norm_w == nullptr, "gemv: an RMSNorm in front needs the tensor-map kernel");
   DSI_CHECK(!plan.vec || gemv_vector_ok(p), "gemv: the vector kernel needs 16-byte aligned operands");
   DSI_CHECK(plan.k_split == 1 || plan.k_split == 2 || plan.k_split == 4 || plan.k_split == 8,
             "gemv: k_split {}", plan.k_split);

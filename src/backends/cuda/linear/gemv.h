@@ -61,6 +61,10 @@ struct GemvParams {
   // from row g * batch_rows on (scale rows follow: row0 + g * batch_rows) and writes y + g * batch_y;
   // any n. The per-head matrices of MLA's absorbed form, read in place from kv_b_proj.
   int64_t batch_x = 0, batch_y = 0, batch_rows = 0;
+  // An RMSNorm in front of the product (the tensor-map kernel only): x is used as
+  // norm_w * (x / sqrt(mean(x^2) + norm_eps)), ops::rms_norm's numerics, its row of `in` columns.
+  const float* norm_w = nullptr;
+  float norm_eps = 0.0f;
 };
 
 // The one-row tensor-map kernel's plan (gemv_tma.cu): tiles of 16 rows of W, k_split warps per
@@ -132,6 +136,8 @@ GemvPlan gemv_mma_plan(const GemvParams& p, int num_sms);
 // a plan whose blocks fill the GPU evenly in one wave.
 bool gemv_tma_ok(const GemvParams& p);
 GemvTmaPlan gemv_tma_plan(const GemvParams& p, int num_sms);
+// The dynamic shared memory a block of `plan` takes for p, 0 where it does not fit a block.
+size_t gemv_tma_smem(const GemvParams& p, const GemvTmaPlan& plan);
 void launch_gemv_tma(const GemvParams& p, const GemvTmaPlan& plan, cudaStream_t stream);
 // Runs y = x W^T (p.n in 1..kGemvMaxRows, p.out > 0, p.in > 0) with the given plan.
 void launch_gemv(const GemvParams& p, const GemvPlan& plan, cudaStream_t stream);

@@ -49,8 +49,9 @@ constexpr int kStages = 2;          // ring stages per warp
 constexpr int kMaxWarps = 12;       // per block (more did not pay: q_b with 16 warps 9.7 us, 8 warps 9.2)
 constexpr int kScaleSlots = 1024;   // shared floats for the block's weight scales
 constexpr int kBarrierBytes = 1024;  // the warps' stage barriers (kMaxWarps x kStages x 8 bytes)
-// 227 KiB of shared memory a block, less the kernel's static arrays (scales, the k_split sums).
-constexpr size_t kMaxDynamicSmem = 232448 - kScaleSlots * 4 - kMaxWarps * 2 * 32 * 4;
+// 227 KiB of shared memory a block, less the kernel's static arrays (scales, the k_split sums, the
+// norm's block sum; 256 bytes as compiled).
+constexpr size_t kMaxDynamicSmem = 232448 - kScaleSlots * 4 - kMaxWarps * 2 * 32 * 4 - 256;
 
 // Bytes of x's split in shared memory: f16 hi and lo (16 bytes apart in banks) and 1 / s per block.
 __host__ __device__ constexpr size_t x_split_bytes(int64_t in) {
@@ -106,6 +107,22 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     sscale[i] = __ldg(p.scale_inv + ((p.row0 + row) / p.block_out) * p.scale_cols + p.col0 / 128 + i % kb);
   }
   pdl_enter();  // x is the previous kernel's output
+  // The RMSNorm in front (GemvParams::norm_w): x's 1 / sqrt(mean(x^2) + eps), as the norm kernel
+  // computes it (products and sums in fp32, then w * (x * inv) per column below).
+  float inv = 1.0f;
+  if (p.norm_w != nullptr) {
+    __shared__ float red[33];
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < in / 4; j += blockDim.x) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p.x) + j);
+      ss = __fadd_rn(ss, __fmul_rn(v.x, v.x));
+      ss = __fadd_rn(ss, __fmul_rn(v.y, v.y));
+      ss = __fadd_rn(ss, __fmul_rn(v.z, v.z));
+      ss = __fadd_rn(ss, __fmul_rn(v.w, v.w));
+    }
+    ss = block_sum(ss, red);
+    inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, float(in)), p.norm_eps)));
+  }
   // x's split, eight blocks' loads in flight per warp before any is split (one at a time, the
   // profiler's top stall: o_proj 30.2 us against 27.3).
   constexpr int kBatch = 8;
@@ -120,6 +137,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     for (int i = 0; i < kBatch; ++i) {
       const int64_t b = b0 + int64_t(i) * warps;
       if (b >= kb) break;
+      if (p.norm_w != nullptr) {
+        const float4 w = __ldg(reinterpret_cast<const float4*>(p.norm_w + b * 128) + lane);
+        v[i] = make_float4(__fmul_rn(w.x, __fmul_rn(v[i].x, inv)), __fmul_rn(w.y, __fmul_rn(v[i].y, inv)),
+                           __fmul_rn(w.z, __fmul_rn(v[i].z, inv)), __fmul_rn(w.w, __fmul_rn(v[i].w, inv)));
+      }
       float m = fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)), fmaxf(fabsf(v[i].z), fabsf(v[i].w)));
       for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
       const int se = block_scale_exponent(m);
@@ -277,6 +299,11 @@ std::array<int, 4> gemv_tma_plan_for(int64_t out, int64_t in, int num_sms) {
   const GemvTmaPlan t = gemv_tma_plan(p, num_sms);
   return t.warp_tiles > 0 ? std::array<int, 4>{t.warp_tiles, t.k_split, t.tiles_per_warp, t.piece}
                           : std::array<int, 4>{0, 0, 0, 0};
+}
+
+size_t gemv_tma_smem(const GemvParams& p, const GemvTmaPlan& plan) {
+  const size_t smem = dynamic_smem(p.in, plan.warp_tiles * plan.k_split, plan.piece);
+  return smem <= kMaxDynamicSmem ? smem : 0;
 }
 
 void launch_gemv_tma(const GemvParams& p, const GemvTmaPlan& plan, cudaStream_t stream) {

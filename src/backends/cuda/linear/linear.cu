@@ -227,4 +227,36 @@ void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   }
 }
 
+namespace {
+std::atomic<int> g_norm_in_gemv{-1};  // -1: DSI_GEMV_NORM not read yet
+}  // namespace
+
+bool norm_in_gemv() {
+  return switch_value(g_norm_in_gemv, [] {
+           const char* env = std::getenv("DSI_GEMV_NORM");
+           return env != nullptr && std::atoi(env) > 0 ? 1 : 0;
+         }) == 1;
+}
+
+void set_norm_in_gemv(bool on) { g_norm_in_gemv.store(on ? 1 : 0); }
+
+bool rms_norm_linear_fused(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out) {
+  if (x.dim(0) != 1 || w.weight.dtype() != DType::F8_E4M3 || !gemv_tma() || !norm_in_gemv()) return false;
+  DeviceGuard guard(x.device());
+  validate_weight(w, 0, w.out_features());
+  GemvParams p = gemv_weight_params(w);
+  p.x = x.f32();
+  p.ldx = x.stride(0);
+  p.y = out.f32();
+  p.ldy = out.stride(0);
+  p.n = 1;
+  p.norm_w = norm_w.f32();
+  p.norm_eps = eps;
+  if (!gemv_tma_ok(p) || reinterpret_cast<uintptr_t>(p.norm_w) % 16 != 0) return false;
+  const GemvPlan plan = gemv_plan(p, sm_count());
+  if (plan.tma.warp_tiles == 0) return false;
+  launch_gemv(p, plan, stream());
+  return true;
+}
+
 }  // namespace dsi::cuda
