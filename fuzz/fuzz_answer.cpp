@@ -39,10 +39,11 @@ Reasoned split(bool in_reasoning, std::string_view a, std::string_view b) {
 ToolCallParser::Result calls(ToolFormat f, const nlohmann::ordered_json& tools, std::string_view a,
                              std::string_view b) {
   ToolCallParser p(f, tools);
-  std::string content = p.push(a);
-  content += p.push(b);
-  ToolCallParser::Result r = p.finish();
-  r.content.insert(0, content);
+  ToolCallParser::Result r;
+  for (ToolCallParser::Result part : {p.push(a), p.push(b), p.finish()}) {
+    r.content += part.content;
+    for (auto& c : part.calls) r.calls.push_back(std::move(c));
+  }
   return r;
 }
 

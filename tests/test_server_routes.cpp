@@ -399,8 +399,9 @@ TEST_F(ServerRoutes, ChatReasoningContent) {
 
 // Tool calls in a chat answer (GLM's format, picked from the template's markers): message.tool_calls
 // with typed arguments, the text before them as content, finish_reason "tool_calls"; streamed as
-// content deltas, then one delta with the calls. Without tools, or with tool_choice "none", the
-// text stays content; tool_choice values that would force calls are refused.
+// content deltas, then a delta for each call (its index in the answer) as soon as it closes, before
+// the next call is written. Without tools, or with tool_choice "none", the text stays content;
+// tool_choice values that would force calls are refused.
 TEST_F(ServerRoutes, ChatToolCalls) {
   const ChatTemplate glm_like(
       "{% if tools %}Call tools as <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>{% endif %}"
@@ -409,51 +410,63 @@ TEST_F(ServerRoutes, ChatToolCalls) {
   const std::string said = "Let me check.";
   const std::string written = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>"
                            "<arg_key>days</arg_key><arg_value>3</arg_value></tool_call>";
+  const std::string second = "\n<tool_call>get_weather<arg_key>city</arg_key><arg_value>Rome, the eternal city of "
+                             "seven hills</arg_value></tool_call>";
   FakeEngineOptions o = kjv_like();
-  o.script = kjv_tokenizer().encode(said + written, false);
+  o.step_time = std::chrono::milliseconds(2);
+  o.max_model_len = 1024;
+  o.script = kjv_tokenizer().encode(said + written + second, false);
   o.script.push_back(o.eos);
   const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather",
       "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}])");
   const Json body = {{"messages", Json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}})},
-                     {"tools", tools}, {"max_tokens", 100}, {"temperature", 0}};
+                     {"tools", tools}, {"max_tokens", 400}, {"temperature", 0}};
   start(o, glm_like);
 
   Json r = post_json("/v1/chat/completions", body);
   const Json& m = r["choices"][0]["message"];
   EXPECT_EQ(m["content"], said);
-  ASSERT_EQ(m["tool_calls"].size(), 1u) << r.dump();
+  ASSERT_EQ(m["tool_calls"].size(), 2u) << r.dump();
   EXPECT_EQ(m["tool_calls"][0]["type"], "function");
   EXPECT_EQ(m["tool_calls"][0]["id"].get<std::string>().rfind("call_", 0), 0u);
   EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "get_weather");
   EXPECT_EQ(Json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()),
             Json({{"city", "Paris"}, {"days", 3}}));
+  EXPECT_EQ(Json::parse(m["tool_calls"][1]["function"]["arguments"].get<std::string>()),
+            Json({{"city", "Rome, the eternal city of seven hills"}}));
   EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
 
   const Sse s = stream("/v1/chat/completions", body);
   ASSERT_TRUE(s.done);
   std::string content;
   std::vector<Json> calls;
-  for (const Json& c : s.chunks) {
-    const Json& d = c["choices"][0]["delta"];
+  std::vector<size_t> at;  // the chunks that carried them
+  for (size_t i = 0; i < s.chunks.size(); ++i) {
+    const Json& d = s.chunks[i]["choices"][0]["delta"];
     if (d.contains("content")) content += d["content"].get<std::string>();
-    if (d.contains("tool_calls")) calls.push_back(d["tool_calls"]);
+    if (d.contains("tool_calls"))
+      for (const Json& c : d["tool_calls"]) calls.push_back(c), at.push_back(i);
   }
   EXPECT_EQ(content, said);
-  ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0][0]["index"], 0);
-  EXPECT_EQ(calls[0][0]["function"]["name"], "get_weather");
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0]["index"], 0);
+  EXPECT_EQ(calls[1]["index"], 1);
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(Json::parse(calls[1]["function"]["arguments"].get<std::string>()),
+            Json({{"city", "Rome, the eternal city of seven hills"}}));
+  EXPECT_LT(at[0], at[1]) << "the first call waited for the second";
   EXPECT_EQ(s.chunks.back()["choices"][0]["finish_reason"], "tool_calls");
 
   Json no_tools = body;
   no_tools.erase("tools");
   r = post_json("/v1/chat/completions", no_tools);
-  EXPECT_EQ(r["choices"][0]["message"]["content"], said + written);
+  EXPECT_EQ(r["choices"][0]["message"]["content"], said + written + second);
   EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls"));
   EXPECT_EQ(r["choices"][0]["finish_reason"], "stop");
   Json none = body;
   none["tool_choice"] = "none";
   r = post_json("/v1/chat/completions", none);
-  EXPECT_EQ(r["choices"][0]["message"]["content"], said + written);
+  EXPECT_EQ(r["choices"][0]["message"]["content"], said + written + second);
   Json required = body;
   required["tool_choice"] = "required";
   expect_error(call("POST", "/v1/chat/completions", required.dump()), 400, "tool_choice", "tool_choice");

@@ -1,7 +1,8 @@
 // Tool calls read back from chat answers (server/tool_calls.h) in GLM's and DeepSeek-V3.2's (DSML)
 // formats, as their chat templates write them: names, typed arguments (the model's string marks,
 // the tools' schemas, JSON, text that is not JSON), several calls, text around them, whatever
-// pieces the answer arrives in; calls cut short or malformed stay content.
+// pieces the answer arrives in, each call as soon as it closes; calls cut short or malformed stay
+// content.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -38,9 +39,15 @@ void expect_calls(ToolFormat f, const std::string& text, const std::string& cont
   for (const auto& pieces : ways) {
     ToolCallParser p(f, kTools);
     std::string got;
-    for (const std::string& piece : pieces) got += p.push(piece);
-    ToolCallParser::Result r = p.finish();
-    got += r.content;
+    ToolCallParser::Result r;
+    for (const std::string& piece : pieces) {
+      ToolCallParser::Result part = p.push(piece);
+      got += part.content;
+      for (ToolCall& c : part.calls) r.calls.push_back(std::move(c));
+    }
+    ToolCallParser::Result end = p.finish();
+    got += end.content;
+    for (ToolCall& c : end.calls) r.calls.push_back(std::move(c));
     EXPECT_EQ(got, content) << pieces.size() << " pieces";
     ASSERT_EQ(r.calls.size(), calls.size()) << pieces.size() << " pieces";
     for (size_t i = 0; i < calls.size(); ++i) {
@@ -108,6 +115,48 @@ TEST(ToolCalls, DeepSeekV3) {
                "Checking.", {{"get_weather", {{"city", "Paris"}, {"days", 3}}}, {"search", {{"query", "x"}}}});
   const std::string bad = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>search<｜tool▁sep｜>not json<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
   expect_calls(v3, bad, bad, {});
+}
+
+// Each call comes out with the piece that closes it, not at the end of the answer; the content
+// before it already went out. A DSML / V3 block hands out its calls one by one, and a later call
+// that does not parse leaves the earlier ones calls (it and the rest are content).
+TEST(ToolCalls, EachCallAsSoonAsItCloses) {
+  const std::string call1 = "<tool_call>search<arg_key>query</arg_key><arg_value>a</arg_value></tool_call>";
+  ToolCallParser g(ToolFormat::kGlm, kTools);
+  ToolCallParser::Result r = g.push("Looking.\n" + call1.substr(0, 30));
+  EXPECT_EQ(r.content, "Looking.\n");
+  EXPECT_TRUE(r.calls.empty());
+  r = g.push(call1.substr(30) + "\n<tool_call>get_weather<arg_key>city");
+  EXPECT_EQ(r.content, "");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "search");
+  r = g.push("</arg_key><arg_value>Rome</arg_value></tool_call>\n");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "get_weather");
+  r = g.finish();
+  EXPECT_EQ(r.content, "");  // the blank text after the calls is dropped
+  EXPECT_TRUE(r.calls.empty());
+
+  const std::string invoke1 = "<｜DSML｜invoke name=\"search\">\n<｜DSML｜parameter name=\"query\" string=\"true\">x"
+                              "</｜DSML｜parameter>\n</｜DSML｜invoke>\n";
+  ToolCallParser d(ToolFormat::kDsml, kTools);
+  r = d.push("<｜DSML｜function_calls>\n" + invoke1 + "<｜DSML｜invoke name=\"get_we");
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].name, "search");
+  EXPECT_EQ(r.content, "");
+  const std::string bad = "<｜DSML｜invoke name=\"get_weather\"><｜DSML｜parameter name=\"city\">Rome</｜DSML｜parameter>"
+                          "</｜DSML｜invoke></｜DSML｜function_calls>";
+  r = d.push(bad.substr(std::string("<｜DSML｜invoke name=\"get_we").size()));
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_EQ(r.content, "\n" + bad);  // as written from the call on (the blank before it too)
+  r = d.push(" and more");
+  EXPECT_EQ(r.content, " and more");
+  EXPECT_EQ(d.finish().content, "");
+  expect_calls(ToolFormat::kDsml, "<｜DSML｜function_calls>\n" + invoke1 + bad, "\n" + bad, {{"search", {{"query", "x"}}}});
+  const std::string v3_bad = "<｜tool▁call▁begin｜>x<｜tool▁sep｜>[1]<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  expect_calls(ToolFormat::kDeepSeekV3,
+               "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>search<｜tool▁sep｜>{}<｜tool▁call▁end｜>" + v3_bad, v3_bad,
+               {{"search", Json::object()}});
 }
 
 // The released models' chat templates (tests/jinja/templates) pick their formats, and all of them

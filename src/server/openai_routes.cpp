@@ -205,7 +205,8 @@ class Answer {
 
   struct Piece {
     std::string reasoning, content;
-    std::vector<ToolCall> calls;  // at the end only
+    std::vector<ToolCall> calls;  // the calls completed with this text
+    size_t first_call = 0;        // the answer's number of the first of them (streamed chunks' index)
     bool empty() const { return reasoning.empty() && content.empty() && calls.empty(); }
   };
   // The next text of the choice; done: it is the last.
@@ -218,12 +219,16 @@ class Answer {
       s.content += rest.content;
     }
     p.reasoning = std::move(s.reasoning);
-    p.content = tools_.push(s.content);
+    ToolCallParser::Result r = tools_.push(s.content);
     if (done) {
-      ToolCallParser::Result r = tools_.finish();
-      p.content += r.content;
-      p.calls = std::move(r.calls);
+      ToolCallParser::Result end = tools_.finish();
+      r.content += end.content;
+      for (ToolCall& c : end.calls) r.calls.push_back(std::move(c));
     }
+    p.content = std::move(r.content);
+    p.calls = std::move(r.calls);
+    p.first_call = calls_;
+    calls_ += p.calls.size();
     return p;
   }
 
@@ -231,16 +236,18 @@ class Answer {
   bool split_;
   ReasoningSplitter reasoning_;
   ToolCallParser tools_;
+  size_t calls_ = 0;  // calls handed out so far
 };
 
-// OpenAI's tool_calls entries (streamed ones carry their index).
-Json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index) {
+// OpenAI's tool_calls entries; streamed ones carry their index in the answer's calls (the first of
+// these is number first_index).
+Json tool_calls_json(const std::vector<ToolCall>& calls, bool with_index, size_t first_index = 0) {
   Json out = Json::array();
   for (size_t i = 0; i < calls.size(); ++i) {
     Json c = {{"id", "call_" + random_hex(24)},
               {"type", "function"},
               {"function", {{"name", calls[i].name}, {"arguments", calls[i].arguments}}}};
-    if (with_index) c["index"] = i;
+    if (with_index) c["index"] = first_index + i;
     out.push_back(std::move(c));
   }
   return out;
@@ -265,14 +272,15 @@ struct Reply {
   // reasoning: the chat answer's new reasoning text (reasoning.h); calls: its tool calls.
   Json chunk(int index, const std::string& text, const std::vector<TokenRecord>* tokens,
              const std::string* finish_reason, bool first_chat_chunk = false,
-             const std::string& reasoning = {}, const std::vector<ToolCall>& calls = {}) const {
+             const std::string& reasoning = {}, const std::vector<ToolCall>& calls = {},
+             size_t first_call = 0) const {
     Json choice = {{"index", index}};
     if (endpoint == Endpoint::kChat) {
       Json delta = Json::object();
       if (first_chat_chunk) delta["role"] = "assistant";
       if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
       if (!text.empty() || first_chat_chunk) delta["content"] = text;
-      if (!calls.empty()) delta["tool_calls"] = tool_calls_json(calls, true);
+      if (!calls.empty()) delta["tool_calls"] = tool_calls_json(calls, true, first_call);
       choice["delta"] = std::move(delta);
       choice["logprobs"] = logprobs && tokens ? chat_logprobs(*tokens) : Json(nullptr);
     } else {
@@ -618,7 +626,8 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
       TextDelta d = run.poll(std::chrono::milliseconds(waits(st->runs, i) ? 100 : 0));
       const Answer::Piece s = (*answers)[i].push(d.text, run.done());
       if (!s.empty() || (rep.logprobs && !d.tokens.empty())) {
-        if (!send(sse(rep.chunk(int(i), s.content, &d.tokens, nullptr, false, s.reasoning, s.calls)))) return false;
+        if (!send(sse(rep.chunk(int(i), s.content, &d.tokens, nullptr, false, s.reasoning, s.calls, s.first_call))))
+          return false;
         wrote = true;
       }
       if (!s.calls.empty()) st->called[i] = true;

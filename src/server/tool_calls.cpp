@@ -61,9 +61,18 @@ struct Reader {
   }
 };
 
-std::string_view open_marker(ToolFormat f) {
-  return f == ToolFormat::kGlm ? kGlmOpen : f == ToolFormat::kDsml ? kDsmlOpen : kV3Open;
+// A format's markers: a block's opening and closing ones (GLM has no blocks: each call is opened
+// and closed by its own markers, `open` and `call_close`), and a call's inside a block.
+struct Syntax {
+  std::string_view open, close, call_open, call_close;
+};
+Syntax syntax(ToolFormat f) {
+  if (f == ToolFormat::kGlm) return {kGlmOpen, {}, {}, kGlmClose};
+  if (f == ToolFormat::kDsml) return {kDsmlOpen, kDsmlClose, kInvokeOpen, kInvokeClose};
+  return {kV3Open, kV3Close, kV3CallOpen, kV3CallClose};
 }
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
 
 }  // namespace
 
@@ -82,43 +91,94 @@ ToolFormat tool_format(const std::string& name, std::string_view chat_template_s
 
 ToolCallParser::ToolCallParser(ToolFormat format, const Json& tools) : format_(format), tools_(tools) {}
 
-std::string ToolCallParser::push(std::string_view text) {
+ToolCallParser::Result ToolCallParser::push(std::string_view text) {
+  Result out;
   held_ += text;
-  if (in_calls_ || format_ == ToolFormat::kNone) {
-    return in_calls_ ? std::string() : std::exchange(held_, {});
-  }
-  const std::string_view marker = open_marker(format_);
-  const size_t at = held_.find(marker);
-  if (at != std::string::npos) {
-    in_calls_ = true;
-    std::string out = held_.substr(0, at);
-    held_.erase(0, at);
+  if (format_ == ToolFormat::kNone || state_ == State::kFailed) {
+    out.content = std::exchange(held_, {});
     return out;
   }
-  const size_t keep = partial_match_at_end(held_, marker);
-  std::string out = held_.substr(0, held_.size() - keep);
-  held_.erase(0, held_.size() - keep);
-  return out;
+  const Syntax sx = syntax(format_);
+  for (;;) {
+    if (state_ == State::kContent || state_ == State::kBetween) {
+      const size_t at = held_.find(sx.open);
+      if (at != std::string::npos) {  // a call (GLM) or a block opens: the text before it is decided
+        const std::string_view before = std::string_view(held_).substr(0, at);
+        if (state_ == State::kContent || !blank(before)) out.content += before;
+        held_.erase(0, at + sx.open.size());
+        state_ = format_ == ToolFormat::kGlm ? State::kCall : State::kBlock;
+        block_emitted_ = false;
+        continue;
+      }
+      const size_t sure = held_.size() - partial_match_at_end(held_, sx.open);
+      if (state_ == State::kBetween && blank(std::string_view(held_).substr(0, sure))) return out;
+      state_ = State::kContent;  // (text after calls that is not blank is content up to the next call)
+      out.content += held_.substr(0, sure);
+      held_.erase(0, sure);
+      return out;
+    }
+    if (state_ == State::kCall) {
+      const size_t end = held_.find(sx.call_close);
+      if (end == std::string::npos) return out;
+      ToolCall call;
+      if (!read_call(std::string_view(held_).substr(0, end), call)) {
+        fail(out);
+        return out;
+      }
+      out.calls.push_back(std::move(call));
+      held_.erase(0, end + sx.call_close.size());
+      state_ = State::kBetween;
+      continue;
+    }
+    // kBlock: blank text, then the block's end, a whole call, or a prefix of either.
+    const size_t i = held_.find_first_not_of(kSpace);
+    if (i == std::string::npos) return out;
+    const std::string_view rest = std::string_view(held_).substr(i);
+    if (starts_with(rest, sx.close)) {
+      held_.erase(0, i + sx.close.size());
+      state_ = State::kBetween;
+      continue;
+    }
+    if (starts_with(rest, sx.call_open)) {
+      const size_t end = rest.find(sx.call_close, sx.call_open.size());
+      if (end == std::string_view::npos) return out;
+      ToolCall call;
+      if (!read_call(rest.substr(sx.call_open.size(), end - sx.call_open.size()), call)) {
+        fail(out);
+        return out;
+      }
+      out.calls.push_back(std::move(call));
+      held_.erase(0, i + end + sx.call_close.size());
+      block_emitted_ = true;
+      continue;
+    }
+    if (starts_with(sx.close, rest) || starts_with(sx.call_open, rest)) return out;  // not all there yet
+    fail(out);
+    return out;
+  }
+}
+
+void ToolCallParser::fail(Result& out) {
+  // The call or block as written: its opening marker (unless calls of the block went out already).
+  if (state_ == State::kCall || (state_ == State::kBlock && !block_emitted_)) out.content += syntax(format_).open;
+  out.content += std::exchange(held_, {});
+  state_ = State::kFailed;
 }
 
 ToolCallParser::Result ToolCallParser::finish() {
   Result r;
-  const std::string text = std::exchange(held_, {});
-  if (!in_calls_) {
-    r.content = text;
-    return r;
-  }
-  if (format_ == ToolFormat::kGlm) read_glm(text, r.calls, r.content);
-  else if (format_ == ToolFormat::kDsml) read_dsml(text, r.calls, r.content);
-  else read_deepseek_v3(text, r.calls, r.content);
+  if (state_ == State::kCall || state_ == State::kBlock) fail(r);  // cut short: content as written
+  else if (state_ != State::kBetween || !blank(held_)) r.content = std::exchange(held_, {});
+  held_.clear();
   return r;
 }
 
 ToolCallParser::Result ToolCallParser::parse(ToolFormat format, const Json& tools, std::string_view text) {
   ToolCallParser p(format, tools);
-  std::string content = p.push(text);
-  Result r = p.finish();
-  r.content.insert(0, content);
+  Result r = p.push(text);
+  Result end = p.finish();
+  r.content += end.content;
+  for (ToolCall& c : end.calls) r.calls.push_back(std::move(c));
   return r;
 }
 
@@ -165,45 +225,13 @@ std::string arguments_object(const std::vector<std::pair<std::string, std::strin
 
 }  // namespace
 
-namespace {
-
-// Reads the call blocks of `text` (which holds the rest of an answer from a block's opening marker
-// on): `block` reads one block from just after its `open` marker, consuming it, and returns false
-// when it is malformed. Text between blocks that is not blank is content; so is everything from a
-// malformed block on.
-template <typename ReadBlock>
-void read_blocks(std::string_view text, std::string_view open, std::vector<ToolCall>& calls,
-                 std::string& rest, ReadBlock block) {
-  size_t at = 0;
-  for (;;) {
-    const size_t next = text.find(open, at);
-    const std::string_view between =
-        text.substr(at, next == std::string_view::npos ? std::string_view::npos : next - at);
-    if (!blank(between)) rest += between;
-    if (next == std::string_view::npos) return;
-    Reader r{text, next + open.size()};
-    std::vector<ToolCall> found;
-    if (!block(r, found)) {
-      rest += text.substr(next);
-      return;
-    }
-    for (ToolCall& c : found) calls.push_back(std::move(c));
-    at = r.at;
-  }
-}
-
-}  // namespace
-
-void ToolCallParser::read_glm(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const {
-  read_blocks(text, kGlmOpen, calls, rest, [&](Reader& r, std::vector<ToolCall>& found) {
-    std::string body;
-    if (!r.until(kGlmClose, body)) return false;
-    ToolCall call;
+bool ToolCallParser::read_call(std::string_view body, ToolCall& call) const {
+  std::vector<std::pair<std::string, std::string>> args;
+  if (format_ == ToolFormat::kGlm) {  // NAME<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>...
     const size_t first_key = body.find(kKeyOpen);
-    call.name = std::string(trim(std::string_view(body).substr(0, first_key)));
+    call.name = std::string(trim(body.substr(0, first_key)));
     if (call.name.empty() || call.name.find('<') != std::string::npos) return false;
-    Reader b{body, first_key == std::string::npos ? body.size() : first_key};
-    std::vector<std::pair<std::string, std::string>> args;
+    Reader b{body, first_key == std::string_view::npos ? body.size() : first_key};
     for (;;) {
       b.skip_space();
       if (b.at >= body.size()) break;
@@ -214,64 +242,33 @@ void ToolCallParser::read_glm(std::string_view text, std::vector<ToolCall>& call
       key = std::string(trim(key));
       args.emplace_back(key, value_json(call.name, key, value, false));
     }
-    call.arguments = arguments_object(args);
-    found.push_back(std::move(call));
-    return true;
-  });
-}
-
-void ToolCallParser::read_dsml(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const {
-  read_blocks(text, kDsmlOpen, calls, rest, [&](Reader& r, std::vector<ToolCall>& found) {
-    std::string block;
-    if (!r.until(kDsmlClose, block)) return false;
-    Reader b{block};
+  } else if (format_ == ToolFormat::kDsml) {  // NAME"><｜DSML｜parameter name="KEY" string="B">VALUE</｜DSML｜parameter>...
+    Reader b{body};
+    if (!b.until("\">", call.name) || call.name.empty()) return false;
     for (;;) {
       b.skip_space();
-      if (b.at >= block.size()) return true;
-      ToolCall call;
-      std::string body;
-      if (!b.take(kInvokeOpen) || !b.until("\">", call.name) || call.name.empty() || !b.until(kInvokeClose, body))
+      if (b.at >= body.size()) break;
+      std::string key, marked, value;
+      if (!b.take(kParamOpen) || !b.until(kStringAttr, key) || !b.until("\">", marked) ||
+          (marked != "true" && marked != "false") || !b.until(kParamClose, value))
         return false;
-      Reader p{body};
-      std::vector<std::pair<std::string, std::string>> args;
-      for (;;) {
-        p.skip_space();
-        if (p.at >= body.size()) break;
-        std::string key, marked, value;
-        if (!p.take(kParamOpen) || !p.until(kStringAttr, key) || !p.until("\">", marked) ||
-            (marked != "true" && marked != "false") || !p.until(kParamClose, value))
-          return false;
-        args.emplace_back(key, value_json(call.name, key, value, marked == "true"));
-      }
-      call.arguments = arguments_object(args);
-      found.push_back(std::move(call));
+      args.emplace_back(key, value_json(call.name, key, value, marked == "true"));
     }
-  });
-}
-
-void ToolCallParser::read_deepseek_v3(std::string_view text, std::vector<ToolCall>& calls,
-                                      std::string& rest) const {
-  read_blocks(text, kV3Open, calls, rest, [&](Reader& r, std::vector<ToolCall>& found) {
-    std::string block;
-    if (!r.until(kV3Close, block)) return false;
-    Reader b{block};
-    for (;;) {
-      b.skip_space();
-      if (b.at >= block.size()) return true;
-      ToolCall call;
-      std::string args;
-      if (!b.take(kV3CallOpen) || !b.until(kV3Sep, call.name) || !b.until(kV3CallClose, args)) return false;
-      call.name = std::string(trim(call.name));
-      // The arguments: a JSON object (in a fenced ```json block in V3's older form).
-      std::string_view a = trim(args);
-      if (a.substr(0, 7) == "```json" && a.size() >= 10 && a.substr(a.size() - 3) == "```")
-        a = trim(a.substr(7, a.size() - 10));
-      const Json parsed = Json::parse(a, nullptr, /*allow_exceptions=*/false);
-      if (call.name.empty() || !parsed.is_object()) return false;
-      call.arguments = parsed.dump(-1, ' ', false, Json::error_handler_t::replace);
-      found.push_back(std::move(call));
-    }
-  });
+  } else {  // NAME<｜tool▁sep｜>{JSON arguments} (in a fenced ```json block in V3's older form)
+    Reader b{body};
+    std::string name;
+    if (!b.until(kV3Sep, name)) return false;
+    call.name = std::string(trim(name));
+    std::string_view a = trim(body.substr(b.at));
+    if (a.substr(0, 7) == "```json" && a.size() >= 10 && a.substr(a.size() - 3) == "```")
+      a = trim(a.substr(7, a.size() - 10));
+    const Json parsed = Json::parse(a, nullptr, /*allow_exceptions=*/false);
+    if (call.name.empty() || !parsed.is_object()) return false;
+    call.arguments = parsed.dump(-1, ' ', false, Json::error_handler_t::replace);
+    return true;
+  }
+  call.arguments = arguments_object(args);
+  return true;
 }
 
 }  // namespace dsi::server

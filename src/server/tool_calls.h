@@ -10,10 +10,11 @@
 // types the parameter "string"), else JSON, else (not valid JSON) the text as a string. Arguments
 // come out as a JSON object's text, as OpenAI's API carries them.
 //
-// The parser takes an answer's content piece by piece: the text before the first call streams out
-// as content; from a call's opening marker on, the text is held to the end of the answer, then read
-// as calls. Nothing is lost: text around and between calls stays content, and a call that does not
-// parse (cut short by max_tokens, malformed) stays content as written.
+// The parser takes an answer's content piece by piece and hands back each call as soon as its
+// closing marker arrives (one call of a DSML or V3 block at a time). Nothing is lost: text around
+// and between calls stays content (blank text between or after calls is dropped), and a call that
+// does not parse (cut short by max_tokens, malformed) stays content as written, with everything
+// after it; calls already handed back stay calls.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -40,31 +41,42 @@ class ToolCallParser {
   // parameters' types.
   ToolCallParser(ToolFormat format, const nlohmann::ordered_json& tools);
 
-  // The next piece of content: what is content for sure.
-  std::string push(std::string_view text);
-
   struct Result {
-    std::string content;          // the rest of the content
-    std::vector<ToolCall> calls;  // in the order written
+    std::string content;          // content for sure (push), the rest of the content (finish)
+    std::vector<ToolCall> calls;  // the calls completed, in the order written
   };
+  // The next piece of content.
+  Result push(std::string_view text);
+  // The end of the answer.
   Result finish();
 
   // The calls in a whole answer's content (push + finish).
   static Result parse(ToolFormat format, const nlohmann::ordered_json& tools, std::string_view text);
 
  private:
+  enum class State {
+    kContent,  // before a call, or after one and some text that is not blank
+    kBetween,  // after a call (or a block of them): blank text is held, and dropped before a call
+    kCall,     // inside a GLM call (after its opening marker)
+    kBlock,    // inside a DSML / V3 block of calls (after its opening marker)
+    kFailed,   // a call did not parse: the rest of the answer is content
+  };
   bool is_string_parameter(const std::string& function, const std::string& key) const;
   std::string value_json(const std::string& function, const std::string& key, const std::string& value,
                          bool marked_string) const;
-  // Reads the calls of text that starts at a call marker into `calls`, the rest into `rest`.
-  void read_glm(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
-  void read_dsml(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
-  void read_deepseek_v3(std::string_view text, std::vector<ToolCall>& calls, std::string& rest) const;
+  // One call from the text between its markers (GLM: <tool_call> and </tool_call>; DSML: the
+  // invoke's `name="` and </｜DSML｜invoke>; V3: <｜tool▁call▁begin｜> and <｜tool▁call▁end｜>); false
+  // when it does not parse.
+  bool read_call(std::string_view body, ToolCall& call) const;
+  // The text of the current call or block that did not parse (and everything held after it) is
+  // content from now on.
+  void fail(Result& out);
 
   ToolFormat format_;
   nlohmann::ordered_json tools_;
-  std::string held_;     // text that may begin a call marker, or (in_calls_) everything from one
-  bool in_calls_ = false;
+  State state_ = State::kContent;
+  std::string held_;           // text not yet decided (after the markers already consumed)
+  bool block_emitted_ = false;  // kBlock: a call of this block was handed back
 };
 
 }  // namespace dsi::server
