@@ -4,7 +4,9 @@
 // parallel layout; cancellation, bad requests and the bookkeeping (no page or request left behind).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <fstream>
 #include <mutex>
@@ -15,7 +17,9 @@
 #include "dsinfer/engine.h"
 #include "model/dsa_model.h"
 #include "runtime/generator.h"
+#include "runtime/ranks.h"
 #include "test_util.h"
+#include "tolerances.h"
 
 namespace dsi {
 namespace {
@@ -26,6 +30,8 @@ struct Collector {
   std::condition_variable cv;
   std::vector<int32_t> ids;
   std::vector<GeneratedToken> tokens;
+  std::vector<GeneratedToken> prompt;  // prompt logprobs, in order
+  bool prompt_after_tokens = false;    // a prompt record came after a generated token
   bool done = false;
   std::string reason, error;
   int events = 0;
@@ -35,6 +41,10 @@ struct Collector {
     return [this](RequestEvent&& ev) {
       std::lock_guard<std::mutex> lock(mu);
       ++events;
+      for (auto& t : ev.prompt_logprobs) {
+        if (!tokens.empty()) prompt_after_tokens = true;
+        prompt.push_back(t);
+      }
       for (auto& t : ev.tokens) {
         ids.push_back(t.id);
         tokens.push_back(t);
@@ -545,6 +555,63 @@ TEST(Engine, StopTokensAndLogprobs) {
     EXPECT_LE(t.logprob, 0.0f);
     EXPECT_GE(t.top[0].logprob, t.top[1].logprob);
     EXPECT_GE(t.top[1].logprob, t.top[2].logprob);
+  }
+}
+
+// EngineRequest::prompt_logprobs: each prompt token after the first gets its logprob under the
+// teacher-forced logits of the prompt (log-softmax of DsaModel's logits, to the self-consistency
+// tolerance: the engine's chunks and batches only reorder sums) and the top alternatives, in order
+// and before the generated tokens, over prefill chunks of 16, next to other requests, on one rank
+// and on TP2/DCP2; the generated tokens stay the generator's, and a scored prompt takes nothing
+// from the prefix cache (the same prompt, sent again, is computed again).
+TEST(Engine, PromptLogprobsAreTheTeacherForcedOnes) {
+  const std::string dir = test::fixture_dir("glm_tiny");
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 150; ++i) prompt.push_back(int32_t(3 + (i * 37 + i * i * 11) % 250));
+  const PromptLogits ref = prompt_logits_on_ranks(dir, prompt, 0, false, ParallelConfig{});
+  const int64_t V = ref.logits.dim(1);
+  const Case c{prompt, 6, 0.0f, 0};
+  const GenerationResult gen = reference(dir, c, 0);
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    EngineOptions o;
+    o.model_dir = dir;
+    o.tp = o.dcp = tp;
+    o.max_num_batched_tokens = 16;
+    o.speculative_tokens = 2;
+    o.kv_cache_memory = 64 << 20;
+    auto engine = Engine::start(o);
+    for (int round = 0; round < 2; ++round) {
+      EngineRequest r = request_of(c);
+      r.prompt_logprobs = 2;
+      Collector got, other;
+      engine->submit(request_of(Case{{7, 8, 9, 10, 11}, 12, 0.0f, 0}), other.sink());
+      engine->submit(r, got.sink());
+      ASSERT_TRUE(got.wait());
+      ASSERT_TRUE(other.wait());
+      EXPECT_EQ(got.ids, gen.output_ids);
+      EXPECT_EQ(got.cached, 0);
+      EXPECT_FALSE(got.prompt_after_tokens);
+      ASSERT_EQ(got.prompt.size(), prompt.size() - 1);
+      std::vector<float> want(prompt.size() - 1), have(prompt.size() - 1);
+      for (size_t q = 1; q < prompt.size(); ++q) {
+        const GeneratedToken& t = got.prompt[q - 1];
+        EXPECT_EQ(t.id, prompt[q]);
+        const float* row = ref.logits.f32() + int64_t(q - 1) * V;
+        float m = -INFINITY;
+        for (int64_t v = 0; v < V; ++v) m = std::max(m, row[v]);
+        double z = 0.0;
+        for (int64_t v = 0; v < V; ++v) z += std::exp(double(row[v]) - double(m));
+        want[q - 1] = row[prompt[q]] - m - float(std::log(z));
+        have[q - 1] = t.logprob;
+        ASSERT_EQ(t.top.size(), 2u);
+        EXPECT_NEAR(t.top[0].logprob, -float(std::log(z)), 1e-4) << "position " << q;  // the most likely
+        EXPECT_GE(t.top[0].logprob, t.top[1].logprob);
+        EXPECT_GE(t.top[0].logprob, t.logprob);
+      }
+      EXPECT_LE(test::nmse(Tensor::from_f32(have, {int64_t(have.size())}), Tensor::from_f32(want, {int64_t(want.size())})),
+                tol::kSelfConsistencyNmse);
+    }
   }
 }
 

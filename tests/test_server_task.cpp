@@ -223,7 +223,7 @@ TEST(ServerTask, UnsupportedFeatures) {
   expect_error(cmpl(R"("best_of": 3)"), 400, "best_of", "not supported", "unsupported");
   expect_error(cmpl(R"("n": 2, "best_of": 3)"), 400, "best_of", "not supported", "unsupported");
   expect_error(cmpl(R"("suffix": "end")"), 400, "suffix", "not supported", "unsupported");
-  expect_error(cmpl(R"("echo": true, "logprobs": 1)"), 400, "logprobs", "not supported", "unsupported");
+  expect_error(cmpl(R"("echo": true, "logprobs": 1, "stream": true)"), 400, "logprobs", "not supported", "unsupported");
   expect_error(cmpl(R"("stream_options": {"include_usage": true})"), 400, "stream_options", "only allowed when");
   std::string many = R"({"prompt": [)";
   for (int i = 0; i <= kMaxBatchPrompts; ++i) many += i ? R"(, "p")" : R"("p")";
@@ -264,6 +264,10 @@ TEST(ServerTask, EngineRequestDefaults) {
   EXPECT_EQ(e.sampling.seed, 42u);  // no seed: the server's
   EXPECT_EQ(e.stop_token_ids, std::vector<int32_t>{7});
   EXPECT_EQ(e.logprobs, 2);
+  EXPECT_EQ(e.prompt_logprobs, -1);  // not echoed
+  const ParsedRequest scored = ok_completion(R"({"prompt": [1, 2], "echo": true, "logprobs": 3, "max_tokens": 1})");
+  EXPECT_EQ(ok_engine(scored, {1, 2}).prompt_logprobs, 3);  // echo with logprobs scores the prompt
+  EXPECT_EQ(ok_engine(ok_completion(R"({"prompt": [1, 2], "echo": true})"), {1, 2}).prompt_logprobs, -1);
   // Near the end of the context the default shrinks to what is left.
   EXPECT_EQ(ok_engine(c, std::vector<int32_t>(90, 1)).max_new_tokens, 10);
   ParsedRequest chat = ok_chat(R"({"messages": [{"role": "user", "content": "x"}], "seed": 5})");

@@ -50,6 +50,10 @@ struct EngineRequest {
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;  // stop after emitting any of these (besides the eos ids)
   int logprobs = -1;                    // -1: none; n >= 0: each token's logprob and the top n
+  // -1: none; n >= 0: the logprob of each prompt token after the first under the model given the
+  // tokens before it, and the top n alternatives (scoring a text: an evaluation's loglikelihood).
+  // Such a request computes its whole prompt (it takes nothing from the prefix cache).
+  int prompt_logprobs = -1;
 };
 
 struct TokenLogprob {
@@ -72,6 +76,9 @@ struct RequestEvent {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // so far
   int64_t cached_tokens = 0;      // prompt tokens taken from the prefix cache, not computed
+  // EngineRequest::prompt_logprobs: the next prompt tokens' records, from prompt token 1 on in
+  // order, before any generated token (a long prompt's come over several events).
+  std::vector<GeneratedToken> prompt_logprobs;
 };
 
 // Called on the engine thread for every event of a request; must be quick and must not throw.

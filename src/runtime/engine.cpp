@@ -265,6 +265,7 @@ uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
     DSI_CHECK(std::isfinite(b), "logit_bias of token {} is not finite", id);
   }
   DSI_CHECK(r.logprobs <= 20, "logprobs = {} must be at most 20", r.logprobs);
+  DSI_CHECK(r.prompt_logprobs <= 20, "prompt_logprobs = {} must be at most 20", r.prompt_logprobs);
   for (int32_t t : r.stop_token_ids)
     DSI_CHECK(t >= 0 && t < cfg_.vocab_size, "stop token id {} is outside the vocabulary [0, {})", t,
               cfg_.vocab_size);
@@ -278,7 +279,7 @@ uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
   s->sink = std::move(sink);
   s->sched.n_tokens = P;
   s->sched.max_drafts = K_;
-  s->sched.tokens = &s->tokens;
+  s->sched.tokens = s->request.prompt_logprobs >= 0 ? nullptr : &s->tokens;  // scored prompts are computed
   std::lock_guard<std::mutex> lock(mu_);
   DSI_CHECK(failed_.empty(), "the engine has failed: {}", failed_);
   DSI_CHECK(!stop_, "the engine is shutting down");
@@ -330,14 +331,14 @@ void EngineImpl::loop() {
       try {
         stop = share_control(stop, incoming, cancels);
       } catch (const std::exception& e) {  // another process is gone: no step can run any more
-        for (auto& s : incoming) s->sink(RequestEvent{{}, true, "error", e.what(), s->prompt_len, 0});
+        for (auto& s : incoming) s->sink(RequestEvent{{}, true, "error", e.what(), s->prompt_len, 0, 0, {}});
         fail_all(e.what());
         ranks_->abort_job(fmt::format("engine: {}", e.what()));
         break;  // (a group whose abort_job returns: the engine takes no more work)
       }
     }
     if (stop) {
-      for (auto& s : incoming) s->sink(RequestEvent{{}, true, "abort", {}, s->prompt_len, 0});
+      for (auto& s : incoming) s->sink(RequestEvent{{}, true, "abort", {}, s->prompt_len, 0, 0, {}});
       break;
     }
     for (auto& s : incoming) {
@@ -445,6 +446,7 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
         w.put(b);
       }
       w.put_ids(r.stop_token_ids);
+      w.put(int32_t(r.prompt_logprobs));
     }
     w.put(uint64_t(cancels.size()));
     for (uint64_t id : cancels) w.put(id);
@@ -475,13 +477,14 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
       r.sampling.logit_bias.emplace_back(id, rd.get<float>());
     }
     r.stop_token_ids = rd.get_ids();
+    r.prompt_logprobs = rd.get<int32_t>();
     s->tokens = r.prompt;
     s->prompt_len = int64_t(r.prompt.size());
     s->rng.seed(r.sampling.seed);
     s->sink = [](RequestEvent&&) {};  // the leader reports to the clients
     s->sched.n_tokens = s->prompt_len;
     s->sched.max_drafts = K_;
-    s->sched.tokens = &s->tokens;
+    s->sched.tokens = r.prompt_logprobs >= 0 ? nullptr : &s->tokens;
     incoming.push_back(std::move(s));
   }
   const uint64_t c = rd.get<uint64_t>();

@@ -56,6 +56,9 @@ class EngineImpl final : public Engine {
   void draft(const std::vector<EngineSequence*>& seqs);
   void warm_up(int64_t rows);
   Tensor run_forward(const std::vector<StepPlan::Rows>& rows, const std::vector<int64_t>& keep);
+  // The leader's report of a scored prompt's token logprobs for a prefill chunk of n rows whose
+  // logits start at row0 (before the chunk's rows count as computed).
+  void report_prompt_logprobs(EngineSequence& s, int64_t n, const Tensor& logits, int64_t row0);
   bool emit(EngineSequence& s, const std::vector<int32_t>& tokens, const Tensor& logits, int64_t row0);
   void append_pending(EngineSequence& s, int64_t first_row, int64_t n);
   void reset(EngineSequence& s);

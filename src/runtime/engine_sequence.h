@@ -38,6 +38,7 @@ struct EngineSequence {
   Draft draft;  // this round's drafts
   int64_t drafts = 0;  // drafts planned this round
   bool finished = false;
+  int64_t prompt_lp_sent = 1;  // prompt positions [1, this) have had their logprobs reported
 
   std::optional<ops::TokenHistory> history;  // built on first use (penalties), then kept by emit
 

@@ -36,6 +36,23 @@ std::vector<float> log_softmax(const float* row, int64_t n) {
   return out;
 }
 
+// Token `tok`'s record under one logits row of n: its logprob and the top `top` alternatives (most
+// likely first, ties by id).
+GeneratedToken token_logprobs(const float* row, int64_t n, int32_t tok, int top) {
+  const std::vector<float> lp = log_softmax(row, n);
+  GeneratedToken g;
+  g.id = tok;
+  g.logprob = lp[size_t(tok)];
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) ids[size_t(t)] = int32_t(t);
+  const size_t k = std::min<size_t>(size_t(std::max(top, 0)), ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + long(k), ids.end(), [&](int32_t a, int32_t b) {
+    return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b);
+  });
+  for (size_t t = 0; t < k; ++t) g.top.push_back({ids[t], lp[size_t(ids[t])]});
+  return g;
+}
+
 }  // namespace
 
 int64_t EngineImpl::drafts_for(const EngineSequence& s) const {
@@ -235,13 +252,18 @@ void EngineImpl::step() {
   }
   if (!drafting.empty()) draft(drafting);
 
-  // Logits wanted: every row of a decode round; the last row of a prefill that completes.
-  std::vector<int64_t> keep, first_kept(rows.size(), -1);
+  // Logits wanted: every row of a decode round; the last row of a prefill that completes; every
+  // row of a prefill chunk whose prompt is scored (EngineRequest::prompt_logprobs).
+  std::vector<int64_t> keep, first_kept(rows.size(), -1), scored(rows.size(), -1);
   int64_t row = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     const StepPlan::Rows& p = rows[i];
     const bool decode = i < plan.decode.size();
-    if (decode || p.seq->computed + p.n == p.seq->n_tokens) {
+    if (!decode && seq_of(p.seq).request.prompt_logprobs >= 0) {
+      scored[i] = int64_t(keep.size());
+      for (int64_t j = 0; j < p.n; ++j) keep.push_back(row + j);
+      if (p.seq->computed + p.n == p.seq->n_tokens) first_kept[i] = scored[i] + p.n - 1;
+    } else if (decode || p.seq->computed + p.n == p.seq->n_tokens) {
       first_kept[i] = int64_t(keep.size());
       for (int64_t j = decode ? 0 : p.n - 1; j < p.n; ++j) keep.push_back(row + j);
     }
@@ -249,6 +271,9 @@ void EngineImpl::step() {
   }
   const Tensor logits = run_forward(rows, keep);  // the leader's (host); undefined elsewhere
   const int64_t V = cfg_.vocab_size;
+  if (logits.defined())  // the leader reports the scored prompts' tokens, before what they generate
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (scored[i] >= 0) report_prompt_logprobs(seq_of(rows[i].seq), rows[i].n, logits, scored[i]);
 
   // The leader samples and verifies: per row group, the number of tokens it emits, then them.
   std::vector<int32_t> decided;
@@ -322,6 +347,22 @@ void EngineImpl::sweep() {
   for (auto it = seqs_.begin(); it != seqs_.end();) it = it->second->finished ? seqs_.erase(it) : ++it;
 }
 
+void EngineImpl::report_prompt_logprobs(EngineSequence& s, int64_t n, const Tensor& logits, int64_t row0) {
+  // Row j of the chunk (position computed + j) predicts the token at position computed + j + 1.
+  RequestEvent ev;
+  const int64_t V = logits.dim(1), first = s.sched.computed;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t q = first + j + 1;
+    if (q < s.prompt_lp_sent || q >= s.prompt_len) continue;  // reported before a preemption, or not the prompt's
+    ev.prompt_logprobs.push_back(
+        token_logprobs(logits.f32() + (row0 + j) * V, V, s.tokens[size_t(q)], s.request.prompt_logprobs));
+    s.prompt_lp_sent = q + 1;
+  }
+  if (ev.prompt_logprobs.empty()) return;
+  ev.prompt_tokens = s.prompt_len;
+  s.sink(std::move(ev));
+}
+
 bool EngineImpl::emit(EngineSequence& s, const std::vector<int32_t>& tokens, const Tensor& logits,
                       int64_t row0) {
   const EngineRequest& r = s.request;
@@ -340,15 +381,7 @@ bool EngineImpl::emit(EngineSequence& s, const std::vector<int32_t>& tokens, con
     g.id = tok;
     if (r.logprobs >= 0 && logits.defined()) {  // the leader's: it reports to the client
       const int64_t V = logits.dim(1);
-      const std::vector<float> lp = log_softmax(logits.f32() + (row0 + int64_t(j)) * V, V);
-      g.logprob = lp[size_t(tok)];
-      std::vector<int32_t> ids(static_cast<size_t>(V));
-      for (int64_t t = 0; t < V; ++t) ids[size_t(t)] = int32_t(t);
-      const size_t top = std::min<size_t>(size_t(r.logprobs), ids.size());
-      std::partial_sort(ids.begin(), ids.begin() + long(top), ids.end(), [&](int32_t a, int32_t b) {
-        return lp[size_t(a)] > lp[size_t(b)] || (lp[size_t(a)] == lp[size_t(b)] && a < b);
-      });
-      for (size_t t = 0; t < top; ++t) g.top.push_back({ids[t], lp[size_t(ids[t])]});
+      g = token_logprobs(logits.f32() + (row0 + int64_t(j)) * V, V, tok, r.logprobs);
     }
     ev.tokens.push_back(std::move(g));
     const bool eos = std::find(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end(), tok) !=

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <random>
 
 #include "dsinfer/error.h"
@@ -67,6 +69,7 @@ class Run {
       std::vector<int32_t> keep)
       : engine_(engine),
         metrics_(metrics),
+        tokenizer_(tokenizer),
         queue_(std::make_shared<EventQueue>()),
         out_(tokenizer, r.skip_special_tokens, r.stop, r.logprobs >= 0, std::move(keep)) {
     metrics_.in_flight.fetch_add(1);
@@ -81,6 +84,13 @@ class Run {
   // Throws what Engine::submit throws.
   void submit(EngineRequest request) {
     prompt_tokens_ = int64_t(request.prompt.size());
+    if (request.prompt_logprobs >= 0 && !request.prompt.empty()) {  // the first token has no logprob
+      TokenRecord first;
+      first.id = request.prompt[0];
+      first.text = tokenizer_.decode({first.id});
+      first.logprob = std::numeric_limits<float>::quiet_NaN();
+      prompt_records_.push_back(std::move(first));
+    }
     start_ = last_token_ = Clock::now();
     id_ = engine_.submit(std::move(request), EventQueue::sink_for(queue_));
     submitted_ = true;
@@ -93,6 +103,16 @@ class Run {
     for (RequestEvent& ev : queue_->pop(timeout)) {
       if (ev.prompt_tokens > 0) prompt_tokens_ = ev.prompt_tokens;
       cached_tokens_ = ev.cached_tokens;
+      for (const GeneratedToken& t : ev.prompt_logprobs) {
+        TokenRecord rec;
+        rec.id = t.id;
+        rec.text = tokenizer_.decode({t.id});
+        rec.logprob = t.logprob;
+        for (const TokenLogprob& a : t.top) rec.top.emplace_back(tokenizer_.decode({a.id}), a.logprob);
+        rec.text_offset = prompt_records_.empty() ? 0
+                                                  : prompt_records_.back().text_offset + prompt_records_.back().text.size();
+        prompt_records_.push_back(std::move(rec));
+      }
       if (!ev.tokens.empty()) {
         const auto now = Clock::now();
         const double dt = std::chrono::duration<double>(now - last_token_).count();
@@ -134,6 +154,9 @@ class Run {
   int64_t cached_tokens() const { return cached_tokens_; }
   int64_t completion_tokens() const { return out_.tokens_consumed(); }
   const std::string& text() const { return out_.text(); }
+  // EngineRequest::prompt_logprobs: the prompt's tokens (the first without a logprob: NaN), with
+  // offsets into the prompt's text as these tokens spell it.
+  const std::vector<TokenRecord>& prompt_records() const { return prompt_records_; }
 
  private:
   static void append(TextDelta& d, TextDelta&& more) {
@@ -154,6 +177,7 @@ class Run {
 
   Engine& engine_;
   ServerMetrics& metrics_;
+  const Tokenizer& tokenizer_;
   std::shared_ptr<EventQueue> queue_;
   OutputText out_;
   uint64_t id_ = 0;
@@ -164,22 +188,33 @@ class Run {
   std::string error_;
   int64_t prompt_tokens_ = 0;
   int64_t cached_tokens_ = 0;
+  std::vector<TokenRecord> prompt_records_;
   Clock::time_point start_, last_token_;
 };
 
 // The logprobs of some tokens in the legacy completions format.
-Json completion_logprobs(const std::vector<TokenRecord>& tokens, size_t offset_base) {
+// prompt: an echoed prompt's tokens first (their own offsets; the first has no logprob: null).
+Json completion_logprobs(const std::vector<TokenRecord>& tokens, size_t offset_base,
+                         const std::vector<TokenRecord>* prompt = nullptr) {
   Json j = {{"tokens", Json::array()}, {"token_logprobs", Json::array()},
             {"top_logprobs", Json::array()}, {"text_offset", Json::array()}};
-  for (const TokenRecord& t : tokens) {
+  auto add = [&](const TokenRecord& t, size_t offset) {
     j["tokens"].push_back(t.text);
+    j["text_offset"].push_back(offset);
+    if (std::isnan(t.logprob)) {
+      j["token_logprobs"].push_back(nullptr);
+      j["top_logprobs"].push_back(nullptr);
+      return;
+    }
     j["token_logprobs"].push_back(t.logprob);
     Json top = Json::object();
     for (const auto& [text, lp] : t.top) top[text] = lp;
     if (!top.contains(t.text)) top[t.text] = t.logprob;  // the chosen token is always listed
     j["top_logprobs"].push_back(std::move(top));
-    j["text_offset"].push_back(offset_base + t.text_offset);
-  }
+  };
+  if (prompt != nullptr)
+    for (const TokenRecord& t : *prompt) add(t, t.text_offset);
+  for (const TokenRecord& t : tokens) add(t, offset_base + t.text_offset);
   return j;
 }
 
@@ -332,7 +367,8 @@ struct Reply {
       c["logprobs"] = logprobs ? chat_logprobs(tokens) : Json(nullptr);
     } else {
       c["text"] = text;
-      c["logprobs"] = logprobs ? completion_logprobs(tokens, echo_len[size_t(index)]) : Json(nullptr);
+      c["logprobs"] = logprobs ? completion_logprobs(tokens, echo_len[size_t(index)], &run.prompt_records())
+                               : Json(nullptr);
     }
     c["finish_reason"] = finish_reason_of(run.finish_reason(), !calls.empty());
     return c;

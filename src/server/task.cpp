@@ -319,7 +319,7 @@ ParseResult parse_completion_request(std::string_view body) {
     if (const auto lp = get_int(j, "logprobs")) {
       if (*lp < 0 || *lp > 20) bad("logprobs", fmt::format("'logprobs' must be in [0, 20], got {}", *lp));
       r.logprobs = int(*lp);
-      if (r.echo) unsupported("logprobs", "logprobs together with echo (prompt logprobs)");
+      if (r.echo && r.stream) unsupported("logprobs", "logprobs together with echo (prompt logprobs) in a stream");
     }
     return r;
   });
@@ -441,6 +441,7 @@ std::variant<EngineRequest, ApiError> make_engine_request(const ParsedRequest& r
   e.sampling.seed = r.seed.value_or(default_seed);
   e.stop_token_ids = r.stop_token_ids;
   e.logprobs = r.logprobs;
+  if (r.echo && r.logprobs >= 0) e.prompt_logprobs = r.logprobs;  // the echoed prompt's logprobs too
   return e;
 }
 

@@ -1,7 +1,7 @@
 // The task layer: OpenAI request JSON -> a validated request, and the checks that need the model
 // (context length, vocabulary). Pure functions, no I/O, no engine: a fuzzer can call them with any
 // bytes. Validation mirrors the OpenAI API's documented ranges; anything unsupported (suffix, echo
-// with logprobs, a forced tool call, ...) is a 400 naming the parameter.
+// with logprobs in a stream, a forced tool call, ...) is a 400 naming the parameter.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +49,7 @@ struct ParsedRequest {
   // /v1/completions: one prompt or a batch of them. The response's choices are prompt-major: choice
   // p * n + i is prompt p's choice i (OpenAI's order).
   std::vector<CompletionPrompt> prompts;
-  bool echo = false;
+  bool echo = false;  // with logprobs: the prompt's tokens' logprobs too (not streamed)
   // /v1/chat/completions: rendered by the model's chat template.
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools = nullptr;

@@ -319,6 +319,41 @@ def test_completion_logprobs(server):
     assert o.choices[0].logprobs.tokens == lp["tokens"]
 
 
+def test_scoring_a_prompt(server, tokenizer):
+    # echo + logprobs, as evaluation harnesses score a continuation (a batch of id lists,
+    # max_tokens 1): every prompt token after the first gets its logprob under the tokens before it.
+    if server.fake:
+        pytest.skip("the test double does not score prompts")
+    tok = tokenizer
+    context = tok.encode("And God said, Let there be light", add_special_tokens=False).ids
+    # The greedy next token after the context, and its logprob as a generated token.
+    gen = httpx.post(server.url + "/v1/completions", timeout=600, json={
+        "model": MODEL, "prompt": context, "max_tokens": 1, "temperature": 0, "logprobs": 2}).json()
+    g_lp = gen["choices"][0]["logprobs"]["token_logprobs"][0]
+    g_tok = gen["choices"][0]["logprobs"]["tokens"][0]
+    g_id = [i for i in range(tok.get_vocab_size()) if tok.decode([i], skip_special_tokens=False) == g_tok][0]
+    cont = tok.encode(": and there was light.", add_special_tokens=False).ids
+    r = httpx.post(server.url + "/v1/completions", timeout=600, json={
+        "model": MODEL, "prompt": [context + [g_id], context + cont], "max_tokens": 1, "temperature": 0,
+        "echo": True, "logprobs": 1}).json()
+    for choice, ids in zip(r["choices"], [context + [g_id], context + cont]):
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == len(ids) + 1  # the prompt's tokens, then the one generated
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert all(x <= 0 for x in lp["token_logprobs"][1:])
+        assert all(1 <= len(t) <= 2 for t in lp["top_logprobs"][1:])
+        assert lp["text_offset"] == sorted(lp["text_offset"])
+        assert choice["text"].startswith(tok.decode(ids, skip_special_tokens=True))
+    # The scored greedy token is the generated one, with the same logprob.
+    first = r["choices"][0]["logprobs"]
+    assert abs(first["token_logprobs"][len(context)] - g_lp) < 1e-3
+    assert first["tokens"][len(context)] == g_tok
+    # Not in a stream.
+    e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": context, "echo": True, "logprobs": 1, "stream": True}), 400)
+    assert e["param"] == "logprobs"
+
+
 def test_chat_logprobs(server):
     r = client(server).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hear, O Israel"}], max_tokens=6,
