@@ -31,6 +31,7 @@ struct Collector {
   std::vector<int32_t> ids;
   std::vector<GeneratedToken> tokens;
   std::vector<GeneratedToken> prompt;  // prompt logprobs, in order
+  int prompt_events = 0;
   bool prompt_after_tokens = false;    // a prompt record came after a generated token
   bool done = false;
   std::string reason, error;
@@ -41,6 +42,7 @@ struct Collector {
     return [this](RequestEvent&& ev) {
       std::lock_guard<std::mutex> lock(mu);
       ++events;
+      if (!ev.prompt_logprobs.empty()) ++prompt_events;
       for (auto& t : ev.prompt_logprobs) {
         if (!tokens.empty()) prompt_after_tokens = true;
         prompt.push_back(t);
@@ -561,9 +563,10 @@ TEST(Engine, StopTokensAndLogprobs) {
 // EngineRequest::prompt_logprobs: each prompt token after the first gets its logprob under the
 // teacher-forced logits of the prompt (log-softmax of DsaModel's logits, to the self-consistency
 // tolerance: the engine's chunks and batches only reorder sums) and the top alternatives, in order
-// and before the generated tokens, over prefill chunks of 16, next to other requests, on one rank
-// and on TP2/DCP2; the generated tokens stay the generator's, and a scored prompt takes nothing
-// from the prefix cache (the same prompt, sent again, is computed again).
+// and before the generated tokens, over prefill chunks of 16 (one rank) and of the engine's cap for
+// scored prompts, 128 (TP2/DCP2, a budget of 512), next to other requests; the generated tokens stay
+// the generator's, and a scored prompt takes nothing from the prefix cache (the same prompt, sent
+// again, is computed again).
 TEST(Engine, PromptLogprobsAreTheTeacherForcedOnes) {
   const std::string dir = test::fixture_dir("glm_tiny");
   std::vector<int32_t> prompt;
@@ -577,7 +580,8 @@ TEST(Engine, PromptLogprobsAreTheTeacherForcedOnes) {
     EngineOptions o;
     o.model_dir = dir;
     o.tp = o.dcp = tp;
-    o.max_num_batched_tokens = 16;
+    o.max_num_batched_tokens = tp == 1 ? 16 : 512;
+    const int chunk = tp == 1 ? 16 : 128;
     o.speculative_tokens = 2;
     o.kv_cache_memory = 64 << 20;
     auto engine = Engine::start(o);
@@ -592,6 +596,11 @@ TEST(Engine, PromptLogprobsAreTheTeacherForcedOnes) {
       EXPECT_EQ(got.ids, gen.output_ids);
       EXPECT_EQ(got.cached, 0);
       EXPECT_FALSE(got.prompt_after_tokens);
+      // One event per chunk: with budget to spare, chunks of the cap (150 tokens: 2); else smaller.
+      if (tp == 2) {
+        EXPECT_EQ(got.prompt_events, 2);
+      }
+      EXPECT_GE(got.prompt_events, (int(prompt.size()) + chunk - 1) / chunk);
       ASSERT_EQ(got.prompt.size(), prompt.size() - 1);
       std::vector<float> want(prompt.size() - 1), have(prompt.size() - 1);
       for (size_t q = 1; q < prompt.size(); ++q) {

@@ -241,6 +241,15 @@ EngineImpl::~EngineImpl() {
   if (thread_.joinable()) thread_.join();
 }
 
+// A sequence's part in the prefix cache and its chunks: a scored prompt (EngineRequest::
+// prompt_logprobs) is computed, not taken from the cache, and its chunks, whose rows all need
+// logits, stay small (their logits are rows x vocabulary floats).
+void EngineImpl::score_prompt(EngineSequence& s) const {
+  const bool scored = s.request.prompt_logprobs >= 0;
+  s.sched.tokens = scored ? nullptr : &s.tokens;
+  s.sched.max_chunk = scored ? kScoredChunkRows : 0;
+}
+
 uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
   DSI_CHECK(ranks_->leader(), "only the process of rank 0 takes requests");
   validate_prompt(cfg_, r.prompt);
@@ -279,7 +288,7 @@ uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
   s->sink = std::move(sink);
   s->sched.n_tokens = P;
   s->sched.max_drafts = K_;
-  s->sched.tokens = s->request.prompt_logprobs >= 0 ? nullptr : &s->tokens;  // scored prompts are computed
+  score_prompt(*s);
   std::lock_guard<std::mutex> lock(mu_);
   DSI_CHECK(failed_.empty(), "the engine has failed: {}", failed_);
   DSI_CHECK(!stop_, "the engine is shutting down");
@@ -484,7 +493,7 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
     s->sink = [](RequestEvent&&) {};  // the leader reports to the clients
     s->sched.n_tokens = s->prompt_len;
     s->sched.max_drafts = K_;
-    s->sched.tokens = r.prompt_logprobs >= 0 ? nullptr : &s->tokens;
+    score_prompt(*s);
     incoming.push_back(std::move(s));
   }
   const uint64_t c = rd.get<uint64_t>();

@@ -56,6 +56,10 @@ class EngineImpl final : public Engine {
   void draft(const std::vector<EngineSequence*>& seqs);
   void warm_up(int64_t rows);
   Tensor run_forward(const std::vector<StepPlan::Rows>& rows, const std::vector<int64_t>& keep);
+  // Prefill chunks of a scored prompt hold at most this many tokens (GLM-5's vocabulary: 79 MB
+  // of logits).
+  static constexpr int64_t kScoredChunkRows = 128;
+  void score_prompt(EngineSequence& s) const;
   // The leader's report of a scored prompt's token logprobs for a prefill chunk of n rows whose
   // logits start at row0 (before the chunk's rows count as computed).
   void report_prompt_logprobs(EngineSequence& s, int64_t n, const Tensor& logits, int64_t row0);

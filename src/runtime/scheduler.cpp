@@ -128,7 +128,8 @@ bool Scheduler::waits_for_shared_blocks(const SchedSeq* s) const {
 }
 
 int64_t Scheduler::chunk_for(const SchedSeq* s, int64_t budget) const {
-  return std::min(s->n_tokens - s->computed, budget);
+  const int64_t chunk = std::min(s->n_tokens - s->computed, budget);
+  return s->max_chunk > 0 ? std::min(chunk, s->max_chunk) : chunk;
 }
 
 StepPlan Scheduler::schedule_with(const std::vector<int64_t>& drafts) {

@@ -29,6 +29,7 @@ struct SchedSeq {
   int64_t n_generated = 0;
   int64_t computed = 0;    // tokens whose keys are cached
   int64_t max_drafts = 0;  // drafts the next decode round may verify (0 without speculation)
+  int64_t max_chunk = 0;   // > 0: prefill chunks of at most this many tokens
   std::vector<int32_t> pages;
   int64_t preemptions = 0;
   // The prefix cache: the sequence's tokens (null: none of its blocks are cached or looked up),
