@@ -624,5 +624,53 @@ TEST(Engine, PromptLogprobsAreTheTeacherForcedOnes) {
   }
 }
 
+// EngineRequest::constraint: the constrained request samples only what the mask leaves (here even
+// ids), greedy among them, and the constraint is told every token emitted; it is not speculated
+// (the engine drafts for the others), and an unconstrained request beside it keeps the generator's
+// tokens.
+TEST(Engine, ConstrainedRequestsSampleWhatTheMaskLeaves) {
+  struct EvenIds : TokenConstraint {
+    std::vector<int32_t> seen;
+    int masks = 0;
+    void mask(float* logits, int64_t vocab) override {
+      ++masks;
+      for (int64_t i = 1; i < vocab; i += 2) logits[i] = -INFINITY;
+    }
+    void accept(int32_t token) override { seen.push_back(token); }
+  };
+  const std::string dir = test::fixture_dir("glm_tiny");
+  EngineOptions o;
+  o.model_dir = dir;
+  o.speculative_tokens = 2;
+  o.kv_cache_memory = 64 << 20;
+  auto engine = Engine::start(o);
+  const Case plain{{5, 9, 2, 7, 11, 13}, 10, 0.0f, 0};
+  const GenerationResult ref = reference(dir, plain, 2);
+  auto even = std::make_shared<EvenIds>();
+  EngineRequest r = request_of(Case{{3, 4, 5}, 12, 0.0f, 0});
+  r.constraint = even;
+  r.logprobs = 1;
+  Collector got, other;
+  engine->submit(r, got.sink());
+  engine->submit(request_of(plain), other.sink());
+  ASSERT_TRUE(got.wait());
+  ASSERT_TRUE(other.wait());
+  EXPECT_EQ(other.ids, ref.output_ids);
+  ASSERT_EQ(got.ids.size(), 12u);
+  for (int32_t id : got.ids) EXPECT_EQ(id % 2, 0) << id;
+  EXPECT_EQ(even->seen, got.ids);
+  EXPECT_EQ(even->masks, 12);  // one sampled row a step: no drafts
+  // Greedy among the even ids: the chosen one is the most likely even token of the model's row
+  // (the logprobs reported are the model's, before the mask).
+  for (const GeneratedToken& t : got.tokens) {
+    ASSERT_EQ(t.top.size(), 1u);
+    if (t.top[0].id % 2 == 0) {
+      EXPECT_EQ(t.top[0].id, t.id);
+    }
+  }
+  const EngineMetrics m = engine->metrics();
+  EXPECT_GT(m.num_drafts, 0);  // the other request was speculated
+}
+
 }  // namespace
 }  // namespace dsi

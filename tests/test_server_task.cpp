@@ -234,7 +234,14 @@ TEST(ServerTask, UnsupportedFeatures) {
   expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
                400, "messages", "not supported", "unsupported");
   expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}],
-      "response_format": {"type": "json_object"}})"), 400, "response_format", "not supported", "unsupported");
+      "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}})"), 400, "response_format",
+               "not supported", "unsupported");
+  expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "response_format": "json"})"),
+               400, "response_format", "must be an object");
+  EXPECT_TRUE(ok_chat(R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_object"}})").json_object);
+  EXPECT_FALSE(ok_chat(R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "text"}})").json_object);
+  EXPECT_TRUE(ok_completion(R"({"prompt": "x", "response_format": {"type": "json_object"}})").json_object);
 }
 
 const ModelLimits kLimits{"kjv-dsa", 100, 4096};

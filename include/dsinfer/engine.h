@@ -43,6 +43,17 @@ struct EngineOptions {
 };
 
 // One request: a prompt of token ids and how to continue it.
+// Restricts the tokens a request may generate (structured output, e.g. JSON): asked before each
+// token is sampled, told each token emitted. Called on the engine thread of rank 0's process only;
+// a constrained request is not speculated (no drafts to verify against it).
+class TokenConstraint {
+ public:
+  virtual ~TokenConstraint() = default;
+  // Sets the logits of the tokens that may not come next to -inf (at least one must stay).
+  virtual void mask(float* logits, int64_t vocab) = 0;
+  virtual void accept(int32_t token) = 0;
+};
+
 struct EngineRequest {
   std::vector<int32_t> prompt;
   int max_new_tokens = 16;
@@ -54,6 +65,7 @@ struct EngineRequest {
   // tokens before it, and the top n alternatives (scoring a text: an evaluation's loglikelihood).
   // Such a request computes its whole prompt (it takes nothing from the prefix cache).
   int prompt_logprobs = -1;
+  std::shared_ptr<TokenConstraint> constraint;  // null: any token
 };
 
 struct TokenLogprob {

@@ -59,7 +59,7 @@ class EngineImpl final : public Engine {
   // Prefill chunks of a scored prompt hold at most this many tokens (GLM-5's vocabulary: 79 MB
   // of logits).
   static constexpr int64_t kScoredChunkRows = 128;
-  void score_prompt(EngineSequence& s) const;
+  void plan_sequence(EngineSequence& s, bool constrained) const;
   // The leader's report of a scored prompt's token logprobs for a prefill chunk of n rows whose
   // logits start at row0 (before the chunk's rows count as computed).
   void report_prompt_logprobs(EngineSequence& s, int64_t n, const Tensor& logits, int64_t row0);

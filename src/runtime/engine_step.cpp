@@ -36,6 +36,15 @@ std::vector<float> log_softmax(const float* row, int64_t n) {
   return out;
 }
 
+// A copy of one row of host logits [1, V] with the constraint's mask applied.
+Tensor constrained(const Tensor& row, TokenConstraint& c) {
+  DSI_CHECK(row.dim(0) == 1, "a constrained request samples one row a step, got {}", row.dim(0));
+  Tensor out = Tensor::empty(row.shape(), DType::F32);
+  out.copy_from(row);
+  c.mask(out.f32(), out.dim(1));
+  return out;
+}
+
 // Token `tok`'s record under one logits row of n: its logprob and the top `top` alternatives (most
 // likely first, ties by id).
 GeneratedToken token_logprobs(const float* row, int64_t n, int32_t tok, int top) {
@@ -56,7 +65,7 @@ GeneratedToken token_logprobs(const float* row, int64_t n, int32_t tok, int top)
 }  // namespace
 
 int64_t EngineImpl::drafts_for(const EngineSequence& s) const {
-  if (K_ == 0) return 0;
+  if (K_ == 0 || s.sched.max_drafts == 0) return 0;
   // Drafts past what this round can still emit, or past the context, are not worth verifying.
   const int64_t room = std::min<int64_t>(s.request.max_new_tokens - s.generated() - 1,
                                          info_.max_model_len - s.sched.computed - 1);
@@ -285,15 +294,18 @@ void EngineImpl::step() {
       const int64_t n = rows[i].n;
       const SamplingParams& sp = s.request.sampling;
       if (i < plan.decode.size()) {  // verify [last token, drafts]
-        const Verdict v = verify_drafts(logits.slice(first_kept[i], first_kept[i] + n), s.draft, sp,
-                                        s.rng, s.penalty_history());
+        Tensor rows_i = logits.slice(first_kept[i], first_kept[i] + n);
+        if (s.request.constraint) rows_i = constrained(rows_i, *s.request.constraint);  // n = 1: no drafts
+        const Verdict v = verify_drafts(rows_i, s.draft, sp, s.rng, s.penalty_history());
         decided.push_back(int32_t(v.accepted + 1));
         decided.insert(decided.end(), s.draft.tokens.begin(), s.draft.tokens.begin() + v.accepted);
         decided.push_back(v.next);
       } else if (sch.computed + n < sch.n_tokens) {  // more prefill chunks to come
         decided.push_back(0);
       } else {
-        Tensor last = logits.slice(first_kept[i], first_kept[i] + 1).view({V});
+        Tensor last = logits.slice(first_kept[i], first_kept[i] + 1);
+        if (s.request.constraint) last = constrained(last, *s.request.constraint);
+        last = last.view({V});
         if (const ops::TokenHistory* h = s.penalty_history()) last = ops::penalized(last, sp, *h);
         decided.push_back(1);
         decided.push_back(ops::sample(last, sp, uniform(s.rng)));
@@ -384,6 +396,7 @@ bool EngineImpl::emit(EngineSequence& s, const std::vector<int32_t>& tokens, con
       g = token_logprobs(logits.f32() + (row0 + int64_t(j)) * V, V, tok, r.logprobs);
     }
     ev.tokens.push_back(std::move(g));
+    if (r.constraint) r.constraint->accept(tok);
     const bool eos = std::find(cfg_.eos_token_ids.begin(), cfg_.eos_token_ids.end(), tok) !=
                      cfg_.eos_token_ids.end();
     const bool stop_id = std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), tok) !=

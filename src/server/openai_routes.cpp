@@ -15,6 +15,7 @@
 
 #include "dsinfer/error.h"
 #include "server/event_queue.h"
+#include "server/json_constraint.h"
 #include "server/output_text.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
@@ -426,6 +427,8 @@ OpenAiService::OpenAiService(Engine& engine, Tokenizer tokenizer,
   tool_format_ = tool_format(options_.tool_call_parser, chat_template_ ? chat_template_->source() : "");
   for (std::string_view tag : {ReasoningSplitter::kOpen, ReasoningSplitter::kClose})
     if (const auto id = tokenizer_.token_to_id(tag)) think_tags_.push_back(*id);
+  think_open_ = tokenizer_.token_to_id(ReasoningSplitter::kOpen).value_or(-1);
+  think_close_ = tokenizer_.token_to_id(ReasoningSplitter::kClose).value_or(-1);
   router_.add("GET", "/health", [this](const HttpRequest& r) { return health(r); });
   router_.add("GET", "/v1/models", [this](const HttpRequest& r) { return models(r); });
   router_.add("GET", "/metrics", [this](const HttpRequest& r) { return metrics_page(r); });
@@ -560,6 +563,10 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
       echoes.push_back(echo_texts[p]);
       EngineRequest e = bases[p];
       e.sampling.seed = bases[p].sampling.seed + uint64_t(i);
+      if (req.json_object)  // each choice its own recognizer; a reasoning model thinks first
+        e.constraint = std::make_shared<JsonConstraint>(
+            tokenizer_, engine_.info().eos_token_ids, split ? think_open_ : -1, split ? think_close_ : -1,
+            opens_reasoning);
       try {
         runs.back()->submit(std::move(e));
       } catch (const dsi::Error& err) {

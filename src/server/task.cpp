@@ -207,8 +207,11 @@ void parse_common(const Json& j, ParsedRequest& r) {
     r.include_usage = get_bool(*so, "include_usage", false);
   }
   if (const Json* rf = field(j, "response_format")) {
-    if (!rf->is_object() || rf->value("type", Json("text")) != Json("text"))
-      unsupported("response_format", "a response_format other than {\"type\": \"text\"}");
+    if (!rf->is_object()) bad("response_format", "'response_format' must be an object");
+    const Json type = rf->value("type", Json("text"));
+    if (type == Json("json_object")) r.json_object = true;
+    else if (type != Json("text"))
+      unsupported("response_format", "a response_format other than {\"type\": \"text\"} or {\"type\": \"json_object\"}");
   }
 }
 

@@ -71,6 +71,7 @@ struct ParsedRequest {
   std::vector<std::string> stop;        // stop strings (cut from the text)
   std::vector<int32_t> stop_token_ids;  // stop ids (kept in the output)
   bool skip_special_tokens = true;
+  bool json_object = false;  // response_format {"type": "json_object"}: the answer is one JSON object
   // Output.
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -647,6 +647,14 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   return ids;
 }
 
+const std::string* Tokenizer::token_bytes(int32_t id) const {
+  const Impl& m = *impl_;
+  if (id < 0 || size_t(id) >= m.id_known.size() || !m.id_known[size_t(id)]) return nullptr;
+  return &m.id_bytes[size_t(id)];
+}
+
+bool Tokenizer::spaced_tokens() const { return !impl_->byte_level_decoder; }
+
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   StreamDecoder d = stream_decoder(skip_special_tokens);
   std::string out;

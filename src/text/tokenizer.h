@@ -40,6 +40,10 @@ class Tokenizer {
   std::optional<std::string> id_to_token(int32_t id) const;
   bool is_special(int32_t id) const;  // an added token marked "special"
   int32_t vocab_size() const;         // 1 + the largest id of the model or the added tokens
+  // The bytes a token adds to decoded text (null for an id that names no token); without a
+  // ByteLevel decoder every token after the first is preceded by a space (spaced_tokens()).
+  const std::string* token_bytes(int32_t id) const;
+  bool spaced_tokens() const;
 
   // Incremental detokenizer: push() returns the text the ids so far settle, never an incomplete
   // UTF-8 sequence (bytes that may still complete are held back); flush() ends the stream. The

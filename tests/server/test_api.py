@@ -354,6 +354,31 @@ def test_scoring_a_prompt(server, tokenizer):
     assert e["param"] == "logprobs"
 
 
+def test_json_mode(server):
+    # response_format json_object: the answer is one JSON object (it can end only once the object
+    # is closed; cut short by max_tokens it is a prefix of one).
+    if server.fake:
+        pytest.skip("the test double does not apply constraints")
+    for seed in range(3):
+        r = httpx.post(server.url + "/v1/completions", timeout=600, json={
+            "model": MODEL, "prompt": "And God said", "max_tokens": 150, "temperature": 1.0, "seed": seed,
+            "response_format": {"type": "json_object"}}).json()
+        text = r["choices"][0]["text"]
+        assert text.lstrip().startswith("{"), text
+        if r["choices"][0]["finish_reason"] == "stop":
+            assert isinstance(json.loads(text), dict), text
+    chat = client(server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Who made the light?"}], max_tokens=150,
+        temperature=0.7, seed=1, response_format={"type": "json_object"})
+    content = chat.choices[0].message.content
+    assert content.lstrip().startswith("{"), content
+    if chat.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(content), dict), content
+    e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": "x", "response_format": {"type": "json_schema"}}), 400)
+    assert e["param"] == "response_format"
+
+
 def test_chat_logprobs(server):
     r = client(server).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hear, O Israel"}], max_tokens=6,

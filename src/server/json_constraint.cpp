@@ -1,0 +1,264 @@
+// JSON mode; see json_constraint.h.
+#include "server/json_constraint.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dsi::server {
+
+namespace {
+bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+bool is_hex(unsigned char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+}  // namespace
+
+bool JsonPrefix::push(unsigned char c) {
+  const JsonPrefix saved = *this;
+  if (step(c)) return true;
+  *this = saved;
+  return false;
+}
+
+bool JsonPrefix::push(std::string_view bytes) {
+  const JsonPrefix saved = *this;
+  if (advance(bytes)) return true;
+  *this = saved;
+  return false;
+}
+
+bool JsonPrefix::advance(std::string_view bytes) {
+  for (char c : bytes)
+    if (!step(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+void JsonPrefix::end_value() { mode_ = stack_.empty() ? Mode::kDone : Mode::kAfterValue; }
+
+bool JsonPrefix::value_start(unsigned char c) {
+  if (is_space(c)) return true;
+  switch (c) {
+    case '{':
+    case '[':
+      if (int(stack_.size()) >= kMaxDepth) return false;
+      stack_.push_back(char(c));
+      mode_ = c == '{' ? Mode::kKeyOrEnd : Mode::kValueOrEnd;
+      return true;
+    case '"':
+      mode_ = Mode::kString;
+      key_ = false;
+      return true;
+    case '-':
+      mode_ = Mode::kNumber;
+      num_ = Num::kMinus;
+      return true;
+    case 't':
+    case 'f':
+    case 'n':
+      mode_ = Mode::kLiteral;
+      lit_ = c == 't' ? "true" : c == 'f' ? "false" : "null";
+      lit_at_ = 1;
+      return true;
+    default:
+      if (!is_digit(c)) return false;
+      mode_ = Mode::kNumber;
+      num_ = c == '0' ? Num::kZero : Num::kInt;
+      return true;
+  }
+}
+
+bool JsonPrefix::step(unsigned char c) {
+  const bool in_string = mode_ == Mode::kString || mode_ == Mode::kEscape;
+  if (!in_string && is_space(c) && (mode_ == Mode::kStart || space_run_ >= kMaxSpaceRun)) return false;
+  if (!step_json(c)) return false;
+  space_run_ = !in_string && is_space(c) ? uint8_t(space_run_ + 1) : uint8_t(0);
+  return true;
+}
+
+bool JsonPrefix::step_json(unsigned char c) {
+  switch (mode_) {
+    case Mode::kStart:
+      if (is_space(c)) return true;
+      if (c != '{') return false;  // the root is an object
+      stack_.push_back('{');
+      mode_ = Mode::kKeyOrEnd;
+      return true;
+    case Mode::kValueOrEnd:
+      if (c == ']') {  // an empty array
+        stack_.pop_back();
+        end_value();
+        return true;
+      }
+      return value_start(c);
+    case Mode::kValue:
+      return value_start(c);
+    case Mode::kKeyOrEnd:
+    case Mode::kKey:
+      if (is_space(c)) return true;
+      if (c == '"') {
+        mode_ = Mode::kString;
+        key_ = true;
+        return true;
+      }
+      if (c == '}' && mode_ == Mode::kKeyOrEnd) {
+        stack_.pop_back();
+        end_value();
+        return true;
+      }
+      return false;
+    case Mode::kColon:
+      if (is_space(c)) return true;
+      if (c != ':') return false;
+      mode_ = Mode::kValue;
+      return true;
+    case Mode::kAfterValue:
+      if (is_space(c)) return true;
+      if (c == ',') {
+        mode_ = stack_.back() == '{' ? Mode::kKey : Mode::kValue;
+        return true;
+      }
+      if (c == (stack_.back() == '{' ? '}' : ']')) {
+        stack_.pop_back();
+        end_value();
+        return true;
+      }
+      return false;
+    case Mode::kString:
+      if (utf8_left_ > 0) {  // a continuation byte, within the lead byte's range (no overlongs, surrogates)
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (utf8_lead_ == 0xE0) lo = 0xA0;
+        if (utf8_lead_ == 0xED) hi = 0x9F;
+        if (utf8_lead_ == 0xF0) lo = 0x90;
+        if (utf8_lead_ == 0xF4) hi = 0x8F;
+        if (c < lo || c > hi) return false;
+        utf8_lead_ = 0;  // the range applies to the first continuation byte only
+        --utf8_left_;
+        return true;
+      }
+      if (c == '"') {
+        if (key_) mode_ = Mode::kColon;
+        else end_value();
+        return true;
+      }
+      if (c == '\\') {
+        mode_ = Mode::kEscape;
+        hex_left_ = 0;
+        return true;
+      }
+      if (c < 0x20) return false;  // control characters must be escaped
+      if (c < 0x80) return true;
+      if (c >= 0xC2 && c <= 0xDF) utf8_left_ = 1;
+      else if (c >= 0xE0 && c <= 0xEF) utf8_left_ = 2;
+      else if (c >= 0xF0 && c <= 0xF4) utf8_left_ = 3;
+      else return false;
+      utf8_lead_ = c;
+      return true;
+    case Mode::kEscape:
+      if (hex_left_ > 0) {
+        if (!is_hex(c)) return false;
+        if (--hex_left_ == 0) mode_ = Mode::kString;
+        return true;
+      }
+      if (c == 'u') {
+        hex_left_ = 4;
+        return true;
+      }
+      if (std::string_view("\"\\/bfnrt").find(char(c)) == std::string_view::npos) return false;
+      mode_ = Mode::kString;
+      return true;
+    case Mode::kNumber: {
+      const bool digit = is_digit(c);
+      switch (num_) {
+        case Num::kMinus:
+          if (!digit) return false;
+          num_ = c == '0' ? Num::kZero : Num::kInt;
+          return true;
+        case Num::kZero:
+        case Num::kInt:
+          if (digit && num_ == Num::kInt) return true;
+          if (c == '.') return num_ = Num::kDot, true;
+          if (c == 'e' || c == 'E') return num_ = Num::kExp, true;
+          break;  // the number ends here
+        case Num::kDot:
+          if (!digit) return false;
+          num_ = Num::kFrac;
+          return true;
+        case Num::kFrac:
+          if (digit) return true;
+          if (c == 'e' || c == 'E') return num_ = Num::kExp, true;
+          break;
+        case Num::kExp:
+          if (c == '+' || c == '-') return num_ = Num::kExpSign, true;
+          if (!digit) return false;
+          num_ = Num::kExpInt;
+          return true;
+        case Num::kExpSign:
+          if (!digit) return false;
+          num_ = Num::kExpInt;
+          return true;
+        case Num::kExpInt:
+          if (digit) return true;
+          break;
+      }
+      end_value();  // a number is only inside a container: c must follow it there
+      return step_json(c);
+    }
+    case Mode::kLiteral:
+      if (c != static_cast<unsigned char>(lit_[lit_at_])) return false;
+      if (lit_[++lit_at_] == '\0') end_value();
+      return true;
+    case Mode::kDone:
+      return false;  // nothing after the object (its end of sequence comes next)
+  }
+  return false;
+}
+
+JsonConstraint::JsonConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open,
+                               int32_t think_close, bool in_reasoning)
+    : tokenizer_(tokenizer),
+      eos_(std::move(eos)),
+      think_open_(think_open),
+      think_close_(think_close),
+      reasoning_(in_reasoning && think_close >= 0) {}
+
+bool JsonConstraint::allowed(int32_t id) const {
+  if (std::find(eos_.begin(), eos_.end(), id) != eos_.end()) return json_.complete();
+  if (first_ && id == think_open_ && think_close_ >= 0) return true;  // the answer opens its think block
+  if (tokenizer_.is_special(id)) return false;
+  const std::string* bytes = tokenizer_.token_bytes(id);
+  if (bytes == nullptr || bytes->empty()) return false;
+  JsonPrefix next = json_;
+  if (tokenizer_.spaced_tokens() && wrote_ && !next.advance(" ")) return false;
+  return next.advance(*bytes);
+}
+
+void JsonConstraint::mask(float* logits, int64_t vocab) {
+  if (reasoning_) return;
+  bool any = false;
+  for (int64_t id = 0; id < vocab; ++id) {
+    if (allowed(int32_t(id))) any = true;
+    else logits[id] = -INFINITY;
+  }
+  // Nothing fits (a vocabulary without the bytes the object needs): the first end of sequence.
+  if (!any && !eos_.empty() && eos_[0] >= 0 && eos_[0] < vocab) logits[eos_[0]] = 0.0f;
+}
+
+void JsonConstraint::accept(int32_t token) {
+  const bool was_first = first_;
+  first_ = false;
+  if (reasoning_) {
+    if (token == think_close_) reasoning_ = false;  // the answer proper starts
+    return;
+  }
+  if (was_first && token == think_open_ && think_close_ >= 0) {
+    reasoning_ = true;
+    return;
+  }
+  if (std::find(eos_.begin(), eos_.end(), token) != eos_.end() || tokenizer_.is_special(token)) return;
+  const std::string* bytes = tokenizer_.token_bytes(token);
+  if (bytes == nullptr) return;
+  if (tokenizer_.spaced_tokens() && wrote_) json_.push(' ');
+  json_.push(*bytes);  // (a token the mask allowed always fits)
+  wrote_ = true;
+}
+
+}  // namespace dsi::server

@@ -1,0 +1,90 @@
+// JSON mode (response_format {"type": "json_object"}): a TokenConstraint that lets a request write
+// only a JSON object (RFC 8259, UTF-8), then its end of sequence. Each step every token of the
+// vocabulary is tried from the text so far: its bytes must continue a prefix of some JSON object;
+// special tokens never (the end-of-sequence ids only once the object is closed, and then nothing
+// else). A reasoning model's think block comes first, unconstrained: from the start when the
+// prompt leaves the answer inside it, or when the answer opens it with its first token.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dsinfer/engine.h"
+#include "text/tokenizer.h"
+
+namespace dsi::server {
+
+// A byte-at-a-time recognizer of one JSON object (and whitespace between its parts, within limits).
+class JsonPrefix {
+ public:
+  // Takes byte c; false (and the state unchanged) when no JSON object starts with the bytes so
+  // far followed by c.
+  bool push(unsigned char c);
+  bool push(std::string_view bytes);  // all or nothing
+  // Takes the bytes; false when they do not fit, and then this state means nothing (for a copy).
+  bool advance(std::string_view bytes);
+  bool complete() const { return mode_ == Mode::kDone; }
+
+  static constexpr int kMaxDepth = 64;  // nesting beyond this is refused
+  // Whitespace between tokens: none before the object, at most this many bytes in a row (so a
+  // sampler cannot loop on blank lines).
+  static constexpr int kMaxSpaceRun = 32;
+
+ private:
+  enum class Mode : uint8_t {
+    kStart,         // before the object's '{'
+    kValue,         // a value must come (after ':', or ',' in an array)
+    kValueOrEnd,    // after '[': a value or ']'
+    kKeyOrEnd,      // after '{': a key or '}'
+    kKey,           // after ',' in an object: a key
+    kColon,         // after a key
+    kAfterValue,    // inside a container after a value: ',' or its end
+    kString,        // inside a string (key_ says which kind)
+    kEscape,        // after a backslash
+    kNumber,        // inside a number (num_ says where)
+    kLiteral,       // inside true / false / null (lit_ and lit_at_)
+    kDone,          // the object is closed
+  };
+  enum class Num : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kExp, kExpSign, kExpInt };
+  bool step(unsigned char c);  // with the whitespace rules
+  bool step_json(unsigned char c);
+  bool value_start(unsigned char c);
+  void end_value();  // a value is complete: after it, in its container or at the root
+
+  Mode mode_ = Mode::kStart;
+  Num num_ = Num::kInt;
+  bool key_ = false;          // kString: an object key
+  uint8_t hex_left_ = 0;      // kEscape: hex digits of \uXXXX still to come
+  uint8_t utf8_left_ = 0;     // kString: continuation bytes still to come
+  uint8_t utf8_lead_ = 0;     // kString: the lead byte of the sequence in progress
+  const char* lit_ = nullptr;  // kLiteral: the literal, and how much of it has come
+  uint8_t lit_at_ = 0;
+  std::string stack_;         // open containers, '{' or '['
+  uint8_t space_run_ = 0;     // whitespace bytes in a row outside strings
+};
+
+class JsonConstraint : public TokenConstraint {
+ public:
+  // eos: the ids that end a sequence; think_open / think_close: the reasoning tags' ids (-1: none);
+  // in_reasoning: the prompt leaves the answer inside a think block.
+  JsonConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
+                 bool in_reasoning);
+  void mask(float* logits, int64_t vocab) override;
+  void accept(int32_t token) override;
+  const JsonPrefix& state() const { return json_; }
+
+ private:
+  bool allowed(int32_t id) const;
+
+  const Tokenizer& tokenizer_;
+  std::vector<int32_t> eos_;
+  int32_t think_open_, think_close_;
+  bool reasoning_;        // inside the think block: unconstrained
+  bool first_ = true;     // no token of the answer yet
+  bool wrote_ = false;    // a token of the JSON text has been written (spaced tokenizers)
+  JsonPrefix json_;
+};
+
+}  // namespace dsi::server

@@ -1,0 +1,225 @@
+// JSON mode (server/json_constraint.h): the byte recognizer accepts every prefix of a JSON object
+// and refuses a bad document at its first bad byte (nlohmann::json, an independent parser, agrees
+// on which documents are whole objects); the token mask over the bundled model's vocabulary lets a
+// document be written token by token, refuses what cannot continue it, allows the end of sequence
+// only once the object is closed, and lets a reasoning model think first.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "server/json_constraint.h"
+#include "server/reasoning.h"
+#include "test_util.h"
+
+namespace dsi::server {
+namespace {
+
+// The index of the first byte the recognizer refuses (text.size(): none), and whether the whole
+// text is a complete object.
+std::pair<size_t, bool> feed(const std::string& text) {
+  JsonPrefix j;
+  for (size_t i = 0; i < text.size(); ++i)
+    if (!j.push(static_cast<unsigned char>(text[i]))) return {i, false};
+  return {text.size(), j.complete()};
+}
+
+bool is_object(const std::string& text) {
+  const auto v = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return !v.is_discarded() && v.is_object();
+}
+
+TEST(JsonMode, RecognizerAcceptsObjects) {
+  for (const std::string& doc :
+       {std::string("{}"), std::string("{\n}"), std::string(R"({"a": 1})"),
+        std::string(R"({"a": [1, -2.5e+3, 0, 0.25, 1E9, true, false, null, "x\u00e9\n\"\\\/", {"b": []}, [[]]], "c": {}})"),
+        std::string("{\"\xC3\xA9t\xC3\xA9\": \"\xE2\x82\xAC \xF0\x9F\x98\x80\"}"),
+        std::string(R"({"n":-0.0e-0,"m":[ 1 , 2 ]})")}) {
+    SCOPED_TRACE(doc);
+    const auto [at, whole] = feed(doc);
+    EXPECT_EQ(at, doc.size());
+    EXPECT_TRUE(whole);
+    EXPECT_TRUE(is_object(doc));
+    JsonPrefix j;
+    ASSERT_TRUE(j.push(doc));
+    EXPECT_FALSE(j.push(" ")) << "nothing after the object";
+    EXPECT_FALSE(j.push("x"));
+  }
+  // Prefixes are accepted but not complete.
+  for (const std::string& prefix : {std::string(R"({"a": [1, {"b": "c)"), std::string("{\"a\": 12")})
+    EXPECT_EQ(feed(prefix), std::make_pair(prefix.size(), false)) << prefix;
+}
+
+TEST(JsonMode, RecognizerRefusesAtTheFirstBadByte) {
+  const std::vector<std::pair<std::string, size_t>> bad = {
+      {"[1]", 0},                 // the root is an object
+      {"\"s\"", 0},
+      {R"({"a" 1})", 5},         // no colon
+      {R"({"a": 01})", 7},       // no leading zeros
+      {R"({"a": tru})", 9},
+      {R"({"a": 1,})", 8},       // no trailing comma
+      {R"({"a": [1,]})", 9},
+      {R"({"a": [,]})", 7},
+      {R"({1: 2})", 1},          // keys are strings
+      {R"({"a": "x\q"})", 9},    // no such escape
+      {R"({"a": "\u12G4"})", 11},
+      {"{\"a\": \"x\ny\"}", 8},  // control characters are escaped
+      {"{\"a\": \"\xC3\x28\"}", 8},  // a broken UTF-8 sequence
+      {"{\"a\": \"\xE0\x80\x80\"}", 8},  // an overlong one
+      {"{\"a\": \"\xED\xA0\x80\"}", 8},  // a surrogate
+      {R"({"a": -})", 7},
+      {R"({"a": 1.})", 8},
+      {R"({"a": 1e})", 8},
+      {R"({"a": 1}})", 8},       // closed: nothing more
+  };
+  for (const auto& [doc, at] : bad) {
+    SCOPED_TRACE(doc);
+    EXPECT_EQ(feed(doc).first, at);
+    EXPECT_FALSE(is_object(doc));
+  }
+  // This recognizer's own limits on JSON's whitespace: none before the object, at most 32 bytes
+  // in a row (inside strings, any).
+  EXPECT_EQ(feed(" {}").first, 0u);
+  EXPECT_EQ(feed("{" + std::string(40, ' ') + "}").first, 33u);
+  const std::string spaced_key = "{\"" + std::string(40, ' ') + "\": 1}";
+  EXPECT_EQ(feed(spaced_key), std::make_pair(spaced_key.size(), true));
+  std::string deep = "{\"a\": ";
+  for (int i = 0; i < JsonPrefix::kMaxDepth; ++i) deep += "[";
+  EXPECT_EQ(feed(deep).first, deep.size() - 1);  // the 64th level of nesting is refused
+}
+
+const Tokenizer& kjv_tokenizer() {
+  static const Tokenizer t = Tokenizer::load(test::source_dir() + "/models/kjv-dsa/tokenizer.json");
+  return t;
+}
+
+// The tokens the mask allows.
+std::vector<int32_t> allowed(JsonConstraint& c, int64_t vocab) {
+  std::vector<float> logits(size_t(vocab), 0.0f);
+  c.mask(logits.data(), vocab);
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (logits[size_t(i)] == 0.0f) ids.push_back(int32_t(i));
+  return ids;
+}
+
+// Writes `doc` through the mask: at each step the allowed token whose bytes are the longest prefix
+// of what is left (the mask must leave one), then the end of sequence, which only then is allowed.
+TEST(JsonMode, TheMaskLetsAnObjectBeWrittenAndEnded) {
+  const Tokenizer& tok = kjv_tokenizer();
+  const int64_t V = tok.vocab_size() + 1;  // the model's vocabulary has the eos after the tokenizer's
+  const int32_t eos = int32_t(V - 1);
+  for (const std::string& doc : {std::string(R"({"name": "Moses", "years": [120, 40.5], "led": true, "x": null})"),
+                                std::string("{ }"), std::string("{\n  \"a\": [\n    1\n  ]\n}")}) {
+    SCOPED_TRACE(doc);
+    JsonConstraint c(tok, {eos}, -1, -1, false);
+    size_t at = 0;
+    std::string written;
+    while (at < doc.size()) {
+      const std::vector<int32_t> ok = allowed(c, V);
+      ASSERT_FALSE(ok.empty());
+      EXPECT_EQ(std::count(ok.begin(), ok.end(), eos), 0) << "end of sequence before the object closed";
+      int32_t best = -1;
+      size_t best_len = 0;
+      for (int32_t id : ok) {
+        const std::string* b = tok.token_bytes(id);
+        ASSERT_NE(b, nullptr);
+        ASSERT_FALSE(tok.is_special(id));
+        if (b->size() > best_len && doc.compare(at, b->size(), *b) == 0) best = id, best_len = b->size();
+      }
+      ASSERT_GE(best, 0) << "no allowed token continues at " << at << ": " << doc.substr(at);
+      c.accept(best);
+      written += *tok.token_bytes(best);
+      at += best_len;
+    }
+    EXPECT_EQ(written, doc);
+    EXPECT_TRUE(c.state().complete());
+    EXPECT_EQ(allowed(c, V), std::vector<int32_t>{eos});  // only the end now
+  }
+  // At the start: only what opens an object.
+  JsonConstraint c(tok, {eos}, -1, -1, false);
+  for (int32_t id : allowed(c, V)) EXPECT_EQ(tok.token_bytes(id)->front(), '{') << *tok.token_bytes(id);
+}
+
+// Random walks through the mask (seeded): every walk that ends (end of sequence) wrote one object,
+// as nlohmann::json reads it; every step's text is a prefix the recognizer accepts.
+TEST(JsonMode, RandomWalksEndInObjects) {
+  const Tokenizer& tok = kjv_tokenizer();
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  std::mt19937_64 rng(5);
+  int ended = 0;
+  for (int walk = 0; walk < 40; ++walk) {
+    JsonConstraint c(tok, {eos}, -1, -1, false);
+    std::string text;
+    for (int step = 0; step < 400; ++step) {
+      const std::vector<int32_t> ok = allowed(c, V);
+      ASSERT_FALSE(ok.empty());
+      // After 20 random steps, steer to the end: close the string if inside one, else a bracket,
+      // else the end of sequence, when allowed.
+      int32_t pick = ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+      bool in_string = false;
+      for (size_t i = 0; i < text.size(); ++i) {
+        if (in_string && text[i] == '\\') ++i;
+        else if (text[i] == '"') in_string = !in_string;
+      }
+      const std::vector<std::string> closers =
+          in_string ? std::vector<std::string>{"\""} : std::vector<std::string>{"}", "]"};
+      int rank = int(closers.size());
+      for (int32_t id : ok) {
+        if (id == eos) {
+          pick = id;
+          break;
+        }
+        for (int k = 0; k < rank && step > 20; ++k)
+          if (*tok.token_bytes(id) == closers[size_t(k)]) pick = id, rank = k;
+      }
+      c.accept(pick);
+      if (pick == eos) break;
+      text += *tok.token_bytes(pick);
+      JsonPrefix check;
+      ASSERT_TRUE(check.push(text)) << text;
+    }
+    if (c.state().complete()) {
+      ++ended;
+      EXPECT_TRUE(is_object(text)) << text;
+    }
+  }
+  EXPECT_GT(ended, 30);
+}
+
+// A reasoning model: unconstrained inside the think block (the prompt opened it, or the answer's
+// first token does), constrained after </think>.
+TEST(JsonMode, ThinkingComesFirst) {
+  const Tokenizer& tok = kjv_tokenizer();
+  const int64_t V = tok.vocab_size() + 3;
+  const int32_t eos = int32_t(V - 3), open = int32_t(V - 2), close = int32_t(V - 1);  // ids past the tokenizer's
+  const int32_t word = tok.encode("light", false).at(0), brace = tok.encode("{", false).at(0);
+  JsonConstraint in(tok, {eos}, open, close, /*in_reasoning=*/true);
+  EXPECT_EQ(allowed(in, V).size(), size_t(V));  // thinking: anything
+  in.accept(word);
+  in.accept(close);
+  const std::vector<int32_t> after = allowed(in, V);
+  EXPECT_EQ(std::count(after.begin(), after.end(), word), 0);
+  EXPECT_EQ(std::count(after.begin(), after.end(), brace), 1);
+  JsonConstraint opens(tok, {eos}, open, close, false);
+  const std::vector<int32_t> first = allowed(opens, V);
+  EXPECT_EQ(std::count(first.begin(), first.end(), open), 1);  // the answer may open a think block
+  opens.accept(open);
+  EXPECT_EQ(allowed(opens, V).size(), size_t(V));
+  opens.accept(close);
+  const std::vector<int32_t> answer = allowed(opens, V);
+  EXPECT_EQ(std::count(answer.begin(), answer.end(), word), 0);
+  EXPECT_EQ(std::count(answer.begin(), answer.end(), open), 0);  // one think block
+  EXPECT_EQ(std::count(answer.begin(), answer.end(), brace), 1);
+  JsonConstraint plain(tok, {eos}, open, close, false);
+  plain.accept(brace);
+  const std::vector<int32_t> later = allowed(plain, V);
+  EXPECT_EQ(std::count(later.begin(), later.end(), open), 0);  // not once the object began
+}
+
+}  // namespace
+}  // namespace dsi::server
