@@ -3,12 +3,16 @@
 // and give the same result whatever pieces the text arrives in; text without their markers passes
 // through unchanged; calls they return have a name and a JSON object of arguments. The first byte
 // picks the format and whether the answer starts in a think block, the second where to cut.
+// JSON mode's recognizer (server/json_constraint.h) takes the text byte by byte: what it accepts
+// whole as a complete object nlohmann::json reads as an object, and a refused byte leaves its state
+// as it was.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
 #include "fuzz_util.h"
+#include "server/json_constraint.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
 
@@ -80,5 +84,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (f == ToolFormat::kNone || w.calls.empty())
     DSI_FUZZ_ASSERT(w.calls.empty() && w.content.size() <= text.size());
   if (f == ToolFormat::kNone) DSI_FUZZ_ASSERT(w.content == text);
+
+  dsi::server::JsonPrefix json;
+  size_t taken = 0;
+  for (char c : text) {
+    const dsi::server::JsonPrefix before = json;
+    if (!json.push(static_cast<unsigned char>(c))) {
+      DSI_FUZZ_ASSERT(json.complete() == before.complete());
+      break;
+    }
+    ++taken;
+  }
+  if (taken == text.size() && json.complete()) {
+    const auto v = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+    DSI_FUZZ_ASSERT(!v.is_discarded() && v.is_object());
+  }
   return 0;
 }
