@@ -151,6 +151,11 @@ bool env_switched_off(const char* name) {
   return env != nullptr && std::string_view(env) == "0";
 }
 
+bool env_switched_on(const char* name) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::atoi(env) > 0;
+}
+
 bool pdl_enabled() {
   static const bool on = [] {
     if (env_switched_off("DSI_PDL")) return false;

@@ -137,6 +137,8 @@ __device__ __forceinline__ void prefetch_l2_bulk(const void* p, int64_t bytes) {
 // Whether the environment switches a default-on path off: the variable `name` set to "0" (the
 // DSI_* switches that keep a slower path for comparisons).
 bool env_switched_off(const char* name);
+// Whether the environment switches a default-off path on: `name` set to a positive number.
+bool env_switched_on(const char* name);
 
 // Whether launches use programmatic dependent launch: compute capability 9.0 or newer on the current
 // device, unless the environment sets DSI_PDL=0 (for comparisons).

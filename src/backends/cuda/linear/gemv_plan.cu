@@ -27,10 +27,7 @@ bool gemv_tensor_cores() {
 void set_gemv_tensor_cores(bool on) { g_tensor_cores.store(on ? 1 : 0); }
 
 bool gemv_mma_one_row() {
-  return switch_value(g_mma_one_row, [] {
-    const char* env = std::getenv("DSI_GEMV_MMA1");
-    return env != nullptr && std::atoi(env) > 0 ? 1 : 0;
-  }) == 1;
+  return switch_value(g_mma_one_row, [] { return env_switched_on("DSI_GEMV_MMA1") ? 1 : 0; }) == 1;
 }
 
 void set_gemv_mma_one_row(bool on) { g_mma_one_row.store(on ? 1 : 0); }

@@ -177,10 +177,7 @@ std::atomic<int> g_fp8_prefill{-1};  // -1: DSI_FP8_PREFILL not read yet
 }  // namespace
 
 bool fp8_prefill() {
-  return switch_value(g_fp8_prefill, [] {
-           const char* env = std::getenv("DSI_FP8_PREFILL");
-           return env != nullptr && std::atoi(env) > 0 ? 1 : 0;
-         }) == 1;
+  return switch_value(g_fp8_prefill, [] { return env_switched_on("DSI_FP8_PREFILL") ? 1 : 0; }) == 1;
 }
 
 void set_fp8_prefill(bool on) { g_fp8_prefill.store(on ? 1 : 0); }
@@ -232,10 +229,7 @@ std::atomic<int> g_norm_in_gemv{-1};  // -1: DSI_GEMV_NORM not read yet
 }  // namespace
 
 bool norm_in_gemv() {
-  return switch_value(g_norm_in_gemv, [] {
-           const char* env = std::getenv("DSI_GEMV_NORM");
-           return env != nullptr && std::atoi(env) > 0 ? 1 : 0;
-         }) == 1;
+  return switch_value(g_norm_in_gemv, [] { return env_switched_on("DSI_GEMV_NORM") ? 1 : 0; }) == 1;
 }
 
 void set_norm_in_gemv(bool on) { g_norm_in_gemv.store(on ? 1 : 0); }
