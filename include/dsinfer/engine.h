@@ -42,7 +42,6 @@ struct EngineOptions {
   double comm_timeout_seconds = 60.0;
 };
 
-// One request: a prompt of token ids and how to continue it.
 // Restricts the tokens a request may generate (structured output, e.g. JSON): asked before each
 // token is sampled, told each token emitted. Called on the engine thread of rank 0's process only;
 // a constrained request is not speculated (no drafts to verify against it).
@@ -54,6 +53,7 @@ class TokenConstraint {
   virtual void accept(int32_t token) = 0;
 };
 
+// One request: a prompt of token ids and how to continue it.
 struct EngineRequest {
   std::vector<int32_t> prompt;
   int max_new_tokens = 16;

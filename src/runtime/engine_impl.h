@@ -60,6 +60,8 @@ class EngineImpl final : public Engine {
   // of logits).
   static constexpr int64_t kScoredChunkRows = 128;
   void plan_sequence(EngineSequence& s, bool constrained) const;
+  // Whether the MTP layer drafts for the sequence (then it keeps the pending rows the drafter reads).
+  bool speculated(const EngineSequence& s) const { return K_ > 0 && s.sched.max_drafts > 0; }
   // The leader's report of a scored prompt's token logprobs for a prefill chunk of n rows whose
   // logits start at row0 (before the chunk's rows count as computed).
   void report_prompt_logprobs(EngineSequence& s, int64_t n, const Tensor& logits, int64_t row0);

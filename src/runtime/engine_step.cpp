@@ -65,7 +65,7 @@ GeneratedToken token_logprobs(const float* row, int64_t n, int32_t tok, int top)
 }  // namespace
 
 int64_t EngineImpl::drafts_for(const EngineSequence& s) const {
-  if (K_ == 0 || s.sched.max_drafts == 0) return 0;
+  if (!speculated(s)) return 0;
   // Drafts past what this round can still emit, or past the context, are not worth verifying.
   const int64_t room = std::min<int64_t>(s.request.max_new_tokens - s.generated() - 1,
                                          info_.max_model_len - s.sched.computed - 1);
@@ -341,15 +341,15 @@ void EngineImpl::step() {
       }
       if (k > 0) s.pending_start = L;
       sch.computed = L + accepted + 1;
-      if (emit(s, emitted, logits, first_kept[i]) && K_ > 0) append_pending(s, 0, accepted + 1);
+      if (emit(s, emitted, logits, first_kept[i]) && speculated(s)) append_pending(s, 0, accepted + 1);
     } else {
       sch.computed += n;
       stats_.prompt_tokens += n;
       if (count == 0) {  // more chunks to come
-        if (K_ > 0) append_pending(s, 0, n);
+        if (speculated(s)) append_pending(s, 0, n);
         continue;
       }
-      if (emit(s, emitted, logits, first_kept[i]) && K_ > 0) append_pending(s, 0, n);
+      if (emit(s, emitted, logits, first_kept[i]) && speculated(s)) append_pending(s, 0, n);
     }
   }
   ++stats_.steps;
