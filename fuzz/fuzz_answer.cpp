@@ -3,7 +3,7 @@
 // and give the same result whatever pieces the text arrives in; text without their markers passes
 // through unchanged; calls they return have a name and a JSON object of arguments. The first byte
 // picks the format and whether the answer starts in a think block, the second where to cut.
-// JSON mode's recognizer (server/json_constraint.h) takes the text byte by byte: what it accepts
+// JSON mode's recognizer (server/constraints.h) takes the text byte by byte: what it accepts
 // whole as a complete object nlohmann::json reads as an object, and a refused byte leaves its state
 // as it was.
 #include <cstddef>
@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "fuzz_util.h"
-#include "server/json_constraint.h"
+#include "server/constraints.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
 

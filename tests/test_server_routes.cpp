@@ -467,9 +467,54 @@ TEST_F(ServerRoutes, ChatToolCalls) {
   none["tool_choice"] = "none";
   r = post_json("/v1/chat/completions", none);
   EXPECT_EQ(r["choices"][0]["message"]["content"], said + written + second);
-  Json required = body;
-  required["tool_choice"] = "required";
-  expect_error(call("POST", "/v1/chat/completions", required.dump()), 400, "tool_choice", "tool_choice");
+}
+
+// tool_choice "required" or a named function: the answer begins with the format's opening of a call
+// (the test double writes the lowest token id the constraint allows until the opening is written,
+// then its script), so a model that writes the rest of the call has it read back; one that does not
+// leaves the forced opening and its text as content. A model whose template has no call format
+// cannot be forced (400).
+TEST_F(ServerRoutes, ForcedToolCalls) {
+  const ChatTemplate glm_like(
+      "{% if tools %}Call tools as <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>{% endif %}"
+      "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>",
+      {});
+  const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const Json messages = Json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}});
+  struct Case {
+    Json choice;
+    std::string script;
+  };
+  for (const Case& c : {Case{"required", "get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"},
+                        Case{{{"type", "function"}, {"function", {{"name", "get_weather"}}}},
+                             "<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"}}) {
+    SCOPED_TRACE(c.choice.dump());
+    FakeEngineOptions o = kjv_like();
+    o.script = kjv_tokenizer().encode(c.script, false);
+    o.script.push_back(o.eos);
+    start(o, glm_like);
+    const Json r = post_json("/v1/chat/completions", {{"messages", messages}, {"tools", tools}, {"tool_choice", c.choice},
+                                                      {"max_tokens", 150}});
+    const Json& m = r["choices"][0]["message"];
+    ASSERT_EQ(m["tool_calls"].size(), 1u) << r.dump();
+    EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(Json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()), Json({{"city", "Paris"}}));
+    EXPECT_TRUE(m["content"].is_null());
+    EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+  }
+  FakeEngineOptions o = kjv_like();
+  o.script = kjv_tokenizer().encode("No need.", false);
+  o.script.push_back(o.eos);
+  start(o, glm_like);
+  const Json r = post_json("/v1/chat/completions", {{"messages", messages}, {"tools", tools}, {"tool_choice", "required"},
+                                                    {"max_tokens", 150}});
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "<tool_call>No need.");
+  EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls"));
+  start(kjv_like());  // the bundled model's template: no call format
+  expect_error(call("POST", "/v1/chat/completions",
+                    Json({{"messages", messages}, {"tools", tools}, {"tool_choice", "required"}}).dump()),
+               400, "no tool calls", "tool_choice");
 }
 
 // /tokenize gives the ids the completions endpoints would run (prompt: with the post-processor's

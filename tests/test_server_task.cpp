@@ -118,6 +118,25 @@ TEST(ServerTask, ChatFields) {
   EXPECT_EQ(std::prev(r.messages[0].end()).key(), "a");
 }
 
+// tool_choice: auto, none, required, or a named function of the request's tools.
+TEST(ServerTask, ToolChoice) {
+  const std::string base = R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "get_weather"}}], "tool_choice": )";
+  EXPECT_EQ(ok_chat(base + R"("required"})").tool_choice, "required");
+  EXPECT_EQ(ok_chat(base + R"("none"})").tool_choice, "none");
+  ParsedRequest r = ok_chat(base + R"({"type": "function", "function": {"name": "get_weather"}}})");
+  EXPECT_EQ(r.tool_choice, "function");
+  EXPECT_EQ(r.tool_name, "get_weather");
+  expect_error(parse_chat_request(base + R"({"type": "function", "function": {"name": "search"}}})"), 400,
+               "tool_choice", "'search', which is not in 'tools'");
+  expect_error(parse_chat_request(base + R"("always"})"), 400, "tool_choice", "must be");
+  expect_error(parse_chat_request(base + R"({"type": "function"}})"), 400, "tool_choice", "must be");
+  expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"})"),
+               400, "tool_choice", "needs 'tools'");
+  expect_error(parse_chat_request(base + R"("required", "response_format": {"type": "json_object"}})"), 400,
+               "tool_choice", "not supported", "unsupported");
+}
+
 TEST(ServerTask, MalformedJson) {
   for (const char* body : {"", "{", "{\"prompt\": }", "not json", "{\"prompt\": \"x\"} trailing",
                            "\xff\xfe", "[1, 2"}) {

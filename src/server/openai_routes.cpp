@@ -15,7 +15,7 @@
 
 #include "dsinfer/error.h"
 #include "server/event_queue.h"
-#include "server/json_constraint.h"
+#include "server/constraints.h"
 #include "server/output_text.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
@@ -549,6 +549,12 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
     bases.push_back(std::move(std::get<EngineRequest>(made)));
   }
 
+  // tool_choice "required" or a named function: the answer begins with the format's opening of a call.
+  const bool forced_call = req.tool_choice == "required" || req.tool_choice == "function";
+  if (forced_call && tool_format_ == ToolFormat::kNone)
+    return reject(ApiError{400, "this model's chat template writes no tool calls this server reads, so none can be forced",
+                           "invalid_request_error", "tool_choice"});
+
   // A failed engine is the server's fault, not the request's: 503, as /health says.
   if (const std::string failure = engine_.failure(); !failure.empty())
     return reject(ApiError{503, "the engine has failed: " + failure, "server_error"});
@@ -563,10 +569,15 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
       echoes.push_back(echo_texts[p]);
       EngineRequest e = bases[p];
       e.sampling.seed = bases[p].sampling.seed + uint64_t(i);
-      if (req.json_object)  // each choice its own recognizer; a reasoning model thinks first
-        e.constraint = std::make_shared<JsonConstraint>(
-            tokenizer_, engine_.info().eos_token_ids, split ? think_open_ : -1, split ? think_close_ : -1,
-            opens_reasoning);
+      // Each choice its own constraint; a reasoning model thinks first.
+      const int32_t think_open = split ? think_open_ : -1, think_close = split ? think_close_ : -1;
+      if (req.json_object)
+        e.constraint = std::make_shared<JsonConstraint>(tokenizer_, engine_.info().eos_token_ids, think_open,
+                                                        think_close, opens_reasoning);
+      if (forced_call)
+        e.constraint = std::make_shared<ForcedText>(tokenizer_, call_opening(tool_format_, req.tool_name),
+                                                    engine_.info().eos_token_ids, think_open, think_close,
+                                                    opens_reasoning);
       try {
         runs.back()->submit(std::move(e));
       } catch (const dsi::Error& err) {

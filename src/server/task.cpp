@@ -31,6 +31,16 @@ struct Bad {
   throw Bad{ApiError{400, message, "invalid_request_error", param, code}};
 }
 
+// A client's string quoted in a one-line message: control characters escaped, at most 80 bytes.
+std::string client_text(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s.substr(0, 80)) {
+    if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
+    else out += char(c);
+  }
+  return out + (s.size() > 80 ? "..." : "");
+}
+
 [[noreturn]] void unsupported(const std::string& param, const std::string& message) {
   bad(param, message + " is not supported by this server", "unsupported");
 }
@@ -336,8 +346,31 @@ ParseResult parse_chat_request(std::string_view body) {
     parse_common(j, r);
     parse_chat_input(j, r.messages, r.tools, r.chat_template_kwargs);
     if (const Json* c = field(j, "tool_choice")) {
-      if (c->is_string() && (*c == "auto" || *c == "none")) r.tool_choice = c->get<std::string>();
-      else unsupported("tool_choice", "a tool_choice other than \"auto\" or \"none\" (calls are not forced)");
+      // "auto", "none", "required", or {"type": "function", "function": {"name": ...}} (a call of it).
+      if (c->is_string() && (*c == "auto" || *c == "none" || *c == "required")) {
+        r.tool_choice = c->get<std::string>();
+      } else if (c->is_object() && c->value("type", Json()) == Json("function") && c->contains("function") &&
+                 (*c)["function"].is_object() && (*c)["function"].contains("name") &&
+                 (*c)["function"]["name"].is_string()) {
+        r.tool_choice = "function";
+        r.tool_name = (*c)["function"]["name"].get<std::string>();
+      } else {
+        bad("tool_choice", "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                           "\"function\": {\"name\": ...}}");
+      }
+      const bool has_tools = r.tools.is_array() && !r.tools.empty();
+      if ((r.tool_choice == "required" || r.tool_choice == "function") && !has_tools)
+        bad("tool_choice", fmt::format("'tool_choice' \"{}\" needs 'tools'", r.tool_choice));
+      if (r.tool_choice == "function") {
+        bool known = false;
+        for (const Json& t : r.tools)
+          if (t.is_object() && t.contains("function") && t["function"].is_object() &&
+              t["function"].value("name", Json()) == Json(r.tool_name))
+            known = true;
+        if (!known) bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not in 'tools'", client_text(r.tool_name)));
+      }
+      if (r.tool_choice != "auto" && r.tool_choice != "none" && r.json_object)
+        unsupported("tool_choice", "a forced tool call together with response_format json_object");
     }
     parse_max_tokens(j, "max_tokens", r);
     parse_max_tokens(j, "max_completion_tokens", r);  // the newer name wins when both are given
@@ -384,19 +417,9 @@ std::variant<DetokenizeRequest, ApiError> parse_detokenize_request(std::string_v
   });
 }
 
-// A client's string quoted in a one-line message: control characters escaped, at most 80 bytes.
-static std::string quoted(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s.substr(0, 80)) {
-    if (c < 0x20 || c == 0x7f) out += fmt::format("\\x{:02x}", c);
-    else out += char(c);
-  }
-  return out + (s.size() > 80 ? "..." : "");
-}
-
 std::optional<ApiError> check_model(const std::string& model, const ModelLimits& limits) {
   if (model.empty() || model == limits.id) return std::nullopt;
-  return ApiError{404, fmt::format("The model '{}' does not exist (this server serves '{}')", quoted(model), limits.id),
+  return ApiError{404, fmt::format("The model '{}' does not exist (this server serves '{}')", client_text(model), limits.id),
                   "invalid_request_error", "model", "model_not_found"};
 }
 

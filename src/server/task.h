@@ -53,7 +53,10 @@ struct ParsedRequest {
   // /v1/chat/completions: rendered by the model's chat template.
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools = nullptr;
-  std::string tool_choice = "auto";  // "auto" or "none" (the answer's tool calls are not read back)
+  // "auto", "none" (the answer's tool calls are not read back), "required" (the answer begins with a
+  // call) or "function" (a call of tool_name).
+  std::string tool_choice = "auto";
+  std::string tool_name;
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   // Generation.
   std::optional<int64_t> max_tokens;  // max_tokens / max_completion_tokens; none: the default

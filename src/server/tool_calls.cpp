@@ -89,6 +89,20 @@ ToolFormat tool_format(const std::string& name, std::string_view chat_template_s
   return ToolFormat::kNone;
 }
 
+std::string call_opening(ToolFormat format, const std::string& function) {
+  std::string s;
+  if (format == ToolFormat::kGlm) {
+    s = std::string(kGlmOpen) + function;
+  } else if (format == ToolFormat::kDsml) {
+    s = std::string(kDsmlOpen);
+    if (!function.empty()) s += "\n" + std::string(kInvokeOpen) + function + "\">";
+  } else if (format == ToolFormat::kDeepSeekV3) {
+    s = std::string(kV3Open);
+    if (!function.empty()) s += std::string(kV3CallOpen) + function + std::string(kV3Sep);
+  }
+  return s;
+}
+
 ToolCallParser::ToolCallParser(ToolFormat format, const Json& tools) : format_(format), tools_(tools) {}
 
 ToolCallParser::Result ToolCallParser::push(std::string_view text) {

@@ -30,6 +30,10 @@ enum class ToolFormat { kNone, kGlm, kDsml, kDeepSeekV3 };
 // markers), if any.
 ToolFormat tool_format(const std::string& name, std::string_view chat_template_source);
 
+// How an answer in `format` opens a call (of `function`, when not empty): what a forced tool call
+// makes it begin with (tool_choice "required" or a named function).
+std::string call_opening(ToolFormat format, const std::string& function);
+
 struct ToolCall {
   std::string name;
   std::string arguments;  // a JSON object, as text

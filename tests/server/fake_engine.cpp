@@ -2,6 +2,7 @@
 #include "fake_engine.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace dsi::test {
 
@@ -42,6 +43,16 @@ int32_t FakeEngine::token_at(const FakeEngineOptions& o, const EngineRequest& r,
   h = mix(h, i);
   if (r.sampling.temperature > 0) h = mix(h, r.sampling.seed ^ 0x5eedull);
   return o.first_token + int32_t(h % uint64_t(o.last_token - o.first_token + 1));
+}
+
+int32_t FakeEngine::constrained_token(Seq& s) const {
+  std::vector<float> row(size_t(o_.vocab_size), 0.0f);
+  s.request.constraint->mask(row.data(), o_.vocab_size);
+  const auto lowest = std::find(row.begin(), row.end(), 0.0f);
+  int32_t id = lowest == row.end() ? o_.eos : int32_t(lowest - row.begin());
+  if (std::find(row.begin(), row.end(), -INFINITY) == row.end()) id = token_at(o_, s.request, size_t(s.cursor++));
+  s.request.constraint->accept(id);
+  return id;
 }
 
 uint64_t FakeEngine::submit(EngineRequest request, EventSink sink) {
@@ -106,7 +117,7 @@ void FakeEngine::loop() {
         for (int k = 0; k < o_.tokens_per_step && !ev.finished; ++k) {
           GeneratedToken t;
           const uint64_t pos = uint64_t(s.generated);
-          t.id = token_at(o_, s.request, pos);
+          t.id = s.request.constraint ? constrained_token(s) : token_at(o_, s.request, pos);
           if (o_.eos_every > 0 && !s.request.ignore_eos && uint64_t(t.id) % uint64_t(o_.eos_every) == 0)
             t.id = o_.eos;
           if (s.request.logprobs >= 0) {

@@ -53,8 +53,12 @@ class FakeEngine : public Engine {
     EngineRequest request;
     EventSink sink;
     int generated = 0;
+    int cursor = 0;  // a constrained request: its natural (script or hash) tokens taken so far
     bool cancelled = false;
   };
+  // The next token of a constrained request: its natural token where the constraint leaves every
+  // token, else the lowest id it allows (then the natural tokens wait).
+  int32_t constrained_token(Seq& s) const;
   void loop();
   int64_t pages_of(const Seq& s) const;
 

@@ -1,5 +1,5 @@
-// JSON mode; see json_constraint.h.
-#include "server/json_constraint.h"
+// JSON mode; see constraints.h.
+#include "server/constraints.h"
 
 #include <algorithm>
 #include <cmath>
@@ -259,6 +259,51 @@ void JsonConstraint::accept(int32_t token) {
   if (tokenizer_.spaced_tokens() && wrote_) json_.push(' ');
   json_.push(*bytes);  // (a token the mask allowed always fits)
   wrote_ = true;
+}
+
+ForcedText::ForcedText(const Tokenizer& tokenizer, std::string text, std::vector<int32_t> eos, int32_t think_open,
+                       int32_t think_close, bool in_reasoning)
+    : tokenizer_(tokenizer),
+      left_(std::move(text)),
+      eos_(std::move(eos)),
+      think_open_(think_open),
+      think_close_(think_close),
+      reasoning_(in_reasoning && think_close >= 0) {}
+
+bool ForcedText::allowed(int32_t id) const {
+  if (first_ && id == think_open_ && think_close_ >= 0) return true;  // the answer opens its think block
+  if (std::find(eos_.begin(), eos_.end(), id) != eos_.end()) return false;
+  const std::string* b = tokenizer_.token_bytes(id);
+  if (b == nullptr || b->empty()) return false;
+  const size_t n = std::min(b->size(), left_.size());
+  return b->compare(0, n, left_, 0, n) == 0;  // continues the text, or writes its rest and goes on
+}
+
+void ForcedText::mask(float* logits, int64_t vocab) {
+  if (reasoning_ || left_.empty()) return;
+  bool any = false;
+  for (int64_t id = 0; id < vocab; ++id) {
+    if (allowed(int32_t(id))) any = true;
+    else logits[id] = -INFINITY;
+  }
+  if (!any && !eos_.empty() && eos_[0] >= 0 && eos_[0] < vocab) logits[eos_[0]] = 0.0f;  // cannot be written
+}
+
+void ForcedText::accept(int32_t token) {
+  const bool was_first = first_;
+  first_ = false;
+  if (reasoning_) {
+    if (token == think_close_) reasoning_ = false;
+    return;
+  }
+  if (left_.empty()) return;
+  if (was_first && token == think_open_ && think_close_ >= 0) {
+    reasoning_ = true;
+    return;
+  }
+  const std::string* b = tokenizer_.token_bytes(token);
+  if (b == nullptr) return;
+  left_.erase(0, std::min(b->size(), left_.size()));
 }
 
 }  // namespace dsi::server

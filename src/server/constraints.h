@@ -1,3 +1,5 @@
+// The server's TokenConstraints (dsinfer/engine.h): what a request may generate.
+//
 // JSON mode (response_format {"type": "json_object"}): a TokenConstraint that lets a request write
 // only a JSON object (RFC 8259, UTF-8), then its end of sequence. Each step every token of the
 // vocabulary is tried from the text so far: its bytes must continue a prefix of some JSON object;
@@ -85,6 +87,29 @@ class JsonConstraint : public TokenConstraint {
   bool first_ = true;     // no token of the answer yet
   bool wrote_ = false;    // a token of the JSON text has been written (spaced tokenizers)
   JsonPrefix json_;
+};
+
+// A forced tool call (tool_choice "required" or a named function): the answer must begin with
+// `text` (the format's opening of a call, with the function's name when one is named); from there on
+// any token. Each step a token fits when its bytes continue the text still to write (or go past
+// it); no end of sequence before it is written. A reasoning model's think block comes first, as in
+// JsonConstraint. It forces the opening, not a well-formed call: what follows is the model's.
+class ForcedText : public TokenConstraint {
+ public:
+  ForcedText(const Tokenizer& tokenizer, std::string text, std::vector<int32_t> eos, int32_t think_open,
+             int32_t think_close, bool in_reasoning);
+  void mask(float* logits, int64_t vocab) override;
+  void accept(int32_t token) override;
+  const std::string& left() const { return left_; }  // what must still be written
+
+ private:
+  bool allowed(int32_t id) const;
+
+  const Tokenizer& tokenizer_;
+  std::string left_;
+  std::vector<int32_t> eos_;
+  int32_t think_open_, think_close_;
+  bool reasoning_, first_ = true;
 };
 
 }  // namespace dsi::server
