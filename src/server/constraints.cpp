@@ -212,37 +212,29 @@ bool JsonPrefix::step_json(unsigned char c) {
   return false;
 }
 
-JsonConstraint::JsonConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open,
-                               int32_t think_close, bool in_reasoning)
+AnswerConstraint::AnswerConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open,
+                                   int32_t think_close, bool in_reasoning)
     : tokenizer_(tokenizer),
       eos_(std::move(eos)),
       think_open_(think_open),
       think_close_(think_close),
       reasoning_(in_reasoning && think_close >= 0) {}
 
-bool JsonConstraint::allowed(int32_t id) const {
-  if (std::find(eos_.begin(), eos_.end(), id) != eos_.end()) return json_.complete();
-  if (first_ && id == think_open_ && think_close_ >= 0) return true;  // the answer opens its think block
-  if (tokenizer_.is_special(id)) return false;
-  const std::string* bytes = tokenizer_.token_bytes(id);
-  if (bytes == nullptr || bytes->empty()) return false;
-  JsonPrefix next = json_;
-  if (tokenizer_.spaced_tokens() && wrote_ && !next.advance(" ")) return false;
-  return next.advance(*bytes);
-}
+bool AnswerConstraint::is_eos(int32_t id) const { return std::find(eos_.begin(), eos_.end(), id) != eos_.end(); }
 
-void JsonConstraint::mask(float* logits, int64_t vocab) {
-  if (reasoning_) return;
+void AnswerConstraint::mask(float* logits, int64_t vocab) {
+  if (reasoning_ || !masking()) return;
   bool any = false;
   for (int64_t id = 0; id < vocab; ++id) {
-    if (allowed(int32_t(id))) any = true;
+    const bool opens_think = first_ && id == think_open_ && think_close_ >= 0;  // the answer opens its think block
+    if (opens_think || fits(int32_t(id))) any = true;
     else logits[id] = -INFINITY;
   }
-  // Nothing fits (a vocabulary without the bytes the object needs): the first end of sequence.
+  // Nothing fits (a vocabulary without the bytes the answer needs): the first end of sequence.
   if (!any && !eos_.empty() && eos_[0] >= 0 && eos_[0] < vocab) logits[eos_[0]] = 0.0f;
 }
 
-void JsonConstraint::accept(int32_t token) {
+void AnswerConstraint::accept(int32_t token) {
   const bool was_first = first_;
   first_ = false;
   if (reasoning_) {
@@ -253,57 +245,39 @@ void JsonConstraint::accept(int32_t token) {
     reasoning_ = true;
     return;
   }
-  if (std::find(eos_.begin(), eos_.end(), token) != eos_.end() || tokenizer_.is_special(token)) return;
-  const std::string* bytes = tokenizer_.token_bytes(token);
+  take(token);
+}
+
+bool JsonConstraint::fits(int32_t id) const {
+  if (is_eos(id)) return json_.complete();
+  if (tokenizer_.is_special(id)) return false;
+  const std::string* bytes = tokenizer_.token_bytes(id);
+  if (bytes == nullptr || bytes->empty()) return false;
+  JsonPrefix next = json_;
+  if (tokenizer_.spaced_tokens() && wrote_ && !next.advance(" ")) return false;
+  return next.advance(*bytes);
+}
+
+void JsonConstraint::take(int32_t id) {
+  if (is_eos(id) || tokenizer_.is_special(id)) return;
+  const std::string* bytes = tokenizer_.token_bytes(id);
   if (bytes == nullptr) return;
   if (tokenizer_.spaced_tokens() && wrote_) json_.push(' ');
   json_.push(*bytes);  // (a token the mask allowed always fits)
   wrote_ = true;
 }
 
-ForcedText::ForcedText(const Tokenizer& tokenizer, std::string text, std::vector<int32_t> eos, int32_t think_open,
-                       int32_t think_close, bool in_reasoning)
-    : tokenizer_(tokenizer),
-      left_(std::move(text)),
-      eos_(std::move(eos)),
-      think_open_(think_open),
-      think_close_(think_close),
-      reasoning_(in_reasoning && think_close >= 0) {}
-
-bool ForcedText::allowed(int32_t id) const {
-  if (first_ && id == think_open_ && think_close_ >= 0) return true;  // the answer opens its think block
-  if (std::find(eos_.begin(), eos_.end(), id) != eos_.end()) return false;
+bool ForcedText::fits(int32_t id) const {
+  if (is_eos(id)) return false;
   const std::string* b = tokenizer_.token_bytes(id);
   if (b == nullptr || b->empty()) return false;
   const size_t n = std::min(b->size(), left_.size());
   return b->compare(0, n, left_, 0, n) == 0;  // continues the text, or writes its rest and goes on
 }
 
-void ForcedText::mask(float* logits, int64_t vocab) {
-  if (reasoning_ || left_.empty()) return;
-  bool any = false;
-  for (int64_t id = 0; id < vocab; ++id) {
-    if (allowed(int32_t(id))) any = true;
-    else logits[id] = -INFINITY;
-  }
-  if (!any && !eos_.empty() && eos_[0] >= 0 && eos_[0] < vocab) logits[eos_[0]] = 0.0f;  // cannot be written
-}
-
-void ForcedText::accept(int32_t token) {
-  const bool was_first = first_;
-  first_ = false;
-  if (reasoning_) {
-    if (token == think_close_) reasoning_ = false;
-    return;
-  }
-  if (left_.empty()) return;
-  if (was_first && token == think_open_ && think_close_ >= 0) {
-    reasoning_ = true;
-    return;
-  }
-  const std::string* b = tokenizer_.token_bytes(token);
-  if (b == nullptr) return;
-  left_.erase(0, std::min(b->size(), left_.size()));
+void ForcedText::take(int32_t id) {
+  const std::string* b = tokenizer_.token_bytes(id);
+  if (b != nullptr) left_.erase(0, std::min(b->size(), left_.size()));
 }
 
 }  // namespace dsi::server

@@ -67,49 +67,65 @@ class JsonPrefix {
   uint8_t space_run_ = 0;     // whitespace bytes in a row outside strings
 };
 
-class JsonConstraint : public TokenConstraint {
+// What the two constraints below share: a reasoning model's think block comes first, unmasked
+// (from the start when the prompt leaves the answer inside it, or when the answer's first token
+// opens it); then each step the answer's tokens are masked to those that fit(). eos: the ids that
+// end a sequence; think_open / think_close: the reasoning tags' ids (-1: none).
+class AnswerConstraint : public TokenConstraint {
  public:
-  // eos: the ids that end a sequence; think_open / think_close: the reasoning tags' ids (-1: none);
-  // in_reasoning: the prompt leaves the answer inside a think block.
-  JsonConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
-                 bool in_reasoning);
-  void mask(float* logits, int64_t vocab) override;
-  void accept(int32_t token) override;
-  const JsonPrefix& state() const { return json_; }
+  void mask(float* logits, int64_t vocab) final;
+  void accept(int32_t token) final;
 
- private:
-  bool allowed(int32_t id) const;
+ protected:
+  AnswerConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
+                   bool in_reasoning);
+  virtual bool masking() const { return true; }  // false: every token fits now
+  virtual bool fits(int32_t id) const = 0;       // may this token of the answer come next
+  virtual void take(int32_t id) = 0;             // this token of the answer was emitted
+  bool is_eos(int32_t id) const;
 
   const Tokenizer& tokenizer_;
   std::vector<int32_t> eos_;
+
+ private:
   int32_t think_open_, think_close_;
-  bool reasoning_;        // inside the think block: unconstrained
-  bool first_ = true;     // no token of the answer yet
-  bool wrote_ = false;    // a token of the JSON text has been written (spaced tokenizers)
+  bool reasoning_;     // inside the think block: unconstrained
+  bool first_ = true;  // no token of the answer yet
+};
+
+class JsonConstraint : public AnswerConstraint {
+ public:
+  JsonConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
+                 bool in_reasoning)
+      : AnswerConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning) {}
+  const JsonPrefix& state() const { return json_; }
+
+ private:
+  bool fits(int32_t id) const override;
+  void take(int32_t id) override;
+
+  bool wrote_ = false;  // a token of the JSON text has been written (spaced tokenizers)
   JsonPrefix json_;
 };
 
 // A forced tool call (tool_choice "required" or a named function): the answer must begin with
 // `text` (the format's opening of a call, with the function's name when one is named); from there on
 // any token. Each step a token fits when its bytes continue the text still to write (or go past
-// it); no end of sequence before it is written. A reasoning model's think block comes first, as in
-// JsonConstraint. It forces the opening, not a well-formed call: what follows is the model's.
-class ForcedText : public TokenConstraint {
+// it); no end of sequence before it is written. It forces the opening, not a well-formed call:
+// what follows is the model's.
+class ForcedText : public AnswerConstraint {
  public:
   ForcedText(const Tokenizer& tokenizer, std::string text, std::vector<int32_t> eos, int32_t think_open,
-             int32_t think_close, bool in_reasoning);
-  void mask(float* logits, int64_t vocab) override;
-  void accept(int32_t token) override;
+             int32_t think_close, bool in_reasoning)
+      : AnswerConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning), left_(std::move(text)) {}
   const std::string& left() const { return left_; }  // what must still be written
 
  private:
-  bool allowed(int32_t id) const;
+  bool masking() const override { return !left_.empty(); }
+  bool fits(int32_t id) const override;
+  void take(int32_t id) override;
 
-  const Tokenizer& tokenizer_;
   std::string left_;
-  std::vector<int32_t> eos_;
-  int32_t think_open_, think_close_;
-  bool reasoning_, first_ = true;
 };
 
 }  // namespace dsi::server

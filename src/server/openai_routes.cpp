@@ -85,13 +85,9 @@ class Run {
   // Throws what Engine::submit throws.
   void submit(EngineRequest request) {
     prompt_tokens_ = int64_t(request.prompt.size());
-    if (request.prompt_logprobs >= 0 && !request.prompt.empty()) {  // the first token has no logprob
-      TokenRecord first;
-      first.id = request.prompt[0];
-      first.text = tokenizer_.decode({first.id});
-      first.logprob = std::numeric_limits<float>::quiet_NaN();
-      prompt_records_.push_back(std::move(first));
-    }
+    if (request.prompt_logprobs >= 0 && !request.prompt.empty())  // the first token has no logprob
+      prompt_records_.push_back(
+          token_record(tokenizer_, GeneratedToken{request.prompt[0], std::numeric_limits<float>::quiet_NaN(), {}}));
     start_ = last_token_ = Clock::now();
     id_ = engine_.submit(std::move(request), EventQueue::sink_for(queue_));
     submitted_ = true;
@@ -105,11 +101,7 @@ class Run {
       if (ev.prompt_tokens > 0) prompt_tokens_ = ev.prompt_tokens;
       cached_tokens_ = ev.cached_tokens;
       for (const GeneratedToken& t : ev.prompt_logprobs) {
-        TokenRecord rec;
-        rec.id = t.id;
-        rec.text = tokenizer_.decode({t.id});
-        rec.logprob = t.logprob;
-        for (const TokenLogprob& a : t.top) rec.top.emplace_back(tokenizer_.decode({a.id}), a.logprob);
+        TokenRecord rec = token_record(tokenizer_, t);
         rec.text_offset = prompt_records_.empty() ? 0
                                                   : prompt_records_.back().text_offset + prompt_records_.back().text.size();
         prompt_records_.push_back(std::move(rec));
@@ -425,10 +417,10 @@ OpenAiService::OpenAiService(Engine& engine, Tokenizer tokenizer,
                (rp == "auto" && chat_template_ &&
                 chat_template_->source().find(ReasoningSplitter::kClose) != std::string::npos);
   tool_format_ = tool_format(options_.tool_call_parser, chat_template_ ? chat_template_->source() : "");
-  for (std::string_view tag : {ReasoningSplitter::kOpen, ReasoningSplitter::kClose})
-    if (const auto id = tokenizer_.token_to_id(tag)) think_tags_.push_back(*id);
   think_open_ = tokenizer_.token_to_id(ReasoningSplitter::kOpen).value_or(-1);
   think_close_ = tokenizer_.token_to_id(ReasoningSplitter::kClose).value_or(-1);
+  for (int32_t id : {think_open_, think_close_})
+    if (id >= 0) think_tags_.push_back(id);
   router_.add("GET", "/health", [this](const HttpRequest& r) { return health(r); });
   router_.add("GET", "/v1/models", [this](const HttpRequest& r) { return models(r); });
   router_.add("GET", "/metrics", [this](const HttpRequest& r) { return metrics_page(r); });

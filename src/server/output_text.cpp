@@ -44,6 +44,15 @@ std::string StopStringMatcher::flush() {
   return std::exchange(held_, {});
 }
 
+TokenRecord token_record(const Tokenizer& tokenizer, const GeneratedToken& t) {
+  TokenRecord rec;
+  rec.id = t.id;
+  rec.text = tokenizer.decode({t.id});
+  rec.logprob = t.logprob;
+  for (const TokenLogprob& a : t.top) rec.top.emplace_back(tokenizer.decode({a.id}), a.logprob);
+  return rec;
+}
+
 OutputText::OutputText(const Tokenizer& tokenizer, bool skip_special_tokens,
                        std::vector<std::string> stops, bool with_logprobs, std::vector<int32_t> keep)
     : tokenizer_(tokenizer),
@@ -59,12 +68,8 @@ TextDelta OutputText::push(const std::vector<GeneratedToken>& tokens) {
     if (matcher_.stopped()) break;
     TokenRecord rec;
     rec.id = t.id;
+    if (with_logprobs_) rec = token_record(tokenizer_, t);
     rec.text_offset = std::min(decoded_bytes_, text_.size() + d.text.size());
-    if (with_logprobs_) {
-      rec.text = tokenizer_.decode({t.id});
-      rec.logprob = t.logprob;
-      for (const TokenLogprob& a : t.top) rec.top.emplace_back(tokenizer_.decode({a.id}), a.logprob);
-    }
     const bool keep = std::find(keep_.begin(), keep_.end(), t.id) != keep_.end();
     const std::string piece = decoder_.push(t.id, keep);
     decoded_bytes_ += piece.size();

@@ -43,6 +43,9 @@ struct TokenRecord {
   size_t text_offset = 0;  // where the token's text starts in the output text
 };
 
+// A token's record with its logprob and its decoded alternatives (the token's text on its own).
+TokenRecord token_record(const Tokenizer& tokenizer, const GeneratedToken& t);
+
 struct TextDelta {
   std::string text;                 // new output text
   std::vector<TokenRecord> tokens;  // tokens consumed by this delta (with logprobs if asked)
