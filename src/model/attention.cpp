@@ -35,15 +35,20 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
     return t;
   };
 
-  // Queries: c_q = q_a_proj u; q = q_b_proj RMSNorm(c_q) -> [n, H, nope | rope] (the norm inside
-  // the product on the GPU's decode path; the indexer's query product applies it too).
-  const Tensor c_q = in.narrow(1, 0, c.q_lora_rank);
+  // Queries: c_q = RMSNorm(q_a_proj u); q = q_b_proj c_q -> [n, H, nope | rope]. Where the GPU runs
+  // the norm inside q_b's product (ops::rms_norm_linear_fuses), c_q stays unnormalised and the
+  // indexer's query product applies the norm too; else it is normalised once, here.
+  Tensor c_q = in.narrow(1, 0, c.q_lora_rank);
+  const bool norm_in_products = ops::rms_norm_linear_fuses(c_q, w.q_a_layernorm, w.q_b_proj);
+  if (!norm_in_products) ops::rms_norm(c_q, w.q_a_layernorm, eps, c_q);
+  const Tensor* q_norm = norm_in_products ? &w.q_a_layernorm : nullptr;
   Tensor q = Tensor::empty({n, heads, c.qk_head_dim()}, DType::F32, dev);
   Tensor q2 = q.view({n, heads * c.qk_head_dim()});
   // q, and this row's keys into the cache: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache keeps
   // RMSNorm(c_kv) and RoPE(k_pe).
   auto queries_and_cache = [&] {
-    ops::rms_norm_linear(c_q, w.q_a_layernorm, eps, w.q_b_proj, q2);
+    if (norm_in_products) ops::rms_norm_linear(c_q, w.q_a_layernorm, eps, w.q_b_proj, q2);
+    else ops::linear(c_q, w.q_b_proj, q2);
     Tensor kv_a = part(w.in_proj_kv_row, dk, w.kv_a_proj_with_mqa);
     if (kv.latent.dtype() == DType::U8) {  // the fp8 656-byte entries (ops/kv_fp8.h): one fused op
       ops::MlaKeyPrep prep{w.kv_a_layernorm, eps, ctx.positions, ctx.rope->inv_freq,
@@ -78,7 +83,7 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   const bool own_indexer = w.indexer && !ctx.reuse_topk;
   auto scores = [&] {
     const Tensor index_k = part(w.in_proj_index_k_row, c.index_head_dim, w.indexer->wk);
-    return indexer_scores(ctx, *w.indexer, u, c_q, w.q_a_layernorm, eps, index_k, kv.index_keys);
+    return indexer_scores(ctx, *w.indexer, u, c_q, q_norm, eps, index_k, kv.index_keys);
   };
   Tensor q_all;
   bool settled = true;

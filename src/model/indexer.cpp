@@ -15,14 +15,15 @@
 namespace dsi {
 
 Tensor indexer_scores(const LayerContext& ctx, const IndexerWeights& w, const Tensor& u,
-                      const Tensor& c_q, const Tensor& q_norm, float eps, Tensor k, Tensor& key_pool) {
+                      const Tensor& c_q, const Tensor* q_norm, float eps, Tensor k, Tensor& key_pool) {
   const ModelConfig& c = *ctx.cfg;
   const int64_t n = ctx.n, heads = c.n_index_heads, hd = c.index_head_dim;
   const Device dev = u.device();
 
   // Every rank computes all index heads for every new row (the indexer is replicated).
   Tensor q = Tensor::empty({n, heads * hd}, DType::F32, dev);
-  ops::rms_norm_linear(c_q, q_norm, eps, w.wq_b, q);
+  if (q_norm != nullptr) ops::rms_norm_linear(c_q, *q_norm, eps, w.wq_b, q);
+  else ops::linear(c_q, w.wq_b, q);
   Tensor q3 = q.view({n, heads, hd});  // RoPE'd below, or inside the fp8 logits (prep)
 
   DSI_CHECK(k.ndim() == 2 && k.dim(0) == n && k.dim(1) == hd, "indexer: keys {} for {} rows of {}",

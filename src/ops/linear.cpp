@@ -33,6 +33,16 @@ void rms_norm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Lin
   linear(normed, w, out);
 }
 
+bool rms_norm_linear_fuses(const Tensor& x, const Tensor& norm_w, const LinearWeight& w) {
+#ifdef DSI_WITH_CUDA
+  if (x.device().type == DeviceType::CUDA && norm_w.device() == x.device() && w.weight.device() == x.device() &&
+      x.ndim() == 2 && x.dim(1) == w.in_features())
+    return cuda::rms_norm_linear_fuses(x, norm_w, w);
+#endif
+  (void)x, (void)norm_w, (void)w;
+  return false;
+}
+
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
   DSI_DISPATCH(w.weight.device(), dequantize_rows, w, row_begin, row_end);
 }

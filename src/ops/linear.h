@@ -31,6 +31,9 @@ void linear(const Tensor& x, const LinearWeight& w, Tensor& out);
 // prologue, the same numerics up to the order of the sum of squares); else the two ops.
 // x: [n, in] f32 (strided rows ok); norm_w: [in] f32; out: [n, out] f32 contiguous.
 void rms_norm_linear(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out);
+// Whether rms_norm_linear runs as one kernel for these operands (and a contiguous output): where it
+// does not, a caller with several products of the same normed x normalises it once instead.
+bool rms_norm_linear_fuses(const Tensor& x, const Tensor& norm_w, const LinearWeight& w);
 
 // Dequantises rows [row_begin, row_end) of W to fp32 (host); out: [row_end - row_begin, in].
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);

@@ -299,8 +299,8 @@ TEST_F(CudaLinearGemv, TensorMapKernelMatches) {
 }
 
 // ops::rms_norm_linear: one row of fp8 weights that the tensor-map kernel takes runs the RMSNorm in
-// that kernel's prologue (one launch, x left as it was); more rows, and a product the plan leaves to
-// the FMA kernels, run the norm and the linear. Each against the CPU's norm then linear (the GEMV's
+// that kernel's prologue (one launch, x left as it was; rms_norm_linear_fuses says so beforehand);
+// more rows, and a product the plan leaves to the FMA kernels, run the norm and the linear. Each against the CPU's norm then linear (the GEMV's
 // tolerance), a repeat bitwise equal; x with a large scale (the norm's sum of squares) and a NaN
 // (every output NaN). q_b's shape and a 2-row, 2304-column one.
 TEST_F(CudaLinearGemv, RmsNormInFrontOfTheProduct) {
@@ -333,6 +333,7 @@ TEST_F(CudaLinearGemv, RmsNormInFrontOfTheProduct) {
     const LinearWeight dw = to_gpu(w);
     const Tensor dx = dev(x), dn = dev(norm_w);
     Tensor g = Tensor::empty({c.n, c.out}, DType::F32, gpu());
+    EXPECT_EQ(ops::rms_norm_linear_fuses(dx, dn, dw), c.fused) << what;
     const uint64_t before = cuda::gemv_tma_launches();
     ops::rms_norm_linear(dx, dn, 1e-6f, dw, g);
     EXPECT_EQ(cuda::gemv_tma_launches() - before, c.fused ? 1u : 0u) << what << ": tensor-map launches";

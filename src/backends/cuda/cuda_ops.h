@@ -106,6 +106,8 @@ uint64_t gemv_tma_launches();
 // product (gemv.h: one row, fp8 weights, a plan that balances); false (nothing launched) elsewhere.
 // Arguments as ops::rms_norm_linear's, already checked.
 bool rms_norm_linear_fused(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out);
+// Whether rms_norm_linear_fused would take these operands (an output of w's rows, contiguous).
+bool rms_norm_linear_fuses(const Tensor& x, const Tensor& norm_w, const LinearWeight& w);
 // Whether rms_norm_linear_fused may fuse: off unless DSI_GEMV_NORM=1 or switched here (the kernel's
 // prologue has not yet run on a GPU; tests switch it on).
 bool norm_in_gemv();

@@ -234,21 +234,39 @@ bool norm_in_gemv() {
 
 void set_norm_in_gemv(bool on) { g_norm_in_gemv.store(on ? 1 : 0); }
 
-bool rms_norm_linear_fused(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out) {
+namespace {
+// The one-row tensor-map GEMV's parameters and plan with the norm in its prologue; false where that
+// kernel does not take the product (the caller runs the norm and the linear).
+bool fused_norm_plan(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, float* y,
+                     int64_t ldy, GemvParams& p, GemvPlan& plan) {
   if (x.dim(0) != 1 || w.weight.dtype() != DType::F8_E4M3 || !gemv_tma() || !norm_in_gemv()) return false;
-  DeviceGuard guard(x.device());
   validate_weight(w, 0, w.out_features());
-  GemvParams p = gemv_weight_params(w);
+  p = gemv_weight_params(w);
   p.x = x.f32();
   p.ldx = x.stride(0);
-  p.y = out.f32();
-  p.ldy = out.stride(0);
+  p.y = y;
+  p.ldy = ldy;
   p.n = 1;
   p.norm_w = norm_w.f32();
   p.norm_eps = eps;
   if (!gemv_tma_ok(p) || reinterpret_cast<uintptr_t>(p.norm_w) % 16 != 0) return false;
-  const GemvPlan plan = gemv_plan(p, sm_count());
-  if (plan.tma.warp_tiles == 0) return false;
+  plan = gemv_plan(p, sm_count());
+  return plan.tma.warp_tiles > 0;
+}
+}  // namespace
+
+bool rms_norm_linear_fuses(const Tensor& x, const Tensor& norm_w, const LinearWeight& w) {
+  DeviceGuard guard(x.device());
+  GemvParams p;
+  GemvPlan plan;
+  return fused_norm_plan(x, norm_w, 0.0f, w, nullptr, w.out_features(), p, plan);
+}
+
+bool rms_norm_linear_fused(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out) {
+  DeviceGuard guard(x.device());
+  GemvParams p;
+  GemvPlan plan;
+  if (!fused_norm_plan(x, norm_w, eps, w, out.f32(), out.stride(0), p, plan)) return false;
   launch_gemv(p, plan, stream());
   return true;
 }
