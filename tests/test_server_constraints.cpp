@@ -39,6 +39,7 @@ TEST(JsonMode, RecognizerAcceptsObjects) {
   for (const std::string& doc :
        {std::string("{}"), std::string("{\n}"), std::string(R"({"a": 1})"),
         std::string(R"({"a": [1, -2.5e+3, 0, 0.25, 1E9, true, false, null, "x\u00e9\n\"\\\/", {"b": []}, [[]]], "c": {}})"),
+        std::string(R"({"emoji": "\ud83d\ude00", "cjk": "\u4E2D"})"),
         std::string("{\"\xC3\xA9t\xC3\xA9\": \"\xE2\x82\xAC \xF0\x9F\x98\x80\"}"),
         std::string(R"({"n":-0.0e-0,"m":[ 1 , 2 ]})")}) {
     SCOPED_TRACE(doc);
@@ -69,6 +70,9 @@ TEST(JsonMode, RecognizerRefusesAtTheFirstBadByte) {
       {R"({1: 2})", 1},          // keys are strings
       {R"({"a": "x\q"})", 9},    // no such escape
       {R"({"a": "\u12G4"})", 11},
+      {R"({"a": "\udd00"})", 10},         // a low surrogate alone
+      {R"({"a": "\ud83d x"})", 13},       // a high one without its low one
+      {R"({"a": "\ud83d\u0041"})", 15},
       {"{\"a\": \"x\ny\"}", 8},  // control characters are escaped
       {"{\"a\": \"\xC3\x28\"}", 8},  // a broken UTF-8 sequence
       {"{\"a\": \"\xE0\x80\x80\"}", 8},  // an overlong one

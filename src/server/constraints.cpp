@@ -134,6 +134,7 @@ bool JsonPrefix::step_json(unsigned char c) {
         --utf8_left_;
         return true;
       }
+      if (want_low_ && c != '\\') return false;  // a high surrogate's low one must follow
       if (c == '"') {
         if (key_) mode_ = Mode::kColon;
         else end_value();
@@ -153,11 +154,24 @@ bool JsonPrefix::step_json(unsigned char c) {
       utf8_lead_ = c;
       return true;
     case Mode::kEscape:
-      if (hex_left_ > 0) {
+      if (hex_left_ > 0) {  // surrogates only in pairs, high then low (what strict parsers read)
         if (!is_hex(c)) return false;
-        if (--hex_left_ == 0) mode_ = Mode::kString;
+        const int v = is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10;
+        if (hex_left_ == 4) {
+          first_d_ = v == 0xD;
+          if (want_low_ && !first_d_) return false;
+        } else if (hex_left_ == 3 && first_d_) {
+          if (want_low_ ? v < 0xC : v >= 0xC) return false;
+          high_ = !want_low_ && v >= 0x8;
+        }
+        if (--hex_left_ == 0) {
+          mode_ = Mode::kString;
+          want_low_ = !want_low_ && high_;
+          high_ = false;
+        }
         return true;
       }
+      if (want_low_ && c != 'u') return false;
       if (c == 'u') {
         hex_left_ = 4;
         return true;

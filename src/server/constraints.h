@@ -59,6 +59,9 @@ class JsonPrefix {
   Num num_ = Num::kInt;
   bool key_ = false;          // kString: an object key
   uint8_t hex_left_ = 0;      // kEscape: hex digits of \uXXXX still to come
+  bool first_d_ = false;      // kEscape: this \uXXXX starts with D (a surrogate's range)
+  bool high_ = false;         // kEscape: this \uXXXX is a high surrogate
+  bool want_low_ = false;     // a high surrogate's \uXXXX came: its low one must follow
   uint8_t utf8_left_ = 0;     // kString: continuation bytes still to come
   uint8_t utf8_lead_ = 0;     // kString: the lead byte of the sequence in progress
   const char* lit_ = nullptr;  // kLiteral: the literal, and how much of it has come
