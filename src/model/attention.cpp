@@ -4,6 +4,8 @@
 // partial attention is combined across the group (runtime/dcp.h).
 #include "model/attention.h"
 
+#include <cstdlib>
+
 #include "model/indexer.h"
 #include "ops/beside.h"
 #include "ops/elementwise.h"
@@ -15,6 +17,17 @@
 #include "ops/rope.h"
 
 namespace dsi {
+
+namespace {
+// DSI_STORE_BESIDE=1: the cache store of a layer that reuses its top-k runs beside q_b (being measured).
+bool store_beside() {
+  static const bool on = [] {
+    const char* env = std::getenv("DSI_STORE_BESIDE");
+    return env != nullptr && std::atoi(env) > 0;
+  }();
+  return on;
+}
+}  // namespace
 
 Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const Tensor& u,
                      LayerKvCache& kv, DcpTopk& topk) {
@@ -44,11 +57,14 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
   const Tensor* q_norm = norm_in_products ? &w.q_a_layernorm : nullptr;
   Tensor q = Tensor::empty({n, heads, c.qk_head_dim()}, DType::F32, dev);
   Tensor q2 = q.view({n, heads * c.qk_head_dim()});
-  // q, and this row's keys into the cache: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache keeps
-  // RMSNorm(c_kv) and RoPE(k_pe).
-  auto queries_and_cache = [&] {
+  // q = q_b_proj c_q.
+  auto queries = [&] {
     if (norm_in_products) ops::rms_norm_linear(c_q, w.q_a_layernorm, eps, w.q_b_proj, q2);
     else ops::linear(c_q, w.q_b_proj, q2);
+  };
+  // This row's keys into the cache: [c_kv | k_pe] = kv_a_proj_with_mqa u; the cache keeps
+  // RMSNorm(c_kv) and RoPE(k_pe).
+  auto cache_store = [&] {
     Tensor kv_a = part(w.in_proj_kv_row, dk, w.kv_a_proj_with_mqa);
     if (kv.latent.dtype() == DType::U8) {  // the fp8 656-byte entries (ops/kv_fp8.h): one fused op
       ops::MlaKeyPrep prep{w.kv_a_layernorm, eps, ctx.positions, ctx.rope->inv_freq,
@@ -98,12 +114,24 @@ Tensor mla_attention(const LayerContext& ctx, const AttentionWeights& w, const T
           make_slots();
         },
         [&] {
-          queries_and_cache();
+          queries();
+          cache_store();
           q_all = absorbed_queries();
         });
     settled = false;
+  } else if (!own_indexer && !exchanged && store_beside()) {
+    // A layer that reuses an earlier layer's top-k: the cache store (a small kernel) beside q_b's
+    // product and the absorbed queries. The join makes the store complete before the attention.
+    DSI_CHECK(topk.local.defined() && topk.local.dim(0) == n,
+              "shared indexer layer: no top-k from a previous full layer");
+    make_slots();
+    ops::run_beside(dev, cache_store, [&] {
+      queries();
+      q_all = absorbed_queries();
+    });
   } else {
-    queries_and_cache();
+    queries();
+    cache_store();
     // The absorbed queries are made right before attention, unless the DCP exchange carries them:
     // then the attention kernel's predecessor writes neither the cache nor the slots, and it can
     // gather its first keys while that predecessor still runs (ops::sparse_mla_fp8's inputs_settled).
