@@ -151,6 +151,74 @@ TEST(JsonMode, TheMaskLetsAnObjectBeWrittenAndEnded) {
   for (int32_t id : allowed(c, V)) EXPECT_EQ(tok.token_bytes(id)->front(), '{') << *tok.token_bytes(id);
 }
 
+// Seeded walks through a constraint's masks that go deep (up to the depth limit) and back out,
+// each step's mask checked against that of a new constraint fed the same tokens, which has kept
+// nothing. Returns the deepest nesting reached; `checked` counts the steps.
+size_t walk_kept_masks(const Tokenizer& tok, uint64_t seed, int walks, int& checked) {
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  std::mt19937_64 rng(seed);
+  size_t deepest = 0;
+  for (int walk = 0; walk < walks; ++walk) {
+    JsonConstraint c(tok, {eos}, -1, -1, false);
+    std::vector<int32_t> taken;
+    const int turn = 200 + 40 * walk;  // steps spent going in before the walk heads out
+    for (int step = 0; step < 640; ++step) {
+      const std::vector<int32_t> ok = allowed(c, V);
+      JsonConstraint fresh(tok, {eos}, -1, -1, false);
+      for (int32_t id : taken) fresh.accept(id);
+      EXPECT_EQ(ok, allowed(fresh, V)) << "step " << step << " of walk " << walk;
+      if (::testing::Test::HasFailure()) return deepest;
+      ++checked;
+      if (ok.empty() || (ok.size() == 1 && ok[0] == eos)) break;
+      // Going in: mostly tokens that open a container; heading out: ones that close one; else
+      // mostly ones that move the structure on.
+      std::vector<int32_t> deeper, onward;
+      for (int32_t id : ok) {
+        if (id == eos) continue;
+        const std::string& b = *tok.token_bytes(id);
+        JsonPrefix next = c.state();
+        EXPECT_TRUE(next.push(b)) << b;
+        if (step < turn ? next.depth() > c.state().depth() : next.depth() < c.state().depth()) deeper.push_back(id);
+        if (b.find_first_of("\":,") != std::string::npos) onward.push_back(id);
+      }
+      const std::vector<int32_t>& from = !deeper.empty() && rng() % 8 != 0   ? deeper
+                                         : !onward.empty() && rng() % 4 != 0 ? onward
+                                                                             : ok;
+      const int32_t pick = from[std::uniform_int_distribution<size_t>(0, from.size() - 1)(rng)];
+      if (pick == eos) break;
+      c.accept(pick);
+      taken.push_back(pick);
+      deepest = std::max(deepest, c.state().depth());
+    }
+  }
+  return deepest;
+}
+
+// The masks a constraint keeps by its state's signature (JsonPrefix::signature) are the masks
+// computed afresh: on the bundled vocabulary, and on a small one whose tokens open and close
+// several containers at once (what the signature's stack part and depth are for).
+TEST(JsonMode, KeptMasksAreTheFreshOnes) {
+  int checked = 0;
+  EXPECT_GE(walk_kept_masks(kjv_tokenizer(), 11, 6, checked), size_t(JsonPrefix::kMaxDepth) - 4);
+  EXPECT_GT(checked, 1000);
+
+  nlohmann::json vocab = nlohmann::json::object();
+  for (const char* t : {"{", "[", "]", "}", "\"", "a", ":", ",", "1", "]]", "]}", "}]", "}}", "[[", "[{", "{\"",
+                        "\"a\":", "\"a\":[", "\"a\":{", "]]]]", "}}}}", "]}]}", "}]}]", "[[[[", "[{\"a\":[", "1]]",
+                        "1}", "\"]}", "true", ",1", "]}]"})
+    vocab[t] = int(vocab.size());
+  const nlohmann::json j = {
+      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"post_processor", nullptr}, {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  const Tokenizer brackets = Tokenizer::from_json_text(j.dump(), "brackets");
+  checked = 0;
+  EXPECT_EQ(walk_kept_masks(brackets, 3, 8, checked), size_t(JsonPrefix::kMaxDepth));
+  EXPECT_GT(checked, 1000);
+}
+
 // Random walks through the mask (seeded): every walk that ends (end of sequence) wrote one object,
 // as nlohmann::json reads it; every step's text is a prefix the recognizer accepts.
 TEST(JsonMode, RandomWalksEndInObjects) {

@@ -32,6 +32,21 @@ bool JsonPrefix::advance(std::string_view bytes) {
   return true;
 }
 
+std::string JsonPrefix::signature(size_t max_bytes) const {
+  std::string k;
+  const char lit = lit_ == nullptr ? '\0' : lit_[0];
+  for (uint8_t b : {uint8_t(mode_), uint8_t(num_), uint8_t(key_), hex_left_, uint8_t(first_d_), uint8_t(high_),
+                    uint8_t(want_low_), utf8_left_, utf8_lead_, uint8_t(lit), lit_at_, space_run_})
+    k += char(b);
+  // A text of max_bytes bytes closes at most that many containers and opens at most that many: the
+  // depth matters where it could reach 0 or pass kMaxDepth, else only the containers it can close.
+  const size_t depth = stack_.size();
+  const bool exact = depth <= max_bytes || depth + max_bytes >= size_t(kMaxDepth);
+  k += exact ? char(depth) : char(-1);
+  k.append(stack_, depth - std::min(depth, max_bytes), std::string::npos);
+  return k;
+}
+
 void JsonPrefix::end_value() { mode_ = stack_.empty() ? Mode::kDone : Mode::kAfterValue; }
 
 bool JsonPrefix::value_start(unsigned char c) {
@@ -236,12 +251,24 @@ AnswerConstraint::AnswerConstraint(const Tokenizer& tokenizer, std::vector<int32
 
 bool AnswerConstraint::is_eos(int32_t id) const { return std::find(eos_.begin(), eos_.end(), id) != eos_.end(); }
 
+void AnswerConstraint::fill(Bits& bits, int64_t vocab) const {
+  bits.assign(size_t((vocab + 63) / 64), 0);
+  for (int64_t id = 0; id < vocab; ++id)
+    if (fits(int32_t(id))) bits[size_t(id / 64)] |= uint64_t(1) << (id % 64);
+}
+
+const AnswerConstraint::Bits& AnswerConstraint::fitting(int64_t vocab) {
+  fill(bits_, vocab);
+  return bits_;
+}
+
 void AnswerConstraint::mask(float* logits, int64_t vocab) {
   if (reasoning_ || !masking()) return;
+  const Bits& bits = fitting(vocab);
   bool any = false;
   for (int64_t id = 0; id < vocab; ++id) {
     const bool opens_think = first_ && id == think_open_ && think_close_ >= 0;  // the answer opens its think block
-    if (opens_think || fits(int32_t(id))) any = true;
+    if (opens_think || (bits[size_t(id / 64)] >> (id % 64) & 1)) any = true;
     else logits[id] = -INFINITY;
   }
   // Nothing fits (a vocabulary without the bytes the answer needs): the first end of sequence.
@@ -270,6 +297,27 @@ bool JsonConstraint::fits(int32_t id) const {
   JsonPrefix next = json_;
   if (tokenizer_.spaced_tokens() && wrote_ && !next.advance(" ")) return false;
   return next.advance(*bytes);
+}
+
+const AnswerConstraint::Bits& JsonConstraint::fitting(int64_t vocab) {
+  if (max_token_bytes_ == 0) {
+    max_token_bytes_ = 1;
+    for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id)
+      if (const std::string* b = tokenizer_.token_bytes(id)) max_token_bytes_ = std::max(max_token_bytes_, b->size());
+  }
+  // A spaced tokenizer's space before the token counts as one more byte.
+  std::string key = json_.signature(max_token_bytes_ + 1);
+  key += char(wrote_);
+  key.append(reinterpret_cast<const char*>(&vocab), sizeof(vocab));
+  for (size_t i = 0; i < masks_.size(); ++i)
+    if (masks_[i].first == key) {
+      std::rotate(masks_.begin() + i, masks_.begin() + i + 1, masks_.end());  // the most recent last
+      return masks_.back().second;
+    }
+  if (masks_.size() >= kCachedMasks) masks_.erase(masks_.begin());
+  masks_.emplace_back(std::move(key), Bits());
+  fill(masks_.back().second, vocab);
+  return masks_.back().second;
 }
 
 void JsonConstraint::take(int32_t id) {

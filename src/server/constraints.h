@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dsinfer/engine.h"
@@ -28,6 +29,11 @@ class JsonPrefix {
   // Takes the bytes; false when they do not fit, and then this state means nothing (for a copy).
   bool advance(std::string_view bytes);
   bool complete() const { return mode_ == Mode::kDone; }
+  size_t depth() const { return stack_.size(); }  // containers open
+  // What decides whether a text of at most max_bytes bytes fits: two states with equal signatures
+  // take exactly the same such texts. It holds the state less the containers that so short a
+  // text cannot close, and the depth only where so short a text could reach the root or the limit.
+  std::string signature(size_t max_bytes) const;
 
   static constexpr int kMaxDepth = 64;  // nesting beyond this is refused
   // Whitespace between tokens: none before the object, at most this many bytes in a row (so a
@@ -79,12 +85,17 @@ class AnswerConstraint : public TokenConstraint {
   void mask(float* logits, int64_t vocab) final;
   void accept(int32_t token) final;
 
+  using Bits = std::vector<uint64_t>;  // bit id: the token fits
+
  protected:
   AnswerConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
                    bool in_reasoning);
   virtual bool masking() const { return true; }  // false: every token fits now
   virtual bool fits(int32_t id) const = 0;       // may this token of the answer come next
   virtual void take(int32_t id) = 0;             // this token of the answer was emitted
+  // The tokens below vocab that fit now, as bits (default: fits() of each).
+  virtual const Bits& fitting(int64_t vocab);
+  void fill(Bits& bits, int64_t vocab) const;  // fits() of each id
   bool is_eos(int32_t id) const;
 
   const Tokenizer& tokenizer_;
@@ -92,6 +103,7 @@ class AnswerConstraint : public TokenConstraint {
 
  private:
   int32_t think_open_, think_close_;
+  Bits bits_;          // fitting()'s answer by default
   bool reasoning_;     // inside the think block: unconstrained
   bool first_ = true;  // no token of the answer yet
 };
@@ -106,9 +118,15 @@ class JsonConstraint : public AnswerConstraint {
  private:
   bool fits(int32_t id) const override;
   void take(int32_t id) override;
+  // The answer for the state's signature: the same few states come back step after step (inside
+  // a string, after a value), so each is computed once, not once per step over the vocabulary.
+  const Bits& fitting(int64_t vocab) override;
 
+  static constexpr size_t kCachedMasks = 16;
   bool wrote_ = false;  // a token of the JSON text has been written (spaced tokenizers)
   JsonPrefix json_;
+  size_t max_token_bytes_ = 0;                         // the vocabulary's longest token (0: not yet known)
+  std::vector<std::pair<std::string, Bits>> masks_;  // signature -> bits, the most recent last
 };
 
 // A forced tool call (tool_choice "required" or a named function): the answer must begin with
