@@ -6,12 +6,6 @@
 
 namespace dsi::server {
 
-namespace {
-bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
-bool is_hex(unsigned char c) { return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
-}  // namespace
-
 bool JsonPrefix::push(unsigned char c) {
   const JsonPrefix saved = *this;
   if (step(c)) return true;
@@ -35,9 +29,9 @@ bool JsonPrefix::advance(std::string_view bytes) {
 std::string JsonPrefix::signature(size_t max_bytes) const {
   std::string k;
   const char lit = lit_ == nullptr ? '\0' : lit_[0];
-  for (uint8_t b : {uint8_t(mode_), uint8_t(num_), uint8_t(key_), hex_left_, uint8_t(first_d_), uint8_t(high_),
-                    uint8_t(want_low_), utf8_left_, utf8_lead_, uint8_t(lit), lit_at_, space_run_})
-    k += char(b);
+  for (uint8_t b : {uint8_t(mode_), uint8_t(key_), uint8_t(lit), lit_at_, space_run_}) k += char(b);
+  if (mode_ == Mode::kString) str_.key(k);  // the scans' states matter only inside them
+  if (mode_ == Mode::kNumber) k += char(num_.at);
   // A text of max_bytes bytes closes at most that many containers and opens at most that many: the
   // depth matters where it could reach 0 or pass kMaxDepth, else only the containers it can close.
   const size_t depth = stack_.size();
@@ -50,7 +44,7 @@ std::string JsonPrefix::signature(size_t max_bytes) const {
 void JsonPrefix::end_value() { mode_ = stack_.empty() ? Mode::kDone : Mode::kAfterValue; }
 
 bool JsonPrefix::value_start(unsigned char c) {
-  if (is_space(c)) return true;
+  if (json_space(c)) return true;
   switch (c) {
     case '{':
     case '[':
@@ -61,10 +55,7 @@ bool JsonPrefix::value_start(unsigned char c) {
     case '"':
       mode_ = Mode::kString;
       key_ = false;
-      return true;
-    case '-':
-      mode_ = Mode::kNumber;
-      num_ = Num::kMinus;
+      str_ = JsonStringScan();
       return true;
     case 't':
     case 'f':
@@ -74,25 +65,25 @@ bool JsonPrefix::value_start(unsigned char c) {
       lit_at_ = 1;
       return true;
     default:
-      if (!is_digit(c)) return false;
+      if (!JsonNumberScan::starts(c)) return false;
       mode_ = Mode::kNumber;
-      num_ = c == '0' ? Num::kZero : Num::kInt;
+      num_ = JsonNumberScan(c);
       return true;
   }
 }
 
 bool JsonPrefix::step(unsigned char c) {
-  const bool in_string = mode_ == Mode::kString || mode_ == Mode::kEscape;
-  if (!in_string && is_space(c) && (mode_ == Mode::kStart || space_run_ >= kMaxSpaceRun)) return false;
+  const bool in_string = mode_ == Mode::kString;
+  if (!in_string && json_space(c) && (mode_ == Mode::kStart || space_run_ >= kMaxSpaceRun)) return false;
   if (!step_json(c)) return false;
-  space_run_ = !in_string && is_space(c) ? uint8_t(space_run_ + 1) : uint8_t(0);
+  space_run_ = !in_string && json_space(c) ? uint8_t(space_run_ + 1) : uint8_t(0);
   return true;
 }
 
 bool JsonPrefix::step_json(unsigned char c) {
   switch (mode_) {
     case Mode::kStart:
-      if (is_space(c)) return true;
+      if (json_space(c)) return true;
       if (c != '{') return false;  // the root is an object
       stack_.push_back('{');
       mode_ = Mode::kKeyOrEnd;
@@ -108,10 +99,11 @@ bool JsonPrefix::step_json(unsigned char c) {
       return value_start(c);
     case Mode::kKeyOrEnd:
     case Mode::kKey:
-      if (is_space(c)) return true;
+      if (json_space(c)) return true;
       if (c == '"') {
         mode_ = Mode::kString;
         key_ = true;
+        str_ = JsonStringScan();
         return true;
       }
       if (c == '}' && mode_ == Mode::kKeyOrEnd) {
@@ -121,12 +113,12 @@ bool JsonPrefix::step_json(unsigned char c) {
       }
       return false;
     case Mode::kColon:
-      if (is_space(c)) return true;
+      if (json_space(c)) return true;
       if (c != ':') return false;
       mode_ = Mode::kValue;
       return true;
     case Mode::kAfterValue:
-      if (is_space(c)) return true;
+      if (json_space(c)) return true;
       if (c == ',') {
         mode_ = stack_.back() == '{' ? Mode::kKey : Mode::kValue;
         return true;
@@ -138,99 +130,28 @@ bool JsonPrefix::step_json(unsigned char c) {
       }
       return false;
     case Mode::kString:
-      if (utf8_left_ > 0) {  // a continuation byte, within the lead byte's range (no overlongs, surrogates)
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (utf8_lead_ == 0xE0) lo = 0xA0;
-        if (utf8_lead_ == 0xED) hi = 0x9F;
-        if (utf8_lead_ == 0xF0) lo = 0x90;
-        if (utf8_lead_ == 0xF4) hi = 0x8F;
-        if (c < lo || c > hi) return false;
-        utf8_lead_ = 0;  // the range applies to the first continuation byte only
-        --utf8_left_;
-        return true;
-      }
-      if (want_low_ && c != '\\') return false;  // a high surrogate's low one must follow
-      if (c == '"') {
-        if (key_) mode_ = Mode::kColon;
-        else end_value();
-        return true;
-      }
-      if (c == '\\') {
-        mode_ = Mode::kEscape;
-        hex_left_ = 0;
-        return true;
-      }
-      if (c < 0x20) return false;  // control characters must be escaped
-      if (c < 0x80) return true;
-      if (c >= 0xC2 && c <= 0xDF) utf8_left_ = 1;
-      else if (c >= 0xE0 && c <= 0xEF) utf8_left_ = 2;
-      else if (c >= 0xF0 && c <= 0xF4) utf8_left_ = 3;
-      else return false;
-      utf8_lead_ = c;
-      return true;
-    case Mode::kEscape:
-      if (hex_left_ > 0) {  // surrogates only in pairs, high then low (what strict parsers read)
-        if (!is_hex(c)) return false;
-        const int v = is_digit(c) ? c - '0' : (c | 0x20) - 'a' + 10;
-        if (hex_left_ == 4) {
-          first_d_ = v == 0xD;
-          if (want_low_ && !first_d_) return false;
-        } else if (hex_left_ == 3 && first_d_) {
-          if (want_low_ ? v < 0xC : v >= 0xC) return false;
-          high_ = !want_low_ && v >= 0x8;
-        }
-        if (--hex_left_ == 0) {
-          mode_ = Mode::kString;
-          want_low_ = !want_low_ && high_;
-          high_ = false;
-        }
-        return true;
-      }
-      if (want_low_ && c != 'u') return false;
-      if (c == 'u') {
-        hex_left_ = 4;
-        return true;
-      }
-      if (std::string_view("\"\\/bfnrt").find(char(c)) == std::string_view::npos) return false;
-      mode_ = Mode::kString;
-      return true;
-    case Mode::kNumber: {
-      const bool digit = is_digit(c);
-      switch (num_) {
-        case Num::kMinus:
-          if (!digit) return false;
-          num_ = c == '0' ? Num::kZero : Num::kInt;
+      switch (str_.step(c)) {
+        case JsonStringScan::Step::kReject:
+          return false;
+        case JsonStringScan::Step::kMore:
           return true;
-        case Num::kZero:
-        case Num::kInt:
-          if (digit && num_ == Num::kInt) return true;
-          if (c == '.') return num_ = Num::kDot, true;
-          if (c == 'e' || c == 'E') return num_ = Num::kExp, true;
-          break;  // the number ends here
-        case Num::kDot:
-          if (!digit) return false;
-          num_ = Num::kFrac;
+        case JsonStringScan::Step::kClosed:
+          if (key_) mode_ = Mode::kColon;
+          else end_value();
           return true;
-        case Num::kFrac:
-          if (digit) return true;
-          if (c == 'e' || c == 'E') return num_ = Num::kExp, true;
-          break;
-        case Num::kExp:
-          if (c == '+' || c == '-') return num_ = Num::kExpSign, true;
-          if (!digit) return false;
-          num_ = Num::kExpInt;
-          return true;
-        case Num::kExpSign:
-          if (!digit) return false;
-          num_ = Num::kExpInt;
-          return true;
-        case Num::kExpInt:
-          if (digit) return true;
-          break;
       }
-      end_value();  // a number is only inside a container: c must follow it there
-      return step_json(c);
-    }
+      return false;
+    case Mode::kNumber:
+      switch (num_.step(c)) {
+        case JsonNumberScan::Step::kReject:
+          return false;
+        case JsonNumberScan::Step::kMore:
+          return true;
+        case JsonNumberScan::Step::kEnded:
+          end_value();  // a number is only inside a container: c must follow it there
+          return step_json(c);
+      }
+      return false;
     case Mode::kLiteral:
       if (c != static_cast<unsigned char>(lit_[lit_at_])) return false;
       if (lit_[++lit_at_] == '\0') end_value();

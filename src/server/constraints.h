@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dsinfer/engine.h"
+#include "server/json_scan.h"
 #include "text/tokenizer.h"
 
 namespace dsi::server {
@@ -42,34 +43,27 @@ class JsonPrefix {
 
  private:
   enum class Mode : uint8_t {
-    kStart,         // before the object's '{'
-    kValue,         // a value must come (after ':', or ',' in an array)
-    kValueOrEnd,    // after '[': a value or ']'
-    kKeyOrEnd,      // after '{': a key or '}'
-    kKey,           // after ',' in an object: a key
-    kColon,         // after a key
-    kAfterValue,    // inside a container after a value: ',' or its end
-    kString,        // inside a string (key_ says which kind)
-    kEscape,        // after a backslash
-    kNumber,        // inside a number (num_ says where)
-    kLiteral,       // inside true / false / null (lit_ and lit_at_)
-    kDone,          // the object is closed
+    kStart,       // before the object's '{'
+    kValue,       // a value must come (after ':', or ',' in an array)
+    kValueOrEnd,  // after '[': a value or ']'
+    kKeyOrEnd,    // after '{': a key or '}'
+    kKey,         // after ',' in an object: a key
+    kColon,       // after a key
+    kAfterValue,  // inside a container after a value: ',' or its end
+    kString,      // inside a string (key_ says which kind)
+    kNumber,      // inside a number
+    kLiteral,     // inside true / false / null (lit_ and lit_at_)
+    kDone,        // the object is closed
   };
-  enum class Num : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kExp, kExpSign, kExpInt };
   bool step(unsigned char c);  // with the whitespace rules
   bool step_json(unsigned char c);
   bool value_start(unsigned char c);
   void end_value();  // a value is complete: after it, in its container or at the root
 
   Mode mode_ = Mode::kStart;
-  Num num_ = Num::kInt;
-  bool key_ = false;          // kString: an object key
-  uint8_t hex_left_ = 0;      // kEscape: hex digits of \uXXXX still to come
-  bool first_d_ = false;      // kEscape: this \uXXXX starts with D (a surrogate's range)
-  bool high_ = false;         // kEscape: this \uXXXX is a high surrogate
-  bool want_low_ = false;     // a high surrogate's \uXXXX came: its low one must follow
-  uint8_t utf8_left_ = 0;     // kString: continuation bytes still to come
-  uint8_t utf8_lead_ = 0;     // kString: the lead byte of the sequence in progress
+  bool key_ = false;  // kString: an object key
+  JsonStringScan str_;
+  JsonNumberScan num_;
   const char* lit_ = nullptr;  // kLiteral: the literal, and how much of it has come
   uint8_t lit_at_ = 0;
   std::string stack_;         // open containers, '{' or '['

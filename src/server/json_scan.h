@@ -1,0 +1,50 @@
+// The byte-level pieces of JSON text (RFC 8259) that the recognizers of constraints.h and
+// json_schema.h share: a string's contents after its opening quote, and a number.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dsi::server {
+
+inline bool json_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+inline bool json_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+
+// A string after its opening quote: UTF-8 checked (no overlong forms, no surrogates), control
+// characters only escaped, \u escapes of surrogates only as a high-low pair (what strict parsers read).
+struct JsonStringScan {
+  enum class Step : uint8_t { kReject, kMore, kClosed };
+  Step step(unsigned char c);
+  // A character (code point) began with the last byte taken: a byte that starts one, an escape's
+  // backslash, but not a low surrogate's backslash after a high one's escape.
+  bool char_started() const { return started_; }
+  bool escaping() const { return escape_; }
+  void key(std::string& out) const;  // appends the state's bytes (for signatures)
+
+  uint8_t utf8_left = 0;  // continuation bytes still to come
+  uint8_t utf8_lead = 0;  // the lead byte of the sequence in progress
+  bool escape_ = false;   // after a backslash
+  uint8_t hex_left = 0;   // hex digits of \uXXXX still to come
+  bool first_d = false;   // this \uXXXX starts with D (a surrogate's range)
+  bool high = false;      // this \uXXXX is a high surrogate
+  bool want_low = false;  // a high surrogate's \uXXXX came: its low one must follow
+  bool started_ = false;
+};
+
+// A number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?. kEnded: the byte is not part of it
+// and what came is a whole number (the byte belongs to what follows).
+struct JsonNumberScan {
+  enum class Step : uint8_t { kReject, kMore, kEnded };
+  enum class At : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kExp, kExpSign, kExpInt };
+  static bool starts(unsigned char c) { return c == '-' || json_digit(c); }
+  // first: the number's first byte (starts(first)); integer: no fraction, no exponent.
+  explicit JsonNumberScan(unsigned char first = '0', bool integer = false)
+      : at(first == '-' ? At::kMinus : first == '0' ? At::kZero : At::kInt), integer(integer) {}
+  Step step(unsigned char c);
+  bool whole() const { return at == At::kZero || at == At::kInt || at == At::kFrac || at == At::kExpInt; }
+
+  At at;
+  bool integer;
+};
+
+}  // namespace dsi::server
