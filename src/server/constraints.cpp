@@ -210,17 +210,19 @@ void AnswerConstraint::accept(int32_t token) {
   take(token);
 }
 
-bool JsonConstraint::fits(int32_t id) const {
+template <class Recognizer>
+bool JsonTextConstraint<Recognizer>::fits(int32_t id) const {
   if (is_eos(id)) return json_.complete();
   if (tokenizer_.is_special(id)) return false;
   const std::string* bytes = tokenizer_.token_bytes(id);
   if (bytes == nullptr || bytes->empty()) return false;
-  JsonPrefix next = json_;
+  Recognizer next = json_;
   if (tokenizer_.spaced_tokens() && wrote_ && !next.advance(" ")) return false;
   return next.advance(*bytes);
 }
 
-const AnswerConstraint::Bits& JsonConstraint::fitting(int64_t vocab) {
+template <class Recognizer>
+const AnswerConstraint::Bits& JsonTextConstraint<Recognizer>::fitting(int64_t vocab) {
   if (max_token_bytes_ == 0) {
     max_token_bytes_ = 1;
     for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id)
@@ -241,7 +243,8 @@ const AnswerConstraint::Bits& JsonConstraint::fitting(int64_t vocab) {
   return masks_.back().second;
 }
 
-void JsonConstraint::take(int32_t id) {
+template <class Recognizer>
+void JsonTextConstraint<Recognizer>::take(int32_t id) {
   if (is_eos(id) || tokenizer_.is_special(id)) return;
   const std::string* bytes = tokenizer_.token_bytes(id);
   if (bytes == nullptr) return;
@@ -249,6 +252,9 @@ void JsonConstraint::take(int32_t id) {
   json_.push(*bytes);  // (a token the mask allowed always fits)
   wrote_ = true;
 }
+
+template class JsonTextConstraint<JsonPrefix>;
+template class JsonTextConstraint<SchemaPrefix>;
 
 bool ForcedText::fits(int32_t id) const {
   if (is_eos(id)) return false;

@@ -16,6 +16,7 @@
 
 #include "dsinfer/engine.h"
 #include "server/json_scan.h"
+#include "server/json_schema.h"
 #include "text/tokenizer.h"
 
 namespace dsi::server {
@@ -102,12 +103,15 @@ class AnswerConstraint : public TokenConstraint {
   bool first_ = true;  // no token of the answer yet
 };
 
-class JsonConstraint : public AnswerConstraint {
+// A JSON text through a byte recognizer (JsonPrefix, or SchemaPrefix for a schema): each step a
+// token fits when its bytes continue the text; the end of sequence only once the text is whole.
+template <class Recognizer>
+class JsonTextConstraint : public AnswerConstraint {
  public:
-  JsonConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
-                 bool in_reasoning)
-      : AnswerConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning) {}
-  const JsonPrefix& state() const { return json_; }
+  JsonTextConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
+                     bool in_reasoning, Recognizer start)
+      : AnswerConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning), json_(std::move(start)) {}
+  const Recognizer& state() const { return json_; }
 
  private:
   bool fits(int32_t id) const override;
@@ -118,9 +122,26 @@ class JsonConstraint : public AnswerConstraint {
 
   static constexpr size_t kCachedMasks = 16;
   bool wrote_ = false;  // a token of the JSON text has been written (spaced tokenizers)
-  JsonPrefix json_;
+  Recognizer json_;
   size_t max_token_bytes_ = 0;                         // the vocabulary's longest token (0: not yet known)
   std::vector<std::pair<std::string, Bits>> masks_;  // signature -> bits, the most recent last
+};
+
+// JSON mode (response_format json_object): one JSON object.
+class JsonConstraint : public JsonTextConstraint<JsonPrefix> {
+ public:
+  JsonConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
+                 bool in_reasoning)
+      : JsonTextConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning, JsonPrefix()) {}
+};
+
+// Structured outputs (response_format json_schema): a value the schema accepts (json_schema.h).
+class SchemaConstraint : public JsonTextConstraint<SchemaPrefix> {
+ public:
+  SchemaConstraint(const Tokenizer& tokenizer, std::shared_ptr<const JsonSchema> schema, std::vector<int32_t> eos,
+                   int32_t think_open, int32_t think_close, bool in_reasoning)
+      : JsonTextConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning,
+                           SchemaPrefix(std::move(schema))) {}
 };
 
 // A forced tool call (tool_choice "required" or a named function): the answer must begin with

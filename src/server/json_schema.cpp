@@ -1,0 +1,557 @@
+// Structured outputs: JSON Schema compiled for generation, and its recognizer; see json_schema.h.
+#include "server/json_schema.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "dsinfer/error.h"
+
+namespace dsi::server {
+
+using Json = nlohmann::json;
+
+// ---------------------------------------------------------------------------------------------
+// The compiler.
+
+class JsonSchema::Compiler {
+ public:
+  Compiler(JsonSchema& out, const Json& root) : out_(out), root_(root) {}
+
+  const Node* compile(const Json& s, const std::string& path) {
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) fail("{}: the schema false accepts no value", path);
+      return out_.any_;
+    }
+    if (!s.is_object()) fail("{}: a schema must be an object or a boolean", path);
+    if (++depth_ > 64) fail("{}: the schema nests too deeply", path);
+    Node& n = out_.nodes_.emplace_back();
+    fill(n, s, path);
+    --depth_;
+    return &n;
+  }
+
+ private:
+  static bool annotation(const std::string& k) {
+    static const std::set<std::string> kIgnored = {
+        "title", "description", "default", "examples", "$schema", "$id", "$comment", "$anchor",
+        "readOnly", "writeOnly", "deprecated", "format", "$defs", "definitions", "contentMediaType",
+        "contentEncoding", "discriminator", "strict", "name"};
+    return kIgnored.count(k) > 0;
+  }
+  static bool refused(const std::string& k) {
+    static const std::set<std::string> kRefused = {
+        "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "patternProperties", "propertyNames", "minProperties", "maxProperties", "uniqueItems",
+        "contains", "minContains", "maxContains", "prefixItems", "additionalItems", "not", "if",
+        "then", "else", "oneOf", "dependentRequired", "dependentSchemas", "dependencies",
+        "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
+    return kRefused.count(k) > 0;
+  }
+  static int64_t count_of(const Json& v, const std::string& path) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) fail("{}: must be a non-negative integer", path);
+    return v.get<int64_t>();
+  }
+
+  void fill(Node& n, const Json& s, const std::string& path) {
+    // A reference or a combination stands alone (beside annotations): what it points at is the
+    // whole schema.
+    for (const char* alone : {"$ref", "anyOf", "allOf"}) {
+      if (!s.contains(alone)) continue;
+      for (auto it = s.begin(); it != s.end(); ++it)
+        if (it.key() != alone && !annotation(it.key()))
+          fail("{}: '{}' beside '{}' is not supported", path, it.key(), alone);
+      const Json& v = s.at(alone);
+      const std::string at = path + "/" + alone;
+      if (std::string(alone) == "$ref") {
+        n.any_of.push_back(reference(v, at));
+      } else if (std::string(alone) == "allOf") {
+        if (!v.is_array() || v.size() != 1) fail("{}: only an allOf of one schema is supported", at);
+        n.any_of.push_back(compile(v[0], at + "/0"));
+      } else {
+        if (!v.is_array() || v.empty()) fail("{}: must be a non-empty array of schemas", at);
+        for (size_t i = 0; i < v.size(); ++i) n.any_of.push_back(compile(v[i], at + "/" + std::to_string(i)));
+      }
+      return;
+    }
+    for (auto it = s.begin(); it != s.end(); ++it)
+      if (refused(it.key())) fail("{}: '{}' is not supported", path, it.key());
+
+    if (const auto t = s.find("type"); t != s.end()) {
+      n.types = 0;
+      const Json names = t->is_array() ? *t : Json::array({*t});
+      if (names.empty()) fail("{}/type: an empty list of types", path);
+      for (const Json& name : names) {
+        static const std::map<std::string, uint8_t> kTypes = {
+            {"null", kNull},     {"boolean", kBoolean}, {"integer", kInteger}, {"number", kNumber | kInteger},
+            {"string", kString}, {"array", kArray},     {"object", kObject}};
+        const auto k = name.is_string() ? kTypes.find(name.get<std::string>()) : kTypes.end();
+        if (k == kTypes.end()) fail("{}/type: unknown type {}", path, name.dump());
+        n.types |= k->second;
+      }
+    }
+    if (s.contains("enum") || s.contains("const")) {
+      if (s.contains("enum") && s.contains("const")) fail("{}: both 'enum' and 'const'", path);
+      const Json values = s.contains("const") ? Json::array({s.at("const")}) : s.at("enum");
+      if (!values.is_array() || values.empty()) fail("{}/enum: must be a non-empty array", path);
+      n.has_literals = true;
+      for (const Json& v : values)
+        if (n.types & type_of(v)) n.literals.push_back(v.dump());
+      std::sort(n.literals.begin(), n.literals.end());
+      n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
+      if (n.literals.empty()) fail("{}: no value of 'enum' has the schema's type", path);
+    }
+
+    // Objects.
+    const auto props = s.find("properties");
+    if (props != s.end()) {
+      if (!props->is_object()) fail("{}/properties: must be an object", path);
+      if (props->size() > size_t(kMaxProperties))
+        fail("{}/properties: {} properties; at most {}", path, props->size(), kMaxProperties);
+      for (auto it = props->begin(); it != props->end(); ++it) {
+        for (unsigned char c : it.key())
+          if (c < 0x20 || c == '"' || c == '\\')
+            fail("{}/properties: the name {} needs escapes, which keys may not have here", path, Json(it.key()).dump());
+        n.names.push_back(it.key());
+        n.props.push_back(compile(it.value(), path + "/properties/" + it.key()));
+      }
+    }
+    if (const auto req = s.find("required"); req != s.end()) {
+      if (!req->is_array()) fail("{}/required: must be an array of names", path);
+      for (const Json& name : *req) {
+        const auto at = name.is_string() ? std::find(n.names.begin(), n.names.end(), name.get<std::string>())
+                                         : n.names.end();
+        if (at == n.names.end()) fail("{}/required: {} is not in 'properties'", path, name.dump());
+        n.required |= uint64_t(1) << (at - n.names.begin());
+      }
+    }
+    n.additional = out_.any_;
+    if (const auto add = s.find("additionalProperties"); add != s.end())
+      n.additional = add->is_boolean() && !add->get<bool>() ? nullptr : compile(*add, path + "/additionalProperties");
+
+    // Arrays.
+    if (const auto items = s.find("items"); items != s.end()) n.items = compile(*items, path + "/items");
+    if (const auto m = s.find("minItems"); m != s.end()) n.min_items = count_of(*m, path + "/minItems");
+    if (const auto m = s.find("maxItems"); m != s.end()) n.max_items = count_of(*m, path + "/maxItems");
+    if (n.max_items >= 0 && n.max_items < n.min_items) fail("{}: maxItems is below minItems", path);
+
+    // Strings.
+    if (const auto m = s.find("minLength"); m != s.end()) n.min_length = count_of(*m, path + "/minLength");
+    if (const auto m = s.find("maxLength"); m != s.end()) n.max_length = count_of(*m, path + "/maxLength");
+    if (n.max_length >= 0 && n.max_length < n.min_length) fail("{}: maxLength is below minLength", path);
+    if (n.min_length > (1 << 20) || n.max_length > (1 << 20) || n.min_items > (1 << 20) || n.max_items > (1 << 20))
+      fail("{}: a length or item count above 2^20", path);
+  }
+
+  static uint8_t type_of(const Json& v) {
+    if (v.is_null()) return kNull;
+    if (v.is_boolean()) return kBoolean;
+    if (v.is_number_integer()) return kInteger;
+    if (v.is_number()) return v.get<double>() == double(int64_t(v.get<double>())) ? kInteger : kNumber;
+    if (v.is_string()) return kString;
+    return v.is_array() ? kArray : kObject;
+  }
+
+  // "#", "#/$defs/Name", "#/definitions/Name" (JSON pointer escapes ~0 and ~1 decoded).
+  const Node* reference(const Json& ref, const std::string& path) {
+    if (!ref.is_string()) fail("{}: must be a string", path);
+    const std::string r = ref.get<std::string>();
+    if (const auto known = refs_.find(r); known != refs_.end()) return known->second;
+    if (r.rfind('#', 0) != 0) fail("{}: only references inside the schema (\"#...\") are supported", path);
+    Json::json_pointer ptr;
+    try {
+      ptr = Json::json_pointer(r.substr(1));
+    } catch (const Json::exception&) {
+      fail("{}: {} is not a JSON pointer", path, Json(r).dump());
+    }
+    if (!root_.contains(ptr)) fail("{}: {} points at nothing", path, Json(r).dump());
+    // The node is named before it is filled, so a reference back to it (recursion) finds it.
+    Node& n = out_.nodes_.emplace_back();
+    refs_[r] = &n;
+    const Json& target = root_.at(ptr);
+    if (target.is_boolean()) {
+      if (!target.get<bool>()) fail("{}: {} is the schema false", path, Json(r).dump());
+      n.any_of.push_back(out_.any_);
+    } else {
+      if (!target.is_object()) fail("{}: {} is not a schema", path, Json(r).dump());
+      if (++depth_ > 64) fail("{}: the schema nests too deeply", path);
+      fill(n, target, r);
+      --depth_;
+    }
+    return &n;
+  }
+
+  JsonSchema& out_;
+  const Json& root_;
+  std::map<std::string, const Node*> refs_;
+  int depth_ = 0;
+};
+
+std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema) {
+  auto s = std::make_shared<JsonSchema>();
+  Node& any = s->nodes_.emplace_back();
+  s->any_ = &any;
+  any.additional = &any;
+  Compiler c(*s, schema);
+  s->root_ = c.compile(schema, "#");
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The recognizer. Each reading (Thread) is a stack of frames, the innermost last; a byte steps
+// every reading and keeps those it fits, some of them forked (a value's alternatives).
+
+namespace {
+const std::vector<std::string> kBooleans = {"false", "true"};
+const std::vector<std::string> kNulls = {"null"};
+}  // namespace
+
+SchemaPrefix::SchemaPrefix(std::shared_ptr<const JsonSchema> schema) : schema_(std::move(schema)) {
+  Thread t;
+  Frame root;
+  root.node = schema_->root();
+  t.stack.push_back(root);
+  threads_.push_back(std::move(t));
+}
+
+bool SchemaPrefix::push(unsigned char c) {
+  std::vector<Thread> next;
+  for (const Thread& t : threads_) step_top(t, c, next);
+  if (next.empty()) return false;
+  dedupe(next);
+  threads_ = std::move(next);
+  return true;
+}
+
+bool SchemaPrefix::push(std::string_view bytes) {
+  SchemaPrefix next = *this;
+  if (!next.advance(bytes)) return false;
+  *this = std::move(next);
+  return true;
+}
+
+bool SchemaPrefix::advance(std::string_view bytes) {
+  for (char c : bytes)
+    if (!push(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+bool SchemaPrefix::complete() const {
+  for (const Thread& t : threads_) {
+    if (t.stack.empty()) return true;
+    if (t.stack.size() != 1) continue;
+    const Frame& f = t.stack[0];
+    // A root scalar that ends with the text: a number, an enum value that is whole.
+    if (f.kind == Kind::kNumber && f.num.whole()) return true;
+    if (f.kind == Kind::kLiteral && (*f.texts)[size_t(f.lo)].size() == size_t(f.count)) return true;
+  }
+  return false;
+}
+
+void SchemaPrefix::Frame::key(std::string& out) const {
+  auto put = [&out](const auto& v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(node);
+  out += char(kind);
+  out += char(phase);
+  switch (kind) {
+    case Kind::kValue:
+      break;
+    case Kind::kObject:
+      put(seen);
+      if (phase == Phase::kInKey) {
+        str.key(out);
+        put(cand);
+        out += char(other);
+        put(count);
+      }
+      if (phase == Phase::kColon) put(value);
+      break;
+    case Kind::kArray:
+      if (node->min_items > 0 || node->max_items >= 0) put(count);
+      break;
+    case Kind::kString:
+      str.key(out);
+      if (node->min_length > 0 || node->max_length >= 0) put(count);
+      break;
+    case Kind::kNumber:
+      out += char(num.at);
+      out += char(num.integer);
+      break;
+    case Kind::kLiteral:
+      put(texts);
+      put(lo);
+      put(hi);
+      put(count);
+      break;
+  }
+}
+
+std::string SchemaPrefix::Thread::key() const {
+  std::string k;
+  k += char(space_run);
+  k += char(started);
+  for (const Frame& f : stack) f.key(k);
+  return k;
+}
+
+std::string SchemaPrefix::signature(size_t) const {
+  std::string k;
+  for (const Thread& t : threads_) {
+    const std::string tk = t.key();
+    const uint32_t n = uint32_t(tk.size());
+    k.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    k += tk;
+  }
+  return k;
+}
+
+void SchemaPrefix::dedupe(std::vector<Thread>& threads) {
+  if (threads.size() > 1) {
+    std::set<std::string> keys;
+    size_t kept = 0;
+    for (Thread& t : threads)
+      if (keys.insert(t.key()).second) threads[kept++] = std::move(t);
+    threads.resize(kept);
+  }
+  if (threads.size() > kMaxReadings) threads.resize(kMaxReadings);
+}
+
+// Whitespace between tokens: not before the root value, at most kMaxSpaceRun bytes in a row.
+bool SchemaPrefix::blank(Thread& t) {
+  if (!t.started || t.space_run >= kMaxSpaceRun) return false;
+  ++t.space_run;
+  return true;
+}
+
+// The innermost value is whole and its frame popped: its container goes on.
+void SchemaPrefix::end_value(Thread& t) {
+  if (t.stack.empty()) return;  // the root value
+  Frame& f = t.stack.back();
+  if (f.kind == Kind::kArray) ++f.count;
+  f.phase = Phase::kAfterValue;
+}
+
+void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std::vector<Thread>& out,
+                               int hops) const {
+  if (node == nullptr) node = schema_->any();
+  if (!node->any_of.empty()) {  // each alternative is a reading of its own
+    if (hops > 64) return;      // references that only lead to each other
+    for (const Node* alt : node->any_of) value_start(t, alt, c, out, hops + 1);
+    return;
+  }
+  t.started = true;
+  t.space_run = 0;
+  Frame f;
+  f.node = node;
+  auto literal = [&](const std::vector<std::string>& texts) {
+    const auto first = [](const std::string& s, unsigned char ch) { return static_cast<unsigned char>(s[0]) < ch; };
+    const auto lo = std::lower_bound(texts.begin(), texts.end(), c, first);
+    auto hi = lo;
+    while (hi != texts.end() && static_cast<unsigned char>((*hi)[0]) == c) ++hi;
+    if (lo == hi) return;
+    f.kind = Kind::kLiteral;
+    f.texts = &texts;
+    f.lo = int32_t(lo - texts.begin());
+    f.hi = int32_t(hi - texts.begin());
+    f.count = 1;
+    t.stack.push_back(f);
+    out.push_back(std::move(t));
+  };
+  if (node->has_literals) return literal(node->literals);
+  const uint8_t ty = node->types;
+  switch (c) {
+    case '{':
+    case '[':
+      if (!(ty & (c == '{' ? JsonSchema::kObject : JsonSchema::kArray)) || t.depth >= kMaxDepth) return;
+      f.kind = c == '{' ? Kind::kObject : Kind::kArray;
+      ++t.depth;
+      break;
+    case '"':
+      if (!(ty & JsonSchema::kString)) return;
+      f.kind = Kind::kString;
+      break;
+    case 't':
+    case 'f':
+      if (ty & JsonSchema::kBoolean) literal(kBooleans);
+      return;
+    case 'n':
+      if (ty & JsonSchema::kNull) literal(kNulls);
+      return;
+    default:
+      if (!JsonNumberScan::starts(c) || !(ty & (JsonSchema::kInteger | JsonSchema::kNumber))) return;
+      f.kind = Kind::kNumber;
+      f.num = JsonNumberScan(c, !(ty & JsonSchema::kNumber));
+      break;
+  }
+  t.stack.push_back(f);
+  out.push_back(std::move(t));
+}
+
+void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out) const {
+  if (t.stack.empty()) return;  // the value is whole: nothing may follow
+  Frame& f = t.stack.back();
+  const Node& n = *f.node;
+  const bool space = json_space(c);
+  auto keep = [&] {
+    t.space_run = 0;
+    out.push_back(std::move(t));
+  };
+  auto blank_kept = [&] {
+    if (blank(t)) out.push_back(std::move(t));
+  };
+  auto close = [&] {  // the container's end: its frame goes, its parent goes on
+    t.stack.pop_back();
+    --t.depth;
+    end_value(t);
+    t.space_run = 0;
+    out.push_back(std::move(t));
+  };
+  switch (f.kind) {
+    case Kind::kValue: {
+      if (space) return blank_kept();
+      const Node* node = f.node;
+      t.stack.pop_back();
+      return value_start(std::move(t), node, c, out, 0);
+    }
+    case Kind::kObject: {
+      const uint64_t declared = n.names.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.names.size()) - 1;
+      switch (f.phase) {
+        case Phase::kFirst:
+        case Phase::kKey:
+          if (space) return blank_kept();
+          if (c == '}' && f.phase == Phase::kFirst) {
+            if ((n.required & ~f.seen) != 0) return;
+            return close();
+          }
+          if (c != '"' || ((declared & ~f.seen) == 0 && n.additional == nullptr)) return;
+          f.phase = Phase::kInKey;
+          f.str = JsonStringScan();
+          f.cand = declared;
+          f.other = n.additional != nullptr;
+          f.count = 0;
+          return keep();
+        case Phase::kInKey: {
+          // Escapes only once the key can no longer be a declared name (its bytes so far are then
+          // what they say), so a key equal to a declared name is always written as that name.
+          if (c == '\\' && !f.str.escaping() && (f.cand != 0 || !f.other)) return;
+          const bool escaped = f.str.escaping();
+          const JsonStringScan::Step s = f.str.step(c);
+          if (s == JsonStringScan::Step::kReject) return;
+          if (s == JsonStringScan::Step::kClosed) {  // a declared name, else another key where allowed
+            for (size_t i = 0; i < n.names.size(); ++i)
+              if ((f.cand >> i & 1) && n.names[i].size() == size_t(f.count)) {
+                if (f.seen >> i & 1) return;  // each key at most once
+                f.seen |= uint64_t(1) << i;
+                f.value = n.props[i];
+                f.phase = Phase::kColon;
+                return keep();
+              }
+            if (!f.other) return;
+            f.value = n.additional;
+            f.phase = Phase::kColon;
+            return keep();
+          }
+          if (!escaped && f.cand != 0) {
+            uint64_t cand = 0;
+            for (size_t i = 0; i < n.names.size(); ++i)
+              if ((f.cand >> i & 1) && n.names[i].size() > size_t(f.count) &&
+                  static_cast<unsigned char>(n.names[i][size_t(f.count)]) == c)
+                cand |= uint64_t(1) << i;
+            f.cand = cand;
+          }
+          ++f.count;
+          if ((f.cand & ~f.seen) == 0 && !f.other) return;  // no key it can still become
+          return keep();
+        }
+        case Phase::kColon: {
+          if (space) return blank_kept();
+          if (c != ':') return;
+          f.phase = Phase::kAfterValue;
+          Frame v;
+          v.node = f.value;
+          t.stack.push_back(v);
+          return keep();
+        }
+        case Phase::kAfterValue:
+          if (space) return blank_kept();
+          if (c == '}') {
+            if ((n.required & ~f.seen) != 0) return;
+            return close();
+          }
+          if (c != ',' || ((declared & ~f.seen) == 0 && n.additional == nullptr)) return;
+          f.phase = Phase::kKey;
+          return keep();
+      }
+      return;
+    }
+    case Kind::kArray: {
+      if (space) return blank_kept();
+      if (c == ']') {  // not right after a ','
+        if (f.phase == Phase::kKey || f.count < n.min_items) return;
+        return close();
+      }
+      if (f.phase == Phase::kAfterValue) {
+        if (c != ',' || (n.max_items >= 0 && f.count >= n.max_items)) return;
+        f.phase = Phase::kKey;  // (an array's "a value must come")
+        return keep();
+      }
+      if (f.phase == Phase::kFirst && n.max_items == 0) return;
+      const Node* items = n.items;
+      t.space_run = 0;
+      return value_start(std::move(t), items, c, out, 0);
+    }
+    case Kind::kString: {
+      const JsonStringScan::Step s = f.str.step(c);
+      if (s == JsonStringScan::Step::kReject) return;
+      const bool limited = n.min_length > 0 || n.max_length >= 0;
+      if (s == JsonStringScan::Step::kClosed) {
+        if (limited && f.count < n.min_length) return;
+        t.stack.pop_back();
+        end_value(t);
+        t.space_run = 0;
+        out.push_back(std::move(t));
+        return;
+      }
+      if (limited && f.str.char_started() && (n.max_length >= 0 && f.count >= n.max_length)) return;
+      if (limited && f.str.char_started()) ++f.count;
+      t.space_run = 0;
+      out.push_back(std::move(t));
+      return;
+    }
+    case Kind::kNumber:
+      switch (f.num.step(c)) {
+        case JsonNumberScan::Step::kReject:
+          return;
+        case JsonNumberScan::Step::kMore:
+          return keep();
+        case JsonNumberScan::Step::kEnded:
+          t.stack.pop_back();
+          end_value(t);
+          return step_top(std::move(t), c, out);  // c belongs to what follows the number
+      }
+      return;
+    case Kind::kLiteral: {
+      const std::vector<std::string>& texts = *f.texts;
+      const size_t at = size_t(f.count);
+      if (texts[size_t(f.lo)].size() == at) {  // a whole value: c may follow it (another reading)
+        Thread ended = t;
+        ended.stack.pop_back();
+        end_value(ended);
+        step_top(std::move(ended), c, out);
+      }
+      int32_t lo = f.lo, hi = f.lo;
+      while (lo < f.hi && (texts[size_t(lo)].size() <= at || static_cast<unsigned char>(texts[size_t(lo)][at]) < c)) ++lo;
+      hi = lo;
+      while (hi < f.hi && texts[size_t(hi)].size() > at && static_cast<unsigned char>(texts[size_t(hi)][at]) == c) ++hi;
+      if (lo == hi) return;
+      f.lo = lo;
+      f.hi = hi;
+      ++f.count;
+      t.space_run = 0;
+      out.push_back(std::move(t));
+      return;
+    }
+  }
+}
+
+}  // namespace dsi::server

@@ -1,0 +1,138 @@
+// Structured outputs (response_format {"type": "json_schema", ...}): a JSON Schema compiled for
+// generation, and a byte-at-a-time recognizer of the JSON texts that the schema accepts.
+//
+// What a schema may say (JSON Schema 2020-12 and draft 7 spellings):
+// - type (a name or a list of names), enum, const;
+// - objects: properties, required, additionalProperties (default true, as the standard says);
+// - arrays: items, minItems, maxItems;
+// - strings: minLength, maxLength (in code points);
+// - anyOf; allOf of one schema; $ref to "#", "#/$defs/..." or "#/definitions/..." (recursion too);
+// - annotations (title, description, default, examples, $schema, $id, $comment, ...) and
+//   "format" (an annotation by the standard's default vocabulary) are ignored.
+// Keywords that would constrain values in other ways (pattern, minimum, oneOf, not, ...) are
+// refused, with the keyword named: the server never claims a constraint it does not enforce.
+//
+// The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of
+// JsonPrefix), object keys written without escapes, each key at most once; an enum or const value
+// in its compact form (nlohmann::json::dump), e.g. {"a":1} for an object.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/json_scan.h"
+
+namespace dsi::server {
+
+class JsonSchema {
+ public:
+  enum Type : uint8_t {
+    kNull = 1,
+    kBoolean = 2,
+    kInteger = 4,
+    kNumber = 8,  // any number (integers included)
+    kString = 16,
+    kArray = 32,
+    kObject = 64,
+    kAnyType = 127,
+  };
+  struct Node {
+    uint8_t types = kAnyType;
+    bool has_literals = false;          // enum / const: the value is one of literals
+    std::vector<std::string> literals;  // compact texts, sorted
+    std::vector<const Node*> any_of;    // when not empty: one of these (and nothing else)
+    // Objects.
+    std::vector<std::string> names;  // declared properties
+    std::vector<const Node*> props;
+    uint64_t required = 0;           // bit i: names[i] must come
+    const Node* additional = nullptr;  // other keys' values; null: no other keys
+    // Arrays.
+    const Node* items = nullptr;  // null: any value
+    int64_t min_items = 0, max_items = -1;
+    // Strings.
+    int64_t min_length = 0, max_length = -1;
+  };
+
+  // Throws dsi::Error with the keyword's path for a schema that is malformed or says what is not
+  // supported.
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema);
+  const Node* root() const { return root_; }
+  const Node* any() const { return any_; }  // the schema `true`
+
+  static constexpr int kMaxProperties = 64;  // declared properties of one object
+
+ private:
+  class Compiler;
+  std::deque<Node> nodes_;
+  const Node* root_ = nullptr;
+  const Node* any_ = nullptr;
+};
+
+// The prefixes of texts that the schema accepts. Several readings can be open at once (anyOf, a
+// type list, enum values that share a start); a byte keeps those it fits.
+class SchemaPrefix {
+ public:
+  explicit SchemaPrefix(std::shared_ptr<const JsonSchema> schema);
+  bool push(unsigned char c);        // false (and the state unchanged) when c does not fit
+  bool push(std::string_view bytes);  // all or nothing
+  bool advance(std::string_view bytes);  // false when they do not fit; the state then means nothing
+  bool complete() const;             // the text so far is a whole accepted value
+  // Two states with equal signatures take the same texts (the argument is for JsonPrefix's form).
+  std::string signature(size_t max_bytes = 0) const;
+  size_t readings() const { return threads_.size(); }
+
+  static constexpr int kMaxDepth = 64;       // nesting beyond this is refused
+  static constexpr int kMaxSpaceRun = 32;    // as JsonPrefix
+  static constexpr size_t kMaxReadings = 64;  // readings beyond these are dropped, the last first
+
+ private:
+  using Node = JsonSchema::Node;
+  enum class Kind : uint8_t { kValue, kObject, kArray, kString, kNumber, kLiteral };
+  enum class Phase : uint8_t {
+    kFirst,       // object: a key or '}'; array: a value or ']'
+    kKey,         // object: a key after ','
+    kInKey,       // object: inside a key
+    kColon,       // object: after a key
+    kAfterValue,  // ',' or the end
+  };
+  struct Frame {
+    const Node* node = nullptr;  // kValue, kObject, kArray, kString (its limits), kLiteral (its texts)
+    Kind kind = Kind::kValue;
+    Phase phase = Phase::kFirst;
+    JsonStringScan str;   // kString, and kObject in a key
+    JsonNumberScan num;   // kNumber
+    uint64_t seen = 0;    // kObject: declared properties written
+    uint64_t cand = 0;    // kObject in a key: declared properties it can still be
+    bool other = false;   // kObject in a key: it can still be another key
+    int32_t count = 0;    // kArray: items; kString: code points (with limits); kObject: the key's bytes
+    int32_t lo = 0, hi = 0;  // kLiteral: the texts that start with what came
+    const Node* value = nullptr;  // kObject after a key: its value's schema
+    const std::vector<std::string>* texts = nullptr;  // kLiteral
+    void key(std::string& out) const;                 // what of it decides what may follow
+  };
+  struct Thread {
+    std::vector<Frame> stack;
+    int depth = 0;         // containers open
+    uint8_t space_run = 0;  // whitespace bytes in a row between tokens
+    bool started = false;  // the root value began
+    std::string key() const;
+  };
+  // Steps the reading t with byte c; what it becomes (none, one or several readings) goes to out.
+  void step_top(Thread t, unsigned char c, std::vector<Thread>& out) const;
+  // A value of node starting with c, the reading's frames so far in t; hops: references followed.
+  void value_start(Thread t, const Node* node, unsigned char c, std::vector<Thread>& out, int hops) const;
+  static void end_value(Thread& t);
+  static bool blank(Thread& t);
+  static void dedupe(std::vector<Thread>& threads);
+
+  std::shared_ptr<const JsonSchema> schema_;
+  std::vector<Thread> threads_;
+};
+
+}  // namespace dsi::server

@@ -1,0 +1,318 @@
+// Structured outputs (server/json_schema.h): the schema compiler's refusals, the recognizer against
+// a validator written here from the JSON Schema text (values parsed by nlohmann::json), masks
+// against JSON mode's recognizer for the schema {"type": "object"}, and seeded walks through the
+// mask whose every ending validates.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dsinfer/error.h"
+#include "server/constraints.h"
+#include "server/json_schema.h"
+#include "test_util.h"
+
+namespace dsi::server {
+namespace {
+
+using Json = nlohmann::json;
+
+// ---- A validator for the keywords the compiler takes (an independent reading of the standard).
+
+size_t code_points(const std::string& s) {
+  return size_t(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+bool valid(const Json& v, const Json& s, const Json& root);
+
+bool valid_type(const Json& v, const std::string& t) {
+  if (t == "null") return v.is_null();
+  if (t == "boolean") return v.is_boolean();
+  if (t == "integer") return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+  if (t == "number") return v.is_number();
+  if (t == "string") return v.is_string();
+  if (t == "array") return v.is_array();
+  if (t == "object") return v.is_object();
+  return false;
+}
+
+bool valid(const Json& v, const Json& s, const Json& root) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("$ref")) {
+    const std::string r = s["$ref"];
+    return valid(v, root.at(Json::json_pointer(r.substr(1))), root);
+  }
+  if (s.contains("anyOf")) {
+    for (const Json& alt : s["anyOf"])
+      if (valid(v, alt, root)) return true;
+    return false;
+  }
+  if (s.contains("allOf")) {
+    for (const Json& alt : s["allOf"])
+      if (!valid(v, alt, root)) return false;
+  }
+  if (s.contains("type")) {
+    const Json types = s["type"].is_array() ? s["type"] : Json::array({s["type"]});
+    if (std::none_of(types.begin(), types.end(), [&](const Json& t) { return valid_type(v, t.get<std::string>()); }))
+      return false;
+  }
+  if (s.contains("const") && v != s["const"]) return false;
+  if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end()) return false;
+  if (v.is_object()) {
+    const Json props = s.value("properties", Json::object());
+    for (const Json& r : s.value("required", Json::array()))
+      if (!v.contains(r.get<std::string>())) return false;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (props.contains(it.key())) {
+        if (!valid(it.value(), props[it.key()], root)) return false;
+      } else if (s.contains("additionalProperties") && !valid(it.value(), s["additionalProperties"], root)) {
+        return false;
+      }
+    }
+  }
+  if (v.is_array()) {
+    if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) return false;
+    if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) return false;
+    if (s.contains("items"))
+      for (const Json& x : v)
+        if (!valid(x, s["items"], root)) return false;
+  }
+  if (v.is_string()) {
+    const size_t n = code_points(v.get<std::string>());
+    if (s.contains("minLength") && n < s["minLength"].get<size_t>()) return false;
+    if (s.contains("maxLength") && n > s["maxLength"].get<size_t>()) return false;
+  }
+  return true;
+}
+
+// Whether the recognizer takes the whole text and calls it complete.
+bool accepts(const Json& schema, const std::string& text) {
+  SchemaPrefix p(JsonSchema::compile(schema));
+  return p.push(text) && p.complete();
+}
+
+const Json& person() {
+  static const Json s = Json::parse(R"({
+    "type": "object",
+    "properties": {
+      "name": {"type": "string", "minLength": 1, "maxLength": 8},
+      "age": {"type": "integer"},
+      "height": {"type": "number"},
+      "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 2},
+      "role": {"enum": ["admin", "user", 7, null]},
+      "boss": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+      "ok": {"type": "boolean"}
+    },
+    "required": ["name", "age"],
+    "additionalProperties": false
+  })");
+  return s;
+}
+
+TEST(JsonSchema, AcceptsWhatTheValidatorAccepts) {
+  const Json& s = person();
+  const std::vector<std::string> texts = {
+      R"({"name":"Ann","age":30})",
+      R"({"age": -3, "name": "Bo"})",
+      R"({"name":"Ann","age":30,"height":1.75e0,"tags":["a","b"],"role":"admin","ok":true})",
+      R"({"name":"Ann","age":30,"role":7})",
+      R"({"name":"Ann","age":30,"role":null})",
+      R"({"name":"Ann","age":30,"boss":{"name":"Cy","age":50,"boss":null}})",
+      R"({"name":"Ann","age":30,"tags":[]})",
+      R"({"name":"\u00e9t\u00e9","age":1})",
+      // Refused by both:
+      R"({"name":"Ann"})",                                  // age is required
+      R"({"name":"","age":1})",                             // minLength
+      R"({"name":"Annabelle","age":1})",                    // maxLength (9)
+      R"({"name":"Ann","age":1.5})",                        // an integer
+      R"({"name":"Ann","age":1,"tags":["a","b","c"]})",     // maxItems
+      R"({"name":"Ann","age":1,"role":"root"})",            // enum
+      R"({"name":"Ann","age":1,"x":1})",                    // no other keys
+      R"({"name":"Ann","age":1,"boss":{"name":"Cy"}})",     // the referenced schema's required
+      R"({"name":"Ann","age":1,"ok":"yes"})",
+      R"(["name"])",
+  };
+  for (const std::string& t : texts) {
+    SCOPED_TRACE(t);
+    const Json v = Json::parse(t);
+    EXPECT_EQ(accepts(s, t), valid(v, s, s));
+  }
+  // Texts the validator accepts in another spelling than the one generated: a repeated key, an
+  // enum value not in its compact form, an escaped key.
+  EXPECT_FALSE(accepts(s, R"({"name":"A","name":"B","age":1})"));
+  EXPECT_FALSE(accepts(s, R"({"name":"A","age":1,"role":"\u0061dmin"})"));
+  EXPECT_FALSE(accepts(s, R"({"n\u0061me":"A","age":1})"));
+  // Prefixes: taken, not complete; a byte that cannot continue is refused and changes nothing.
+  SchemaPrefix p(JsonSchema::compile(s));
+  EXPECT_TRUE(p.push(std::string(R"({"name":"Ann","ag)")));
+  EXPECT_FALSE(p.complete());
+  EXPECT_FALSE(p.push('x'));  // no declared key starts "agx", and no other keys
+  EXPECT_TRUE(p.push(std::string(R"(e":30})")));
+  EXPECT_TRUE(p.complete());
+  EXPECT_FALSE(p.push(' '));  // nothing after the value
+}
+
+TEST(JsonSchema, ScalarsTypeListsAndLiterals) {
+  EXPECT_TRUE(accepts(Json::parse(R"({"type":"integer"})"), "-12"));
+  EXPECT_FALSE(accepts(Json::parse(R"({"type":"integer"})"), "1.5"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"type":"number"})"), "1.5e-3"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"type":["string","null"]})"), "null"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"type":["string","null"]})"), "\"x\""));
+  EXPECT_FALSE(accepts(Json::parse(R"({"type":["string","null"]})"), "true"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"enum":[1,12,"a b"]})"), "1"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"enum":[1,12,"a b"]})"), "12"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"enum":[1,12,"a b"]})"), "\"a b\""));
+  EXPECT_FALSE(accepts(Json::parse(R"({"enum":[1,12,"a b"]})"), "123"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"type":"array","items":{"enum":[1,12]}})"), "[1,12,1]"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"const":{"a":[1,2]}})"), R"({"a":[1,2]})"));
+  EXPECT_FALSE(accepts(Json::parse(R"({"const":{"a":[1,2]}})"), R"({"a": [1,2]})"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"type":"string","maxLength":2})"), "\"\\ud83d\\ude00\xc3\xa9\""));  // 2 code points
+  EXPECT_FALSE(accepts(Json::parse(R"({"type":"string","maxLength":1})"), "\"\\ud83d\\ude00\xc3\xa9\""));
+  EXPECT_TRUE(accepts(Json::parse(R"({"type":"array","minItems":1})"), "[{}]"));
+  EXPECT_FALSE(accepts(Json::parse(R"({"type":"array","minItems":1})"), "[]"));
+  EXPECT_FALSE(accepts(Json::parse(R"({"type":"array"})"), "[1,]"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"type":"object","additionalProperties":{"type":"integer"}})"), R"({"a":1,"b":2})"));
+  EXPECT_FALSE(accepts(Json::parse(R"({"type":"object","additionalProperties":{"type":"integer"}})"), R"({"a":"x"})"));
+  EXPECT_TRUE(accepts(Json::parse(R"({"$defs":{"n":{"type":"integer"}},"type":"array","items":{"$ref":"#/$defs/n"}})"), "[1,2]"));
+}
+
+TEST(JsonSchema, RefusesWhatItCannotEnforce) {
+  auto message = [](const char* schema) {
+    try {
+      JsonSchema::compile(Json::parse(schema));
+    } catch (const dsi::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(R"({"type":"string","pattern":"^a"})").find("'pattern' is not supported"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"integer","minimum":0})").find("'minimum'"), std::string::npos);
+  EXPECT_NE(message(R"({"oneOf":[{"type":"integer"}]})").find("'oneOf'"), std::string::npos);
+  EXPECT_NE(message(R"({"properties":{"a":{"not":{}}}})").find("#/properties/a: 'not'"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"strin"})").find("unknown type"), std::string::npos);
+  EXPECT_NE(message(R"({"required":["a"]})").find("not in 'properties'"), std::string::npos);
+  EXPECT_NE(message(R"({"$ref":"#/$defs/none"})").find("points at nothing"), std::string::npos);
+  EXPECT_NE(message(R"({"$ref":"http://x/y"})").find("inside the schema"), std::string::npos);
+  EXPECT_NE(message(R"({"$ref":"#/$defs/a","type":"object"})").find("beside '$ref'"), std::string::npos);
+  EXPECT_NE(message(R"({"enum":[]})").find("non-empty"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"integer","enum":["a"]})").find("no value of 'enum'"), std::string::npos);
+  EXPECT_NE(message(R"({"properties":{"a\"b":{}}})").find("needs escapes"), std::string::npos);
+  EXPECT_NE(message(R"(false)").find("accepts no value"), std::string::npos);
+  EXPECT_NE(message(R"({"minItems":-1})").find("non-negative"), std::string::npos);
+  EXPECT_EQ(message(R"({"type":"string","format":"date-time","title":"t","description":"d"})"), "");
+  // A reference cycle with no value in between compiles, and accepts nothing rather than looping.
+  EXPECT_EQ(message(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})"), "");
+  EXPECT_FALSE(accepts(Json::parse(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})"), "1"));
+}
+
+const Tokenizer& kjv() {
+  static const Tokenizer t = Tokenizer::load(test::source_dir() + "/models/kjv-dsa/tokenizer.json");
+  return t;
+}
+
+template <class C>
+std::vector<int32_t> allowed(C& c, int64_t vocab) {
+  std::vector<float> logits(size_t(vocab), 0.0f);
+  c.mask(logits.data(), vocab);
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (logits[size_t(i)] == 0.0f) ids.push_back(int32_t(i));
+  return ids;
+}
+
+// For {"type": "object"} the schema's masks are JSON mode's, step for step along seeded walks.
+TEST(JsonSchema, AnyObjectMasksAreJsonModes) {
+  const Tokenizer& tok = kjv();
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  const auto schema = JsonSchema::compile(Json::parse(R"({"type":"object"})"));
+  std::mt19937_64 rng(7);
+  int steps = 0;
+  for (int walk = 0; walk < 12; ++walk) {
+    JsonConstraint json(tok, {eos}, -1, -1, false);
+    SchemaConstraint sc(tok, schema, {eos}, -1, -1, false);
+    std::string text;
+    for (int step = 0; step < 120; ++step) {
+      const std::vector<int32_t> ok = allowed(json, V);
+      const std::vector<int32_t> ok2 = allowed(sc, V);
+      if (ok != ok2) {
+        std::string diff;
+        for (int32_t id : ok)
+          if (!std::binary_search(ok2.begin(), ok2.end(), id)) diff += " json-only:" + Json(*tok.token_bytes(id)).dump();
+        for (int32_t id : ok2)
+          if (!std::binary_search(ok.begin(), ok.end(), id)) diff += " schema-only:" + Json(id == eos ? "<eos>" : *tok.token_bytes(id)).dump();
+        FAIL() << "walk " << walk << " step " << step << " after " << Json(text).dump() << ":" << diff.substr(0, 400);
+      }
+      ++steps;
+      // Mostly structure, so the walks nest and close.
+      std::vector<int32_t> structural;
+      for (int32_t id : ok)
+        if (id == eos || tok.token_bytes(id)->find_first_of("{}[]\":,0123456789tfn") != std::string::npos)
+          structural.push_back(id);
+      const std::vector<int32_t>& from = !structural.empty() && rng() % 3 != 0 ? structural : ok;
+      const int32_t pick = from[std::uniform_int_distribution<size_t>(0, from.size() - 1)(rng)];
+      if (pick == eos) break;
+      json.accept(pick);
+      sc.accept(pick);
+      text += *tok.token_bytes(pick);
+    }
+  }
+  EXPECT_GT(steps, 400);
+}
+
+// Seeded walks through a schema's mask on the bundled vocabulary: every step's text is a prefix
+// the recognizer takes, and every walk that ends wrote a value the validator accepts.
+TEST(JsonSchema, WalksThroughTheMaskEndInValidValues) {
+  const Tokenizer& tok = kjv();
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  const Json& s = person();
+  const auto schema = JsonSchema::compile(s);
+  std::mt19937_64 rng(3);
+  int ended = 0;
+  for (int walk = 0; walk < 30; ++walk) {
+    SchemaConstraint c(tok, schema, {eos}, -1, -1, false);
+    std::string text;
+    for (int step = 0; step < 300; ++step) {
+      const std::vector<int32_t> ok = allowed(c, V);
+      ASSERT_FALSE(ok.empty()) << text;
+      // After some random steps, prefer what ends: the end of sequence, then closing bytes.
+      int32_t pick = ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+      if (step > 15 || rng() % 4 == 0) {
+        std::vector<int32_t> closing;
+        for (int32_t id : ok)
+          if (id == eos) {
+            closing.assign(1, eos);
+            break;
+          } else if (tok.token_bytes(id)->find_first_of("}\"],") != std::string::npos) {
+            closing.push_back(id);
+          }
+        if (!closing.empty()) pick = closing[std::uniform_int_distribution<size_t>(0, closing.size() - 1)(rng)];
+      }
+      if (pick == eos) break;
+      c.accept(pick);
+      text += *tok.token_bytes(pick);
+      SchemaPrefix check(schema);
+      ASSERT_TRUE(check.push(text)) << text;
+    }
+    if (c.state().complete()) {
+      ++ended;
+      // nlohmann::json refuses numbers past a double (5E310), which JSON's grammar allows: such
+      // exponents are read as 0 for the check (the rest of the value is unchanged).
+      const std::string readable = std::regex_replace(text, std::regex("([eE][+-]?)[0-9]{3,}"), "$010");
+      const Json v = Json::parse(readable, nullptr, false);
+      ASSERT_FALSE(v.is_discarded()) << text;
+      EXPECT_TRUE(valid(v, s, s)) << text;
+    }
+  }
+  EXPECT_GT(ended, 20);
+}
+
+}  // namespace
+}  // namespace dsi::server
