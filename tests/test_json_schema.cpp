@@ -182,6 +182,20 @@ TEST(JsonSchema, ScalarsTypeListsAndLiterals) {
   EXPECT_TRUE(accepts(Json::parse(R"({"$defs":{"n":{"type":"integer"}},"type":"array","items":{"$ref":"#/$defs/n"}})"), "[1,2]"));
 }
 
+// Whitespace between tokens: a newline and two spaces of indent a level, no more.
+TEST(JsonSchema, WhitespaceIsBoundedByDepth) {
+  const Json s = Json::parse(R"({"type":"object","additionalProperties":{"type":"array"}})");
+  EXPECT_TRUE(accepts(s, "{\n  \"a\": [\n    1,\n    2\n  ]\n}"));
+  EXPECT_TRUE(accepts(s, "{ \"a\" : [ 1 , 2 ] }"));
+  EXPECT_TRUE(accepts(s, "{\n   \"a\": [1]}"));       // 4 blank bytes at depth 1: at most 2 + 2
+  EXPECT_FALSE(accepts(s, "{\n    \"a\": [1]}"));     // 5
+  EXPECT_TRUE(accepts(s, "{\"a\": [\n     1]}"));      // 6 at depth 2
+  EXPECT_FALSE(accepts(s, "{\"a\": [\n      1]}"));    // 7
+  EXPECT_FALSE(accepts(s, " {}"));                       // none before the value
+  SchemaPrefix wide(JsonSchema::compile(s), JsonPrefix::kMaxSpaceRun);
+  EXPECT_TRUE(wide.push(std::string("{") + std::string(32, ' ') + "}"));
+}
+
 TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   auto message = [](const char* schema) {
     try {
@@ -226,7 +240,8 @@ std::vector<int32_t> allowed(C& c, int64_t vocab) {
   return ids;
 }
 
-// For {"type": "object"} the schema's masks are JSON mode's, step for step along seeded walks.
+// For {"type": "object"}, with JSON mode's whitespace limit, the schema's masks are JSON mode's,
+// step for step along seeded walks.
 TEST(JsonSchema, AnyObjectMasksAreJsonModes) {
   const Tokenizer& tok = kjv();
   const int64_t V = tok.vocab_size() + 1;
@@ -236,7 +251,7 @@ TEST(JsonSchema, AnyObjectMasksAreJsonModes) {
   int steps = 0;
   for (int walk = 0; walk < 12; ++walk) {
     JsonConstraint json(tok, {eos}, -1, -1, false);
-    SchemaConstraint sc(tok, schema, {eos}, -1, -1, false);
+    SchemaConstraint sc(tok, schema, {eos}, -1, -1, false, JsonPrefix::kMaxSpaceRun);
     std::string text;
     for (int step = 0; step < 120; ++step) {
       const std::vector<int32_t> ok = allowed(json, V);

@@ -253,8 +253,24 @@ TEST(ServerTask, UnsupportedFeatures) {
   expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})"),
                400, "messages", "not supported", "unsupported");
   expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}],
-      "response_format": {"type": "json_schema", "json_schema": {"name": "a"}}})"), 400, "response_format",
-               "not supported", "unsupported");
+      "response_format": {"type": "grammar"}})"), 400, "response_format", "not supported", "unsupported");
+  // Structured outputs: the schema is compiled with the request; what it cannot enforce is a 400.
+  expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema"}})"), 400, "response_format", "needs a 'json_schema' object");
+  expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "string",
+      "pattern": "^a"}}}})"), 400, "response_format", "'pattern' is not supported");
+  expect_error(parse_completion_request(R"({"prompt": "x", "response_format": {"type": "json_schema",
+      "json_schema": {"schema": {"type": "object", "required": ["a"]}}}})"), 400, "response_format",
+               "#/required: \"a\" is not in 'properties'");
+  const ParsedRequest schema = ok_chat(R"({"messages": [{"role": "user", "content": "x"}],
+      "response_format": {"type": "json_schema", "json_schema": {"name": "a", "strict": true,
+      "schema": {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}}}})");
+  ASSERT_TRUE(schema.json_schema);
+  EXPECT_FALSE(schema.json_object);
+  EXPECT_EQ(schema.json_schema->root()->names, std::vector<std::string>{"b"});
+  EXPECT_TRUE(ok_completion(R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"name": "any"}}})")
+                  .json_schema);  // no schema: any JSON value
   expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "response_format": "json"})"),
                400, "response_format", "must be an object");
   EXPECT_TRUE(ok_chat(R"({"messages": [{"role": "user", "content": "x"}],

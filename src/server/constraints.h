@@ -139,9 +139,9 @@ class JsonConstraint : public JsonTextConstraint<JsonPrefix> {
 class SchemaConstraint : public JsonTextConstraint<SchemaPrefix> {
  public:
   SchemaConstraint(const Tokenizer& tokenizer, std::shared_ptr<const JsonSchema> schema, std::vector<int32_t> eos,
-                   int32_t think_open, int32_t think_close, bool in_reasoning)
+                   int32_t think_open, int32_t think_close, bool in_reasoning, int space_run = 0)
       : JsonTextConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning,
-                           SchemaPrefix(std::move(schema))) {}
+                           SchemaPrefix(std::move(schema), space_run)) {}
 };
 
 // A forced tool call (tool_choice "required" or a named function): the answer must begin with

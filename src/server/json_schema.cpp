@@ -206,7 +206,8 @@ const std::vector<std::string> kBooleans = {"false", "true"};
 const std::vector<std::string> kNulls = {"null"};
 }  // namespace
 
-SchemaPrefix::SchemaPrefix(std::shared_ptr<const JsonSchema> schema) : schema_(std::move(schema)) {
+SchemaPrefix::SchemaPrefix(std::shared_ptr<const JsonSchema> schema, int space_run)
+    : schema_(std::move(schema)), space_run_(space_run) {
   Thread t;
   Frame root;
   root.node = schema_->root();
@@ -316,9 +317,10 @@ void SchemaPrefix::dedupe(std::vector<Thread>& threads) {
   if (threads.size() > kMaxReadings) threads.resize(kMaxReadings);
 }
 
-// Whitespace between tokens: not before the root value, at most kMaxSpaceRun bytes in a row.
-bool SchemaPrefix::blank(Thread& t) {
-  if (!t.started || t.space_run >= kMaxSpaceRun) return false;
+// Whitespace between tokens: not before the root value, and within the limit.
+bool SchemaPrefix::blank(Thread& t) const {
+  const int limit = space_run_ > 0 ? space_run_ : 2 + 2 * t.depth;
+  if (!t.started || t.space_run >= limit) return false;
   ++t.space_run;
   return true;
 }

@@ -78,7 +78,10 @@ class JsonSchema {
 // type list, enum values that share a start); a byte keeps those it fits.
 class SchemaPrefix {
  public:
-  explicit SchemaPrefix(std::shared_ptr<const JsonSchema> schema);
+  // Whitespace between tokens, in bytes in a row: by default 2 + 2 x the containers open (a
+  // newline and an indent of two spaces a level), so a sampler cannot spend its tokens on blanks;
+  // space_run > 0 fixes the limit instead (JsonPrefix's is kMaxSpaceRun).
+  explicit SchemaPrefix(std::shared_ptr<const JsonSchema> schema, int space_run = 0);
   bool push(unsigned char c);        // false (and the state unchanged) when c does not fit
   bool push(std::string_view bytes);  // all or nothing
   bool advance(std::string_view bytes);  // false when they do not fit; the state then means nothing
@@ -88,7 +91,6 @@ class SchemaPrefix {
   size_t readings() const { return threads_.size(); }
 
   static constexpr int kMaxDepth = 64;       // nesting beyond this is refused
-  static constexpr int kMaxSpaceRun = 32;    // as JsonPrefix
   static constexpr size_t kMaxReadings = 64;  // readings beyond these are dropped, the last first
 
  private:
@@ -128,10 +130,11 @@ class SchemaPrefix {
   // A value of node starting with c, the reading's frames so far in t; hops: references followed.
   void value_start(Thread t, const Node* node, unsigned char c, std::vector<Thread>& out, int hops) const;
   static void end_value(Thread& t);
-  static bool blank(Thread& t);
+  bool blank(Thread& t) const;
   static void dedupe(std::vector<Thread>& threads);
 
   std::shared_ptr<const JsonSchema> schema_;
+  int space_run_;  // the whitespace limit (0: by depth)
   std::vector<Thread> threads_;
 };
 

@@ -1,6 +1,8 @@
 // Request parsing and validation for /v1/completions and /v1/chat/completions.
 #include "server/task.h"
 
+#include "dsinfer/error.h"
+
 #include <cmath>
 #include <cstdint>
 #include <fmt/format.h>
@@ -219,9 +221,25 @@ void parse_common(const Json& j, ParsedRequest& r) {
   if (const Json* rf = field(j, "response_format")) {
     if (!rf->is_object()) bad("response_format", "'response_format' must be an object");
     const Json type = rf->value("type", Json("text"));
-    if (type == Json("json_object")) r.json_object = true;
-    else if (type != Json("text"))
-      unsupported("response_format", "a response_format other than {\"type\": \"text\"} or {\"type\": \"json_object\"}");
+    if (type == Json("json_object")) {
+      r.json_object = true;
+    } else if (type == Json("json_schema")) {
+      // OpenAI's structured outputs: {"name", "schema", "strict", "description"}; no schema: any
+      // JSON value. A schema the server cannot enforce is refused (server/json_schema.h).
+      const Json* js = field(*rf, "json_schema");
+      if (js == nullptr || !js->is_object())
+        bad("response_format", "'response_format' of type json_schema needs a 'json_schema' object");
+      if (const Json* name = field(*js, "name"); name != nullptr && !name->is_string())
+        bad("response_format", "'json_schema.name' must be a string");
+      const Json* schema = field(*js, "schema");
+      try {
+        r.json_schema = JsonSchema::compile(nlohmann::json::parse(schema != nullptr ? schema->dump() : "true"));
+      } catch (const dsi::Error& e) {
+        bad("response_format", fmt::format("'json_schema.schema' {}", e.what()));
+      }
+    } else if (type != Json("text")) {
+      unsupported("response_format", "a response_format other than text, json_object or json_schema");
+    }
   }
 }
 
@@ -369,8 +387,8 @@ ParseResult parse_chat_request(std::string_view body) {
             known = true;
         if (!known) bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not in 'tools'", client_text(r.tool_name)));
       }
-      if (r.tool_choice != "auto" && r.tool_choice != "none" && r.json_object)
-        unsupported("tool_choice", "a forced tool call together with response_format json_object");
+      if (r.tool_choice != "auto" && r.tool_choice != "none" && (r.json_object || r.json_schema))
+        unsupported("tool_choice", "a forced tool call together with a JSON response_format");
     }
     parse_max_tokens(j, "max_tokens", r);
     parse_max_tokens(j, "max_completion_tokens", r);  // the newer name wins when both are given

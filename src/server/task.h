@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "dsinfer/engine.h"
+#include "server/json_schema.h"
 
 namespace dsi::server {
 
@@ -75,6 +77,8 @@ struct ParsedRequest {
   std::vector<int32_t> stop_token_ids;  // stop ids (kept in the output)
   bool skip_special_tokens = true;
   bool json_object = false;  // response_format {"type": "json_object"}: the answer is one JSON object
+  // response_format {"type": "json_schema", "json_schema": {"schema": ...}}: a value it accepts.
+  std::shared_ptr<const JsonSchema> json_schema;
   // Output.
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

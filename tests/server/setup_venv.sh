@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The live API tests' venv (ctest: ServerApi.Setup, a FIXTURES_SETUP test): pytest, the official
-# `openai` client, httpx-sse and tokenizers (to name token ids) from PyPI, pinned. Needs python3 with venv and PyPI access; without
+# `openai` client, httpx-sse, tokenizers (to name token ids) and jsonschema (to check structured
+# outputs) from PyPI, pinned. Needs python3 with venv and PyPI access; without
 # them it fails with a message and ctest does not run the API tests (never a silent skip).
 # Usage: setup_venv.sh VENV_DIR
 set -euo pipefail
 venv=${1:?usage: setup_venv.sh VENV_DIR}
-pins=(openai==1.58.1 httpx==0.27.2 httpx-sse==0.4.0 pytest==8.3.4 tokenizers==0.22.2)
+pins=(openai==1.58.1 httpx==0.27.2 httpx-sse==0.4.0 pytest==8.3.4 tokenizers==0.22.2 jsonschema==4.23.0)
 
 have_pins() {
   "$venv/bin/python" - "${pins[@]}" <<'PY' 2>/dev/null

@@ -379,6 +379,48 @@ def test_json_mode(server):
     assert e["param"] == "response_format"
 
 
+VERSE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "book": {"enum": ["Genesis", "Exodus", "Psalms"]},
+        "chapter": {"type": "integer"},
+        "words": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3},
+        "note": {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}]},
+    },
+    "required": ["book", "chapter", "words"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema(server):
+    # response_format json_schema (structured outputs): a value the schema accepts, as the
+    # jsonschema package reads it; a schema with what the server cannot enforce is a 400.
+    import jsonschema
+    if server.fake:
+        pytest.skip("the test double does not apply constraints")
+    fmt = {"type": "json_schema", "json_schema": {"name": "verse", "strict": True, "schema": VERSE_SCHEMA}}
+    stopped = 0
+    for seed in range(4):
+        r = httpx.post(server.url + "/v1/completions", timeout=600, json={
+            "model": MODEL, "prompt": "And God said", "max_tokens": 200, "temperature": 0.8, "seed": seed,
+            "response_format": fmt}).json()
+        text = r["choices"][0]["text"]
+        assert text.startswith("{"), text
+        if r["choices"][0]["finish_reason"] == "stop":
+            stopped += 1
+            jsonschema.validate(json.loads(text), VERSE_SCHEMA)
+    assert stopped >= 1
+    chat = client(server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Which verse?"}], max_tokens=200, temperature=0.7,
+        seed=1, response_format=fmt)
+    if chat.choices[0].finish_reason == "stop":
+        jsonschema.validate(json.loads(chat.choices[0].message.content), VERSE_SCHEMA)
+    e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "integer", "minimum": 0}}}}), 400)
+    assert e["param"] == "response_format" and "'minimum' is not supported" in e["message"]
+
+
 def test_chat_logprobs(server):
     r = client(server).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hear, O Israel"}], max_tokens=6,
