@@ -5,7 +5,8 @@
 // picks the format and whether the answer starts in a think block, the second where to cut.
 // JSON mode's recognizer (server/constraints.h) takes the text byte by byte: what it accepts
 // whole as a complete object nlohmann::json reads as an object (or refuses only for a number past a
-// double), and a refused byte leaves its state as it was.
+// double), and a refused byte leaves its state as it was. The schema recognizer
+// (server/json_schema.h) for {"type": "object"} takes the same bytes.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -85,14 +86,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     DSI_FUZZ_ASSERT(w.calls.empty() && w.content.size() <= text.size());
   if (f == ToolFormat::kNone) DSI_FUZZ_ASSERT(w.content == text);
 
+  // JSON mode's recognizer, and the schema recognizer for {"type": "object"} with its whitespace
+  // limit beside it: the same bytes taken, the same completeness after each.
+  static const auto any_object = dsi::server::JsonSchema::compile(nlohmann::json::parse(R"({"type":"object"})"));
   dsi::server::JsonPrefix json;
+  dsi::server::SchemaPrefix schema(any_object, dsi::server::JsonPrefix::kMaxSpaceRun);
   size_t taken = 0;
   for (char c : text) {
     const dsi::server::JsonPrefix before = json;
-    if (!json.push(static_cast<unsigned char>(c))) {
+    const bool took = json.push(static_cast<unsigned char>(c));
+    DSI_FUZZ_ASSERT(schema.push(static_cast<unsigned char>(c)) == took);
+    if (!took) {
       DSI_FUZZ_ASSERT(json.complete() == before.complete());
       break;
     }
+    DSI_FUZZ_ASSERT(schema.complete() == json.complete());
     ++taken;
   }
   if (taken == text.size() && json.complete()) {

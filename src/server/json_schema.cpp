@@ -48,6 +48,12 @@ class JsonSchema::Compiler {
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
     return kRefused.count(k) > 0;
   }
+  // A property name as a part of a path in messages: control bytes as \xNN, at most 40 bytes.
+  static std::string part(const std::string& name) {
+    std::string out;
+    for (unsigned char c : name.substr(0, 40)) out += c < 0x20 || c == 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, char(c));
+    return out + (name.size() > 40 ? "..." : "");
+  }
   static int64_t count_of(const Json& v, const std::string& path) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0) fail("{}: must be a non-negative integer", path);
     return v.get<int64_t>();
@@ -60,7 +66,7 @@ class JsonSchema::Compiler {
       if (!s.contains(alone)) continue;
       for (auto it = s.begin(); it != s.end(); ++it)
         if (it.key() != alone && !annotation(it.key()))
-          fail("{}: '{}' beside '{}' is not supported", path, it.key(), alone);
+          fail("{}: '{}' beside '{}' is not supported", path, part(it.key()), alone);
       const Json& v = s.at(alone);
       const std::string at = path + "/" + alone;
       if (std::string(alone) == "$ref") {
@@ -113,7 +119,7 @@ class JsonSchema::Compiler {
           if (c < 0x20 || c == '"' || c == '\\')
             fail("{}/properties: the name {} needs escapes, which keys may not have here", path, Json(it.key()).dump());
         n.names.push_back(it.key());
-        n.props.push_back(compile(it.value(), path + "/properties/" + it.key()));
+        n.props.push_back(compile(it.value(), path + "/properties/" + part(it.key())));
       }
     }
     if (const auto req = s.find("required"); req != s.end()) {
@@ -158,24 +164,25 @@ class JsonSchema::Compiler {
     const std::string r = ref.get<std::string>();
     if (const auto known = refs_.find(r); known != refs_.end()) return known->second;
     if (r.rfind('#', 0) != 0) fail("{}: only references inside the schema (\"#...\") are supported", path);
-    Json::json_pointer ptr;
+    const Json* found = nullptr;
     try {
-      ptr = Json::json_pointer(r.substr(1));
+      const Json::json_pointer ptr(r.substr(1));
+      if (root_.contains(ptr)) found = &root_.at(ptr);
     } catch (const Json::exception&) {
-      fail("{}: {} is not a JSON pointer", path, Json(r).dump());
+      fail("{}: {} is not a JSON pointer into the schema", path, Json(r).dump());
     }
-    if (!root_.contains(ptr)) fail("{}: {} points at nothing", path, Json(r).dump());
+    if (found == nullptr) fail("{}: {} points at nothing", path, Json(r).dump());
     // The node is named before it is filled, so a reference back to it (recursion) finds it.
     Node& n = out_.nodes_.emplace_back();
     refs_[r] = &n;
-    const Json& target = root_.at(ptr);
+    const Json& target = *found;
     if (target.is_boolean()) {
       if (!target.get<bool>()) fail("{}: {} is the schema false", path, Json(r).dump());
       n.any_of.push_back(out_.any_);
     } else {
       if (!target.is_object()) fail("{}: {} is not a schema", path, Json(r).dump());
       if (++depth_ > 64) fail("{}: the schema nests too deeply", path);
-      fill(n, target, r);
+      fill(n, target, part(r));
       --depth_;
     }
     return &n;
