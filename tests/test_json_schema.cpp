@@ -16,6 +16,7 @@
 #include "dsinfer/error.h"
 #include "server/constraints.h"
 #include "server/json_schema.h"
+#include "test_constraints_util.h"
 #include "test_util.h"
 
 namespace dsi::server {
@@ -230,15 +231,7 @@ const Tokenizer& kjv() {
   return t;
 }
 
-template <class C>
-std::vector<int32_t> allowed(C& c, int64_t vocab) {
-  std::vector<float> logits(size_t(vocab), 0.0f);
-  c.mask(logits.data(), vocab);
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < vocab; ++i)
-    if (logits[size_t(i)] == 0.0f) ids.push_back(int32_t(i));
-  return ids;
-}
+using test::allowed;
 
 // For {"type": "object"}, with JSON mode's whitespace limit, the schema's masks are JSON mode's,
 // step for step along seeded walks.
@@ -297,6 +290,7 @@ TEST(JsonSchema, WalksThroughTheMaskEndInValidValues) {
     for (int step = 0; step < 300; ++step) {
       const std::vector<int32_t> ok = allowed(c, V);
       ASSERT_FALSE(ok.empty()) << text;
+      ASSERT_EQ(ok, test::each_token(c.state(), tok, V, eos)) << text;
       // After some random steps, prefer what ends: the end of sequence, then closing bytes.
       int32_t pick = ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
       if (step > 15 || rng() % 4 == 0) {

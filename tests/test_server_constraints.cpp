@@ -16,6 +16,7 @@
 #include "server/constraints.h"
 #include "server/reasoning.h"
 #include "server/tool_calls.h"
+#include "test_constraints_util.h"
 #include "test_util.h"
 
 namespace dsi::server {
@@ -103,15 +104,7 @@ const Tokenizer& kjv_tokenizer() {
   return t;
 }
 
-// The tokens the mask allows.
-std::vector<int32_t> allowed(JsonConstraint& c, int64_t vocab) {
-  std::vector<float> logits(size_t(vocab), 0.0f);
-  c.mask(logits.data(), vocab);
-  std::vector<int32_t> ids;
-  for (int64_t i = 0; i < vocab; ++i)
-    if (logits[size_t(i)] == 0.0f) ids.push_back(int32_t(i));
-  return ids;
-}
+using test::allowed;
 
 // Writes `doc` through the mask: at each step the allowed token whose bytes are the longest prefix
 // of what is left (the mask must leave one), then the end of sequence, which only then is allowed.
@@ -168,6 +161,7 @@ size_t walk_kept_masks(const Tokenizer& tok, uint64_t seed, int walks, int& chec
       JsonConstraint fresh(tok, {eos}, -1, -1, false);
       for (int32_t id : taken) fresh.accept(id);
       EXPECT_EQ(ok, allowed(fresh, V)) << "step " << step << " of walk " << walk;
+      EXPECT_EQ(ok, test::each_token(c.state(), tok, V, eos)) << "step " << step << " of walk " << walk;
       if (::testing::Test::HasFailure()) return deepest;
       ++checked;
       if (ok.empty() || (ok.size() == 1 && ok[0] == eos)) break;

@@ -216,17 +216,31 @@ bool JsonTextConstraint<Recognizer>::fits(int32_t id) const {
   if (tokenizer_.is_special(id)) return false;
   const std::string* bytes = tokenizer_.token_bytes(id);
   if (bytes == nullptr || bytes->empty()) return false;
-  Recognizer next = json_;
+  Recognizer& next = scratch_;  // a copy into kept storage: no allocation per token
+  next = json_;
   if (tokenizer_.spaced_tokens() && wrote_ && !next.advance(" ")) return false;
   return next.advance(*bytes);
 }
 
 template <class Recognizer>
 const AnswerConstraint::Bits& JsonTextConstraint<Recognizer>::fitting(int64_t vocab) {
-  if (max_token_bytes_ == 0) {
+  if (max_token_bytes_ == 0) {  // the vocabulary's longest token, and its tokens in byte order
     max_token_bytes_ = 1;
-    for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id)
-      if (const std::string* b = tokenizer_.token_bytes(id)) max_token_bytes_ = std::max(max_token_bytes_, b->size());
+    for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id) {
+      const std::string* b = tokenizer_.token_bytes(id);
+      if (b == nullptr || b->empty()) continue;
+      max_token_bytes_ = std::max(max_token_bytes_, b->size());
+      if (!is_eos(id) && !tokenizer_.is_special(id)) sorted_.push_back(id);
+    }
+    std::sort(sorted_.begin(), sorted_.end(),
+              [&](int32_t a, int32_t b) { return *tokenizer_.token_bytes(a) < *tokenizer_.token_bytes(b); });
+    shared_.assign(sorted_.size(), 0);
+    for (size_t k = 1; k < sorted_.size(); ++k) {
+      const std::string &a = *tokenizer_.token_bytes(sorted_[k - 1]), &b = *tokenizer_.token_bytes(sorted_[k]);
+      size_t n = 0;
+      while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+      shared_[k] = uint32_t(n);
+    }
   }
   // A spaced tokenizer's space before the token counts as one more byte.
   std::string key = json_.signature(max_token_bytes_ + 1);
@@ -239,8 +253,38 @@ const AnswerConstraint::Bits& JsonTextConstraint<Recognizer>::fitting(int64_t vo
     }
   if (masks_.size() >= kCachedMasks) masks_.erase(masks_.begin());
   masks_.emplace_back(std::move(key), Bits());
-  fill(masks_.back().second, vocab);
-  return masks_.back().second;
+  // What fits (as fits() says): the end of sequence once the text is whole; no special token;
+  // a token whose bytes continue the text. The tokens go in byte order, each starting from the
+  // states of the prefix it shares with the one before (a walk of the vocabulary's trie), and a
+  // prefix that does not fit rules out every token after it that shares it: a state pushed once per
+  // prefix, not once per token and byte.
+  Bits& bits = masks_.back().second;
+  bits.assign(size_t((vocab + 63) / 64), 0);
+  auto set = [&bits](int32_t id) { bits[size_t(id / 64)] |= uint64_t(1) << (id % 64); };
+  for (int32_t id : eos_)
+    if (id >= 0 && id < vocab && json_.complete()) set(id);
+  if (states_.empty()) states_.assign(max_token_bytes_ + 1, json_);
+  states_[0] = json_;
+  if (tokenizer_.spaced_tokens() && wrote_ && !states_[0].push(static_cast<unsigned char>(' '))) return bits;
+  size_t valid = 0;           // states_[0..valid]: the last tried token's prefixes, all fitting
+  size_t dead = SIZE_MAX;     // that token's prefix of this length does not fit
+  for (size_t k = 0; k < sorted_.size(); ++k) {
+    if (dead <= shared_[k]) continue;  // it starts with that prefix
+    const int32_t id = sorted_[k];
+    const std::string& b = *tokenizer_.token_bytes(id);
+    size_t depth = std::min<size_t>(valid, shared_[k]);
+    dead = SIZE_MAX;
+    for (; depth < b.size(); ++depth) {
+      states_[depth + 1] = states_[depth];
+      if (!states_[depth + 1].push(static_cast<unsigned char>(b[depth]))) {
+        dead = depth + 1;
+        break;
+      }
+    }
+    valid = depth;
+    if (dead == SIZE_MAX && id < vocab) set(id);
+  }
+  return bits;
 }
 
 template <class Recognizer>

@@ -110,7 +110,9 @@ class JsonTextConstraint : public AnswerConstraint {
  public:
   JsonTextConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
                      bool in_reasoning, Recognizer start)
-      : AnswerConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning), json_(std::move(start)) {}
+      : AnswerConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning),
+        json_(std::move(start)),
+        scratch_(json_) {}
   const Recognizer& state() const { return json_; }
 
  private:
@@ -123,7 +125,11 @@ class JsonTextConstraint : public AnswerConstraint {
   static constexpr size_t kCachedMasks = 16;
   bool wrote_ = false;  // a token of the JSON text has been written (spaced tokenizers)
   Recognizer json_;
+  mutable Recognizer scratch_;  // fits()'s trial state
   size_t max_token_bytes_ = 0;                         // the vocabulary's longest token (0: not yet known)
+  std::vector<int32_t> sorted_;    // the tokens an answer may hold, in byte order
+  std::vector<uint32_t> shared_;   // bytes that sorted_[k] shares with sorted_[k - 1]
+  std::vector<Recognizer> states_;  // the fill's states after each prefix of a token
   std::vector<std::pair<std::string, Bits>> masks_;  // signature -> bits, the most recent last
 };
 

@@ -222,7 +222,40 @@ SchemaPrefix::SchemaPrefix(std::shared_ptr<const JsonSchema> schema, int space_r
   threads_.push_back(std::move(t));
 }
 
+// Bytes that stay inside the one reading's innermost string, number or literal change only its
+// frame: stepped in place, without the general path's copies. False: the general path decides
+// (nothing changed).
+bool SchemaPrefix::push_in_place(unsigned char c) {
+  if (threads_.size() != 1 || threads_[0].stack.empty()) return false;
+  Thread& t = threads_[0];
+  Frame& f = t.stack.back();
+  switch (f.kind) {
+    case Kind::kString: {
+      JsonStringScan str = f.str;
+      if (str.step(c) != JsonStringScan::Step::kMore) return false;
+      const Node& n = *f.node;
+      if ((n.min_length > 0 || n.max_length >= 0) && str.char_started()) {
+        if (n.max_length >= 0 && f.count >= n.max_length) return false;
+        ++f.count;
+      }
+      f.str = str;
+      t.space_run = 0;
+      return true;
+    }
+    case Kind::kNumber: {
+      JsonNumberScan num = f.num;
+      if (num.step(c) != JsonNumberScan::Step::kMore) return false;
+      f.num = num;
+      t.space_run = 0;
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
 bool SchemaPrefix::push(unsigned char c) {
+  if (push_in_place(c)) return true;
   std::vector<Thread> next;
   for (const Thread& t : threads_) step_top(t, c, next);
   if (next.empty()) return false;

@@ -125,6 +125,7 @@ class SchemaPrefix {
     bool started = false;  // the root value began
     std::string key() const;
   };
+  bool push_in_place(unsigned char c);
   // Steps the reading t with byte c; what it becomes (none, one or several readings) goes to out.
   void step_top(Thread t, unsigned char c, std::vector<Thread>& out) const;
   // A value of node starting with c, the reading's frames so far in t; hops: references followed.

@@ -1,0 +1,42 @@
+// What the constraint tests share: the ids a constraint's mask leaves, and the same worked out
+// token by token from a recognizer's state (the plain reading the masks' trie walk must equal).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "text/tokenizer.h"
+
+namespace dsi::test {
+
+// The tokens the mask allows.
+template <class Constraint>
+std::vector<int32_t> allowed(Constraint& c, int64_t vocab) {
+  std::vector<float> logits(size_t(vocab), 0.0f);
+  c.mask(logits.data(), vocab);
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < vocab; ++i)
+    if (logits[size_t(i)] == 0.0f) ids.push_back(int32_t(i));
+  return ids;
+}
+
+// Each token tried alone from the state (a byte-level tokenizer): eos once the text is whole;
+// no special token; a token whose bytes the state takes.
+template <class Recognizer>
+std::vector<int32_t> each_token(const Recognizer& state, const Tokenizer& tok, int64_t vocab, int32_t eos) {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < vocab; ++id) {
+    if (id == eos) {
+      if (state.complete()) ids.push_back(id);
+      continue;
+    }
+    const std::string* b = tok.token_bytes(id);
+    if (b == nullptr || b->empty() || tok.is_special(id)) continue;
+    Recognizer next = state;
+    if (next.push(*b)) ids.push_back(id);
+  }
+  return ids;
+}
+
+}  // namespace dsi::test
