@@ -242,7 +242,11 @@ TEST(ServerTask, UnsupportedFeatures) {
   expect_error(cmpl(R"("best_of": 3)"), 400, "best_of", "not supported", "unsupported");
   expect_error(cmpl(R"("n": 2, "best_of": 3)"), 400, "best_of", "not supported", "unsupported");
   expect_error(cmpl(R"("suffix": "end")"), 400, "suffix", "not supported", "unsupported");
-  expect_error(cmpl(R"("echo": true, "logprobs": 1, "stream": true)"), 400, "logprobs", "not supported", "unsupported");
+  {  // a scored prompt in a stream: its echo chunk carries the prompt's logprobs
+    const auto scored = cmpl(R"("echo": true, "logprobs": 1, "stream": true)");
+    ASSERT_TRUE(std::holds_alternative<ParsedRequest>(scored));
+    EXPECT_TRUE(std::get<ParsedRequest>(scored).echo && std::get<ParsedRequest>(scored).stream);
+  }
   expect_error(cmpl(R"("stream_options": {"include_usage": true})"), 400, "stream_options", "only allowed when");
   std::string many = R"({"prompt": [)";
   for (int i = 0; i <= kMaxBatchPrompts; ++i) many += i ? R"(, "p")" : R"("p")";

@@ -297,11 +297,12 @@ struct Reply {
   std::vector<size_t> echo_len;  // per choice: bytes of echoed prompt before the completion text
 
   // A streamed chunk of choice `index` with new text (and the tokens' logprobs) or a finish reason.
-  // reasoning: the chat answer's new reasoning text (reasoning.h); calls: its tool calls.
+  // reasoning: the chat answer's new reasoning text (reasoning.h); calls: its tool calls; prompt:
+  // an echoed prompt's records (completions).
   Json chunk(int index, const std::string& text, const std::vector<TokenRecord>* tokens,
              const std::string* finish_reason, bool first_chat_chunk = false,
              const std::string& reasoning = {}, const std::vector<ToolCall>& calls = {},
-             size_t first_call = 0) const {
+             size_t first_call = 0, const std::vector<TokenRecord>* prompt = nullptr) const {
     Json choice = {{"index", index}};
     if (endpoint == Endpoint::kChat) {
       Json delta = Json::object();
@@ -313,7 +314,10 @@ struct Reply {
       choice["logprobs"] = logprobs && tokens ? chat_logprobs(*tokens) : Json(nullptr);
     } else {
       choice["text"] = text;
-      choice["logprobs"] = logprobs && tokens ? completion_logprobs(*tokens, echo_len[size_t(index)]) : Json(nullptr);
+      choice["logprobs"] = logprobs && (tokens || prompt)
+                               ? completion_logprobs(tokens ? *tokens : std::vector<TokenRecord>{},
+                                                     echo_len[size_t(index)], prompt)
+                               : Json(nullptr);
     }
     choice["finish_reason"] = finish_reason ? Json(*finish_reason) : Json(nullptr);
     Json j = {{"id", id},
@@ -642,12 +646,15 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
     std::vector<std::shared_ptr<Run>> runs;
     Reply reply;
     std::vector<std::string> echoes;  // per choice
+    std::vector<bool> echo_waits;     // the echo goes out with its prompt's logprobs, once they came
     bool started = false;
     std::vector<bool> finished;
     std::vector<bool> called;  // the choice's answer had tool calls
     Clock::time_point last_write = Clock::now();
   };
-  auto st = std::make_shared<StreamState>(StreamState{runs, reply, std::move(echoes), false,
+  std::vector<bool> echo_waits(runs.size(), false);
+  for (size_t i = 0; i < runs.size(); ++i) echo_waits[i] = reply.logprobs && !echoes[i].empty();
+  auto st = std::make_shared<StreamState>(StreamState{runs, reply, std::move(echoes), std::move(echo_waits), false,
                                                       std::vector<bool>(runs.size(), false),
                                                       std::vector<bool>(runs.size(), false)});
   HttpResponse r;
@@ -664,7 +671,8 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
       for (int i = 0; i < int(st->runs.size()); ++i) {
         if (rep.endpoint == Endpoint::kChat && !send(sse(rep.chunk(i, "", nullptr, nullptr, true)))) return false;
         const std::string& echo = st->echoes[size_t(i)];
-        if (!echo.empty() && !send(sse(rep.chunk(i, echo, nullptr, nullptr)))) return false;
+        if (!echo.empty() && !st->echo_waits[size_t(i)] && !send(sse(rep.chunk(i, echo, nullptr, nullptr))))
+          return false;
       }
     }
     bool wrote = false;
@@ -673,6 +681,14 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
       if (st->finished[i]) continue;
       if (stopping_.load()) run.cancel();
       TextDelta d = run.poll(std::chrono::milliseconds(waits(st->runs, i) ? 100 : 0));
+      // An echoed prompt with logprobs: its chunk once every prompt token's record came (the engine
+      // reports them before the first generated token), or the run ended without them.
+      if (st->echo_waits[i] && (int64_t(run.prompt_records().size()) >= run.prompt_tokens() || run.done())) {
+        st->echo_waits[i] = false;
+        if (!send(sse(rep.chunk(int(i), st->echoes[i], nullptr, nullptr, false, {}, {}, 0, &run.prompt_records()))))
+          return false;
+        wrote = true;
+      }
       const Answer::Piece s = (*answers)[i].push(d.text, run.done());
       if (!s.empty() || (rep.logprobs && !d.tokens.empty())) {
         if (!send(sse(rep.chunk(int(i), s.content, &d.tokens, nullptr, false, s.reasoning, s.calls, s.first_call))))

@@ -350,7 +350,6 @@ ParseResult parse_completion_request(std::string_view body) {
     if (const auto lp = get_int(j, "logprobs")) {
       if (*lp < 0 || *lp > 20) bad("logprobs", fmt::format("'logprobs' must be in [0, 20], got {}", *lp));
       r.logprobs = int(*lp);
-      if (r.echo && r.stream) unsupported("logprobs", "logprobs together with echo (prompt logprobs) in a stream");
     }
     return r;
   });

@@ -348,10 +348,25 @@ def test_scoring_a_prompt(server, tokenizer):
     first = r["choices"][0]["logprobs"]
     assert abs(first["token_logprobs"][len(context)] - g_lp) < 1e-3
     assert first["tokens"][len(context)] == g_tok
-    # Not in a stream.
-    e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
-        "prompt": context, "echo": True, "logprobs": 1, "stream": True}), 400)
-    assert e["param"] == "logprobs"
+    # In a stream: each choice's first chunk is the echoed prompt with its logprobs, then the
+    # generated token's chunk (its offset after the prompt's text).
+    chunks = {}
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=600, json={
+            "model": MODEL, "prompt": [context + [g_id], context + cont], "max_tokens": 1, "temperature": 0,
+            "echo": True, "logprobs": 1, "stream": True}) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                for c in json.loads(line[6:])["choices"]:
+                    chunks.setdefault(c["index"], []).append(c)
+    for index, choice in enumerate(r["choices"]):
+        got = [c for c in chunks[index] if c["logprobs"] is not None]
+        assert got[0]["text"] + "".join(c["text"] for c in got[1:]) == choice["text"]
+        streamed = {k: sum((c["logprobs"][k] for c in got), []) for k in ("tokens", "text_offset")}
+        assert streamed["tokens"] == choice["logprobs"]["tokens"]
+        assert streamed["text_offset"] == choice["logprobs"]["text_offset"]
+        lps = sum((c["logprobs"]["token_logprobs"] for c in got), [])
+        assert lps[0] is None
+        assert all(abs(a - b) < 1e-4 for a, b in zip(lps[1:], choice["logprobs"]["token_logprobs"][1:]))
 
 
 def test_json_mode(server):
