@@ -147,9 +147,9 @@ TEST(JsonMode, TheMaskLetsAnObjectBeWrittenAndEnded) {
 // Seeded walks through a constraint's masks that go deep (up to the depth limit) and back out,
 // each step's mask checked against that of a new constraint fed the same tokens, which has kept
 // nothing. Returns the deepest nesting reached; `checked` counts the steps.
-size_t walk_kept_masks(const Tokenizer& tok, uint64_t seed, int walks, int& checked) {
+size_t walk_kept_masks(const Tokenizer& tok, uint64_t seed, int walks, int& checked, int32_t eos = -1) {
   const int64_t V = tok.vocab_size() + 1;
-  const int32_t eos = int32_t(V - 1);
+  if (eos < 0) eos = int32_t(V - 1);
   std::mt19937_64 rng(seed);
   size_t deepest = 0;
   for (int walk = 0; walk < walks; ++walk) {
@@ -210,6 +210,12 @@ TEST(JsonMode, KeptMasksAreTheFreshOnes) {
   const Tokenizer brackets = Tokenizer::from_json_text(j.dump(), "brackets");
   checked = 0;
   EXPECT_EQ(walk_kept_masks(brackets, 3, 8, checked), size_t(JsonPrefix::kMaxDepth));
+  EXPECT_GT(checked, 1000);
+  // An end of sequence that is an ordinary token in the middle of the byte order (a model whose eos
+  // is not special): the walk of the vocabulary passes over it.
+  checked = 0;
+  EXPECT_GE(walk_kept_masks(brackets, 4, 8, checked, *brackets.token_to_id("\"a\":")), size_t(JsonPrefix::kMaxDepth) - 4);
+  EXPECT_GT(checked, 1000);
   EXPECT_GT(checked, 1000);
 }
 

@@ -224,26 +224,9 @@ bool JsonTextConstraint<Recognizer>::fits(int32_t id) const {
 
 template <class Recognizer>
 const AnswerConstraint::Bits& JsonTextConstraint<Recognizer>::fitting(int64_t vocab) {
-  if (max_token_bytes_ == 0) {  // the vocabulary's longest token, and its tokens in byte order
-    max_token_bytes_ = 1;
-    for (int32_t id = 0; id < tokenizer_.vocab_size(); ++id) {
-      const std::string* b = tokenizer_.token_bytes(id);
-      if (b == nullptr || b->empty()) continue;
-      max_token_bytes_ = std::max(max_token_bytes_, b->size());
-      if (!is_eos(id) && !tokenizer_.is_special(id)) sorted_.push_back(id);
-    }
-    std::sort(sorted_.begin(), sorted_.end(),
-              [&](int32_t a, int32_t b) { return *tokenizer_.token_bytes(a) < *tokenizer_.token_bytes(b); });
-    shared_.assign(sorted_.size(), 0);
-    for (size_t k = 1; k < sorted_.size(); ++k) {
-      const std::string &a = *tokenizer_.token_bytes(sorted_[k - 1]), &b = *tokenizer_.token_bytes(sorted_[k]);
-      size_t n = 0;
-      while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-      shared_[k] = uint32_t(n);
-    }
-  }
+  const Tokenizer::ByteOrder& order = tokenizer_.byte_order();
   // A spaced tokenizer's space before the token counts as one more byte.
-  std::string key = json_.signature(max_token_bytes_ + 1);
+  std::string key = json_.signature(order.longest + 1);
   key += char(wrote_);
   key.append(reinterpret_cast<const char*>(&vocab), sizeof(vocab));
   for (size_t i = 0; i < masks_.size(); ++i)
@@ -263,17 +246,20 @@ const AnswerConstraint::Bits& JsonTextConstraint<Recognizer>::fitting(int64_t vo
   auto set = [&bits](int32_t id) { bits[size_t(id / 64)] |= uint64_t(1) << (id % 64); };
   for (int32_t id : eos_)
     if (id >= 0 && id < vocab && json_.complete()) set(id);
-  if (states_.empty()) states_.assign(max_token_bytes_ + 1, json_);
+  if (states_.empty()) states_.assign(order.longest + 1, json_);
   states_[0] = json_;
   if (tokenizer_.spaced_tokens() && wrote_ && !states_[0].push(static_cast<unsigned char>(' '))) return bits;
-  size_t valid = 0;           // states_[0..valid]: the last tried token's prefixes, all fitting
-  size_t dead = SIZE_MAX;     // that token's prefix of this length does not fit
-  for (size_t k = 0; k < sorted_.size(); ++k) {
-    if (dead <= shared_[k]) continue;  // it starts with that prefix
-    const int32_t id = sorted_[k];
+  size_t valid = 0;          // states_[0..valid]: the last tried token's prefixes, all fitting
+  size_t dead = SIZE_MAX;    // that token's prefix of this length does not fit
+  size_t common = SIZE_MAX;  // the bytes each token since then shares with it
+  for (size_t k = 0; k < order.ids.size(); ++k) {
+    common = std::min<size_t>(common, order.shared[k]);
+    const int32_t id = order.ids[k];
+    if (dead <= common || is_eos(id)) continue;  // it starts with that prefix; or the end comes only whole
     const std::string& b = *tokenizer_.token_bytes(id);
-    size_t depth = std::min<size_t>(valid, shared_[k]);
+    size_t depth = std::min(valid, common);
     dead = SIZE_MAX;
+    common = SIZE_MAX;
     for (; depth < b.size(); ++depth) {
       states_[depth + 1] = states_[depth];
       if (!states_[depth + 1].push(static_cast<unsigned char>(b[depth]))) {

@@ -126,9 +126,6 @@ class JsonTextConstraint : public AnswerConstraint {
   bool wrote_ = false;  // a token of the JSON text has been written (spaced tokenizers)
   Recognizer json_;
   mutable Recognizer scratch_;  // fits()'s trial state
-  size_t max_token_bytes_ = 0;                         // the vocabulary's longest token (0: not yet known)
-  std::vector<int32_t> sorted_;    // the tokens an answer may hold, in byte order
-  std::vector<uint32_t> shared_;   // bytes that sorted_[k] shares with sorted_[k - 1]
   std::vector<Recognizer> states_;  // the fill's states after each prefix of a token
   std::vector<std::pair<std::string, Bits>> masks_;  // signature -> bits, the most recent last
 };

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <unordered_map>
 
@@ -123,6 +124,8 @@ struct Tokenizer::Impl {
   std::vector<std::string> id_bytes;
   std::vector<char> id_known, id_special;
   std::array<std::string, 256> byte_chars;  // byte -> its byte-level character (UTF-8)
+  mutable std::once_flag byte_order_once;      // byte_order(), made on first use
+  mutable ByteOrder byte_order;
 
   void parse(const json& j, BpeTables tables);
   void parse_normalizer(const json& j, const std::string& w);
@@ -654,6 +657,28 @@ const std::string* Tokenizer::token_bytes(int32_t id) const {
 }
 
 bool Tokenizer::spaced_tokens() const { return !impl_->byte_level_decoder; }
+
+const Tokenizer::ByteOrder& Tokenizer::byte_order() const {
+  const Impl& m = *impl_;
+  std::call_once(m.byte_order_once, [&m] {
+    ByteOrder& o = m.byte_order;
+    for (size_t id = 0; id < m.id_bytes.size(); ++id) {
+      if (!m.id_known[id] || m.id_bytes[id].empty()) continue;
+      o.longest = std::max(o.longest, m.id_bytes[id].size());
+      if (!m.id_special[id]) o.ids.push_back(int32_t(id));
+    }
+    std::sort(o.ids.begin(), o.ids.end(),
+              [&m](int32_t a, int32_t b) { return m.id_bytes[size_t(a)] < m.id_bytes[size_t(b)]; });
+    o.shared.assign(o.ids.size(), 0);
+    for (size_t k = 1; k < o.ids.size(); ++k) {
+      const std::string &a = m.id_bytes[size_t(o.ids[k - 1])], &b = m.id_bytes[size_t(o.ids[k])];
+      size_t n = 0;
+      while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+      o.shared[k] = uint32_t(n);
+    }
+  });
+  return m.byte_order;
+}
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {
   StreamDecoder d = stream_decoder(skip_special_tokens);

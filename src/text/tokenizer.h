@@ -44,6 +44,15 @@ class Tokenizer {
   // ByteLevel decoder every token after the first is preceded by a space (spaced_tokens()).
   const std::string* token_bytes(int32_t id) const;
   bool spaced_tokens() const;
+  // The ids with bytes, special tokens left out, in the byte order of their bytes; shared[k]: the
+  // bytes ids[k] shares with ids[k - 1]; longest: the most bytes a token has. Walks of the
+  // vocabulary as a trie take it (constrained decoding). Made on first use, once.
+  struct ByteOrder {
+    std::vector<int32_t> ids;
+    std::vector<uint32_t> shared;
+    size_t longest = 0;
+  };
+  const ByteOrder& byte_order() const;
 
   // Incremental detokenizer: push() returns the text the ids so far settle, never an incomplete
   // UTF-8 sequence (bytes that may still complete are held back); flush() ends the stream. The
