@@ -625,9 +625,9 @@ TEST(Engine, PromptLogprobsAreTheTeacherForcedOnes) {
 }
 
 // EngineRequest::constraint: the constrained request samples only what the mask leaves (here even
-// ids), greedy among them, and the constraint is told every token emitted; it is not speculated
-// (the engine drafts for the others), and an unconstrained request beside it keeps the generator's
-// tokens.
+// ids), greedy among them, and the constraint is told every token emitted; a constraint without
+// copies is not speculated (the engine drafts for the others), and an unconstrained request beside
+// it keeps the generator's tokens.
 TEST(Engine, ConstrainedRequestsSampleWhatTheMaskLeaves) {
   struct EvenIds : TokenConstraint {
     std::vector<int32_t> seen;
@@ -670,6 +670,54 @@ TEST(Engine, ConstrainedRequestsSampleWhatTheMaskLeaves) {
   }
   const EngineMetrics m = engine->metrics();
   EXPECT_GT(m.num_drafts, 0);  // the other request was speculated
+}
+
+// A constraint that can be copied (TokenConstraint::clone) is speculated: the drafts and each
+// verified row are masked by copies that took the drafts before them. With a constraint whose mask
+// changes every token (ids congruent to the step mod 3), the greedy tokens are those of the same
+// request unspeculated, and drafts were accepted.
+TEST(Engine, CopyableConstraintsAreSpeculated) {
+  struct Cycle : TokenConstraint {
+    int step = 0;
+    std::shared_ptr<int> copies = std::make_shared<int>(0);
+    void mask(float* logits, int64_t vocab) override {
+      for (int64_t i = 0; i < vocab; ++i)
+        if (i % 3 != step % 3) logits[i] = -INFINITY;
+    }
+    void accept(int32_t) override { ++step; }
+    std::unique_ptr<TokenConstraint> clone() const override {
+      ++*copies;
+      return std::make_unique<Cycle>(*this);
+    }
+  };
+  struct Uncopied : Cycle {
+    std::unique_ptr<TokenConstraint> clone() const override { return nullptr; }
+  };
+  EngineOptions o;
+  o.model_dir = test::fixture_dir("glm_tiny");
+  o.speculative_tokens = 3;
+  o.kv_cache_memory = 64 << 20;
+  auto engine = Engine::start(o);
+  const Case c{{3, 4, 5, 9}, 24, 0.0f, 0};
+  EngineRequest plain = request_of(c), speculated = request_of(c);
+  plain.constraint = std::make_shared<Uncopied>();
+  auto cycle = std::make_shared<Cycle>();
+  speculated.constraint = cycle;
+  Collector ref;
+  engine->submit(plain, ref.sink());
+  ASSERT_TRUE(ref.wait());
+  EXPECT_EQ(engine->metrics().num_drafts, 0);
+  Collector got;
+  engine->submit(speculated, got.sink());
+  ASSERT_TRUE(got.wait());
+  ASSERT_EQ(got.ids.size(), 24u);
+  EXPECT_EQ(got.ids, ref.ids);
+  for (size_t i = 0; i < got.ids.size(); ++i) EXPECT_EQ(got.ids[i] % 3, int32_t(i % 3)) << i;
+  EXPECT_EQ(cycle->step, 24);  // the request's own constraint took each emitted token once
+  const EngineMetrics m = engine->metrics();
+  EXPECT_GT(m.num_drafts, 0);
+  EXPECT_GT(m.num_accepted_tokens, 0);
+  EXPECT_GT(*cycle->copies, m.num_drafts);  // a copy to draft and one to verify, each round
 }
 
 }  // namespace

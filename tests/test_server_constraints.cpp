@@ -219,6 +219,39 @@ TEST(JsonMode, KeptMasksAreTheFreshOnes) {
   EXPECT_GT(checked, 1000);
 }
 
+// A copy (TokenConstraint::clone, what the engine drafts and verifies with) goes on alone: fed the
+// tokens the original takes later, it masks as the original then does, and what it takes leaves
+// the original as it was.
+TEST(JsonMode, CopiesGoOnAlone) {
+  const Tokenizer& tok = kjv_tokenizer();
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  const std::vector<int32_t> doc = tok.encode(R"({"name": "Moses", "years": [120, 40.5], "led": true})");
+  JsonConstraint c(tok, {eos}, -1, -1, false);
+  for (size_t i = 0; i < doc.size(); ++i) {
+    const std::vector<int32_t> before = allowed(c, V);
+    std::unique_ptr<TokenConstraint> copy = c.clone();
+    ASSERT_NE(copy, nullptr);
+    std::vector<std::vector<int32_t>> ahead;  // the copy's masks over the next three tokens
+    for (size_t j = i; j < std::min(doc.size(), i + 3); ++j) {
+      copy->accept(doc[j]);
+      ahead.push_back(allowed(*copy, V));
+    }
+    EXPECT_EQ(allowed(c, V), before) << "the copy's tokens reached the original at " << i;
+    JsonConstraint later(tok, {eos}, -1, -1, false);
+    for (size_t j = 0; j < std::min(doc.size(), i + 3); ++j) {
+      later.accept(doc[j]);
+      if (j >= i) EXPECT_EQ(allowed(later, V), ahead[j - i]) << "token " << j << " from a copy made at " << i;
+    }
+    c.accept(doc[i]);
+  }
+  EXPECT_TRUE(c.state().complete());
+  ForcedText forced(tok, "<call>", {eos}, -1, -1, false);
+  std::unique_ptr<TokenConstraint> f = forced.clone();
+  f->accept(tok.encode("<")[0]);
+  EXPECT_EQ(forced.left(), "<call>");
+}
+
 // Random walks through the mask (seeded): every walk that ends (end of sequence) wrote one object,
 // as nlohmann::json reads it; every step's text is a prefix the recognizer accepts.
 TEST(JsonMode, RandomWalksEndInObjects) {

@@ -51,6 +51,10 @@ class TokenConstraint {
   // Sets the logits of the tokens that may not come next to -inf (at least one must stay).
   virtual void mask(float* logits, int64_t vocab) = 0;
   virtual void accept(int32_t token) = 0;
+  // A copy in the same state that goes on alone: with one the engine speculates the request, the
+  // drafts and each verified row masked by a copy that took the drafts before it. Null (the
+  // default): the request is not speculated.
+  virtual std::unique_ptr<TokenConstraint> clone() const { return nullptr; }
 };
 
 // One request: a prompt of token ids and how to continue it.

@@ -244,12 +244,13 @@ EngineImpl::~EngineImpl() {
 // A sequence's part in the prefix cache, its chunks and its drafts: a scored prompt (EngineRequest::
 // prompt_logprobs) is computed, not taken from the cache, and its chunks, whose rows all need
 // logits, stay small (their logits are rows x vocabulary floats).
-// A constrained request (EngineRequest::constraint; `constrained` on every process) has no drafts.
-void EngineImpl::plan_sequence(EngineSequence& s, bool constrained) const {
+// A request whose constraint cannot be copied (TokenConstraint::clone; `undrafted` on every
+// process) has no drafts.
+void EngineImpl::plan_sequence(EngineSequence& s, bool undrafted) const {
   const bool scored = s.request.prompt_logprobs >= 0;
   s.sched.tokens = scored ? nullptr : &s.tokens;
   s.sched.max_chunk = scored ? kScoredChunkRows : 0;
-  s.sched.max_drafts = constrained ? 0 : K_;
+  s.sched.max_drafts = undrafted ? 0 : K_;
 }
 
 uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
@@ -289,7 +290,7 @@ uint64_t EngineImpl::submit(EngineRequest r, EventSink sink) {
   s->request = std::move(r);
   s->sink = std::move(sink);
   s->sched.n_tokens = P;
-  plan_sequence(*s, s->request.constraint != nullptr);
+  plan_sequence(*s, s->request.constraint != nullptr && s->request.constraint->clone() == nullptr);
   std::lock_guard<std::mutex> lock(mu_);
   DSI_CHECK(failed_.empty(), "the engine has failed: {}", failed_);
   DSI_CHECK(!stop_, "the engine is shutting down");
@@ -457,7 +458,7 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
       }
       w.put_ids(r.stop_token_ids);
       w.put(int32_t(r.prompt_logprobs));
-      w.put(uint8_t(r.constraint != nullptr));
+      w.put(uint8_t(s->sched.max_drafts == 0));  // the constraint itself stays with rank 0
     }
     w.put(uint64_t(cancels.size()));
     for (uint64_t id : cancels) w.put(id);
@@ -489,13 +490,13 @@ bool EngineImpl::share_control(bool stop, std::deque<std::unique_ptr<EngineSeque
     }
     r.stop_token_ids = rd.get_ids();
     r.prompt_logprobs = rd.get<int32_t>();
-    const bool constrained = rd.get<uint8_t>() != 0;  // the constraint itself stays with rank 0
+    const bool undrafted = rd.get<uint8_t>() != 0;
     s->tokens = r.prompt;
     s->prompt_len = int64_t(r.prompt.size());
     s->rng.seed(r.sampling.seed);
     s->sink = [](RequestEvent&&) {};  // the leader reports to the clients
     s->sched.n_tokens = s->prompt_len;
-    plan_sequence(*s, constrained);
+    plan_sequence(*s, undrafted);
     incoming.push_back(std::move(s));
   }
   const uint64_t c = rd.get<uint64_t>();

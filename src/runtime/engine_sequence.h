@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <random>
+#include <memory>
 #include <vector>
 
 #include "dsinfer/engine.h"
@@ -36,6 +37,7 @@ struct EngineSequence {
   std::vector<int32_t> pending_next;   // [m]: the token after each pending row
   int64_t pending_start = 0;
   Draft draft;  // this round's drafts
+  std::unique_ptr<TokenConstraint> draft_constraint;  // rank 0: the constraint after this round's drafts
   int64_t drafts = 0;  // drafts planned this round
   bool finished = false;
   int64_t prompt_lp_sent = 1;  // prompt positions [1, this) have had their logprobs reported

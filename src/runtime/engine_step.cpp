@@ -36,12 +36,21 @@ std::vector<float> log_softmax(const float* row, int64_t n) {
   return out;
 }
 
-// A copy of one row of host logits [1, V] with the constraint's mask applied.
-Tensor constrained(const Tensor& row, TokenConstraint& c) {
-  DSI_CHECK(row.dim(0) == 1, "a constrained request samples one row a step, got {}", row.dim(0));
-  Tensor out = Tensor::empty(row.shape(), DType::F32);
-  out.copy_from(row);
-  c.mask(out.f32(), out.dim(1));
+// A copy of host logits rows [n, V] masked by the constraint: row 0 as it stands, row j + 1 by a
+// copy of it that took drafts[0..j] (TokenConstraint::clone; a request speculated only with one).
+Tensor constrained(const Tensor& rows, TokenConstraint& c, const std::vector<int32_t>& drafts = {}) {
+  const int64_t n = rows.dim(0), V = rows.dim(1);
+  DSI_CHECK(int64_t(drafts.size()) >= n - 1, "constrained rows: {} rows for {} drafts", n, drafts.size());
+  Tensor out = Tensor::empty(rows.shape(), DType::F32);
+  out.copy_from(rows);
+  c.mask(out.f32(), V);
+  if (n == 1) return out;
+  std::unique_ptr<TokenConstraint> after = c.clone();
+  DSI_CHECK(after != nullptr, "constrained rows: drafts for a constraint without copies");
+  for (int64_t j = 1; j < n; ++j) {
+    after->accept(drafts[size_t(j - 1)]);
+    after->mask(out.f32() + j * V, V);
+  }
   return out;
 }
 
@@ -162,7 +171,13 @@ void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
       std::uniform_real_distribution<double> uniform(0.0, 1.0);
       for (size_t i = 0; i < active.size(); ++i) {
         EngineSequence& s = *active[i];
-        Tensor row = logits.slice(int64_t(i), int64_t(i) + 1).view({V});
+        Tensor row = logits.slice(int64_t(i), int64_t(i) + 1);
+        // A constrained request drafts what its constraint allows after the drafts before.
+        if (s.request.constraint) {
+          if (j == 0) s.draft_constraint = s.request.constraint->clone();
+          row = constrained(row, *s.draft_constraint);
+        }
+        row = row.view({V});
         const SamplingParams& sp = s.request.sampling;
         if (const ops::TokenHistory* h = s.penalty_history()) row = ops::penalized(row, sp, *h, s.draft.tokens);
         if (sp.temperature > 0.0f) {
@@ -174,6 +189,9 @@ void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
         }
       }
     }
+    if (ranks_->leader())
+      for (size_t i = 0; i < active.size(); ++i)
+        if (active[i]->draft_constraint) active[i]->draft_constraint->accept(drawn[i]);
     share_tokens(drawn);
     DSI_CHECK(drawn.size() == active.size(), "draft step: {} tokens for {} sequences", drawn.size(),
               active.size());
@@ -182,6 +200,7 @@ void EngineImpl::draft(const std::vector<EngineSequence*>& seqs) {
   for (EngineSequence* s : seqs) {  // the drafter consumed the pending rows
     for (EngineRankState& st : s->ranks) st.pending_hidden = Tensor();
     s->pending_next.clear();
+    s->draft_constraint.reset();
   }
 }
 
@@ -295,7 +314,7 @@ void EngineImpl::step() {
       const SamplingParams& sp = s.request.sampling;
       if (i < plan.decode.size()) {  // verify [last token, drafts]
         Tensor rows_i = logits.slice(first_kept[i], first_kept[i] + n);
-        if (s.request.constraint) rows_i = constrained(rows_i, *s.request.constraint);  // n = 1: no drafts
+        if (s.request.constraint) rows_i = constrained(rows_i, *s.request.constraint, s.draft.tokens);
         const Verdict v = verify_drafts(rows_i, s.draft, sp, s.rng, s.penalty_history());
         decided.push_back(int32_t(v.accepted + 1));
         decided.insert(decided.end(), s.draft.tokens.begin(), s.draft.tokens.begin() + v.accepted);

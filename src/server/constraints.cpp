@@ -229,19 +229,20 @@ const AnswerConstraint::Bits& JsonTextConstraint<Recognizer>::fitting(int64_t vo
   std::string key = json_.signature(order.longest + 1);
   key += char(wrote_);
   key.append(reinterpret_cast<const char*>(&vocab), sizeof(vocab));
-  for (size_t i = 0; i < masks_.size(); ++i)
-    if (masks_[i].first == key) {
-      std::rotate(masks_.begin() + i, masks_.begin() + i + 1, masks_.end());  // the most recent last
-      return masks_.back().second;
+  Masks& masks = *masks_;
+  for (size_t i = 0; i < masks.size(); ++i)
+    if (masks[i].first == key) {
+      std::rotate(masks.begin() + i, masks.begin() + i + 1, masks.end());  // the most recent last
+      return masks.back().second;
     }
-  if (masks_.size() >= kCachedMasks) masks_.erase(masks_.begin());
-  masks_.emplace_back(std::move(key), Bits());
+  if (masks.size() >= kCachedMasks) masks.erase(masks.begin());
+  masks.emplace_back(std::move(key), Bits());
   // What fits (as fits() says): the end of sequence once the text is whole; no special token;
   // a token whose bytes continue the text. The tokens go in byte order, each starting from the
   // states of the prefix it shares with the one before (a walk of the vocabulary's trie), and a
   // prefix that does not fit rules out every token after it that shares it: a state pushed once per
   // prefix, not once per token and byte.
-  Bits& bits = masks_.back().second;
+  Bits& bits = masks.back().second;
   bits.assign(size_t((vocab + 63) / 64), 0);
   auto set = [&bits](int32_t id) { bits[size_t(id / 64)] |= uint64_t(1) << (id % 64); };
   for (int32_t id : eos_)
@@ -271,6 +272,13 @@ const AnswerConstraint::Bits& JsonTextConstraint<Recognizer>::fitting(int64_t vo
     if (dead == SIZE_MAX && id < vocab) set(id);
   }
   return bits;
+}
+
+template <class Recognizer>
+std::unique_ptr<TokenConstraint> JsonTextConstraint<Recognizer>::clone() const {
+  auto c = std::make_unique<JsonTextConstraint>(*this);
+  c->states_.clear();  // scratch
+  return c;
 }
 
 template <class Recognizer>

@@ -1,14 +1,18 @@
 // The server's TokenConstraints (dsinfer/engine.h): what a request may generate.
 //
 // JSON mode (response_format {"type": "json_object"}): a TokenConstraint that lets a request write
-// only a JSON object (RFC 8259, UTF-8), then its end of sequence. Each step every token of the
-// vocabulary is tried from the text so far: its bytes must continue a prefix of some JSON object;
-// special tokens never (the end-of-sequence ids only once the object is closed, and then nothing
-// else). A reasoning model's think block comes first, unconstrained: from the start when the
-// prompt leaves the answer inside it, or when the answer opens it with its first token.
+// only a JSON object (RFC 8259, UTF-8), then its end of sequence; structured outputs
+// (json_schema) the same with a schema's recognizer (json_schema.h). Each step the tokens of the
+// vocabulary are tried from the text so far (walked as a trie, the masks kept by the state's
+// signature): a token's bytes must continue a prefix of an accepted text; special tokens never
+// (the end-of-sequence ids only once the text is whole, and then nothing else). A reasoning
+// model's think block comes first, unconstrained: from the start when the prompt leaves the answer
+// inside it, or when the answer opens it with its first token. The constraints copy themselves
+// (clone), so the engine speculates such requests.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -114,6 +118,7 @@ class JsonTextConstraint : public AnswerConstraint {
         json_(std::move(start)),
         scratch_(json_) {}
   const Recognizer& state() const { return json_; }
+  std::unique_ptr<TokenConstraint> clone() const override;  // (the masks kept are shared)
 
  private:
   bool fits(int32_t id) const override;
@@ -127,7 +132,9 @@ class JsonTextConstraint : public AnswerConstraint {
   Recognizer json_;
   mutable Recognizer scratch_;  // fits()'s trial state
   std::vector<Recognizer> states_;  // the fill's states after each prefix of a token
-  std::vector<std::pair<std::string, Bits>> masks_;  // signature -> bits, the most recent last
+  // Signature -> bits, the most recent last; shared with the copies (the engine's drafts).
+  using Masks = std::vector<std::pair<std::string, Bits>>;
+  std::shared_ptr<Masks> masks_ = std::make_shared<Masks>();
 };
 
 // JSON mode (response_format json_object): one JSON object.
@@ -158,6 +165,7 @@ class ForcedText : public AnswerConstraint {
              int32_t think_close, bool in_reasoning)
       : AnswerConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning), left_(std::move(text)) {}
   const std::string& left() const { return left_; }  // what must still be written
+  std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<ForcedText>(*this); }
 
  private:
   bool masking() const override { return !left_.empty(); }
