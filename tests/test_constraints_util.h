@@ -1,14 +1,22 @@
-// What the constraint tests share: the ids a constraint's mask leaves, and the same worked out
-// token by token from a recognizer's state (the plain reading the masks' trie walk must equal).
+// What the constraint tests share: the bundled tokenizer, the ids a constraint's mask leaves, and
+// the same worked out token by token from a recognizer's state (the plain reading the masks' trie
+// walk must equal).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "test_util.h"
 #include "text/tokenizer.h"
 
 namespace dsi::test {
+
+// The bundled model's tokenizer (4,090 byte-level BPE tokens).
+inline const Tokenizer& kjv_tokenizer() {
+  static const Tokenizer t = Tokenizer::load(source_dir() + "/models/kjv-dsa/tokenizer.json");
+  return t;
+}
 
 // The tokens the mask allows.
 template <class Constraint>

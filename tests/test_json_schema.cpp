@@ -226,17 +226,13 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   EXPECT_FALSE(accepts(Json::parse(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})"), "1"));
 }
 
-const Tokenizer& kjv() {
-  static const Tokenizer t = Tokenizer::load(test::source_dir() + "/models/kjv-dsa/tokenizer.json");
-  return t;
-}
-
 using test::allowed;
+using test::kjv_tokenizer;
 
 // For {"type": "object"}, with JSON mode's whitespace limit, the schema's masks are JSON mode's,
 // step for step along seeded walks.
 TEST(JsonSchema, AnyObjectMasksAreJsonModes) {
-  const Tokenizer& tok = kjv();
+  const Tokenizer& tok = kjv_tokenizer();
   const int64_t V = tok.vocab_size() + 1;
   const int32_t eos = int32_t(V - 1);
   const auto schema = JsonSchema::compile(Json::parse(R"({"type":"object"})"));
@@ -277,7 +273,7 @@ TEST(JsonSchema, AnyObjectMasksAreJsonModes) {
 // Seeded walks through a schema's mask on the bundled vocabulary: every step's text is a prefix
 // the recognizer takes, and every walk that ends wrote a value the validator accepts.
 TEST(JsonSchema, WalksThroughTheMaskEndInValidValues) {
-  const Tokenizer& tok = kjv();
+  const Tokenizer& tok = kjv_tokenizer();
   const int64_t V = tok.vocab_size() + 1;
   const int32_t eos = int32_t(V - 1);
   const Json& s = person();

@@ -99,12 +99,8 @@ TEST(JsonMode, RecognizerRefusesAtTheFirstBadByte) {
   EXPECT_EQ(feed(deep).first, deep.size() - 1);  // the 64th level of nesting is refused
 }
 
-const Tokenizer& kjv_tokenizer() {
-  static const Tokenizer t = Tokenizer::load(test::source_dir() + "/models/kjv-dsa/tokenizer.json");
-  return t;
-}
-
 using test::allowed;
+using test::kjv_tokenizer;
 
 // Writes `doc` through the mask: at each step the allowed token whose bytes are the longest prefix
 // of what is left (the mask must leave one), then the end of sequence, which only then is allowed.
