@@ -718,6 +718,30 @@ TEST(Engine, CopyableConstraintsAreSpeculated) {
   EXPECT_GT(m.num_drafts, 0);
   EXPECT_GT(m.num_accepted_tokens, 0);
   EXPECT_GT(*cycle->copies, m.num_drafts);  // a copy to draft and one to verify, each round
+
+  // A constraint that leaves one token a step: the drafts, masked as the verified rows are, are
+  // that token, and every one of them is accepted.
+  struct Script : TokenConstraint {
+    std::vector<int32_t> ids;
+    size_t at = 0;
+    void mask(float* logits, int64_t vocab) override {
+      for (int64_t i = 0; i < vocab; ++i)
+        if (at >= ids.size() || i != ids[at]) logits[i] = -INFINITY;
+    }
+    void accept(int32_t) override { ++at; }
+    std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<Script>(*this); }
+  };
+  auto script = std::make_shared<Script>();
+  for (int i = 0; i < 20; ++i) script->ids.push_back(int32_t(7 + 13 * i));
+  EngineRequest forced = request_of(Case{{6, 2, 8}, 20, 0.7f, 5});
+  forced.constraint = script;
+  Collector f;
+  engine->submit(forced, f.sink());
+  ASSERT_TRUE(f.wait());
+  EXPECT_EQ(f.ids, script->ids);
+  const EngineMetrics after = engine->metrics();
+  EXPECT_GT(after.num_draft_tokens, m.num_draft_tokens);
+  EXPECT_EQ(after.num_accepted_tokens - m.num_accepted_tokens, after.num_draft_tokens - m.num_draft_tokens);
 }
 
 }  // namespace
