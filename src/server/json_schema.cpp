@@ -222,7 +222,7 @@ SchemaPrefix::SchemaPrefix(std::shared_ptr<const JsonSchema> schema, int space_r
   threads_.push_back(std::move(t));
 }
 
-// Bytes that stay inside the one reading's innermost string, number or literal change only its
+// Bytes that stay inside the one reading's innermost string or number change only its
 // frame: stepped in place, without the general path's copies. False: the general path decides
 // (nothing changed).
 bool SchemaPrefix::push_in_place(unsigned char c) {
