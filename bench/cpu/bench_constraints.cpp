@@ -1,0 +1,94 @@
+// Times the server's token constraints (src/server/constraints.h) on a tokenizer's vocabulary: the
+// mask of a state met for the first time (the vocabulary walked as a trie) and of a state met
+// again (kept by its signature), for JSON mode and a structured-output schema, inside and outside
+// strings. Prints a table (microseconds, medians of the runs).
+//
+//   bench_constraints [--tokenizer FILE] [--runs N]   (default: the bundled model's tokenizer)
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "server/constraints.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+template <class Make>
+void row(const char* what, const char* text, const dsi::Tokenizer& tok, int runs, Make make) {
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  const std::vector<int32_t> ids = tok.encode(text);
+  std::vector<double> first, kept;
+  int allowed = 0;
+  for (int r = 0; r < runs; ++r) {
+    std::unique_ptr<dsi::TokenConstraint> c = make(eos);
+    std::vector<float> logits(size_t(V), 0.0f);
+    c->mask(logits.data(), V);  // the start's mask (and the tokenizer's byte order, once)
+    for (int32_t id : ids) c->accept(id);
+    std::fill(logits.begin(), logits.end(), 0.0f);
+    const auto t0 = Clock::now();
+    c->mask(logits.data(), V);
+    const auto t1 = Clock::now();
+    c->mask(logits.data(), V);
+    const auto t2 = Clock::now();
+    first.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+    kept.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+    allowed = int(std::count(logits.begin(), logits.end(), 0.0f));
+  }
+  std::printf("%-12s %-34s %9.1f %9.1f %8d\n", what, (std::string("'") + text + "'").c_str(), median(first),
+              median(kept), allowed);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string path = std::string(DSI_SOURCE_DIR_DEFAULT) + "/models/kjv-dsa/tokenizer.json";
+  int runs = 21;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--tokenizer") && i + 1 < argc) path = argv[++i];
+    else if (!std::strcmp(argv[i], "--runs") && i + 1 < argc) runs = std::max(1, std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: bench_constraints [--tokenizer FILE] [--runs N]\n");
+      return 2;
+    }
+  }
+  try {
+    const dsi::Tokenizer tok = dsi::Tokenizer::load(path);
+    const auto schema = dsi::server::JsonSchema::compile(nlohmann::json::parse(R"({
+      "type": "object",
+      "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                     "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}},
+                     "boss": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+      "required": ["name"], "additionalProperties": false})"));
+    std::printf("tokenizer %s: %d ids\n", path.c_str(), tok.vocab_size());
+    std::printf("%-12s %-34s %9s %9s %8s\n", "constraint", "after", "first us", "kept us", "allowed");
+    auto json = [&](int32_t eos) {
+      return std::make_unique<dsi::server::JsonConstraint>(tok, std::vector<int32_t>{eos}, -1, -1, false);
+    };
+    auto structured = [&](int32_t eos) {
+      return std::make_unique<dsi::server::SchemaConstraint>(tok, schema, std::vector<int32_t>{eos}, -1, -1, false);
+    };
+    for (const char* text : {R"({"name": "in the beginning)", R"({"name": "x", "age": 12)", R"({"boss": )",
+                             R"({"name": "x", "tags": ["a", )"}) {
+      row("json_object", text, tok, runs, json);
+      row("json_schema", text, tok, runs, structured);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_constraints: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
