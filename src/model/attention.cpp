@@ -5,6 +5,7 @@
 #include "model/attention.h"
 
 #include <cstdlib>
+#include <string_view>
 
 #include "model/indexer.h"
 #include "ops/beside.h"
@@ -19,11 +20,12 @@
 namespace dsi {
 
 namespace {
-// DSI_STORE_BESIDE=1: the cache store of a layer that reuses its top-k runs beside q_b (being measured).
+// The cache store of a layer that reuses its top-k runs beside q_b unless DSI_STORE_BESIDE=0 (for
+// comparisons; docs/decode-performance.md).
 bool store_beside() {
   static const bool on = [] {
     const char* env = std::getenv("DSI_STORE_BESIDE");
-    return env != nullptr && std::atoi(env) > 0;
+    return env == nullptr || std::string_view(env) != "0";
   }();
   return on;
 }

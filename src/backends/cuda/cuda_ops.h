@@ -108,8 +108,7 @@ uint64_t gemv_tma_launches();
 bool rms_norm_linear_fused(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out);
 // Whether rms_norm_linear_fused would take these operands (an output of w's rows, contiguous).
 bool rms_norm_linear_fuses(const Tensor& x, const Tensor& norm_w, const LinearWeight& w);
-// Whether rms_norm_linear_fused may fuse: off unless DSI_GEMV_NORM=1 or switched here (the kernel's
-// prologue has not yet run on a GPU; tests switch it on).
+// Whether rms_norm_linear_fused may fuse: on unless DSI_GEMV_NORM=0 or switched here (tests).
 bool norm_in_gemv();
 void set_norm_in_gemv(bool on);
 bool fp8_prefill();

@@ -229,7 +229,7 @@ std::atomic<int> g_norm_in_gemv{-1};  // -1: DSI_GEMV_NORM not read yet
 }  // namespace
 
 bool norm_in_gemv() {
-  return switch_value(g_norm_in_gemv, [] { return env_switched_on("DSI_GEMV_NORM") ? 1 : 0; }) == 1;
+  return switch_value(g_norm_in_gemv, [] { return env_switched_off("DSI_GEMV_NORM") ? 0 : 1; }) == 1;
 }
 
 void set_norm_in_gemv(bool on) { g_norm_in_gemv.store(on ? 1 : 0); }
