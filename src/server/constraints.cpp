@@ -216,8 +216,7 @@ bool JsonTextConstraint<Recognizer>::fits(int32_t id) const {
   if (tokenizer_.is_special(id)) return false;
   const std::string* bytes = tokenizer_.token_bytes(id);
   if (bytes == nullptr || bytes->empty()) return false;
-  Recognizer& next = scratch_;  // a copy into kept storage: no allocation per token
-  next = json_;
+  Recognizer next = json_;  // (the masks walk the vocabulary in fitting(), not token by token)
   if (tokenizer_.spaced_tokens() && wrote_ && !next.advance(" ")) return false;
   return next.advance(*bytes);
 }

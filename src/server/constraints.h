@@ -115,8 +115,7 @@ class JsonTextConstraint : public AnswerConstraint {
   JsonTextConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
                      bool in_reasoning, Recognizer start)
       : AnswerConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning),
-        json_(std::move(start)),
-        scratch_(json_) {}
+        json_(std::move(start)) {}
   const Recognizer& state() const { return json_; }
   std::unique_ptr<TokenConstraint> clone() const override;  // (the masks kept are shared)
 
@@ -130,7 +129,6 @@ class JsonTextConstraint : public AnswerConstraint {
   static constexpr size_t kCachedMasks = 16;
   bool wrote_ = false;  // a token of the JSON text has been written (spaced tokenizers)
   Recognizer json_;
-  mutable Recognizer scratch_;  // fits()'s trial state
   std::vector<Recognizer> states_;  // the fill's states after each prefix of a token
   // Signature -> bits, the most recent last; shared with the copies (the engine's drafts).
   using Masks = std::vector<std::pair<std::string, Bits>>;
