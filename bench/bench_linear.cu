@@ -11,7 +11,8 @@
 // The MoE rows time the grouped GEMVs of one token's experts as the MoE layer launches them; the
 // MLA rows the per-head products of kv_b_proj (absorbed query, value up-projection).
 // --only NAME keeps the shapes whose layer name contains NAME (and skips the MoE rows).
-//   bench_linear [--sweep] [--reps N] [--only NAME] [--gemm-only | --gemv-only | --moe-only]
+// --rows N times the GEMV rows of N rows of x only (1, 2, 4 or 8; default all four).
+//   bench_linear [--sweep] [--reps N] [--only NAME] [--rows N] [--gemm-only | --gemv-only | --moe-only]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -103,11 +104,11 @@ std::string plan_name(const dsi::cuda::GemvPlan& plan) {
          (plan.row_groups_per_warp > 1 ? " rg" + std::to_string(plan.row_groups_per_warp) : "");
 }
 
-// Times every plan and names the fastest: "; best R4 ks2 30.1 us (77.0%)".
+// Times every FMA plan and names the three fastest: "; best R4 ks2 regs 30.1 us (77.0%); R4 ks4
+// pipe 30.4 us (76.2%); ...". The heuristic's own time counts as "heuristic" where it beats them.
 template <typename Run>
 std::string sweep_plans(const dsi::cuda::GemvPlan& plan, double us, double bytes, Run&& run_plan) {
-  double best = us;
-  std::string best_name = "heuristic";
+  std::vector<std::pair<double, std::string>> times = {{us, "heuristic"}};
   for (bool pipe : {false, true})
   for (int r : {1, 2, 4})
     for (int ks : {1, 2, 4, 8}) {
@@ -118,16 +119,17 @@ std::string sweep_plans(const dsi::cuda::GemvPlan& plan, double us, double bytes
       alt.row_groups_per_warp = 1;
       alt.mma = false;
       alt.tma = {};
-      const double t = run_plan(alt);
-      if (t < best) {
-        best = t;
-        best_name = plan_name(alt);
-      }
+      times.emplace_back(run_plan(alt), plan_name(alt));
     }
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "; best %s %.2f us (%.1f%%)", best_name.c_str(), best,
-                100.0 * bytes / (best * 1e-6) / 1e9 / kPeakGBs);
-  return buf;
+  std::sort(times.begin(), times.end());
+  std::string out;
+  for (size_t i = 0; i < times.size() && i < 3; ++i) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "; %s%s %.2f us (%.1f%%)", i == 0 ? "best " : "", times[i].second.c_str(),
+                  times[i].first, 100.0 * bytes / (times[i].first * 1e-6) / 1e9 / kPeakGBs);
+    out += buf;
+  }
+  return out;
 }
 
 // One fp8 row: times every tensor-map plan launch_gemv_tma takes (one or more blocks per SM; the
@@ -317,7 +319,7 @@ void bench_mla_heads(const char* model, int64_t heads, int64_t nope, int64_t dv,
 
 int main(int argc, char** argv) {
   bool sweep = false, gemv = true, gemm = true, moe_only = false;
-  int reps = 30;
+  int reps = 30, only_rows = 0;
   std::string only;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sweep")) sweep = true;
@@ -326,8 +328,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--moe-only")) gemm = false, moe_only = true;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) reps = std::max(3, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    else if (!std::strcmp(argv[i], "--rows") && i + 1 < argc) only_rows = std::atoi(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--sweep] [--reps N] [--only NAME] [--gemm-only | --gemv-only | --moe-only]\n",
+      std::fprintf(stderr,
+                   "usage: %s [--sweep] [--reps N] [--only NAME] [--rows N] [--gemm-only | --gemv-only | --moe-only]\n",
                    argv[0]);
       return 2;
     }
@@ -388,6 +392,7 @@ int main(int argc, char** argv) {
         const char* dt = fp8 ? "fp8" : "bf16";
         if (gemv)
           for (int n : {1, 2, 4, 8}) {
+            if (only_rows != 0 && n != only_rows) continue;
             dsi::cuda::GemvParams p = gemv_params(sh, fp8, n, x, y);
             const double bytes = double(ws.bytes + ws.scale_bytes) + 4.0 * n * (sh.in + sh.out);
             auto run_plan = [&](const dsi::cuda::GemvPlan& plan) {
@@ -403,7 +408,13 @@ int main(int argc, char** argv) {
             const dsi::cuda::GemvPlan plan = dsi::cuda::gemv_plan(p, sms);
             const double us = run_plan(plan);
             std::string extra = plan_name(plan);
-            if (sweep) extra += sweep_plans(plan, us, bytes, run_plan);
+            if (sweep) {  // the FMA plans around the one gemv_plan makes with the tensor-map kernel off
+              const bool tma = dsi::cuda::gemv_tma();
+              dsi::cuda::set_gemv_tma(false);
+              const dsi::cuda::GemvPlan base = dsi::cuda::gemv_plan(p, sms);
+              dsi::cuda::set_gemv_tma(tma);
+              extra += sweep_plans(base, us, bytes, run_plan);
+            }
             print_row(sh, dt, n, "gemv", us, bytes, extra);
             if (sweep && dsi::cuda::gemv_tma_ok(p)) {
               const auto [best, plans] = sweep_tma_plans(p, bytes, run_plan);

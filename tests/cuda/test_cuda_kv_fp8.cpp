@@ -20,6 +20,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backends/cuda/kv_fp8/kv_fp8.h"
 #include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
 #include "backends/cpu/cpu_kv_fp8.h"
@@ -436,6 +437,73 @@ TEST_F(CudaKvFp8, IndexerLogitsQueryPrepIsRopeAndScaleFirst) {
       ops::indexer_logits_fp8(q, w, pool, i32(pg.table, {1, pg.max_pages}), rs, bd, scale, cpu, &prep);
       if (d < 128) test::expect_bitwise(got, cpu, what + " vs CPU");
       test::expect_same_specials(got, cpu, what + " vs CPU");
+    }
+  }
+}
+
+// The query rotation of d = 128 (rotate_quant's query mode), on one warp per vector (the default)
+// and on one block per vector, against the CPU reference: RoPE of either style or none, then the
+// rotation and quantisation; the e4m3 bytes, their f32 values and the folded weights bitwise. An
+// outlier, an all-zero vector (the amax floor) and a count of vectors that leaves a block part-full.
+TEST_F(CudaKvFp8, QueryRotationOnWarpsAndBlocksIsTheCpus) {
+  const int64_t rows = 3, heads = 13, d = 128, n = rows * heads;
+  Tensor q = test::rand_tensor({rows, heads, d}, 91, 3.0f);
+  q.f32()[d + 9] = 3000.0f;
+  for (int64_t c = 0; c < d; ++c) q.f32()[2 * d + c] = 0.0f;
+  const Tensor w = test::rand_tensor({rows, heads}, 92);
+  const ops::RopeFreqs f = ops::compute_rope_freqs(RopeConfig{}, 64);
+  const int64_t half = int64_t(f.inv_freq.size());
+  const Tensor pos = i32({7, 4095, 131071}, {rows}), inv = Tensor::from_f32(f.inv_freq, {half});
+  const float softmax_scale = 1.0f / std::sqrt(float(d)), wscale = 1.0f / std::sqrt(float(heads));
+  const Tensor dq = dev(q), dw = dev(w), dpos = dev(pos), dinv = dev(inv);
+  for (int style = -1; style <= 1; ++style) {
+    // The CPU: RoPE on a copy, then each vector's rotation and quantisation.
+    Tensor qr = Tensor::empty({rows, heads, d}, DType::F32);
+    ops::copy(q, qr);
+    if (style >= 0) ops::rope(qr, pos, inv, 0.9f, RopeStyle(style), 0);
+    std::vector<uint8_t> want(static_cast<size_t>(n * d));
+    std::vector<float> want_w(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const float qs = cpu::rotate_quantize(qr.f32() + i * d, d, want.data() + i * d);
+      want_w[size_t(i)] = ((w.f32()[i] * wscale) * qs) * softmax_scale;
+    }
+    for (bool warp : {true, false}) {
+      const std::string what = "query rotation style " + std::to_string(style) + (warp ? " warp" : " block");
+      Tensor q8 = dev(Tensor::zeros({n, d}, DType::F32)), q8b = dev(filled_u8({n, d}, 0xa5));
+      Tensor wq = dev(Tensor::zeros({n}, DType::F32));
+      cuda::RotateQuantParams p{};
+      p.x = dq.f32();
+      p.x_stride = d;
+      p.n = n;
+      p.d = int(d);
+      p.hadamard_scale = float(1.0 / std::sqrt(double(d)));
+      p.weights = dw.f32();
+      p.softmax_scale = softmax_scale;
+      p.weights_scale = wscale;
+      p.q8 = q8.f32();
+      p.q8_bytes = static_cast<uint8_t*>(q8b.raw());
+      p.wq = wq.f32();
+      if (style >= 0) {
+        p.positions = dpos.i32();
+        p.inv_freq = dinv.f32();
+        p.rope_half = int(half);
+        p.heads = int(heads);
+        p.interleaved = RopeStyle(style) == RopeStyle::kInterleaved;
+        p.attention_factor = 0.9f;
+      }
+      cuda::set_rotate_quant_warp(warp);
+      cuda::launch_rotate_quant(p, nullptr);
+      cuda::set_rotate_quant_warp(true);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+      const Tensor gb = host(q8b), gf = host(q8), gw = host(wq);
+      const auto* b = static_cast<const uint8_t*>(gb.raw());
+      int bad = 0;
+      for (int64_t i = 0; i < n * d; ++i)
+        if ((b[i] != want[size_t(i)] || gf.f32()[i] != e4m3_to_f32(want[size_t(i)])) && bad++ < 5)
+          ADD_FAILURE() << what << ": value " << i << " GPU byte " << int(b[i]) << " CPU " << int(want[size_t(i)]);
+      EXPECT_EQ(bad, 0) << what;
+      for (int64_t i = 0; i < n; ++i)
+        EXPECT_EQ(gw.f32()[i], want_w[size_t(i)]) << what << ": folded weight " << i;
     }
   }
 }

@@ -261,8 +261,8 @@ TEST_F(CudaLinearGemv, TensorCoreKernelMatches) {
 // 512-byte pieces), a last tile of 2 rows with rows of 2304 bytes (1 warp a tile, 256-byte pieces),
 // 36864 rows (each warp two tiles in turn), a slice starting one tile into its scale block (one
 // starting 5 rows in stays on the FMA kernels: its tiles would straddle scale blocks); x blocks of
-// very different magnitudes. A product too small to fill the GPU evenly
-// stays on the FMA kernels.
+// very different magnitudes; GLM-5's in_proj (two tiles on 88 SMs). A product that would leave most
+// SMs idle stays on the FMA kernels.
 TEST_F(CudaLinearGemv, TensorMapKernelMatches) {
   GemvSwitches restore;
   cuda::set_gemv_tma(true);
@@ -273,7 +273,8 @@ TEST_F(CudaLinearGemv, TensorMapKernelMatches) {
   EXPECT_EQ(plan_of(2050, 2304), (std::array<int, 4>{1, 1, 1, 256}));
   EXPECT_EQ(plan_of(36864, 1024), (std::array<int, 4>{9, 1, 2, 512}));
   EXPECT_EQ(plan_of(1000, 2048)[0], 0);  // 63 tiles: most SMs would idle
-  EXPECT_EQ(plan_of(2816, 6144)[0], 0);  // 176 tiles: two on some SMs, one on others
+  // 176 tiles (GLM-5's in_proj): two on 88 SMs, the rest idle, yet faster than the FMA kernels.
+  EXPECT_EQ(plan_of(2816, 6144), (std::array<int, 4>{2, 4, 1, 512}));
   struct Case {
     int64_t out, in, row0;
     int nan_row;
@@ -282,6 +283,7 @@ TEST_F(CudaLinearGemv, TensorMapKernelMatches) {
   for (const Case& c : std::vector<Case>{{6144, 16384, 0, -1, true},
                                          {16384, 2048, 0, 0, true},
                                          {2050, 2304, 0, -1, true},
+                                         {2816, 6144, 0, -1, true},
                                          {36864, 1024, 0, -1, true},
                                          {4096, 1024, 16, -1, true},
                                          {4096, 1024, 5, -1, false},  // tiles would straddle scale rows

@@ -97,6 +97,11 @@ uint64_t gemv_tensor_core_launches();
 bool gemv_tma();
 void set_gemv_tma(bool on);
 uint64_t gemv_tma_launches();
+// How even the tensor-map kernel's plan must spread a product over the SMs before gemv_plan takes
+// it: the average SM's tiles at least this percent of the busiest SM's (gemv_tma_plan; default
+// kGemvTmaBalance in linear/gemv.h, DSI_GEMV_TMA_BALANCE=P or this call for comparisons).
+int gemv_tma_balance();
+void set_gemv_tma_balance(int percent);
 // Whether ops::linear runs more than the GEMV's rows (prefill) of fp8 block-scaled weights in
 // DeepSeek's recipe, on the fp8 tensor cores (ops::linear_fp8_act: activations quantised per
 // 128 columns, no dequantised copy of the weight), instead of fp32 GEMMs over dequantised rows (the

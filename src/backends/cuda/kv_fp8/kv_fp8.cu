@@ -4,6 +4,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "backends/cuda/common.cuh"
@@ -11,6 +12,7 @@
 #include "backends/cuda/kv_fp8/kv_fp8.h"
 #include "backends/cuda/kv_fp8/sm90_indexer_logits.h"
 #include "backends/cuda/kv_fp8/sm90_sparse_mla_decode.h"
+#include "backends/cuda/switch_value.h"
 #include "ops/kv_fp8.h"
 
 namespace dsi::cuda {
@@ -154,6 +156,97 @@ __global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantPar
         p.wq[i] = __fmul_rn(__fmul_rn(__fmul_rn(p.weights[i], p.weights_scale), pow2f(e)), p.softmax_scale);
     }
     __syncthreads();  // xs is rewritten by the next vector
+  }
+}
+
+// ---- rotate + quantise, d = 128 without LayerNorm: one warp per vector ----
+
+constexpr int kRwWarps = 4;
+
+// rotate_quant_kernel's results, bit for bit, with no block barriers: lane l holds values 4l..4l+3,
+// the rotation's first two stages run in the lane and the other five across lanes (shuffles), each
+// pair's sum and difference the same two roundings as the shared-memory butterfly; RoPE's pairs
+// meet in the warp's slice of shared memory. A decode step's queries (one row: 32 or 64 vectors)
+// used to wait on a block's 10 barriers per vector.
+__global__ void __launch_bounds__(kRwWarps * 32) rotate_quant_warp_kernel(RotateQuantParams p) {
+  pdl_enter();
+  constexpr int d = 128;
+  __shared__ float xs[kRwWarps][d];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t page_bytes = int64_t(kPage) * (d + 4);
+  for (int64_t i = int64_t(blockIdx.x) * kRwWarps + warp; i < p.n; i += int64_t(gridDim.x) * kRwWarps) {
+    int32_t slot = 0;
+    if (p.pool != nullptr) {
+      slot = p.slots[i];
+      if (slot < -1 || int64_t(slot) >= p.n_pages * kPage) {
+        if (lane == 0) atomicMin(p.bad, static_cast<unsigned long long>(i));
+        continue;  // warp-uniform
+      }
+      if (slot < 0) continue;
+    }
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = p.x[i * p.x_stride + 4 * lane + e];
+    if (p.positions != nullptr) {
+      float* x = xs[warp];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[4 * lane + e] = v[e];
+      __syncwarp();
+      const float pos = float(p.positions[i / p.heads]);
+      for (int j = lane; j < p.rope_half; j += 32) {
+        const int a = p.interleaved ? 2 * j : j, b = p.interleaved ? 2 * j + 1 : j + p.rope_half;
+        const float x1 = x[a], x2 = x[b];
+        rope_pair(x1, x2, pos, p.inv_freq[j], p.attention_factor, x[a], x[b]);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v[e] = x[4 * lane + e];
+      __syncwarp();  // read before the next vector's values overwrite them
+    }
+    // Stages h = 1 and 2 (pairs inside the lane), then h = 4 .. 64 (lane l with lane l ^ h / 4: the
+    // lower lane keeps a + b, the upper a - b, a the lower one's value).
+#pragma unroll
+    for (int h = 1; h <= 2; h *= 2)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        if ((e & h) == 0) {
+          const float a = v[e], b = v[e + h];
+          v[e] = __fadd_rn(a, b);
+          v[e + h] = __fsub_rn(a, b);
+        }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2) {
+      const bool upper = (lane & m) != 0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float o = __shfl_xor_sync(0xffffffffu, v[e], m);
+        v[e] = upper ? __fsub_rn(o, v[e]) : __fadd_rn(v[e], o);
+      }
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v[e] = __fmul_rn(v[e], p.hadamard_scale);
+      amax = fmaxf(amax, fabsf(v[e]));
+    }
+    const int ex = ue8m0_exponent(warp_max(amax));
+    const float inv = pow2f(-ex);
+    uint32_t packed = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) packed |= uint32_t(quantize_e4m3(__fmul_rn(v[e], inv))) << (8 * e);
+    if (p.pool != nullptr) {
+      uint8_t* page = p.pool + int64_t(slot / kPage) * page_bytes;
+      const int off = slot % kPage;
+      *reinterpret_cast<uint32_t*>(page + int64_t(off) * d + 4 * lane) = packed;
+      if (lane == 0) *reinterpret_cast<float*>(page + int64_t(kPage) * d + off * 4) = pow2f(ex);
+    } else {
+      if (p.q8 != nullptr)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) p.q8[i * d + 4 * lane + e] = e4m3_to_float(uint8_t(packed >> (8 * e)));
+      if (p.q8_bytes != nullptr) *reinterpret_cast<uint32_t*>(p.q8_bytes + i * d + 4 * lane) = packed;
+      if (lane == 0)
+        p.wq[i] = __fmul_rn(__fmul_rn(__fmul_rn(p.weights[i], p.weights_scale), pow2f(ex)), p.softmax_scale);
+    }
   }
 }
 
@@ -519,9 +612,24 @@ void check_aligned(const void* ptr, size_t align, const char* op, const char* wh
 
 }  // namespace
 
+namespace {
+std::atomic<int> g_rotate_warp{-1};
+}  // namespace
+
+bool rotate_quant_warp() {
+  return switch_value(g_rotate_warp, [] { return env_switched_off("DSI_ROTATE_WARP") ? 0 : 1; }) == 1;
+}
+
+void set_rotate_quant_warp(bool on) { g_rotate_warp.store(on ? 1 : 0); }
+
 void launch_rotate_quant(const RotateQuantParams& p, cudaStream_t s) {
   if (p.n == 0) return;
-  launch(rotate_quant_kernel, grid_items(p.n), kRqThreads, 0, s, p);
+  // The pool's rows and the query bytes are written 4 bytes a lane.
+  const bool aligned = reinterpret_cast<uintptr_t>(p.pool) % 4 == 0 && reinterpret_cast<uintptr_t>(p.q8_bytes) % 4 == 0;
+  if (p.d == 128 && p.norm_weight == nullptr && aligned && rotate_quant_warp())
+    launch(rotate_quant_warp_kernel, grid_items((p.n + kRwWarps - 1) / kRwWarps), kRwWarps * 32, 0, s, p);
+  else
+    launch(rotate_quant_kernel, grid_items(p.n), kRqThreads, 0, s, p);
 }
 
 size_t indexer_logits_fp8_smem_bytes(int heads, int d) {

@@ -48,6 +48,10 @@ struct RotateQuantParams {
   float attention_factor;
 };
 void launch_rotate_quant(const RotateQuantParams& p, cudaStream_t stream);
+// Whether d = 128 without LayerNorm (the models' query rotation and plain key stores) runs one warp
+// per vector instead of one block (the same bits): on unless DSI_ROTATE_WARP=0 or switched here.
+bool rotate_quant_warp();
+void set_rotate_quant_warp(bool on);
 
 struct IndexerLogitsFp8Params {
   const float* q8;             // [rows, heads, d] e4m3 values as f32 (rotate_quant query mode):

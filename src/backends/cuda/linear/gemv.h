@@ -98,6 +98,13 @@ struct GemvPlan {
 // The L2 bytes one GEMV launch prefetches in all (its blocks' shares of it): kGemvPrefetchMB MiB,
 // or DSI_GEMV_PREFETCH_MB from the environment (0 turns the prefetch off; for comparisons).
 constexpr int64_t kGemvPrefetchMB = 16;
+// gemv_tma_balance()'s default, percent. Measured, one H200, one fp8 row (bench_linear --gemv-only
+// --sweep --rows 1; the tensor-map plan's balance, its time against the FMA plan's, us): GLM-5's
+// in_proj 67% 7.35 / 7.96 and its shared layers' 64% 7.19 / 7.94, DeepSeek-V3.2's o_proj 85%
+// 34.09 / 34.69 and in_proj 55% 9.09 / 9.55; the indexer's weights_proj 2% 4.74 / 1.67. Whole
+// layers (bench_decode --graphs --rows 1, 90 -> 60, two pairs, us): GLM-5.2 202.6 -> 200.2 and
+// 202.9 -> 201.5, DeepSeek-V3.2 274.4 -> 272.7 and 274.3 -> 273.6.
+constexpr int kGemvTmaBalance = 50;
 int64_t gemv_prefetch_budget();
 // Rows of W (from row 0 of each product) that one block of plan's kernel streams: the vector
 // kernel's row groups of all its warps, or the tensor-core kernel's 32-row groups.

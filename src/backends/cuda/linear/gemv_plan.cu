@@ -18,6 +18,7 @@ std::atomic<int> g_tensor_cores{-1};
 std::atomic<int> g_mma_one_row{-1};
 std::atomic<int> g_tma{-1};
 std::atomic<int> g_row_groups_per_warp{-1};
+std::atomic<int> g_tma_balance{-1};
 }  // namespace
 
 bool gemv_tensor_cores() {
@@ -37,6 +38,15 @@ bool gemv_tma() {
 }
 
 void set_gemv_tma(bool on) { g_tma.store(on ? 1 : 0); }
+
+int gemv_tma_balance() {
+  return switch_value(g_tma_balance, [] {
+    const char* env = std::getenv("DSI_GEMV_TMA_BALANCE");
+    return env != nullptr ? std::clamp(std::atoi(env), 0, 100) : kGemvTmaBalance;
+  });
+}
+
+void set_gemv_tma_balance(int percent) { g_tma_balance.store(std::clamp(percent, 0, 100)); }
 
 int gemv_row_groups_per_warp() {
   return switch_value(g_row_groups_per_warp, [] {

@@ -283,9 +283,9 @@ GemvTmaPlan gemv_tma_plan(const GemvParams& p, int num_sms) {
       }
   }
   // Only where the SMs' work is balanced: the busiest SM streams best_tiles tiles, the average SM at
-  // least 90% of that (a product of a few tiles per SM that leaves many SMs idle stays on the FMA
-  // kernels, which spread it over all of them).
-  if (best.warp_tiles == 0 || tiles * 10 < best_tiles * num_sms * 9) return GemvTmaPlan{};
+  // least gemv_tma_balance() percent of that (a product of a few tiles per SM that leaves many SMs
+  // idle stays on the FMA kernels, which spread it over all of them).
+  if (best.warp_tiles == 0 || tiles * 100 < best_tiles * num_sms * gemv_tma_balance()) return GemvTmaPlan{};
   return best;
 }
 
