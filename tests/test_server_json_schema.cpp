@@ -272,6 +272,34 @@ TEST(JsonSchema, AnyObjectMasksAreJsonModes) {
 
 // Seeded walks through a schema's mask on the bundled vocabulary: every step's text is a prefix
 // the recognizer takes, and every walk that ends wrote a value the validator accepts.
+// Inside a string of a schema the masks take the plain-text tokens at once only where the string
+// has no maxLength; either way the mask is each token tried alone: a free string, a limited one
+// (short of its limit, and at it), a string beside an enum of strings that share its start.
+TEST(JsonSchema, MasksInsideStringsAreEachTokenTried) {
+  const Tokenizer& tok = kjv_tokenizer();
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  const auto schema = JsonSchema::compile(Json::parse(R"({"type": "object", "properties": {
+      "free": {"type": "string"}, "short": {"type": "string", "maxLength": 3},
+      "either": {"anyOf": [{"enum": ["Moses", "Aaron"]}, {"type": "string", "maxLength": 6}]},
+      "or": {"anyOf": [{"enum": ["Moses"]}, {"type": "string"}]}}})"));
+  for (const std::string& text : {std::string(R"({"free": "Mo)"), std::string(R"({"short": "a)"),
+                                  std::string(R"({"short": "abc)"), std::string(R"({"either": "Mo)"),
+                                  std::string(R"({"or": "Mo)"), std::string("{\"free\": \"\xC3")}) {
+    SchemaConstraint c(tok, schema, {eos}, -1, -1, false);
+    for (unsigned char b : text) {  // a token a byte
+      int32_t one = -1;
+      for (int32_t id = 0; id < tok.vocab_size() && one < 0; ++id)
+        if (const std::string* t = tok.token_bytes(id); t && *t == std::string(1, char(b)) && !tok.is_special(id)) one = id;
+      ASSERT_GE(one, 0);
+      c.accept(one);
+    }
+    const std::vector<int32_t> ok = allowed(c, V);
+    EXPECT_EQ(ok, test::each_token(c.state(), tok, V, eos)) << text;
+    EXPECT_FALSE(ok.empty()) << text;
+  }
+}
+
 TEST(JsonSchema, WalksThroughTheMaskEndInValidValues) {
   const Tokenizer& tok = kjv_tokenizer();
   const int64_t V = tok.vocab_size() + 1;

@@ -5,6 +5,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -231,6 +232,36 @@ TEST(TokenizerKjv, VocabularyAndSpecialTokens) {
   EXPECT_EQ(t.decode(ids), "<|user|>hi<|assistant|>");
   EXPECT_EQ(t.decode(ids, true), "hi");
   EXPECT_EQ(t.decode({-5, 99999, t.encode("x").at(0)}), "x");
+}
+
+// byte_split: the ids of byte_order() with the property as bits, the others in byte order with
+// the bytes each shares with the one before it among them; made once per name.
+TEST(TokenizerKjv, ByteSplitPartsTheByteOrder) {
+  const Tokenizer& t = kjv();
+  const Tokenizer::ByteOrder& order = t.byte_order();
+  auto has_e = [](std::string_view b) { return b.find('e') != std::string_view::npos; };
+  const Tokenizer::ByteSplit& split = t.byte_split("has e", has_e);
+  EXPECT_EQ(&t.byte_split("has e", [](std::string_view) { return false; }), &split) << "made once per name";
+  auto with = [&](int32_t id) { return (split.with[size_t(id) / 64] >> (id % 64) & 1) != 0; };
+  size_t n_with = 0;
+  for (const uint64_t w : split.with) n_with += size_t(__builtin_popcountll(w));
+  EXPECT_EQ(n_with + split.rest.ids.size(), order.ids.size());
+  EXPECT_GT(n_with, 100u);
+  EXPECT_GT(split.rest.ids.size(), 100u);
+  for (int32_t id : order.ids) EXPECT_EQ(with(id), has_e(*t.token_bytes(id))) << id;
+  size_t longest = 0;
+  for (size_t k = 0; k < split.rest.ids.size(); ++k) {
+    const std::string& b = *t.token_bytes(split.rest.ids[k]);
+    EXPECT_FALSE(has_e(b));
+    longest = std::max(longest, b.size());
+    if (k == 0) continue;
+    const std::string& a = *t.token_bytes(split.rest.ids[k - 1]);
+    EXPECT_LT(a, b);
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    EXPECT_EQ(split.rest.shared[k], n) << a << " / " << b;
+  }
+  EXPECT_EQ(split.rest.longest, longest);
 }
 
 TEST(TokenizerRoundTrip, DecodeOfEncodeIsIdentityOnValidUtf8) {

@@ -244,17 +244,30 @@ const AnswerConstraint::Bits& JsonTextConstraint<Recognizer>::fitting(int64_t vo
   Bits& bits = masks.back().second;
   bits.assign(size_t((vocab + 63) / 64), 0);
   auto set = [&bits](int32_t id) { bits[size_t(id / 64)] |= uint64_t(1) << (id % 64); };
-  for (int32_t id : eos_)
-    if (id >= 0 && id < vocab && json_.complete()) set(id);
   if (states_.empty()) states_.assign(order.longest + 1, json_);
   states_[0] = json_;
   if (tokenizer_.spaced_tokens() && wrote_ && !states_[0].push(static_cast<unsigned char>(' '))) return bits;
+  // Inside a free string most tokens are plain text, which fits whatever came before: those are
+  // taken at once (a table made once per tokenizer) and only the others are walked. Outside
+  // strings, or where the string is limited, every token is walked.
+  const Tokenizer::ByteOrder* walk = &order;
+  if (states_[0].takes_string_text()) {
+    const Tokenizer::ByteSplit& split = tokenizer_.byte_split("json string text", json_string_text);
+    for (size_t w = 0; w < bits.size() && w < split.with.size(); ++w) bits[w] = split.with[w];
+    if (vocab % 64 != 0) bits.back() &= (uint64_t(1) << (vocab % 64)) - 1;  // no id at or past vocab
+    walk = &split.rest;
+  }
+  for (int32_t id : eos_)  // the end comes only once the text is whole
+    if (id >= 0 && id < vocab) {
+      if (json_.complete()) set(id);
+      else bits[size_t(id / 64)] &= ~(uint64_t(1) << (id % 64));
+    }
   size_t valid = 0;          // states_[0..valid]: the last tried token's prefixes, all fitting
   size_t dead = SIZE_MAX;    // that token's prefix of this length does not fit
   size_t common = SIZE_MAX;  // the bytes each token since then shares with it
-  for (size_t k = 0; k < order.ids.size(); ++k) {
-    common = std::min<size_t>(common, order.shared[k]);
-    const int32_t id = order.ids[k];
+  for (size_t k = 0; k < walk->ids.size(); ++k) {
+    common = std::min<size_t>(common, walk->shared[k]);
+    const int32_t id = walk->ids[k];
     if (dead <= common || is_eos(id)) continue;  // it starts with that prefix; or the end comes only whole
     const std::string& b = *tokenizer_.token_bytes(id);
     size_t depth = std::min(valid, common);

@@ -36,6 +36,8 @@ class JsonPrefix {
   bool advance(std::string_view bytes);
   bool complete() const { return mode_ == Mode::kDone; }
   size_t depth() const { return stack_.size(); }  // containers open
+  // Inside a string at rest: every json_string_text() token fits.
+  bool takes_string_text() const { return mode_ == Mode::kString && str_.at_rest(); }
   // What decides whether a text of at most max_bytes bytes fits: two states with equal signatures
   // take exactly the same such texts. It holds the state less the containers that so short a
   // text cannot close, and the depth only where so short a text could reach the root or the limit.

@@ -67,6 +67,15 @@ JsonStringScan::Step JsonStringScan::step(unsigned char c) {
   return Step::kMore;
 }
 
+bool json_string_text(std::string_view bytes) {
+  JsonStringScan scan;
+  for (char c : bytes) {
+    const unsigned char b = static_cast<unsigned char>(c);
+    if (b == '\\' || scan.step(b) != JsonStringScan::Step::kMore) return false;
+  }
+  return scan.at_rest();
+}
+
 void JsonStringScan::key(std::string& out) const {
   for (uint8_t b : {utf8_left, utf8_lead, uint8_t(escape_), hex_left, uint8_t(first_d), uint8_t(high), uint8_t(want_low)})
     out += char(b);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace dsi::server {
 
@@ -19,6 +20,9 @@ struct JsonStringScan {
   // backslash, but not a low surrogate's backslash after a high one's escape.
   bool char_started() const { return started_; }
   bool escaping() const { return escape_; }
+  // Between characters, no escape open and no surrogate pair half-way: where json_string_text()
+  // bytes fit whatever came before.
+  bool at_rest() const { return utf8_left == 0 && !escape_ && !want_low; }
   void key(std::string& out) const;  // appends the state's bytes (for signatures)
 
   uint8_t utf8_left = 0;  // continuation bytes still to come
@@ -30,6 +34,10 @@ struct JsonStringScan {
   bool want_low = false;  // a high surrogate's \uXXXX came: its low one must follow
   bool started_ = false;
 };
+
+// Bytes that a string at rest takes as they are and stays at rest after: whole UTF-8 characters,
+// none of them a control character, a quote or a backslash (most tokens of a vocabulary).
+bool json_string_text(std::string_view bytes);
 
 // A number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?. kEnded: the byte is not part of it
 // and what came is a whole number (the byte belongs to what follows).

@@ -277,6 +277,15 @@ bool SchemaPrefix::advance(std::string_view bytes) {
   return true;
 }
 
+bool SchemaPrefix::takes_string_text() const {
+  for (const Thread& t : threads_) {
+    if (t.stack.empty()) continue;
+    const Frame& f = t.stack.back();
+    if (f.kind == Kind::kString && f.node->max_length < 0 && f.str.at_rest()) return true;
+  }
+  return false;
+}
+
 bool SchemaPrefix::complete() const {
   for (const Thread& t : threads_) {
     if (t.stack.empty()) return true;

@@ -89,6 +89,8 @@ class SchemaPrefix {
   // Two states with equal signatures take the same texts (the argument is for JsonPrefix's form).
   std::string signature(size_t max_bytes = 0) const;
   size_t readings() const { return threads_.size(); }
+  // Some reading is inside a string without a maxLength, at rest: every json_string_text() token fits.
+  bool takes_string_text() const;
 
   static constexpr int kMaxDepth = 64;       // nesting beyond this is refused
   static constexpr size_t kMaxReadings = 64;  // readings beyond these are dropped, the last first

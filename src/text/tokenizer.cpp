@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -126,6 +127,8 @@ struct Tokenizer::Impl {
   std::array<std::string, 256> byte_chars;  // byte -> its byte-level character (UTF-8)
   mutable std::once_flag byte_order_once;      // byte_order(), made on first use
   mutable ByteOrder byte_order;
+  mutable std::mutex splits_mu;  // byte_split(): by name, made on first use
+  mutable std::map<std::string, std::unique_ptr<ByteSplit>> splits;
 
   void parse(const json& j, BpeTables tables);
   void parse_normalizer(const json& j, const std::string& w);
@@ -678,6 +681,33 @@ const Tokenizer::ByteOrder& Tokenizer::byte_order() const {
     }
   });
   return m.byte_order;
+}
+
+const Tokenizer::ByteSplit& Tokenizer::byte_split(const std::string& name,
+                                                 const std::function<bool(std::string_view)>& has) const {
+  const Impl& m = *impl_;
+  const ByteOrder& order = byte_order();
+  std::lock_guard<std::mutex> lock(m.splits_mu);
+  std::unique_ptr<ByteSplit>& split = m.splits[name];
+  if (split) return *split;
+  split = std::make_unique<ByteSplit>();
+  split->with.assign((m.id_bytes.size() + 63) / 64, 0);
+  ByteOrder& rest = split->rest;
+  uint32_t common = 0;  // the bytes shared with the last id kept in rest: the least since it
+  for (size_t k = 0; k < order.ids.size(); ++k) {
+    const int32_t id = order.ids[k];
+    common = std::min(common, order.shared[k]);
+    const std::string& bytes = m.id_bytes[size_t(id)];
+    if (has(bytes)) {
+      split->with[size_t(id) / 64] |= uint64_t(1) << (id % 64);
+      continue;
+    }
+    rest.ids.push_back(id);
+    rest.shared.push_back(rest.ids.size() == 1 ? 0 : common);
+    rest.longest = std::max(rest.longest, bytes.size());
+    common = std::numeric_limits<uint32_t>::max();
+  }
+  return *split;
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special_tokens) const {

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -53,6 +54,15 @@ class Tokenizer {
     size_t longest = 0;
   };
   const ByteOrder& byte_order() const;
+  // byte_order()'s ids split by a property of their bytes, made on first use, once per name (the
+  // name stands for the property: the same name, the same test): `with` the ids that have it, as
+  // bits (word id / 64, bit id % 64); `rest` the others, in byte order, rest.shared[k] counted
+  // against rest.ids[k - 1]. A walk can take the ids with the property all at once and walk the rest.
+  struct ByteSplit {
+    std::vector<uint64_t> with;
+    ByteOrder rest;
+  };
+  const ByteSplit& byte_split(const std::string& name, const std::function<bool(std::string_view)>& has) const;
 
   // Incremental detokenizer: push() returns the text the ids so far settle, never an incomplete
   // UTF-8 sequence (bytes that may still complete are held back); flush() ends the stream. The
