@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <regex>
 #include <string>
@@ -83,6 +84,19 @@ bool valid(const Json& v, const Json& s, const Json& root) {
     if (s.contains("items"))
       for (const Json& x : v)
         if (!valid(x, s["items"], root)) return false;
+  }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    const bool open_min = s.value("exclusiveMinimum", Json(false)) == Json(true);  // draft 4
+    const bool open_max = s.value("exclusiveMaximum", Json(false)) == Json(true);
+    if (s.contains("minimum") && (x < s["minimum"].get<double>() || (open_min && x == s["minimum"].get<double>())))
+      return false;
+    if (s.contains("maximum") && (x > s["maximum"].get<double>() || (open_max && x == s["maximum"].get<double>())))
+      return false;
+    if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_number() && x <= s["exclusiveMinimum"].get<double>())
+      return false;
+    if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_number() && x >= s["exclusiveMaximum"].get<double>())
+      return false;
   }
   if (v.is_string()) {
     const size_t n = code_points(v.get<std::string>());
@@ -207,7 +221,12 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
     return std::string();
   };
   EXPECT_NE(message(R"({"type":"string","pattern":"^a"})").find("'pattern' is not supported"), std::string::npos);
-  EXPECT_NE(message(R"({"type":"integer","minimum":0})").find("'minimum'"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"integer","multipleOf":2})").find("'multipleOf'"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"integer","minimum":"0"})").find("minimum: must be a number"), std::string::npos);
+  EXPECT_NE(message(R"({"exclusiveMinimum":true})").find("true without 'minimum'"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"integer","minimum":0.2,"maximum":0.8})").find("within its bounds"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"number","minimum":1,"exclusiveMaximum":1})").find("within its bounds"), std::string::npos);
+  EXPECT_EQ(message(R"({"type":["number","null"],"minimum":1,"maximum":0})"), "");  // null still fits
   EXPECT_NE(message(R"({"oneOf":[{"type":"integer"}]})").find("'oneOf'"), std::string::npos);
   EXPECT_NE(message(R"({"properties":{"a":{"not":{}}}})").find("#/properties/a: 'not'"), std::string::npos);
   EXPECT_NE(message(R"({"type":"strin"})").find("unknown type"), std::string::npos);
@@ -224,6 +243,64 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   // A reference cycle with no value in between compiles, and accepts nothing rather than looping.
   EXPECT_EQ(message(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})"), "");
   EXPECT_FALSE(accepts(Json::parse(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})"), "1"));
+}
+
+// Numbers with bounds: whole texts as the validator says (an exponent never: a bounded number is
+// written without one), over integers, decimals and both drafts' exclusive forms; and no dead end:
+// every prefix the recognizer takes can still end or take another byte.
+TEST(JsonSchema, NumberBoundsAreTheValidators) {
+  const std::vector<std::string> schemas = {
+      R"({"type":"integer","minimum":-5,"maximum":120})",
+      R"({"type":"integer","exclusiveMinimum":0,"exclusiveMaximum":100})",
+      R"({"type":"number","minimum":0.5,"exclusiveMaximum":2.25})",
+      R"({"type":"number","minimum":-1.5,"maximum":-1.25})",
+      R"({"type":"integer","minimum":1000})",
+      R"({"type":"number","maximum":-0.001})",
+      R"({"type":"number","minimum":0,"maximum":10,"exclusiveMinimum":true})",
+      R"({"type":["integer","null"],"minimum":3,"maximum":3})",
+      R"({"type":"integer","minimum":10.5,"maximum":19.5})",
+      R"({"enum":[1,5,"a",7.5],"minimum":2,"maximum":7})",
+  };
+  std::vector<std::string> texts = {"-0", "0.5", "0.49", "2.25", "2.2499", "1.25", "-1.25", "-1.3", "-1.5",
+                                    "-1.51", "-1.2", "999", "1000", "10000", "-0.001", "-0.0011", "-0.0009",
+                                    "0.0", "10.0", "10.5", "19.5", "1e2", "5e-1", "null", "\"a\"", "7.5", "3.0"};
+  for (int i = -130; i <= 130; i += 3) texts.push_back(std::to_string(i));
+  for (const std::string& schema : schemas) {
+    SCOPED_TRACE(schema);
+    const Json s = Json::parse(schema);
+    for (const std::string& t : texts) {
+      SCOPED_TRACE(t);
+      // (An integer is written without a fraction, 3 and not 3.0, bounded or not.)
+      const bool integers = s.contains("type") && s["type"].dump().find("number") == std::string::npos;
+      const bool spelled = t.find('e') == std::string::npos && !(integers && t.find('.') != std::string::npos);
+      EXPECT_EQ(accepts(s, t), valid(Json::parse(t), s, s) && spelled);
+    }
+    // Every prefix of up to 5 bytes the recognizer takes ends as a whole value within 6 more.
+    const std::string alphabet = "0123456789-.enul";
+    std::function<bool(const SchemaPrefix&, int)> ends = [&](const SchemaPrefix& p, int bytes) {
+      if (p.complete()) return true;
+      for (char c : alphabet) {
+        SchemaPrefix q = p;
+        if (bytes > 0 && q.push(static_cast<unsigned char>(c)) && ends(q, bytes - 1)) return true;
+      }
+      return false;
+    };
+    std::vector<std::pair<SchemaPrefix, std::string>> level = {{SchemaPrefix(JsonSchema::compile(s)), ""}};
+    int taken = 0;
+    for (int depth = 0; depth < 5 && !level.empty(); ++depth) {
+      std::vector<std::pair<SchemaPrefix, std::string>> next;
+      for (const auto& [p, text] : level) {
+        EXPECT_TRUE(ends(p, 6)) << "no whole value after '" << text << "'";
+        ++taken;
+        for (char c : alphabet) {
+          SchemaPrefix q = p;
+          if (q.push(static_cast<unsigned char>(c))) next.emplace_back(q, text + c);
+        }
+      }
+      level = std::move(next);
+    }
+    EXPECT_GT(taken, 1);
+  }
 }
 
 using test::allowed;
@@ -297,6 +374,26 @@ TEST(JsonSchema, MasksInsideStringsAreEachTokenTried) {
     const std::vector<int32_t> ok = allowed(c, V);
     EXPECT_EQ(ok, test::each_token(c.state(), tok, V, eos)) << text;
     EXPECT_FALSE(ok.empty()) << text;
+  }
+}
+
+// Masks where numbers have bounds (each state keeps the number's bytes in its signature): each
+// token tried alone, at the start of a number, inside one, and where only its end may come.
+TEST(JsonSchema, MasksInsideBoundedNumbersAreEachTokenTried) {
+  const Tokenizer& tok = kjv_tokenizer();
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  const auto schema = JsonSchema::compile(Json::parse(R"({"type": "object", "properties": {
+      "n": {"type": "number", "minimum": -2.5, "maximum": 40},
+      "k": {"type": "integer", "exclusiveMinimum": 10, "maximum": 999}}})"));
+  for (const std::string& prefix : {std::string(R"({"n": )"), std::string(R"({"n": -)"), std::string(R"({"n": -2.)"),
+                                    std::string(R"({"n": 4)"), std::string(R"({"n": 40)"), std::string(R"({"k": 1)"),
+                                    std::string(R"({"k": 99)"), std::string(R"({"k": 999)"), std::string(R"({"n": 0)")}) {
+    SchemaConstraint p(tok, schema, {eos}, -1, -1, false);
+    for (int32_t id : tok.encode(prefix)) p.accept(id);
+    const std::vector<int32_t> ok = allowed(p, V);
+    EXPECT_EQ(ok, test::each_token(p.state(), tok, V, eos)) << prefix;
+    EXPECT_FALSE(ok.empty()) << prefix;
   }
 }
 

@@ -2,6 +2,8 @@
 #include "server/json_schema.h"
 
 #include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -10,6 +12,13 @@
 namespace dsi::server {
 
 using Json = nlohmann::json;
+
+namespace {
+// lo <= v <= hi of the node's bounds (strict where open), v read as validators read JSON numbers.
+bool within(const JsonSchema::Node& n, double v) {
+  return (v > n.lo || (v == n.lo && !n.lo_open)) && (v < n.hi || (v == n.hi && !n.hi_open));
+}
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // The compiler.
@@ -41,7 +50,7 @@ class JsonSchema::Compiler {
   }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf",
+        "pattern", "multipleOf",
         "patternProperties", "propertyNames", "minProperties", "maxProperties", "uniqueItems",
         "contains", "minContains", "maxContains", "prefixItems", "additionalItems", "not", "if",
         "then", "else", "oneOf", "dependentRequired", "dependentSchemas", "dependencies",
@@ -96,13 +105,15 @@ class JsonSchema::Compiler {
         n.types |= k->second;
       }
     }
+    // Numbers (before enum, whose numbers out of bounds are dropped).
+    bounds(n, s, path);
     if (s.contains("enum") || s.contains("const")) {
       if (s.contains("enum") && s.contains("const")) fail("{}: both 'enum' and 'const'", path);
       const Json values = s.contains("const") ? Json::array({s.at("const")}) : s.at("enum");
       if (!values.is_array() || values.empty()) fail("{}/enum: must be a non-empty array", path);
       n.has_literals = true;
       for (const Json& v : values)
-        if (n.types & type_of(v)) n.literals.push_back(v.dump());
+        if ((n.types & type_of(v)) && (!v.is_number() || within(n, v.get<double>()))) n.literals.push_back(v.dump());
       std::sort(n.literals.begin(), n.literals.end());
       n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
       if (n.literals.empty()) fail("{}: no value of 'enum' has the schema's type", path);
@@ -147,6 +158,44 @@ class JsonSchema::Compiler {
     if (n.max_length >= 0 && n.max_length < n.min_length) fail("{}: maxLength is below minLength", path);
     if (n.min_length > (1 << 20) || n.max_length > (1 << 20) || n.min_items > (1 << 20) || n.max_items > (1 << 20))
       fail("{}: a length or item count above 2^20", path);
+  }
+
+  // minimum / maximum, and exclusiveMinimum / exclusiveMaximum as numbers (2020-12, draft 6 and
+  // 7) or as booleans that make minimum / maximum exclusive (draft 4). Bounds no number meets
+  // leave the node's other types; bounds no integer meets leave an integer type none.
+  static void bounds(Node& n, const Json& s, const std::string& path) {
+    auto number = [&](const char* key) -> const Json* {
+      const auto it = s.find(key);
+      if (it == s.end()) return nullptr;
+      if (!it->is_number()) fail("{}/{}: must be a number", path, key);
+      return &*it;
+    };
+    if (const Json* m = number("minimum")) n.lo = m->get<double>();
+    if (const Json* m = number("maximum")) n.hi = m->get<double>();
+    for (const bool low : {true, false}) {
+      const char* key = low ? "exclusiveMinimum" : "exclusiveMaximum";
+      const auto it = s.find(key);
+      if (it == s.end()) continue;
+      double& edge = low ? n.lo : n.hi;
+      bool& open = low ? n.lo_open : n.hi_open;
+      if (it->is_boolean()) {
+        if (it->get<bool>() && !s.contains(low ? "minimum" : "maximum"))
+          fail("{}/{}: true without '{}'", path, key, low ? "minimum" : "maximum");
+        open = open || it->get<bool>();
+      } else if (it->is_number()) {
+        const double x = it->get<double>();
+        if (low ? x >= edge : x <= edge) edge = x, open = true;
+      } else {
+        fail("{}/{}: must be a number", path, key);
+      }
+    }
+    if (!n.bounded()) return;
+    const bool real = n.lo < n.hi || (n.lo == n.hi && !n.lo_open && !n.hi_open);
+    const double ilo = n.lo_open ? std::floor(n.lo) + 1 : std::ceil(n.lo);
+    const double ihi = n.hi_open ? std::ceil(n.hi) - 1 : std::floor(n.hi);
+    if (!real) n.types &= uint8_t(~(kNumber | kInteger));
+    else if (ilo > ihi && !(n.types & kNumber)) n.types &= uint8_t(~kInteger);
+    if (n.types == 0) fail("{}: no value of the schema's type lies within its bounds", path);
   }
 
   static uint8_t type_of(const Json& v) {
@@ -211,6 +260,52 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema) {
 namespace {
 const std::vector<std::string> kBooleans = {"false", "true"};
 const std::vector<std::string> kNulls = {"null"};
+
+double parse_double(std::string_view text) {  // locale-independent; "12." reads as 12
+  if (!text.empty() && text.back() == '.') text.remove_suffix(1);
+  double v = 0.0;
+  std::from_chars(text.data(), text.data() + text.size(), v);
+  return v;
+}
+
+// Some x of [a, b) (integer: some integer of it; a and b integers) with lo <= x <= hi (strict
+// where open).
+bool meets(double a, double b, bool integer, double lo, bool lo_open, double hi, bool hi_open) {
+  if (integer) {
+    const double ilo = lo_open ? std::floor(lo) + 1 : std::ceil(lo);
+    const double ihi = hi_open ? std::ceil(hi) - 1 : std::floor(hi);
+    return std::max(a, ilo) <= std::min(b - 1, ihi);
+  }
+  const double lower = std::max(a, lo);
+  const bool lower_in = a > lo || !lo_open;
+  const double upper = std::min(b, hi);
+  const bool upper_in = hi < b && !hi_open;
+  return lower < upper || (lower == upper && lower_in && upper_in);
+}
+
+// Whether a number that began as `text` (no exponent) can still end within the node's bounds: its
+// magnitude lies in [d 10^k, (d + 1) 10^k) for some k (digits d, no dot yet), or in [v, v + 10^-f)
+// (a dot and f digits after it: v), checked against the bounds (mirrored for a minus sign).
+bool may_reach(std::string_view text, bool integer, const JsonSchema::Node& n) {
+  const bool neg = !text.empty() && text[0] == '-';
+  const std::string_view body = text.substr(neg ? 1 : 0);
+  const double lo = neg ? -n.hi : n.lo, hi = neg ? -n.lo : n.hi;
+  const bool lo_open = neg ? n.hi_open : n.lo_open, hi_open = neg ? n.lo_open : n.hi_open;
+  auto reach = [&](double a, double b) { return meets(a, b, integer, lo, lo_open, hi, hi_open); };
+  if (body.empty()) return reach(0.0, HUGE_VAL);
+  const size_t dot = body.find('.');
+  if (dot == std::string_view::npos) {
+    if (body == "0") return reach(0.0, 1.0);  // nothing but a fraction can follow a leading 0
+    const double d = parse_double(body);
+    for (double scale = 1.0; d * scale <= hi && std::isfinite(d * scale); scale *= 10.0)
+      if (reach(d * scale, (d + 1.0) * scale)) return true;
+    return false;
+  }
+  const double v = parse_double(body);
+  return reach(v, v + std::pow(10.0, -double(body.size() - dot - 1)));
+}
+
+bool within_bounds(std::string_view text, const JsonSchema::Node& n) { return within(n, parse_double(text)); }
 }  // namespace
 
 SchemaPrefix::SchemaPrefix(std::shared_ptr<const JsonSchema> schema, int space_run)
@@ -243,6 +338,7 @@ bool SchemaPrefix::push_in_place(unsigned char c) {
       return true;
     }
     case Kind::kNumber: {
+      if (f.node->bounded()) return false;  // the general path checks the bounds
       JsonNumberScan num = f.num;
       if (num.step(c) != JsonNumberScan::Step::kMore) return false;
       f.num = num;
@@ -292,7 +388,9 @@ bool SchemaPrefix::complete() const {
     if (t.stack.size() != 1) continue;
     const Frame& f = t.stack[0];
     // A root scalar that ends with the text: a number, an enum value that is whole.
-    if (f.kind == Kind::kNumber && f.num.whole()) return true;
+    if (f.kind == Kind::kNumber && f.num.whole() &&
+        (!f.node->bounded() || within_bounds(std::string_view(f.num_text, f.num_len), *f.node)))
+      return true;
     if (f.kind == Kind::kLiteral && (*f.texts)[size_t(f.lo)].size() == size_t(f.count)) return true;
   }
   return false;
@@ -326,6 +424,7 @@ void SchemaPrefix::Frame::key(std::string& out) const {
     case Kind::kNumber:
       out += char(num.at);
       out += char(num.integer);
+      if (node->bounded()) out.append(num_text, num_len);
       break;
     case Kind::kLiteral:
       put(texts);
@@ -432,6 +531,11 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
       if (!JsonNumberScan::starts(c) || !(ty & (JsonSchema::kInteger | JsonSchema::kNumber))) return;
       f.kind = Kind::kNumber;
       f.num = JsonNumberScan(c, !(ty & JsonSchema::kNumber));
+      if (node->bounded()) {
+        f.num_text[0] = char(c);
+        f.num_len = 1;
+        if (!may_reach(std::string_view(f.num_text, 1), f.num.integer, *node)) return;
+      }
       break;
   }
   t.stack.push_back(f);
@@ -574,8 +678,14 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
         case JsonNumberScan::Step::kReject:
           return;
         case JsonNumberScan::Step::kMore:
+          if (n.bounded()) {  // no exponent, at most kMaxBoundedNumber bytes, a value still in reach
+            if (c == 'e' || c == 'E' || f.num_len >= JsonSchema::kMaxBoundedNumber) return;
+            f.num_text[f.num_len++] = char(c);
+            if (!may_reach(std::string_view(f.num_text, f.num_len), f.num.integer, n)) return;
+          }
           return keep();
         case JsonNumberScan::Step::kEnded:
+          if (n.bounded() && !within_bounds(std::string_view(f.num_text, f.num_len), n)) return;
           t.stack.pop_back();
           end_value(t);
           return step_top(std::move(t), c, out);  // c belongs to what follows the number

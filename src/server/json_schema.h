@@ -6,10 +6,13 @@
 // - objects: properties, required, additionalProperties (default true, as the standard says);
 // - arrays: items, minItems, maxItems;
 // - strings: minLength, maxLength (in code points);
+// - numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or draft 4's booleans),
+//   compared as doubles (as validators read JSON numbers); a bounded number is written without
+//   an exponent and in at most kMaxBoundedNumber bytes;
 // - anyOf; allOf of one schema; $ref to "#", "#/$defs/..." or "#/definitions/..." (recursion too);
 // - annotations (title, description, default, examples, $schema, $id, $comment, ...) and
 //   "format" (an annotation by the standard's default vocabulary) are ignored.
-// Keywords that would constrain values in other ways (pattern, minimum, oneOf, not, ...) are
+// Keywords that would constrain values in other ways (pattern, multipleOf, oneOf, not, ...) are
 // refused, with the keyword named: the server never claims a constraint it does not enforce.
 //
 // The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of
@@ -17,6 +20,7 @@
 // in its compact form (nlohmann::json::dump), e.g. {"a":1} for an object.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -57,6 +61,10 @@ class JsonSchema {
     int64_t min_items = 0, max_items = -1;
     // Strings.
     int64_t min_length = 0, max_length = -1;
+    // Numbers: lo <= x (lo < x when lo_open), x <= hi (x < hi when hi_open).
+    double lo = -HUGE_VAL, hi = HUGE_VAL;
+    bool lo_open = false, hi_open = false;
+    bool bounded() const { return lo > -HUGE_VAL || hi < HUGE_VAL; }
   };
 
   // Throws dsi::Error with the keyword's path for a schema that is malformed or says what is not
@@ -66,6 +74,7 @@ class JsonSchema {
   const Node* any() const { return any_; }  // the schema `true`
 
   static constexpr int kMaxProperties = 64;  // declared properties of one object
+  static constexpr int kMaxBoundedNumber = 32;  // bytes of a number with bounds
 
  private:
   class Compiler;
@@ -111,6 +120,8 @@ class SchemaPrefix {
     Phase phase = Phase::kFirst;
     JsonStringScan str;   // kString, and kObject in a key
     JsonNumberScan num;   // kNumber
+    uint8_t num_len = 0;  // kNumber with bounds: its bytes so far
+    char num_text[JsonSchema::kMaxBoundedNumber] = {};
     uint64_t seen = 0;    // kObject: declared properties written
     uint64_t cand = 0;    // kObject in a key: declared properties it can still be
     bool other = false;   // kObject in a key: it can still be another key

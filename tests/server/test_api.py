@@ -398,7 +398,8 @@ VERSE_SCHEMA = {
     "type": "object",
     "properties": {
         "book": {"enum": ["Genesis", "Exodus", "Psalms"]},
-        "chapter": {"type": "integer"},
+        "chapter": {"type": "integer", "minimum": 1, "maximum": 150},
+        "weight": {"type": "number", "exclusiveMinimum": 0, "maximum": 2.5},
         "words": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3},
         "note": {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}]},
     },
@@ -432,8 +433,8 @@ def test_json_schema(server):
         jsonschema.validate(json.loads(chat.choices[0].message.content), VERSE_SCHEMA)
     e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
         "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
-            "name": "n", "schema": {"type": "integer", "minimum": 0}}}}), 400)
-    assert e["param"] == "response_format" and "'minimum' is not supported" in e["message"]
+            "name": "n", "schema": {"type": "integer", "multipleOf": 2}}}}), 400)
+    assert e["param"] == "response_format" and "'multipleOf' is not supported" in e["message"]
 
 
 def test_chat_logprobs(server):
