@@ -3,6 +3,8 @@
 // walk must equal).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,6 +29,16 @@ std::vector<int32_t> allowed(Constraint& c, int64_t vocab) {
   for (int64_t i = 0; i < vocab; ++i)
     if (logits[size_t(i)] == 0.0f) ids.push_back(int32_t(i));
   return ids;
+}
+
+// The id of the token whose bytes are the one byte b (a byte-level vocabulary has all 256).
+inline int32_t byte_token(const Tokenizer& tok, unsigned char b) {
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    const std::string* t = tok.token_bytes(id);
+    if (t != nullptr && t->size() == 1 && static_cast<unsigned char>((*t)[0]) == b && !tok.is_special(id)) return id;
+  }
+  ADD_FAILURE() << "no token of the byte " << int(b);
+  return -1;
 }
 
 // Each token tried alone from the state (a byte-level tokenizer): eos once the text is whole;

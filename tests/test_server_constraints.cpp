@@ -252,16 +252,6 @@ TEST(JsonMode, CopiesGoOnAlone) {
 
 // Random walks through the mask (seeded): every walk that ends (end of sequence) wrote one object,
 // as nlohmann::json reads it; every step's text is a prefix the recognizer accepts.
-// The id of the token whose bytes are the one byte b (a byte-level vocabulary has all 256).
-int32_t byte_token(const Tokenizer& tok, unsigned char b) {
-  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
-    const std::string* t = tok.token_bytes(id);
-    if (t != nullptr && t->size() == 1 && static_cast<unsigned char>((*t)[0]) == b && !tok.is_special(id)) return id;
-  }
-  ADD_FAILURE() << "no token of the byte " << int(b);
-  return -1;
-}
-
 // Inside a string the masks take the plain-text tokens at once and walk the others: at rest, in
 // the middle of a UTF-8 character, after a backslash, inside a unicode escape and between the halves of
 // a surrogate pair, the mask is each token tried alone.
@@ -274,7 +264,7 @@ TEST(JsonMode, MasksInsideStringsAreEachTokenTried) {
                                   std::string("{\"a\": \"\\u00"), std::string("{\"a\": \"\\uD834"),
                                   std::string("{\"a\": \"\\uD834\\uDD1E"), std::string("{\"k\xC3\xA9y")}) {
     JsonConstraint c(tok, {eos}, -1, -1, false);
-    for (unsigned char b : text) c.accept(byte_token(tok, b));
+    for (unsigned char b : text) c.accept(test::byte_token(tok, b));
     const std::vector<int32_t> ok = allowed(c, V);
     EXPECT_EQ(ok, test::each_token(c.state(), tok, V, eos)) << text;
     EXPECT_FALSE(ok.empty()) << text;
