@@ -59,4 +59,12 @@ std::vector<int32_t> each_token(const Recognizer& state, const Tokenizer& tok, i
   return ids;
 }
 
+// The constraint's mask, non-empty and equal to each token tried alone from its state.
+template <class Constraint>
+void expect_mask_is_each_token(Constraint& c, const Tokenizer& tok, int64_t vocab, int32_t eos, const std::string& what) {
+  const std::vector<int32_t> ok = allowed(c, vocab);
+  EXPECT_EQ(ok, each_token(c.state(), tok, vocab, eos)) << what;
+  EXPECT_FALSE(ok.empty()) << what;
+}
+
 }  // namespace dsi::test
