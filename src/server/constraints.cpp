@@ -186,12 +186,25 @@ const AnswerConstraint::Bits& AnswerConstraint::fitting(int64_t vocab) {
 void AnswerConstraint::mask(float* logits, int64_t vocab) {
   if (reasoning_ || !masking()) return;
   const Bits& bits = fitting(vocab);
-  bool any = false;
-  for (int64_t id = 0; id < vocab; ++id) {
-    const bool opens_think = first_ && id == think_open_ && think_close_ >= 0;  // the answer opens its think block
-    if (opens_think || (bits[size_t(id / 64)] >> (id % 64) & 1)) any = true;
-    else logits[id] = -INFINITY;
+  // The answer may open its think block: that token keeps its logit.
+  const bool opens_think = first_ && think_close_ >= 0 && think_open_ >= 0 && think_open_ < vocab;
+  const float think_logit = opens_think ? logits[think_open_] : 0.0f;
+  bool any = opens_think;
+  for (int64_t w = 0; w * 64 < vocab; ++w) {  // a word of 64 ids at a time: most are all in or all out
+    const int64_t end = std::min<int64_t>(vocab, (w + 1) * 64);
+    const uint64_t word = bits[size_t(w)];
+    if (word == ~uint64_t(0) && end - w * 64 == 64) {
+      any = true;
+    } else if (word == 0) {
+      std::fill(logits + w * 64, logits + end, -INFINITY);
+    } else {
+      any = true;
+      uint64_t out = ~word;  // the ids left out, one bit each (none past vocab: end - 64 w of them)
+      if (end - w * 64 < 64) out &= (uint64_t(1) << (end - w * 64)) - 1;
+      for (; out != 0; out &= out - 1) logits[w * 64 + __builtin_ctzll(out)] = -INFINITY;
+    }
   }
+  if (opens_think) logits[think_open_] = think_logit;
   // Nothing fits (a vocabulary without the bytes the answer needs): the first end of sequence.
   if (!any && !eos_.empty() && eos_[0] >= 0 && eos_[0] < vocab) logits[eos_[0]] = 0.0f;
 }
