@@ -222,7 +222,16 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   };
   EXPECT_NE(message(R"({"type":"string","pattern":"^a"})").find("'pattern' is not supported"), std::string::npos);
   EXPECT_NE(message(R"({"type":"integer","multipleOf":2})").find("'multipleOf'"), std::string::npos);
-  EXPECT_NE(message(R"({"type":"integer","minimum":"0"})").find("minimum: must be a number"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"integer","minimum":"0"})").find("minimum: must be a finite number"), std::string::npos);
+  Json infinite = Json::parse(R"({"type":"number"})");  // (only built, never parsed: JSON has no infinity)
+  infinite["maximum"] = HUGE_VAL;
+  EXPECT_THROW(
+      try { JsonSchema::compile(infinite); } catch (const dsi::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("maximum: must be a finite number"), std::string::npos) << e.what();
+        throw;
+      },
+      dsi::Error);
+  EXPECT_NE(message(R"({"exclusiveMaximum":"1"})").find("finite number or a boolean"), std::string::npos);
   EXPECT_NE(message(R"({"exclusiveMinimum":true})").find("true without 'minimum'"), std::string::npos);
   EXPECT_NE(message(R"({"type":"integer","minimum":0.2,"maximum":0.8})").find("within its bounds"), std::string::npos);
   EXPECT_NE(message(R"({"type":"number","minimum":1,"exclusiveMaximum":1})").find("within its bounds"), std::string::npos);

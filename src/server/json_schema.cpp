@@ -167,7 +167,7 @@ class JsonSchema::Compiler {
     auto number = [&](const char* key) -> const Json* {
       const auto it = s.find(key);
       if (it == s.end()) return nullptr;
-      if (!it->is_number()) fail("{}/{}: must be a number", path, key);
+      if (!it->is_number() || !std::isfinite(it->get<double>())) fail("{}/{}: must be a finite number", path, key);
       return &*it;
     };
     if (const Json* m = number("minimum")) n.lo = m->get<double>();
@@ -182,11 +182,11 @@ class JsonSchema::Compiler {
         if (it->get<bool>() && !s.contains(low ? "minimum" : "maximum"))
           fail("{}/{}: true without '{}'", path, key, low ? "minimum" : "maximum");
         open = open || it->get<bool>();
-      } else if (it->is_number()) {
+      } else if (it->is_number() && std::isfinite(it->get<double>())) {
         const double x = it->get<double>();
         if (low ? x >= edge : x <= edge) edge = x, open = true;
       } else {
-        fail("{}/{}: must be a number", path, key);
+        fail("{}/{}: must be a finite number or a boolean", path, key);
       }
     }
     if (!n.bounded()) return;
