@@ -102,8 +102,9 @@ constexpr int64_t kGemvPrefetchMB = 16;
 // --sweep --rows 1; the tensor-map plan's balance, its time against the FMA plan's, us): GLM-5's
 // in_proj 67% 7.35 / 7.96 and its shared layers' 64% 7.19 / 7.94, DeepSeek-V3.2's o_proj 85%
 // 34.09 / 34.69 and in_proj 55% 9.09 / 9.55; the indexer's weights_proj 2% 4.74 / 1.67. Whole
-// layers (bench_decode --graphs --rows 1, 90 -> 60, two pairs, us): GLM-5.2 202.6 -> 200.2 and
-// 202.9 -> 201.5, DeepSeek-V3.2 274.4 -> 272.7 and 274.3 -> 273.6.
+// layers (bench_decode --graphs --rows 1, two pairs, us): 90 -> 60, GLM-5.2 202.6 -> 200.2 and
+// 202.9 -> 201.5, DeepSeek-V3.2 274.4 -> 272.7 and 274.3 -> 273.6; 60 -> 50 (DeepSeek-V3.2's
+// in_proj), 271.1 -> 268.3 and 270.8 -> 270.4.
 constexpr int kGemvTmaBalance = 50;
 int64_t gemv_prefetch_budget();
 // Rows of W (from row 0 of each product) that one block of plan's kernel streams: the vector
@@ -140,7 +141,7 @@ GemvPlan gemv_mma_plan(const GemvParams& p, int num_sms);
 // blocks and row blocks of a multiple of 16 rows, a 128-aligned column slice and 16-aligned row
 // slice, rows of a multiple of 256 bytes, 16-byte aligned W and x, ungrouped and unbatched.
 // gemv_plan takes it (when gemv_tma() in cuda_ops.h is on, the default) where gemv_tma_plan finds
-// a plan whose blocks fill the GPU evenly in one wave.
+// a one-wave plan that keeps the average SM at least gemv_tma_balance() percent as busy as the busiest.
 bool gemv_tma_ok(const GemvParams& p);
 GemvTmaPlan gemv_tma_plan(const GemvParams& p, int num_sms);
 // The dynamic shared memory a block of `plan` takes for p, 0 where it does not fit a block.

@@ -91,7 +91,7 @@ GemvPlan gemv_plan(const GemvParams& p, int num_sms) {
   if (gemv_tensor_cores() && gemv_mma_ok(p) && (p.n >= 3 || p.out >= 4096) &&
       (p.n > 1 || gemv_mma_one_row()) && p.out * p.n_groups >= 1024)
     return gemv_mma_plan(p, num_sms);
-  // One row of fp8 weights: the tensor-map kernel where its blocks fill the GPU evenly (measured in
+  // One row of fp8 weights: the tensor-map kernel where its plan keeps the SMs busy enough (measured in
   // docs/decode-performance.md, "The one-row GEMV on a tensor-map kernel").
   GemvPlan plan;
   if (gemv_tma() && gemv_tma_ok(p)) {
