@@ -406,26 +406,21 @@ int main(int argc, char** argv) {
             p.w = ws.w[0];
             p.scale_inv = fp8 ? ws.s[0] : nullptr;
             const dsi::cuda::GemvPlan plan = dsi::cuda::gemv_plan(p, sms);
+            // The plan gemv_plan makes with the tensor-map kernel off (the FMA kernels').
+            const bool tma = dsi::cuda::gemv_tma();
+            dsi::cuda::set_gemv_tma(false);
+            const dsi::cuda::GemvPlan fma = dsi::cuda::gemv_plan(p, sms);
+            dsi::cuda::set_gemv_tma(tma);
             const double us = run_plan(plan);
             std::string extra = plan_name(plan);
-            if (sweep) {  // the FMA plans around the one gemv_plan makes with the tensor-map kernel off
-              const bool tma = dsi::cuda::gemv_tma();
-              dsi::cuda::set_gemv_tma(false);
-              const dsi::cuda::GemvPlan base = dsi::cuda::gemv_plan(p, sms);
-              dsi::cuda::set_gemv_tma(tma);
-              extra += sweep_plans(base, us, bytes, run_plan);
-            }
+            if (sweep) extra += sweep_plans(fma, us, bytes, run_plan);  // the FMA plans around it
             print_row(sh, dt, n, "gemv", us, bytes, extra);
             if (sweep && dsi::cuda::gemv_tma_ok(p)) {
               const auto [best, plans] = sweep_tma_plans(p, bytes, run_plan);
               if (best > 0) print_row(sh, dt, n, "gemv_tma", best, bytes, "tensor-map plans" + plans);
             }
-            if (plan.tma.warp_tiles > 0) {  // the tensor-map kernel and the FMA plan side by side
-              dsi::cuda::set_gemv_tma(false);
-              const dsi::cuda::GemvPlan fma = dsi::cuda::gemv_plan(p, sms);
-              dsi::cuda::set_gemv_tma(true);
+            if (plan.tma.warp_tiles > 0)  // the tensor-map kernel and the FMA plan side by side
               print_row(sh, dt, n, "gemv", run_plan(fma), bytes, plan_name(fma));
-            }
             if (dsi::cuda::gemv_mma_ok(p)) {  // the FMA and tensor-core kernels side by side
               dsi::cuda::GemvPlan other = dsi::cuda::gemv_mma_plan(p, sms);
               if (plan.mma) {

@@ -18,6 +18,21 @@ namespace {
 bool within(const JsonSchema::Node& n, double v) {
   return (v > n.lo || (v == n.lo && !n.lo_open)) && (v < n.hi || (v == n.hi && !n.hi_open));
 }
+
+// Some x of [a, b) (integer: some integer of it; a and b integers) with lo <= x <= hi (strict
+// where open).
+bool meets(double a, double b, bool integer, double lo, bool lo_open, double hi, bool hi_open) {
+  if (integer) {
+    const double ilo = lo_open ? std::floor(lo) + 1 : std::ceil(lo);
+    const double ihi = hi_open ? std::ceil(hi) - 1 : std::floor(hi);
+    return std::max(a, ilo) <= std::min(b - 1, ihi);
+  }
+  const double lower = std::max(a, lo);
+  const bool lower_in = a > lo || !lo_open;
+  const double upper = std::min(b, hi);
+  const bool upper_in = hi < b && !hi_open;
+  return lower < upper || (lower == upper && lower_in && upper_in);
+}
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -190,11 +205,9 @@ class JsonSchema::Compiler {
       }
     }
     if (!n.bounded()) return;
-    const bool real = n.lo < n.hi || (n.lo == n.hi && !n.lo_open && !n.hi_open);
-    const double ilo = n.lo_open ? std::floor(n.lo) + 1 : std::ceil(n.lo);
-    const double ihi = n.hi_open ? std::ceil(n.hi) - 1 : std::floor(n.hi);
-    if (!real) n.types &= uint8_t(~(kNumber | kInteger));
-    else if (ilo > ihi && !(n.types & kNumber)) n.types &= uint8_t(~kInteger);
+    auto some = [&n](bool integer) { return meets(-HUGE_VAL, HUGE_VAL, integer, n.lo, n.lo_open, n.hi, n.hi_open); };
+    if (!some(false)) n.types &= uint8_t(~(kNumber | kInteger));
+    else if (!some(true) && !(n.types & kNumber)) n.types &= uint8_t(~kInteger);
     if (n.types == 0) fail("{}: no value of the schema's type lies within its bounds", path);
   }
 
@@ -266,21 +279,6 @@ double parse_double(std::string_view text) {  // locale-independent; "12." reads
   double v = 0.0;
   std::from_chars(text.data(), text.data() + text.size(), v);
   return v;
-}
-
-// Some x of [a, b) (integer: some integer of it; a and b integers) with lo <= x <= hi (strict
-// where open).
-bool meets(double a, double b, bool integer, double lo, bool lo_open, double hi, bool hi_open) {
-  if (integer) {
-    const double ilo = lo_open ? std::floor(lo) + 1 : std::ceil(lo);
-    const double ihi = hi_open ? std::ceil(hi) - 1 : std::floor(hi);
-    return std::max(a, ilo) <= std::min(b - 1, ihi);
-  }
-  const double lower = std::max(a, lo);
-  const bool lower_in = a > lo || !lo_open;
-  const double upper = std::min(b, hi);
-  const bool upper_in = hi < b && !hi_open;
-  return lower < upper || (lower == upper && lower_in && upper_in);
 }
 
 // Whether a number that began as `text` (no exponent) can still end within the node's bounds: its

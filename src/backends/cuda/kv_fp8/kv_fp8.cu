@@ -118,6 +118,11 @@ __device__ void rope_in_smem(float* xs, float pos, const RotateQuantParams& p) {
   }
 }
 
+// Query mode: vector i's head weight folded with its quantisation scale 2^e and the softmax scale.
+__device__ __forceinline__ float folded_weight(const RotateQuantParams& p, int64_t i, int e) {
+  return __fmul_rn(__fmul_rn(__fmul_rn(p.weights[i], p.weights_scale), pow2f(e)), p.softmax_scale);
+}
+
 __global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantParams p) {
   pdl_enter();
   __shared__ float xs[128];
@@ -152,8 +157,7 @@ __global__ void __launch_bounds__(kRqThreads) rotate_quant_kernel(RotateQuantPar
         if (p.q8 != nullptr) p.q8[i * d + c] = e4m3_to_float(b);
         if (p.q8_bytes != nullptr) p.q8_bytes[i * d + c] = b;
       }
-      if (threadIdx.x == 0)
-        p.wq[i] = __fmul_rn(__fmul_rn(__fmul_rn(p.weights[i], p.weights_scale), pow2f(e)), p.softmax_scale);
+      if (threadIdx.x == 0) p.wq[i] = folded_weight(p, i, e);
     }
     __syncthreads();  // xs is rewritten by the next vector
   }
@@ -244,8 +248,7 @@ __global__ void __launch_bounds__(kRwWarps * 32) rotate_quant_warp_kernel(Rotate
 #pragma unroll
         for (int e = 0; e < 4; ++e) p.q8[i * d + 4 * lane + e] = e4m3_to_float(uint8_t(packed >> (8 * e)));
       if (p.q8_bytes != nullptr) *reinterpret_cast<uint32_t*>(p.q8_bytes + i * d + 4 * lane) = packed;
-      if (lane == 0)
-        p.wq[i] = __fmul_rn(__fmul_rn(__fmul_rn(p.weights[i], p.weights_scale), pow2f(ex)), p.softmax_scale);
+      if (lane == 0) p.wq[i] = folded_weight(p, i, ex);
     }
   }
 }
