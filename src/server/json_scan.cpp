@@ -1,6 +1,7 @@
 // JSON text's strings and numbers, byte by byte; see json_scan.h.
 #include "server/json_scan.h"
 
+#include <algorithm>
 #include <string_view>
 
 namespace dsi::server {
@@ -11,6 +12,7 @@ bool is_hex(unsigned char c) { return json_digit(c) || (c >= 'a' && c <= 'f') ||
 
 JsonStringScan::Step JsonStringScan::step(unsigned char c) {
   started_ = false;
+  ended_ = false;
   if (escape_) {
     if (hex_left > 0) {  // surrogates only in pairs, high then low
       if (!is_hex(c)) return Step::kReject;
@@ -22,20 +24,32 @@ JsonStringScan::Step JsonStringScan::step(unsigned char c) {
         if (want_low ? v < 0xC : v >= 0xC) return Step::kReject;
         high = !want_low && v >= 0x8;
       }
+      hex = uint16_t(hex << 4 | v);
       if (--hex_left == 0) {
         escape_ = false;
+        const bool low = want_low;
         want_low = !want_low && high;
         high = false;
+        if (want_low) {
+          cp = hex;  // a high surrogate: the character ends with its low one
+        } else {
+          cp = low ? 0x10000 + ((cp - 0xD800) << 10) + (hex - 0xDC00u) : hex;
+          ended_ = true;
+        }
       }
       return Step::kMore;
     }
     if (want_low && c != 'u') return Step::kReject;
     if (c == 'u') {
       hex_left = 4;
+      hex = 0;
       return Step::kMore;
     }
-    if (std::string_view("\"\\/bfnrt").find(char(c)) == std::string_view::npos) return Step::kReject;
+    const size_t e = std::string_view("\"\\/bfnrt").find(char(c));
+    if (e == std::string_view::npos) return Step::kReject;
     escape_ = false;
+    cp = static_cast<unsigned char>("\"\\/\b\f\n\r\t"[e]);
+    ended_ = true;
     return Step::kMore;
   }
   if (utf8_left > 0) {  // a continuation byte, within the lead byte's range (no overlongs, surrogates)
@@ -46,7 +60,8 @@ JsonStringScan::Step JsonStringScan::step(unsigned char c) {
     if (utf8_lead == 0xF4) hi = 0x8F;
     if (c < lo || c > hi) return Step::kReject;
     utf8_lead = 0;  // the range applies to the first continuation byte only
-    --utf8_left;
+    cp = cp << 6 | (c & 0x3Fu);
+    ended_ = --utf8_left == 0;
     return Step::kMore;
   }
   if (want_low && c != '\\') return Step::kReject;  // a high surrogate's low one must follow
@@ -58,13 +73,52 @@ JsonStringScan::Step JsonStringScan::step(unsigned char c) {
   }
   if (c < 0x20) return Step::kReject;  // control characters must be escaped
   started_ = true;
-  if (c < 0x80) return Step::kMore;
-  if (c >= 0xC2 && c <= 0xDF) utf8_left = 1;
-  else if (c >= 0xE0 && c <= 0xEF) utf8_left = 2;
-  else if (c >= 0xF0 && c <= 0xF4) utf8_left = 3;
+  if (c < 0x80) {
+    cp = c;
+    ended_ = true;
+    return Step::kMore;
+  }
+  if (c >= 0xC2 && c <= 0xDF) utf8_left = 1, cp = c & 0x1Fu;
+  else if (c >= 0xE0 && c <= 0xEF) utf8_left = 2, cp = c & 0x0Fu;
+  else if (c >= 0xF0 && c <= 0xF4) utf8_left = 3, cp = c & 0x07u;
   else return Step::kReject;
   utf8_lead = c;
   return Step::kMore;
+}
+
+size_t JsonStringScan::pending(std::pair<uint32_t, uint32_t> out[3]) const {
+  if (utf8_left > 0) {  // the bits so far, then any continuation bits
+    uint32_t lo = cp << (6 * utf8_left);
+    uint32_t hi = std::min<uint32_t>(lo | ((1u << (6 * utf8_left)) - 1), 0x10FFFF);
+    if (utf8_lead != 0) {  // only the lead byte: no overlong form, no surrogate
+      lo = std::max<uint32_t>(lo, utf8_left == 1 ? 0x80 : utf8_left == 2 ? 0x800 : 0x10000);
+      if (utf8_lead == 0xED) hi = 0xD7FF;
+    }
+    out[0] = {lo, hi};
+    return 1;
+  }
+  // A \uXXXX's digits so far (all four to come before its 'u').
+  const bool digits = escape_ && hex_left > 0;
+  const uint32_t lo = digits ? uint32_t(hex) << (4 * hex_left) : 0;
+  const uint32_t hi = digits ? lo | ((1u << (4 * hex_left)) - 1) : 0xFFFF;
+  if (want_low) {  // the pair's low half: its range within DC00-DFFF, after the high half's
+    const uint32_t base = 0x10000 + ((cp - 0xD800) << 10);
+    const uint32_t a = std::max<uint32_t>(lo, 0xDC00), b = std::min<uint32_t>(hi, 0xDFFF);
+    if (a > b) return 0;
+    out[0] = {base + a - 0xDC00, base + b - 0xDC00};
+    return 1;
+  }
+  if (escape_ && !digits) {  // right after a backslash: any character
+    out[0] = {0, 0x10FFFF};
+    return 1;
+  }
+  size_t n = 0;
+  if (lo < 0xD800) out[n++] = {lo, std::min<uint32_t>(hi, 0xD7FF)};
+  if (hi > 0xDFFF) out[n++] = {std::max<uint32_t>(lo, 0xE000), hi};
+  if (lo <= 0xDBFF && hi >= 0xD800)  // high surrogates: the characters their pairs make
+    out[n++] = {0x10000 + ((std::max<uint32_t>(lo, 0xD800) - 0xD800) << 10),
+                0x10000 + ((std::min<uint32_t>(hi, 0xDBFF) - 0xD800) << 10) + 0x3FF};
+  return n;
 }
 
 bool json_string_text(std::string_view bytes) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace dsi::server {
 
@@ -20,6 +21,12 @@ struct JsonStringScan {
   // backslash, but not a low surrogate's backslash after a high one's escape.
   bool char_started() const { return started_; }
   bool escaping() const { return escape_; }
+  // A character (code point) ended with the last byte taken; code_point() is its value.
+  bool char_ended() const { return ended_; }
+  uint32_t code_point() const { return cp; }
+  // A character half-way (not at_rest()): the code points it can still become, as up to three
+  // ranges [first, second]; returns how many.
+  size_t pending(std::pair<uint32_t, uint32_t> out[3]) const;
   // Between characters, no escape open and no surrogate pair half-way: where json_string_text()
   // bytes fit whatever came before.
   bool at_rest() const { return utf8_left == 0 && !escape_ && !want_low; }
@@ -33,6 +40,9 @@ struct JsonStringScan {
   bool high = false;      // this \uXXXX is a high surrogate
   bool want_low = false;  // a high surrogate's \uXXXX came: its low one must follow
   bool started_ = false;
+  bool ended_ = false;
+  uint16_t hex = 0;  // this \uXXXX's digits so far
+  uint32_t cp = 0;   // the character in progress (a pair's high surrogate), or the one that ended
 };
 
 // Bytes that a string at rest takes as they are and stays at rest after: whole UTF-8 characters,

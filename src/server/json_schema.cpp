@@ -65,10 +65,10 @@ class JsonSchema::Compiler {
   }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "pattern", "multipleOf",
+        "multipleOf",
         "patternProperties", "propertyNames", "minProperties", "maxProperties", "uniqueItems",
         "contains", "minContains", "maxContains", "prefixItems", "additionalItems", "not", "if",
-        "then", "else", "oneOf", "dependentRequired", "dependentSchemas", "dependencies",
+        "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
     return kRefused.count(k) > 0;
   }
@@ -86,7 +86,7 @@ class JsonSchema::Compiler {
   void fill(Node& n, const Json& s, const std::string& path) {
     // A reference or a combination stands alone (beside annotations): what it points at is the
     // whole schema.
-    for (const char* alone : {"$ref", "anyOf", "allOf"}) {
+    for (const char* alone : {"$ref", "anyOf", "oneOf", "allOf"}) {
       if (!s.contains(alone)) continue;
       for (auto it = s.begin(); it != s.end(); ++it)
         if (it.key() != alone && !annotation(it.key()))
@@ -101,6 +101,7 @@ class JsonSchema::Compiler {
       } else {
         if (!v.is_array() || v.empty()) fail("{}: must be a non-empty array of schemas", at);
         for (size_t i = 0; i < v.size(); ++i) n.any_of.push_back(compile(v[i], at + "/" + std::to_string(i)));
+        if (std::string(alone) == "oneOf") exclusive(n.any_of, at);
       }
       return;
     }
@@ -120,15 +121,17 @@ class JsonSchema::Compiler {
         n.types |= k->second;
       }
     }
-    // Numbers (before enum, whose numbers out of bounds are dropped).
+    // Numbers and strings (before enum, whose values out of bounds are dropped).
     bounds(n, s, path);
+    strings(n, s, path);
     if (s.contains("enum") || s.contains("const")) {
       if (s.contains("enum") && s.contains("const")) fail("{}: both 'enum' and 'const'", path);
       const Json values = s.contains("const") ? Json::array({s.at("const")}) : s.at("enum");
       if (!values.is_array() || values.empty()) fail("{}/enum: must be a non-empty array", path);
       n.has_literals = true;
       for (const Json& v : values)
-        if ((n.types & type_of(v)) && (!v.is_number() || within(n, v.get<double>()))) n.literals.push_back(v.dump());
+        if ((n.types & type_of(v)) && (!v.is_number() || within(n, v.get<double>())) && (!v.is_string() || fits(n, v)))
+          n.literals.push_back(v.dump());
       std::sort(n.literals.begin(), n.literals.end());
       n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
       if (n.literals.empty()) fail("{}: no value of 'enum' has the schema's type", path);
@@ -167,12 +170,7 @@ class JsonSchema::Compiler {
     if (const auto m = s.find("maxItems"); m != s.end()) n.max_items = count_of(*m, path + "/maxItems");
     if (n.max_items >= 0 && n.max_items < n.min_items) fail("{}: maxItems is below minItems", path);
 
-    // Strings.
-    if (const auto m = s.find("minLength"); m != s.end()) n.min_length = count_of(*m, path + "/minLength");
-    if (const auto m = s.find("maxLength"); m != s.end()) n.max_length = count_of(*m, path + "/maxLength");
-    if (n.max_length >= 0 && n.max_length < n.min_length) fail("{}: maxLength is below minLength", path);
-    if (n.min_length > (1 << 20) || n.max_length > (1 << 20) || n.min_items > (1 << 20) || n.max_items > (1 << 20))
-      fail("{}: a length or item count above 2^20", path);
+    if (n.min_items > (1 << 20) || n.max_items > (1 << 20)) fail("{}: an item count above 2^20", path);
   }
 
   // minimum / maximum, and exclusiveMinimum / exclusiveMaximum as numbers (2020-12, draft 6 and
@@ -209,6 +207,121 @@ class JsonSchema::Compiler {
     if (!some(false)) n.types &= uint8_t(~(kNumber | kInteger));
     else if (!some(true) && !(n.types & kNumber)) n.types &= uint8_t(~kInteger);
     if (n.types == 0) fail("{}: no value of the schema's type lies within its bounds", path);
+  }
+
+  // minLength, maxLength (code points) and pattern.
+  static void strings(Node& n, const Json& s, const std::string& path) {
+    if (const auto m = s.find("minLength"); m != s.end()) n.min_length = count_of(*m, path + "/minLength");
+    if (const auto m = s.find("maxLength"); m != s.end()) n.max_length = count_of(*m, path + "/maxLength");
+    if (n.max_length >= 0 && n.max_length < n.min_length) fail("{}: maxLength is below minLength", path);
+    if (n.min_length > (1 << 20) || n.max_length > (1 << 20)) fail("{}: a length above 2^20", path);
+    const auto p = s.find("pattern");
+    if (p == s.end()) return;
+    if (!p->is_string()) fail("{}/pattern: must be a string", path);
+    n.pattern = JsonPattern::compile(p->get<std::string>(), path + "/pattern");
+    const int64_t shortest = n.pattern->min_left(n.pattern->start());
+    if (n.max_length >= 0 && shortest > n.max_length && (n.types & kString))
+      fail("{}: the pattern takes at least {} characters, above maxLength", path, shortest);
+  }
+
+  // oneOf is read as anyOf where no value can match two of its alternatives, as far as the
+  // schemas show it: other types, other enum values, number bounds that do not meet, objects with
+  // a required property whose values exclude each other (a discriminator). Else it is refused.
+  static void exclusive(const std::vector<const Node*>& alts, const std::string& at) {
+    for (size_t i = 0; i < alts.size(); ++i)
+      for (size_t j = i + 1; j < alts.size(); ++j)
+        if (!apart(alts[i], alts[j], 0))
+          fail("{}: alternatives {} and {} may both match a value; a oneOf is supported where its alternatives "
+               "exclude each other (other types, other enum values, bounds that do not meet, a required property "
+               "whose values differ)", at, i, j);
+  }
+
+  static const Node* unwrap(const Node* n) {  // references and one-schema combinations
+    for (int hops = 0; n->any_of.size() == 1 && hops < 64; ++hops) n = n->any_of[0];
+    return n;
+  }
+
+  // No value matches both a and b (false: it may). A node still being filled (a reference back
+  // into a schema under way) is any value.
+  static bool apart(const Node* a, const Node* b, int depth) {
+    if (++depth > 16) return false;
+    a = unwrap(a);
+    b = unwrap(b);
+    for (const auto& [x, y] : {std::pair(a, b), std::pair(b, a)}) {
+      if (x->any_of.empty()) continue;
+      for (const Node* alt : x->any_of)
+        if (!apart(alt, y, depth)) return false;
+      return true;
+    }
+    if (a->has_literals || b->has_literals) {
+      const Node* lit = a->has_literals ? a : b;
+      const Node* other = lit == a ? b : a;
+      for (const std::string& text : lit->literals)
+        if (admits(*other, Json::parse(text), depth)) return false;
+      return true;
+    }
+    const uint8_t both = a->types & b->types;
+    if (both & (kNull | kBoolean | kString | kArray)) return false;
+    if (both & (kInteger | kNumber)) {
+      auto below = [](double hi, bool hi_open, double lo, bool lo_open) { return hi < lo || (hi == lo && (hi_open || lo_open)); };
+      if (!below(a->hi, a->hi_open, b->lo, b->lo_open) && !below(b->hi, b->hi_open, a->lo, a->lo_open)) return false;
+    }
+    if (both & kObject) {
+      // A property one requires whose value the other cannot take there.
+      auto keyed = [depth](const Node& x, const Node& y) {
+        for (size_t i = 0; i < x.names.size(); ++i) {
+          if (!(x.required >> i & 1)) continue;
+          const auto at = std::find(y.names.begin(), y.names.end(), x.names[i]);
+          const Node* there = at != y.names.end() ? y.props[size_t(at - y.names.begin())] : y.additional;
+          if (there == nullptr || apart(x.props[i], there, depth)) return true;
+        }
+        return false;
+      };
+      if (!keyed(*a, *b) && !keyed(*b, *a)) return false;
+    }
+    return true;
+  }
+
+  // Whether value v may match node n (false only where the schema shows it cannot).
+  static bool admits(const Node& n, const Json& v, int depth) {
+    if (++depth > 16) return true;
+    if (!n.any_of.empty())
+      return std::any_of(n.any_of.begin(), n.any_of.end(), [&](const Node* alt) { return admits(*alt, v, depth); });
+    if (!(n.types & type_of(v))) return false;
+    if (n.has_literals)
+      return std::any_of(n.literals.begin(), n.literals.end(), [&](const std::string& t) { return Json::parse(t) == v; });
+    if (v.is_number() && !within(n, v.get<double>())) return false;
+    if (v.is_string() && !fits(n, v)) return false;
+    if (v.is_object()) {
+      for (size_t i = 0; i < n.names.size(); ++i)
+        if ((n.required >> i & 1) && !v.contains(n.names[i])) return false;
+      for (auto it = v.begin(); it != v.end(); ++it) {
+        const auto at = std::find(n.names.begin(), n.names.end(), it.key());
+        const Node* there = at != n.names.end() ? n.props[size_t(at - n.names.begin())] : n.additional;
+        if (there == nullptr || !admits(*there, it.value(), depth)) return false;
+      }
+    }
+    if (v.is_array()) {
+      if (int64_t(v.size()) < n.min_items || (n.max_items >= 0 && int64_t(v.size()) > n.max_items)) return false;
+      if (n.items != nullptr)
+        for (const Json& x : v)
+          if (!admits(*n.items, x, depth)) return false;
+    }
+    return true;
+  }
+
+  // A string enum value within the length limits and matching the pattern.
+  static bool fits(const Node& n, const Json& v) {
+    std::u32string text;
+    const std::string& s = v.get_ref<const std::string&>();
+    JsonStringScan scan;
+    for (const char c : Json(s).dump().substr(1)) {  // the value as JSON text, after its quote
+      if (scan.step(static_cast<unsigned char>(c)) != JsonStringScan::Step::kMore) break;
+      if (scan.char_ended()) text += char32_t(scan.code_point());
+    }
+    const auto length = int64_t(text.size());
+    if (length < n.min_length || (n.max_length >= 0 && length > n.max_length)) return false;
+    return !n.pattern || n.pattern->matches(text);
   }
 
   static uint8_t type_of(const Json& v) {
@@ -324,14 +437,9 @@ bool SchemaPrefix::push_in_place(unsigned char c) {
   Frame& f = t.stack.back();
   switch (f.kind) {
     case Kind::kString: {
-      JsonStringScan str = f.str;
-      if (str.step(c) != JsonStringScan::Step::kMore) return false;
-      const Node& n = *f.node;
-      if ((n.min_length > 0 || n.max_length >= 0) && str.char_started()) {
-        if (n.max_length >= 0 && f.count >= n.max_length) return false;
-        ++f.count;
-      }
-      f.str = str;
+      Frame g = f;
+      if (g.str.step(c) != JsonStringScan::Step::kMore || !string_byte(g)) return false;
+      f = g;
       t.space_run = 0;
       return true;
     }
@@ -346,6 +454,30 @@ bool SchemaPrefix::push_in_place(unsigned char c) {
     default:
       return false;
   }
+}
+
+bool SchemaPrefix::string_byte(Frame& f) {
+  const Node& n = *f.node;
+  if ((n.min_length > 0 || n.max_length >= 0) && f.str.char_started()) {
+    if (n.max_length >= 0 && f.count >= n.max_length) return false;
+    ++f.count;
+  }
+  if (!n.pattern) return true;
+  if (f.str.char_ended()) {
+    f.pat = n.pattern->step(f.pat, f.str.code_point());
+    if (f.pat == JsonPattern::kDead) return false;
+    return n.max_length < 0 || f.count + n.pattern->min_left(f.pat) <= n.max_length;
+  }
+  if (f.str.at_rest()) return true;
+  // A character half-way: one that it can still become must keep the pattern within reach (the
+  // count holds it already).
+  std::pair<uint32_t, uint32_t> ranges[3];
+  int32_t best = -1;
+  for (size_t i = 0, k = f.str.pending(ranges); i < k; ++i) {
+    const int32_t m = n.pattern->min_left_through(f.pat, ranges[i].first, ranges[i].second);
+    if (m >= 0 && (best < 0 || m < best)) best = m;
+  }
+  return best >= 0 && (n.max_length < 0 || f.count - 1 + best <= n.max_length);
 }
 
 bool SchemaPrefix::push(unsigned char c) {
@@ -375,7 +507,7 @@ bool SchemaPrefix::takes_string_text() const {
   for (const Thread& t : threads_) {
     if (t.stack.empty()) continue;
     const Frame& f = t.stack.back();
-    if (f.kind == Kind::kString && f.node->max_length < 0 && f.str.at_rest()) return true;
+    if (f.kind == Kind::kString && f.node->max_length < 0 && !f.node->pattern && f.str.at_rest()) return true;
   }
   return false;
 }
@@ -418,6 +550,10 @@ void SchemaPrefix::Frame::key(std::string& out) const {
     case Kind::kString:
       str.key(out);
       if (node->min_length > 0 || node->max_length >= 0) put(count);
+      if (node->pattern) {
+        put(pat);
+        if (!str.at_rest()) put(str.cp), put(str.hex);  // a character half-way
+      }
       break;
     case Kind::kNumber:
       out += char(num.at);
@@ -456,8 +592,11 @@ void SchemaPrefix::dedupe(std::vector<Thread>& threads) {
   if (threads.size() > 1) {
     std::set<std::string> keys;
     size_t kept = 0;
-    for (Thread& t : threads)
-      if (keys.insert(t.key()).second) threads[kept++] = std::move(t);
+    for (size_t i = 0; i < threads.size(); ++i) {
+      if (!keys.insert(threads[i].key()).second) continue;
+      if (kept != i) threads[kept] = std::move(threads[i]);  // (a vector moved onto itself empties)
+      ++kept;
+    }
     threads.resize(kept);
   }
   if (threads.size() > kMaxReadings) threads.resize(kMaxReadings);
@@ -659,14 +798,14 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
       const bool limited = n.min_length > 0 || n.max_length >= 0;
       if (s == JsonStringScan::Step::kClosed) {
         if (limited && f.count < n.min_length) return;
+        if (n.pattern && !n.pattern->accepts(f.pat)) return;
         t.stack.pop_back();
         end_value(t);
         t.space_run = 0;
         out.push_back(std::move(t));
         return;
       }
-      if (limited && f.str.char_started() && (n.max_length >= 0 && f.count >= n.max_length)) return;
-      if (limited && f.str.char_started()) ++f.count;
+      if (!string_byte(f)) return;
       t.space_run = 0;
       out.push_back(std::move(t));
       return;

@@ -5,19 +5,24 @@
 // - type (a name or a list of names), enum, const;
 // - objects: properties, required, additionalProperties (default true, as the standard says);
 // - arrays: items, minItems, maxItems;
-// - strings: minLength, maxLength (in code points);
+// - strings: minLength, maxLength (in code points), pattern (json_pattern.h says which readings of
+//   ECMA-262 it takes);
 // - numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or draft 4's booleans),
 //   compared as doubles (as validators read JSON numbers); a bounded number is written without
 //   an exponent and in at most kMaxBoundedNumber bytes;
-// - anyOf; allOf of one schema; $ref to "#", "#/$defs/..." or "#/definitions/..." (recursion too);
+// - anyOf; oneOf whose alternatives exclude each other as the schemas show it (other types, other
+//   enum values, bounds that do not meet, a required property whose values differ: a
+//   discriminator), read as anyOf; allOf of one schema; $ref to "#", "#/$defs/..." or
+//   "#/definitions/..." (recursion too);
 // - annotations (title, description, default, examples, $schema, $id, $comment, ...) and
 //   "format" (an annotation by the standard's default vocabulary) are ignored.
-// Keywords that would constrain values in other ways (pattern, multipleOf, oneOf, not, ...) are
+// Keywords that would constrain values in other ways (multipleOf, not, if, ...) are
 // refused, with the keyword named: the server never claims a constraint it does not enforce.
 //
 // The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of
 // JsonPrefix), object keys written without escapes, each key at most once; an enum or const value
-// in its compact form (nlohmann::json::dump), e.g. {"a":1} for an object.
+// in its compact form (nlohmann::json::dump), e.g. {"a":1} for an object; of a string's enum
+// values, those its length limits and pattern take.
 #pragma once
 
 #include <cmath>
@@ -30,6 +35,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "server/json_pattern.h"
 #include "server/json_scan.h"
 
 namespace dsi::server {
@@ -61,6 +67,7 @@ class JsonSchema {
     int64_t min_items = 0, max_items = -1;
     // Strings.
     int64_t min_length = 0, max_length = -1;
+    std::shared_ptr<const JsonPattern> pattern;  // null: none
     // Numbers: lo <= x (lo < x when lo_open), x <= hi (x < hi when hi_open).
     double lo = -HUGE_VAL, hi = HUGE_VAL;
     bool lo_open = false, hi_open = false;
@@ -98,7 +105,8 @@ class SchemaPrefix {
   // Two states with equal signatures take the same texts (the argument is for JsonPrefix's form).
   std::string signature(size_t max_bytes = 0) const;
   size_t readings() const { return threads_.size(); }
-  // Some reading is inside a string without a maxLength, at rest: every json_string_text() token fits.
+  // Some reading is inside a string without a maxLength or pattern, at rest: every
+  // json_string_text() token fits.
   bool takes_string_text() const;
 
   static constexpr int kMaxDepth = 64;       // nesting beyond this is refused
@@ -119,6 +127,7 @@ class SchemaPrefix {
     Kind kind = Kind::kValue;
     Phase phase = Phase::kFirst;
     JsonStringScan str;   // kString, and kObject in a key
+    int32_t pat = 0;      // kString with a pattern: its state
     JsonNumberScan num;   // kNumber
     uint8_t num_len = 0;  // kNumber with bounds: its bytes so far
     char num_text[JsonSchema::kMaxBoundedNumber] = {};
@@ -139,6 +148,8 @@ class SchemaPrefix {
     std::string key() const;
   };
   bool push_in_place(unsigned char c);
+  // A byte that a string's scan took: its length limits and pattern; false when it does not fit.
+  static bool string_byte(Frame& f);
   // Steps the reading t with byte c; what it becomes (none, one or several readings) goes to out.
   void step_top(Thread t, unsigned char c, std::vector<Thread>& out) const;
   // A value of node starting with c, the reading's frames so far in t; hops: references followed.

@@ -400,10 +400,12 @@ VERSE_SCHEMA = {
         "book": {"enum": ["Genesis", "Exodus", "Psalms"]},
         "chapter": {"type": "integer", "minimum": 1, "maximum": 150},
         "weight": {"type": "number", "exclusiveMinimum": 0, "maximum": 2.5},
-        "words": {"type": "array", "items": {"type": "string", "maxLength": 12}, "minItems": 1, "maxItems": 3},
-        "note": {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}]},
+        "verse": {"type": "string", "pattern": "^[1-9][0-9]?:[0-9]{1,3}$"},
+        "words": {"type": "array", "items": {"type": "string", "maxLength": 12, "pattern": "^\\w+$"},
+                  "minItems": 1, "maxItems": 3},
+        "note": {"anyOf": [{"type": "string", "maxLength": 20, "pattern": "[.!?]$"}, {"type": "null"}]},
     },
-    "required": ["book", "chapter", "words"],
+    "required": ["book", "chapter", "verse", "words"],
     "additionalProperties": False,
 }
 
@@ -435,6 +437,10 @@ def test_json_schema(server):
         "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
             "name": "n", "schema": {"type": "integer", "multipleOf": 2}}}}), 400)
     assert e["param"] == "response_format" and "'multipleOf' is not supported" in e["message"]
+    e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": {"type": "string", "pattern": "(?=a)b"}}}}), 400)
+    assert "#/pattern" in e["message"] and "lookaround" in e["message"], e["message"]
 
 
 def test_chat_logprobs(server):
