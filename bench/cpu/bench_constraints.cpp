@@ -1,7 +1,7 @@
 // Times the server's token constraints (src/server/constraints.h) on a tokenizer's vocabulary: the
 // mask of a state met for the first time (the vocabulary walked as a trie) and of a state met
 // again (kept by its signature), for JSON mode and a structured-output schema, inside and outside
-// strings. Prints a table (microseconds, medians of the runs).
+// strings (free, and with a pattern). Prints a table (microseconds, medians of the runs).
 //
 //   bench_constraints [--tokenizer FILE] [--runs N]   (default: the bundled model's tokenizer)
 #include <algorithm>
@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
       "type": "object",
       "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                      "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}},
-                     "boss": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+                     "boss": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
+                     "email": {"type": "string", "pattern": "^[a-z0-9._]+@[a-z]+\\.[a-z]{2,4}$"}},
       "required": ["name"], "additionalProperties": false})"));
     std::printf("tokenizer %s: %d ids\n", path.c_str(), tok.vocab_size());
     std::printf("%-12s %-34s %9s %9s %8s\n", "constraint", "after", "first us", "kept us", "allowed");
@@ -82,7 +83,7 @@ int main(int argc, char** argv) {
       return std::make_unique<dsi::server::SchemaConstraint>(tok, schema, std::vector<int32_t>{eos}, -1, -1, false);
     };
     for (const char* text : {R"({"name": "in the beginning)", R"({"name": "x", "age": 12)", R"({"boss": )",
-                             R"({"name": "x", "tags": ["a", )"}) {
+                             R"({"name": "x", "tags": ["a", )", R"({"email": "john.sm)"}) {
       row("json_object", text, tok, runs, json);
       row("json_schema", text, tok, runs, structured);
     }
