@@ -52,18 +52,7 @@ JsonStringScan::Step JsonStringScan::step(unsigned char c) {
     ended_ = true;
     return Step::kMore;
   }
-  if (utf8_left > 0) {  // a continuation byte, within the lead byte's range (no overlongs, surrogates)
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (utf8_lead == 0xE0) lo = 0xA0;
-    if (utf8_lead == 0xED) hi = 0x9F;
-    if (utf8_lead == 0xF0) lo = 0x90;
-    if (utf8_lead == 0xF4) hi = 0x8F;
-    if (c < lo || c > hi) return Step::kReject;
-    utf8_lead = 0;  // the range applies to the first continuation byte only
-    cp = cp << 6 | (c & 0x3Fu);
-    ended_ = --utf8_left == 0;
-    return Step::kMore;
-  }
+  if (!utf8.at_rest()) return continue_char(c);
   if (want_low && c != '\\') return Step::kReject;  // a high surrogate's low one must follow
   if (c == '"') return Step::kClosed;
   if (c == '\\') {
@@ -73,28 +62,60 @@ JsonStringScan::Step JsonStringScan::step(unsigned char c) {
   }
   if (c < 0x20) return Step::kReject;  // control characters must be escaped
   started_ = true;
-  if (c < 0x80) {
-    cp = c;
-    ended_ = true;
-    return Step::kMore;
+  return continue_char(c);
+}
+
+JsonStringScan::Step JsonStringScan::continue_char(unsigned char c) {
+  switch (utf8.step(c)) {
+    case Utf8Scan::Step::kReject:
+      return Step::kReject;
+    case Utf8Scan::Step::kChar:
+      cp = utf8.cp;
+      ended_ = true;
+      break;
+    case Utf8Scan::Step::kMore:
+      break;
   }
-  if (c >= 0xC2 && c <= 0xDF) utf8_left = 1, cp = c & 0x1Fu;
-  else if (c >= 0xE0 && c <= 0xEF) utf8_left = 2, cp = c & 0x0Fu;
-  else if (c >= 0xF0 && c <= 0xF4) utf8_left = 3, cp = c & 0x07u;
-  else return Step::kReject;
-  utf8_lead = c;
   return Step::kMore;
 }
 
+Utf8Scan::Step Utf8Scan::step(unsigned char c) {
+  if (left > 0) {  // a continuation byte, within the lead byte's range (no overlongs, surrogates)
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (lead == 0xE0) lo = 0xA0;
+    if (lead == 0xED) hi = 0x9F;
+    if (lead == 0xF0) lo = 0x90;
+    if (lead == 0xF4) hi = 0x8F;
+    if (c < lo || c > hi) return Step::kReject;
+    lead = 0;  // the range applies to the first continuation byte only
+    cp = cp << 6 | (c & 0x3Fu);
+    return --left == 0 ? Step::kChar : Step::kMore;
+  }
+  if (c < 0x80) {
+    cp = c;
+    return Step::kChar;
+  }
+  if (c >= 0xC2 && c <= 0xDF) left = 1, cp = c & 0x1Fu;
+  else if (c >= 0xE0 && c <= 0xEF) left = 2, cp = c & 0x0Fu;
+  else if (c >= 0xF0 && c <= 0xF4) left = 3, cp = c & 0x07u;
+  else return Step::kReject;
+  lead = c;
+  return Step::kMore;
+}
+
+std::pair<uint32_t, uint32_t> Utf8Scan::pending() const {  // the bits so far, then any continuation bits
+  uint32_t lo = cp << (6 * left);
+  uint32_t hi = std::min<uint32_t>(lo | ((1u << (6 * left)) - 1), 0x10FFFF);
+  if (lead != 0) {  // only the lead byte: no overlong form, no surrogate
+    lo = std::max<uint32_t>(lo, left == 1 ? 0x80 : left == 2 ? 0x800 : 0x10000);
+    if (lead == 0xED) hi = 0xD7FF;
+  }
+  return {lo, hi};
+}
+
 size_t JsonStringScan::pending(std::pair<uint32_t, uint32_t> out[3]) const {
-  if (utf8_left > 0) {  // the bits so far, then any continuation bits
-    uint32_t lo = cp << (6 * utf8_left);
-    uint32_t hi = std::min<uint32_t>(lo | ((1u << (6 * utf8_left)) - 1), 0x10FFFF);
-    if (utf8_lead != 0) {  // only the lead byte: no overlong form, no surrogate
-      lo = std::max<uint32_t>(lo, utf8_left == 1 ? 0x80 : utf8_left == 2 ? 0x800 : 0x10000);
-      if (utf8_lead == 0xED) hi = 0xD7FF;
-    }
-    out[0] = {lo, hi};
+  if (!utf8.at_rest()) {
+    out[0] = utf8.pending();
     return 1;
   }
   // A \uXXXX's digits so far (all four to come before its 'u').
@@ -131,7 +152,7 @@ bool json_string_text(std::string_view bytes) {
 }
 
 void JsonStringScan::key(std::string& out) const {
-  for (uint8_t b : {utf8_left, utf8_lead, uint8_t(escape_), hex_left, uint8_t(first_d), uint8_t(high), uint8_t(want_low)})
+  for (uint8_t b : {utf8.left, utf8.lead, uint8_t(escape_), hex_left, uint8_t(first_d), uint8_t(high), uint8_t(want_low)})
     out += char(b);
 }
 

@@ -12,6 +12,19 @@ namespace dsi::server {
 inline bool json_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 inline bool json_digit(unsigned char c) { return c >= '0' && c <= '9'; }
 
+// UTF-8 a byte at a time: no overlong forms, no surrogates, nothing past U+10FFFF.
+struct Utf8Scan {
+  enum class Step : uint8_t { kReject, kMore, kChar };  // kChar: a character ended, its value cp
+  Step step(unsigned char c);
+  bool at_rest() const { return left == 0; }
+  // A character half-way: the code points it can still become.
+  std::pair<uint32_t, uint32_t> pending() const;
+
+  uint8_t left = 0;  // continuation bytes still to come
+  uint8_t lead = 0;  // the lead byte, until the first continuation byte (which it limits)
+  uint32_t cp = 0;   // the bits so far, or the character that ended
+};
+
 // A string after its opening quote: UTF-8 checked (no overlong forms, no surrogates), control
 // characters only escaped, \u escapes of surrogates only as a high-low pair (what strict parsers read).
 struct JsonStringScan {
@@ -29,11 +42,11 @@ struct JsonStringScan {
   size_t pending(std::pair<uint32_t, uint32_t> out[3]) const;
   // Between characters, no escape open and no surrogate pair half-way: where json_string_text()
   // bytes fit whatever came before.
-  bool at_rest() const { return utf8_left == 0 && !escape_ && !want_low; }
+  bool at_rest() const { return utf8.at_rest() && !escape_ && !want_low; }
   void key(std::string& out) const;  // appends the state's bytes (for signatures)
+  Step continue_char(unsigned char c);  // a byte of a character written as itself
 
-  uint8_t utf8_left = 0;  // continuation bytes still to come
-  uint8_t utf8_lead = 0;  // the lead byte of the sequence in progress
+  Utf8Scan utf8;          // a character written as itself
   bool escape_ = false;   // after a backslash
   uint8_t hex_left = 0;   // hex digits of \uXXXX still to come
   bool first_d = false;   // this \uXXXX starts with D (a surrogate's range)
@@ -42,7 +55,7 @@ struct JsonStringScan {
   bool started_ = false;
   bool ended_ = false;
   uint16_t hex = 0;  // this \uXXXX's digits so far
-  uint32_t cp = 0;   // the character in progress (a pair's high surrogate), or the one that ended
+  uint32_t cp = 0;   // the character that ended (an escape's: in progress, a pair's high surrogate)
 };
 
 // Bytes that a string at rest takes as they are and stays at rest after: whole UTF-8 characters,

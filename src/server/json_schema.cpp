@@ -552,7 +552,7 @@ void SchemaPrefix::Frame::key(std::string& out) const {
       if (node->min_length > 0 || node->max_length >= 0) put(count);
       if (node->pattern) {
         put(pat);
-        if (!str.at_rest()) put(str.cp), put(str.hex);  // a character half-way
+        if (!str.at_rest()) put(str.cp), put(str.hex), put(str.utf8.cp);  // a character half-way
       }
       break;
     case Kind::kNumber:
