@@ -1,16 +1,21 @@
-// JSON Schema patterns (server/json_pattern.h) against std::regex's ECMAScript grammar (the C++
+// Patterns (server/json_pattern.h) against std::regex's ECMAScript grammar (the C++
 // library's implementation of ECMA-262 regular expressions) on ASCII strings, where the two
 // validators' readings agree: whole strings, and prefixes (a live state has an ending std::regex
 // accepts; a dead one has none within a few characters). Beyond ASCII, the classes against PCRE2's
-// Unicode properties; and the refusals.
+// Unicode properties; the refusals; and the whole-answer constraint (structured outputs' regex and
+// choice) through the bundled vocabulary's masks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <random>
 #include <regex>
 #include <string>
 #include <vector>
 
 #include "dsinfer/error.h"
+#include "server/constraints.h"
 #include "server/json_pattern.h"
+#include "test_constraints_util.h"
 #include "text/regex.h"
 
 namespace dsi::server {
@@ -220,6 +225,75 @@ TEST(JsonPattern, RefusesWhatItCannotReadAsBothValidatorsDo) {
   }
   // '{' that is no count is itself, as both readings have it.
   EXPECT_TRUE(JsonPattern::compile("^a{2$", "p")->matches(U"a{2"));
+}
+
+}  // namespace
+}  // namespace dsi::server
+
+namespace dsi::server {
+namespace {
+
+using test::allowed;
+using test::kjv_tokenizer;
+
+// Masks of a whole-answer pattern, each token tried alone: at the start, within a word, half-way
+// through a character, where only the end may come.
+TEST(PatternConstraint, MasksAreEachTokenTriedAlone) {
+  const Tokenizer& tok = kjv_tokenizer();
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  const auto p = JsonPattern::compile("(In the beginning|And God said), [a-z\\u00e9 ]{1,40}[.!]", "r",
+                                      JsonPattern::Match::kWhole);
+  for (const std::string& text : {std::string(""), std::string("In the beg"), std::string("And God said, let"),
+                                  std::string("And God said, l\xC3"), std::string("In the beginning, x!")}) {
+    PatternConstraint c(tok, p, {eos}, -1, -1, false);
+    for (unsigned char b : text) c.accept(test::byte_token(tok, b));
+    test::expect_mask_is_each_token(c, tok, V, eos, text);
+  }
+}
+
+// Seeded walks through the masks: each step's mask is each token tried alone, and every walk that
+// ends (at the end of sequence, which comes only once the text is whole) wrote a text the pattern
+// matches whole, as std::regex_match reads it; a list of choices ends in one of them.
+TEST(PatternConstraint, WalksEndInWholeMatches) {
+  const Tokenizer& tok = kjv_tokenizer();
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  const std::vector<std::string> regexes = {"[A-Z][a-z]+( [a-z]+){2,5}\\.", "\\d{1,3}(,\\d{3})*", "(yes|no|maybe)",
+                                            "[^\\n]{0,12}\\n?"};
+  const std::vector<std::string> choices = {"Genesis", "Genes", "Exodus 3:14", "Leviticus"};
+  std::mt19937_64 rng(17);
+  int ended = 0;
+  for (size_t k = 0; k <= regexes.size(); ++k) {
+    const bool choice = k == regexes.size();
+    const auto p = choice ? JsonPattern::any_of(choices, "c")
+                          : JsonPattern::compile(regexes[k], "r", JsonPattern::Match::kWhole);
+    for (int walk = 0; walk < 8; ++walk) {
+      PatternConstraint c(tok, p, {eos}, -1, -1, false);
+      std::string text;
+      bool done = false;
+      for (int step = 0; step < 60 && !done; ++step) {
+        const std::vector<int32_t> ok = allowed(c, V);
+        ASSERT_FALSE(ok.empty()) << text;
+        ASSERT_EQ(ok, test::each_token(c.state(), tok, V, eos)) << text;
+        const bool can_end = std::binary_search(ok.begin(), ok.end(), eos);
+        const int32_t pick = can_end && (step > 6 || rng() % 3 == 0)
+                                 ? eos
+                                 : ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+        if (pick == eos) {
+          done = true;
+          break;
+        }
+        c.accept(pick);
+        text += *tok.token_bytes(pick);
+      }
+      if (!done) continue;
+      ++ended;
+      if (choice) EXPECT_NE(std::find(choices.begin(), choices.end(), text), choices.end()) << text;
+      else EXPECT_TRUE(std::regex_match(text, std::regex(regexes[k], std::regex::ECMAScript))) << regexes[k] << ": " << text;
+    }
+  }
+  EXPECT_GT(ended, 30);
 }
 
 }  // namespace

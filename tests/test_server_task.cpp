@@ -283,6 +283,56 @@ TEST(ServerTask, UnsupportedFeatures) {
   EXPECT_TRUE(ok_completion(R"({"prompt": "x", "response_format": {"type": "json_object"}})").json_object);
 }
 
+// vLLM's structured outputs (and its older guided_* fields): one at a time, compiled with the
+// request; what cannot be enforced is a 400, never ignored.
+TEST(ServerTask, StructuredOutputs) {
+  const ParsedRequest regex = ok_completion(R"x({"prompt": "x", "structured_outputs": {"regex": "(yes|no)[.!]"}})x");
+  ASSERT_TRUE(regex.text_pattern);
+  EXPECT_TRUE(regex.text_pattern->matches(U"yes!"));
+  EXPECT_FALSE(regex.text_pattern->matches(U"yes!!"));  // the whole answer
+  EXPECT_FALSE(regex.text_pattern->matches(U"a yes!"));
+  const ParsedRequest choice = ok_chat(R"({"messages": [{"role": "user", "content": "x"}],
+      "structured_outputs": {"choice": ["Genesis", "Exodus", "a.b*"], "disable_fallback": true}})");
+  ASSERT_TRUE(choice.text_pattern);
+  EXPECT_TRUE(choice.text_pattern->matches(U"a.b*"));
+  EXPECT_FALSE(choice.text_pattern->matches(U"axb"));
+  EXPECT_FALSE(choice.text_pattern->matches(U"Gen"));
+  EXPECT_TRUE(ok_completion(R"({"prompt": "x", "guided_choice": ["a", "b"]})").text_pattern->matches(U"b"));
+  EXPECT_TRUE(ok_completion(R"({"prompt": "x", "guided_regex": "\\d+"})").text_pattern->matches(U"42"));
+  EXPECT_TRUE(ok_completion(R"({"prompt": "x", "structured_outputs": {"json": {"type": "integer"}}})").json_schema);
+  EXPECT_TRUE(ok_completion(R"({"prompt": "x", "guided_json": "{\"type\": \"string\"}"})").json_schema);
+  EXPECT_TRUE(ok_completion(R"({"prompt": "x", "structured_outputs": {"json_object": true}})").json_object);
+  const ParsedRequest none = ok_completion(R"({"prompt": "x", "structured_outputs": {"regex": null, "json_object": false}})");
+  EXPECT_FALSE(none.text_pattern || none.json_schema || none.json_object);
+
+  expect_error(parse_completion_request(R"x({"prompt": "x", "structured_outputs": {"regex": "(?=a)"}})x"), 400,
+               "structured_outputs", "'structured_outputs.regex': the pattern's '(?' (lookaround");
+  expect_error(parse_completion_request(R"({"prompt": "x", "guided_regex": "a\\1"})"), 400, "guided_regex",
+               "back-reference");
+  expect_error(parse_completion_request(R"({"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["b"]}})"),
+               400, "structured_outputs", "one structured output at a time");
+  expect_error(parse_completion_request(R"({"prompt": "x", "guided_regex": "a", "response_format": {"type": "json_object"}})"),
+               400, "guided_regex", "beside a JSON 'response_format'");
+  expect_error(parse_completion_request(R"({"prompt": "x", "structured_outputs": {"choice": []}})"), 400,
+               "structured_outputs", "non-empty array of strings");
+  expect_error(parse_completion_request(R"({"prompt": "x", "guided_choice": ["a", 1]})"), 400, "guided_choice",
+               "non-empty array of strings");
+  expect_error(parse_completion_request(R"({"prompt": "x", "structured_outputs": {"json": {"type": "integer", "multipleOf": 2}}})"),
+               400, "structured_outputs", "'structured_outputs.json' #: 'multipleOf' is not supported");
+  expect_error(parse_completion_request(R"({"prompt": "x", "guided_json": "{"})"), 400, "guided_json", "not valid JSON");
+  expect_error(parse_completion_request(R"({"prompt": "x", "structured_outputs": {"grammar": "root ::= \"a\""}})"), 400,
+               "structured_outputs", "'structured_outputs.grammar' is not supported", "unsupported");
+  expect_error(parse_completion_request(R"({"prompt": "x", "structured_outputs": {"whitespace_pattern": " "}})"), 400,
+               "structured_outputs", "not supported", "unsupported");
+  expect_error(parse_completion_request(R"({"prompt": "x", "guided_grammar": "root ::= \"a\""})"), 400,
+               "guided_grammar", "not supported", "unsupported");
+  expect_error(parse_completion_request(R"({"prompt": "x", "structured_outputs": "regex"})"), 400,
+               "structured_outputs", "must be an object");
+  expect_error(parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "guided_choice": ["a"],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "required"})"),
+               400, "tool_choice", "together with a structured output");
+}
+
 const ModelLimits kLimits{"kjv-dsa", 100, 4096};
 
 EngineRequest ok_engine(const ParsedRequest& r, std::vector<int32_t> prompt) {

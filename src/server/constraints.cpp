@@ -224,7 +224,7 @@ void AnswerConstraint::accept(int32_t token) {
 }
 
 template <class Recognizer>
-bool JsonTextConstraint<Recognizer>::fits(int32_t id) const {
+bool TextConstraint<Recognizer>::fits(int32_t id) const {
   if (is_eos(id)) return json_.complete();
   if (tokenizer_.is_special(id)) return false;
   const std::string* bytes = tokenizer_.token_bytes(id);
@@ -235,7 +235,7 @@ bool JsonTextConstraint<Recognizer>::fits(int32_t id) const {
 }
 
 template <class Recognizer>
-const AnswerConstraint::Bits& JsonTextConstraint<Recognizer>::fitting(int64_t vocab) {
+const AnswerConstraint::Bits& TextConstraint<Recognizer>::fitting(int64_t vocab) {
   const Tokenizer::ByteOrder& order = tokenizer_.byte_order();
   // A spaced tokenizer's space before the token counts as one more byte.
   std::string key = json_.signature(order.longest + 1);
@@ -300,14 +300,14 @@ const AnswerConstraint::Bits& JsonTextConstraint<Recognizer>::fitting(int64_t vo
 }
 
 template <class Recognizer>
-std::unique_ptr<TokenConstraint> JsonTextConstraint<Recognizer>::clone() const {
-  auto c = std::make_unique<JsonTextConstraint>(*this);
+std::unique_ptr<TokenConstraint> TextConstraint<Recognizer>::clone() const {
+  auto c = std::make_unique<TextConstraint>(*this);
   c->states_.clear();  // scratch
   return c;
 }
 
 template <class Recognizer>
-void JsonTextConstraint<Recognizer>::take(int32_t id) {
+void TextConstraint<Recognizer>::take(int32_t id) {
   if (is_eos(id) || tokenizer_.is_special(id)) return;
   const std::string* bytes = tokenizer_.token_bytes(id);
   if (bytes == nullptr) return;
@@ -316,8 +316,53 @@ void JsonTextConstraint<Recognizer>::take(int32_t id) {
   wrote_ = true;
 }
 
-template class JsonTextConstraint<JsonPrefix>;
-template class JsonTextConstraint<SchemaPrefix>;
+template class TextConstraint<JsonPrefix>;
+template class TextConstraint<SchemaPrefix>;
+template class TextConstraint<TextPattern>;
+
+bool TextPattern::push(unsigned char c) {
+  Utf8Scan u = utf8_;
+  switch (u.step(c)) {
+    case Utf8Scan::Step::kReject:
+      return false;
+    case Utf8Scan::Step::kChar: {
+      const int32_t next = pattern_->step(state_, u.cp);
+      if (next == JsonPattern::kDead) return false;
+      state_ = next;
+      break;
+    }
+    case Utf8Scan::Step::kMore: {
+      const auto [lo, hi] = u.pending();
+      if (pattern_->min_left_through(state_, lo, hi) < 0) return false;
+      break;
+    }
+  }
+  utf8_ = u;
+  return true;
+}
+
+bool TextPattern::push(std::string_view bytes) {
+  TextPattern next = *this;
+  if (!next.advance(bytes)) return false;
+  *this = std::move(next);
+  return true;
+}
+
+bool TextPattern::advance(std::string_view bytes) {
+  for (char c : bytes)
+    if (!push(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+std::string TextPattern::signature(size_t) const {
+  std::string k(reinterpret_cast<const char*>(&state_), sizeof(state_));
+  if (!utf8_.at_rest()) {  // a character half-way: its bytes so far
+    k += char(utf8_.left);
+    k += char(utf8_.lead);
+    k.append(reinterpret_cast<const char*>(&utf8_.cp), sizeof(utf8_.cp));
+  }
+  return k;
+}
 
 bool ForcedText::fits(int32_t id) const {
   if (is_eos(id)) return false;

@@ -2,7 +2,8 @@
 //
 // JSON mode (response_format {"type": "json_object"}): a TokenConstraint that lets a request write
 // only a JSON object (RFC 8259, UTF-8), then its end of sequence; structured outputs
-// (json_schema) the same with a schema's recognizer (json_schema.h). Each step the tokens of the
+// (json_schema) the same with a schema's recognizer (json_schema.h); a regular expression or a
+// list of choices (vLLM's structured_outputs) with a pattern's (json_pattern.h). Each step the tokens of the
 // vocabulary are tried from the text so far (walked as a trie, the masks kept by the state's
 // signature): a token's bytes must continue a prefix of an accepted text; special tokens never
 // (the end-of-sequence ids only once the text is whole, and then nothing else). A reasoning
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "dsinfer/engine.h"
+#include "server/json_pattern.h"
 #include "server/json_scan.h"
 #include "server/json_schema.h"
 #include "text/tokenizer.h"
@@ -77,7 +79,26 @@ class JsonPrefix {
   uint8_t space_run_ = 0;     // whitespace bytes in a row outside strings
 };
 
-// What the two constraints below share: a reasoning model's think block comes first, unmasked
+// Plain UTF-8 text that a pattern matches whole (structured outputs' regex and choice), a byte at
+// a time: the pattern's DFA steps a character at a time, and a byte is refused when no character
+// it can still become keeps a match within reach. The recognizer interface of JsonPrefix.
+class TextPattern {
+ public:
+  explicit TextPattern(std::shared_ptr<const JsonPattern> pattern) : pattern_(std::move(pattern)) {}
+  bool push(unsigned char c);
+  bool push(std::string_view bytes);  // all or nothing
+  bool advance(std::string_view bytes);
+  bool complete() const { return utf8_.at_rest() && pattern_->accepts(state_); }
+  std::string signature(size_t max_bytes = 0) const;
+  bool takes_string_text() const { return false; }
+
+ private:
+  std::shared_ptr<const JsonPattern> pattern_;
+  int32_t state_ = 0;
+  Utf8Scan utf8_;
+};
+
+// What the constraints below share: a reasoning model's think block comes first, unmasked
 // (from the start when the prompt leaves the answer inside it, or when the answer's first token
 // opens it); then each step the answer's tokens are masked to those that fit(). eos: the ids that
 // end a sequence; think_open / think_close: the reasoning tags' ids (-1: none).
@@ -109,12 +130,13 @@ class AnswerConstraint : public TokenConstraint {
   bool first_ = true;  // no token of the answer yet
 };
 
-// A JSON text through a byte recognizer (JsonPrefix, or SchemaPrefix for a schema): each step a
-// token fits when its bytes continue the text; the end of sequence only once the text is whole.
+// A text through a byte recognizer (JsonPrefix, SchemaPrefix for a schema, TextPattern for a
+// regular expression): each step a token fits when its bytes continue the text; the end of
+// sequence only once the text is whole.
 template <class Recognizer>
-class JsonTextConstraint : public AnswerConstraint {
+class TextConstraint : public AnswerConstraint {
  public:
-  JsonTextConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
+  TextConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
                      bool in_reasoning, Recognizer start)
       : AnswerConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning),
         json_(std::move(start)) {}
@@ -138,20 +160,30 @@ class JsonTextConstraint : public AnswerConstraint {
 };
 
 // JSON mode (response_format json_object): one JSON object.
-class JsonConstraint : public JsonTextConstraint<JsonPrefix> {
+class JsonConstraint : public TextConstraint<JsonPrefix> {
  public:
   JsonConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
                  bool in_reasoning)
-      : JsonTextConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning, JsonPrefix()) {}
+      : TextConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning, JsonPrefix()) {}
 };
 
 // Structured outputs (response_format json_schema): a value the schema accepts (json_schema.h).
-class SchemaConstraint : public JsonTextConstraint<SchemaPrefix> {
+class SchemaConstraint : public TextConstraint<SchemaPrefix> {
  public:
   SchemaConstraint(const Tokenizer& tokenizer, std::shared_ptr<const JsonSchema> schema, std::vector<int32_t> eos,
                    int32_t think_open, int32_t think_close, bool in_reasoning, int space_run = 0)
-      : JsonTextConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning,
+      : TextConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning,
                            SchemaPrefix(std::move(schema), space_run)) {}
+};
+
+// A regular expression or a list of choices (vLLM's structured_outputs regex / choice): text that
+// the pattern matches whole (JsonPattern::Match::kWhole, or JsonPattern::any_of).
+class PatternConstraint : public TextConstraint<TextPattern> {
+ public:
+  PatternConstraint(const Tokenizer& tokenizer, std::shared_ptr<const JsonPattern> pattern, std::vector<int32_t> eos,
+                    int32_t think_open, int32_t think_close, bool in_reasoning)
+      : TextConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning,
+                       TextPattern(std::move(pattern))) {}
 };
 
 // A forced tool call (tool_choice "required" or a named function): the answer must begin with

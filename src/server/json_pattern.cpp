@@ -107,7 +107,7 @@ struct Ast {
 };
 
 std::u32string decode_utf8(std::string_view s, const std::string& where) {
-  if (!utf8::is_valid(s)) fail("{}: the pattern is not UTF-8", where);
+  if (!utf8::is_valid(s)) fail("{}: not UTF-8", where);
   std::u32string out;
   for (size_t i = 0; i < s.size();) {
     const auto b = static_cast<unsigned char>(s[i]);
@@ -378,13 +378,14 @@ class PatternBuilder {
  public:
   explicit PatternBuilder(std::string where) : where_(std::move(where)) {}
 
-  std::shared_ptr<const JsonPattern> build(const Ast& root) {
-    // Any characters, then the pattern, then any characters: a search anywhere in the string.
+  std::shared_ptr<const JsonPattern> build(const Ast& root, JsonPattern::Match match) {
+    // A search: any characters, then the pattern, then any characters.
+    const bool search = match == JsonPattern::Match::kSearch;
     const int any = add_set({{0, 0xD7FF}, {0xE000, kMaxCp}});
     const int start = add_state();
-    nfa_[size_t(start)].chars.emplace_back(any, start);
+    if (search) nfa_[size_t(start)].chars.emplace_back(any, start);
     const int end = emit(root, start);
-    nfa_[size_t(end)].chars.emplace_back(any, end);
+    if (search) nfa_[size_t(end)].chars.emplace_back(any, end);
     accept_ = end;
     return determinize(start);
   }
@@ -590,10 +591,29 @@ class PatternBuilder {
   size_t work_ = 0;
 };
 
-std::shared_ptr<const JsonPattern> JsonPattern::compile(std::string_view pattern, const std::string& where) {
+std::shared_ptr<const JsonPattern> JsonPattern::compile(std::string_view pattern, const std::string& where,
+                                                     Match match) {
   Parser parser(decode_utf8(pattern, where), where);
   const Ast root = parser.parse();
-  return PatternBuilder(where).build(root);
+  return PatternBuilder(where).build(root, match);
+}
+
+std::shared_ptr<const JsonPattern> JsonPattern::any_of(const std::vector<std::string>& texts, const std::string& where) {
+  if (texts.empty()) fail("{}: no text to choose from", where);
+  Ast alt;
+  alt.kind = Ast::Kind::kAlt;
+  for (const std::string& t : texts) {
+    Ast cat;
+    for (const char32_t c : decode_utf8(t, where)) {
+      if (c >= 0xD800 && c <= 0xDFFF) fail("{}: a surrogate code point", where);
+      Ast one;
+      one.kind = Ast::Kind::kSet;
+      one.set = {{uint32_t(c), uint32_t(c)}};
+      cat.kids.push_back(std::move(one));
+    }
+    alt.kids.push_back(std::move(cat));
+  }
+  return PatternBuilder(where).build(alt, Match::kWhole);
 }
 
 int32_t JsonPattern::step(int32_t state, uint32_t cp) const {

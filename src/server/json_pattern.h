@@ -27,8 +27,14 @@ namespace dsi::server {
 
 class JsonPattern {
  public:
-  // Throws dsi::Error that names `where` (the keyword's path in the schema).
-  static std::shared_ptr<const JsonPattern> compile(std::string_view pattern, const std::string& where);
+  // kSearch: a string matches when the pattern matches somewhere in it (JSON Schema's reading);
+  // kWhole: when the pattern matches all of it (a regular expression for the whole answer).
+  enum class Match { kSearch, kWhole };
+  // Throws dsi::Error that names `where` (the keyword's path in the schema, or the field).
+  static std::shared_ptr<const JsonPattern> compile(std::string_view pattern, const std::string& where,
+                                                    Match match = Match::kSearch);
+  // A pattern that matches exactly these texts (each UTF-8), for a list of choices.
+  static std::shared_ptr<const JsonPattern> any_of(const std::vector<std::string>& texts, const std::string& where);
 
   static constexpr int32_t kDead = -1;  // no string that starts this way matches
   int32_t start() const { return 0; }

@@ -573,6 +573,9 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
       if (req.json_schema)
         e.constraint = std::make_shared<SchemaConstraint>(tokenizer_, req.json_schema, engine_.info().eos_token_ids,
                                                           think_open, think_close, opens_reasoning);
+      if (req.text_pattern)
+        e.constraint = std::make_shared<PatternConstraint>(tokenizer_, req.text_pattern, engine_.info().eos_token_ids,
+                                                           think_open, think_close, opens_reasoning);
       if (forced_call)
         e.constraint = std::make_shared<ForcedText>(tokenizer_, call_opening(tool_format_, req.tool_name),
                                                     engine_.info().eos_token_ids, think_open, think_close,

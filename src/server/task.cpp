@@ -129,6 +129,62 @@ std::string get_model(const Json& j) {
   return m->get<std::string>();
 }
 
+// vLLM's structured outputs: "structured_outputs": {"json" | "regex" | "choice" | "json_object"},
+// and the older top-level "guided_json" / "guided_regex" / "guided_choice". One constraint a
+// request, beside no JSON response_format. A regular expression must match the whole answer.
+void parse_structured_outputs(const Json& j, ParsedRequest& r) {
+  std::vector<std::pair<std::string, const Json*>> given;  // (the field as the request names it, value)
+  if (const Json* so = field(j, "structured_outputs")) {
+    if (!so->is_object()) bad("structured_outputs", "'structured_outputs' must be an object");
+    for (auto it = so->begin(); it != so->end(); ++it) {
+      const std::string& k = it.key();
+      if (k == "json" || k == "regex" || k == "choice" || k == "json_object") {
+        if (!it.value().is_null()) given.emplace_back("structured_outputs." + k, &it.value());
+      } else if (k != "disable_fallback" && k != "disable_any_whitespace") {  // hints that change nothing here
+        unsupported("structured_outputs", fmt::format("'structured_outputs.{}'", client_text(k)));
+      }
+    }
+  }
+  for (const char* k : {"guided_json", "guided_regex", "guided_choice"})
+    if (const Json* v = field(j, k); v != nullptr && !v->is_null()) given.emplace_back(k, v);
+  for (const char* k : {"guided_grammar", "guided_whitespace_pattern"})
+    if (const Json* v = field(j, k); v != nullptr && !v->is_null()) unsupported(k, fmt::format("'{}'", k));
+  if (given.empty()) return;
+  const std::string& name = given[0].first;
+  const std::string param = name.rfind("structured_outputs", 0) == 0 ? "structured_outputs" : name;
+  if (given.size() > 1)
+    bad(param, fmt::format("'{}' and '{}': one structured output at a time", name, given[1].first));
+  if (r.json_object || r.json_schema)
+    bad(param, fmt::format("'{}' beside a JSON 'response_format': one structured output at a time", name));
+  const Json& v = *given[0].second;
+  const std::string kind = name.rfind("guided_", 0) == 0 ? name.substr(7) : name.substr(name.find('.') + 1);
+  try {
+    if (kind == "json") {
+      if (!v.is_object() && !v.is_boolean() && !v.is_string())
+        bad(param, fmt::format("'{}' must be a JSON schema (an object, or its text)", name));
+      const Json schema = v.is_string() ? Json::parse(v.get<std::string>(), nullptr, false) : v;
+      if (schema.is_discarded()) bad(param, fmt::format("'{}' is not valid JSON", name));
+      r.json_schema = JsonSchema::compile(nlohmann::json::parse(schema.dump()));
+    } else if (kind == "regex") {
+      if (!v.is_string()) bad(param, fmt::format("'{}' must be a string", name));
+      r.text_pattern = JsonPattern::compile(v.get<std::string>(), "'" + name + "'", JsonPattern::Match::kWhole);
+    } else if (kind == "choice") {
+      if (!v.is_array() || v.empty()) bad(param, fmt::format("'{}' must be a non-empty array of strings", name));
+      std::vector<std::string> texts;
+      for (const Json& x : v) {
+        if (!x.is_string()) bad(param, fmt::format("'{}' must be a non-empty array of strings", name));
+        texts.push_back(x.get<std::string>());
+      }
+      r.text_pattern = JsonPattern::any_of(texts, "'" + name + "'");
+    } else if (v != Json(false)) {  // json_object
+      if (!v.is_boolean()) bad(param, fmt::format("'{}' must be a boolean", name));
+      r.json_object = true;
+    }
+  } catch (const dsi::Error& e) {
+    bad(param, kind == "json" ? fmt::format("'{}' {}", name, e.what()) : std::string(e.what()));
+  }
+}
+
 // The parameters /v1/completions and /v1/chat/completions share.
 void parse_common(const Json& j, ParsedRequest& r) {
   r.model = get_model(j);
@@ -241,6 +297,7 @@ void parse_common(const Json& j, ParsedRequest& r) {
       unsupported("response_format", "a response_format other than text, json_object or json_schema");
     }
   }
+  parse_structured_outputs(j, r);
 }
 
 void parse_max_tokens(const Json& j, const char* name, ParsedRequest& r) {
@@ -386,8 +443,8 @@ ParseResult parse_chat_request(std::string_view body) {
             known = true;
         if (!known) bad("tool_choice", fmt::format("'tool_choice' names '{}', which is not in 'tools'", client_text(r.tool_name)));
       }
-      if (r.tool_choice != "auto" && r.tool_choice != "none" && (r.json_object || r.json_schema))
-        unsupported("tool_choice", "a forced tool call together with a JSON response_format");
+      if (r.tool_choice != "auto" && r.tool_choice != "none" && (r.json_object || r.json_schema || r.text_pattern))
+        unsupported("tool_choice", "a forced tool call together with a structured output");
     }
     parse_max_tokens(j, "max_tokens", r);
     parse_max_tokens(j, "max_completion_tokens", r);  // the newer name wins when both are given

@@ -79,6 +79,9 @@ struct ParsedRequest {
   bool json_object = false;  // response_format {"type": "json_object"}: the answer is one JSON object
   // response_format {"type": "json_schema", "json_schema": {"schema": ...}}: a value it accepts.
   std::shared_ptr<const JsonSchema> json_schema;
+  // structured_outputs {"regex"} or {"choice"} (vLLM's; guided_regex / guided_choice): text the
+  // pattern matches whole.
+  std::shared_ptr<const JsonPattern> text_pattern;
   // Output.
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

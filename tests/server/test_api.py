@@ -443,6 +443,39 @@ def test_json_schema(server):
     assert "#/pattern" in e["message"] and "lookaround" in e["message"], e["message"]
 
 
+def test_structured_outputs_regex_and_choice(server):
+    # vLLM's structured_outputs (and guided_*): a regular expression the whole answer matches (as
+    # Python's re.fullmatch reads it), one of a list of choices; what cannot be enforced is a 400.
+    import re
+    if server.fake:
+        pytest.skip("the test double does not apply constraints")
+    regex = r"[A-Z][a-z]{2,8} [0-9]{1,3}:[0-9]{1,3}( and [a-z]{1,8})?\."
+    stopped = 0
+    for seed in range(3):
+        r = httpx.post(server.url + "/v1/completions", timeout=600, json={
+            "model": MODEL, "prompt": "And God said", "max_tokens": 40, "temperature": 0.9, "seed": seed,
+            "structured_outputs": {"regex": regex}}).json()
+        choice = r["choices"][0]
+        if choice["finish_reason"] == "stop":
+            stopped += 1
+            assert re.fullmatch(regex, choice["text"]), choice["text"]
+    assert stopped == 3  # the pattern's longest answer is shorter than max_tokens
+    books = ["Genesis", "Exodus", "Leviticus 19:18"]
+    chat = client(server).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Which book?"}], max_tokens=20, temperature=0.8, seed=2,
+        extra_body={"structured_outputs": {"choice": books}})
+    assert chat.choices[0].message.content in books and chat.choices[0].finish_reason == "stop"
+    r = httpx.post(server.url + "/v1/completions", timeout=600, json={
+        "model": MODEL, "prompt": "In the beginning", "max_tokens": 20, "temperature": 0, "guided_choice": books}).json()
+    assert r["choices"][0]["text"] in books
+    e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": "x", "structured_outputs": {"regex": "(a)\\1"}}), 400)
+    assert e["param"] == "structured_outputs" and "back-reference" in e["message"], e["message"]
+    e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": "x", "guided_grammar": "root ::= \"a\""}), 400)
+    assert e["param"] == "guided_grammar" and "not supported" in e["message"]
+
+
 def test_chat_logprobs(server):
     r = client(server).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hear, O Israel"}], max_tokens=6,
