@@ -1,6 +1,7 @@
 // JSON Schema's "pattern": an ECMA-262 regular expression that a string matches somewhere (an
 // unanchored search, as validators run it), compiled for generation into a DFA over the string's
-// code points.
+// code points. The same automaton serves structured outputs' regular expressions, which match the
+// whole answer (Match::kWhole), and lists of choices (any_of).
 //
 // Validators read patterns two ways: JavaScript's (ECMA-262, UTF-16 code units without the u
 // flag) and Python's `re` (jsonschema), whose \d, \w, \s and `.` take more characters. A string
