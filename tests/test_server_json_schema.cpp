@@ -86,9 +86,13 @@ bool valid(const Json& v, const Json& s, const Json& root) {
   if (v.is_array()) {
     if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) return false;
     if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) return false;
-    if (s.contains("items"))
-      for (const Json& x : v)
-        if (!valid(x, s["items"], root)) return false;
+    // The first items by prefixItems (draft 7: items as an array), the rest by items
+    // (additionalItems).
+    const bool tuple = s.contains("items") && s["items"].is_array();
+    const Json prefix = s.contains("prefixItems") ? s["prefixItems"] : tuple ? s["items"] : Json::array();
+    const Json rest = tuple ? s.value("additionalItems", Json(true)) : s.value("items", Json(true));
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!valid(v[i], i < prefix.size() ? prefix[i] : rest, root)) return false;
   }
   if (v.is_number()) {
     const double x = v.get<double>();
@@ -629,6 +633,63 @@ TEST(JsonSchema, OneOfOfAlternativesThatExcludeEachOther) {
 }
 
 TEST(JsonSchema, WalksThroughOneOfEndInValidValues) { EXPECT_GT(walks_that_end(pets(), 11, 30), 20); }
+
+const Json& tuples() {
+  static const Json s = Json::parse(R"({
+    "type": "object",
+    "properties": {
+      "point": {"type": "array", "prefixItems": [{"type": "number"}, {"type": "number"}], "items": false},
+      "row": {"type": "array", "prefixItems": [{"type": "string", "maxLength": 5}, {"type": "integer"}],
+              "items": {"type": "boolean"}, "maxItems": 4},
+      "old": {"type": "array", "items": [{"const": "v"}, {"type": "null"}], "additionalItems": false, "minItems": 1}
+    },
+    "required": ["point"],
+    "additionalProperties": false
+  })");
+  return s;
+}
+
+// Tuples: prefixItems and the items after them (none, or a schema), and draft 7's spelling.
+TEST(JsonSchema, TuplesArePrefixItems) {
+  const Json& s = tuples();
+  const std::vector<std::string> texts = {
+      R"({"point":[1,2.5]})",
+      R"({"point":[1,2],"row":["ab"]})",
+      R"({"point":[1,2],"row":["ab",3,true,false]})",
+      R"({"point":[1,2],"old":["v",null]})",
+      R"({"point":[1,2],"old":["v"]})",
+      R"({"point":[1]})",
+      R"({"point":[1,2],"row":["ab",3,true,false,true]})",
+      R"({"point":[1,2,3]})",
+      R"({"point":[1,"2"]})",
+      R"({"point":[1,2],"row":[3]})",
+      R"({"point":[1,2],"row":["ab",3,4]})",
+      R"({"point":[1,2],"row":["abcdef"]})",
+      R"({"point":[1,2],"old":["v",null,1]})",
+      R"({"point":[1,2],"old":[]})",
+  };
+  int valid_texts = 0;
+  for (const std::string& t : texts) {
+    SCOPED_TRACE(t);
+    const Json v = Json::parse(t);
+    valid_texts += valid(v, s, s);
+    EXPECT_EQ(accepts(s, t), valid(v, s, s));
+  }
+  EXPECT_EQ(valid_texts, 6);  // (point [1] is valid: prefixItems does not ask for the items)
+  auto message = [](const char* schema) {
+    try {
+      JsonSchema::compile(Json::parse(schema));
+    } catch (const dsi::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message(R"({"prefixItems":[{}],"items":false,"minItems":2})").find("above the 1 items"), std::string::npos);
+  EXPECT_NE(message(R"({"prefixItems":[{}],"items":[{}]})").find("beside 'prefixItems'"), std::string::npos);
+  EXPECT_NE(message(R"({"prefixItems":{}})").find("#/prefixItems: must be an array"), std::string::npos);
+}
+
+TEST(JsonSchema, WalksThroughTuplesEndInValidValues) { EXPECT_GT(walks_that_end(tuples(), 23, 30), 20); }
 
 TEST(JsonSchema, WalksThroughPatternsEndInValidValues) { EXPECT_GT(walks_that_end(patterned(), 5, 30), 20); }
 

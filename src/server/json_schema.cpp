@@ -67,7 +67,7 @@ class JsonSchema::Compiler {
     static const std::set<std::string> kRefused = {
         "multipleOf",
         "patternProperties", "propertyNames", "minProperties", "maxProperties", "uniqueItems",
-        "contains", "minContains", "maxContains", "prefixItems", "additionalItems", "not", "if",
+        "contains", "minContains", "maxContains", "not", "if",
         "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
     return kRefused.count(k) > 0;
@@ -165,9 +165,14 @@ class JsonSchema::Compiler {
       n.additional = add->is_boolean() && !add->get<bool>() ? nullptr : compile(*add, path + "/additionalProperties");
 
     // Arrays.
-    if (const auto items = s.find("items"); items != s.end()) n.items = compile(*items, path + "/items");
+    items(n, s, path);
     if (const auto m = s.find("minItems"); m != s.end()) n.min_items = count_of(*m, path + "/minItems");
     if (const auto m = s.find("maxItems"); m != s.end()) n.max_items = count_of(*m, path + "/maxItems");
+    if (!n.more_items) {  // no item past the prefix
+      const auto most = int64_t(n.prefix_items.size());
+      if (n.min_items > most) fail("{}: minItems is above the {} items the array may have", path, most);
+      n.max_items = n.max_items < 0 ? most : std::min(n.max_items, most);
+    }
     if (n.max_items >= 0 && n.max_items < n.min_items) fail("{}: maxItems is below minItems", path);
 
     if (n.min_items > (1 << 20) || n.max_items > (1 << 20)) fail("{}: an item count above 2^20", path);
@@ -207,6 +212,30 @@ class JsonSchema::Compiler {
     if (!some(false)) n.types &= uint8_t(~(kNumber | kInteger));
     else if (!some(true) && !(n.types & kNumber)) n.types &= uint8_t(~kInteger);
     if (n.types == 0) fail("{}: no value of the schema's type lies within its bounds", path);
+  }
+
+  // Items: 2020-12's prefixItems (the first items, one schema each) and items (the rest; false:
+  // none); draft 7's items as an array (the first items) and additionalItems (the rest).
+  void items(Node& n, const Json& s, const std::string& path) {
+    auto rest = [&](const Json& v, const std::string& at) {
+      if (v.is_boolean() && !v.get<bool>()) n.more_items = false;
+      else n.items = compile(v, at);
+    };
+    auto prefix = [&](const Json& v, const std::string& at) {
+      if (!v.is_array()) fail("{}: must be an array of schemas", at);
+      for (size_t i = 0; i < v.size(); ++i) n.prefix_items.push_back(compile(v[i], at + "/" + std::to_string(i)));
+    };
+    const auto items = s.find("items");
+    if (const auto p = s.find("prefixItems"); p != s.end()) {
+      if (items != s.end() && items->is_array()) fail("{}: 'items' as an array beside 'prefixItems'", path);
+      prefix(*p, path + "/prefixItems");
+    }
+    if (items != s.end() && items->is_array()) {
+      prefix(*items, path + "/items");
+      if (const auto a = s.find("additionalItems"); a != s.end()) rest(*a, path + "/additionalItems");
+    } else if (items != s.end()) {
+      rest(*items, path + "/items");
+    }
   }
 
   // minLength, maxLength (code points) and pattern.
@@ -303,9 +332,10 @@ class JsonSchema::Compiler {
     }
     if (v.is_array()) {
       if (int64_t(v.size()) < n.min_items || (n.max_items >= 0 && int64_t(v.size()) > n.max_items)) return false;
-      if (n.items != nullptr)
-        for (const Json& x : v)
-          if (!admits(*n.items, x, depth)) return false;
+      for (size_t i = 0; i < v.size(); ++i) {
+        const Node* item = i < n.prefix_items.size() ? n.prefix_items[i] : n.items;
+        if (item != nullptr && !admits(*item, v[i], depth)) return false;
+      }
     }
     return true;
   }
@@ -545,7 +575,7 @@ void SchemaPrefix::Frame::key(std::string& out) const {
       if (phase == Phase::kColon) put(value);
       break;
     case Kind::kArray:
-      if (node->min_items > 0 || node->max_items >= 0) put(count);
+      if (node->min_items > 0 || node->max_items >= 0 || !node->prefix_items.empty()) put(count);
       break;
     case Kind::kString:
       str.key(out);
@@ -788,7 +818,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
         return keep();
       }
       if (f.phase == Phase::kFirst && n.max_items == 0) return;
-      const Node* items = n.items;
+      const Node* items = size_t(f.count) < n.prefix_items.size() ? n.prefix_items[size_t(f.count)] : n.items;
       t.space_run = 0;
       return value_start(std::move(t), items, c, out, 0);
     }

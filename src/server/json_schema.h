@@ -4,7 +4,7 @@
 // What a schema may say (JSON Schema 2020-12 and draft 7 spellings):
 // - type (a name or a list of names), enum, const;
 // - objects: properties, required, additionalProperties (default true, as the standard says);
-// - arrays: items, minItems, maxItems;
+// - arrays: items, prefixItems (draft 7: items as an array, additionalItems), minItems, maxItems;
 // - strings: minLength, maxLength (in code points), pattern (json_pattern.h says which readings of
 //   ECMA-262 it takes);
 // - numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or draft 4's booleans),
@@ -63,7 +63,9 @@ class JsonSchema {
     uint64_t required = 0;           // bit i: names[i] must come
     const Node* additional = nullptr;  // other keys' values; null: no other keys
     // Arrays.
-    const Node* items = nullptr;  // null: any value
+    std::vector<const Node*> prefix_items;  // the first items' schemas
+    const Node* items = nullptr;             // the items after them; null: any value
+    bool more_items = true;                  // false: no item after the prefix
     int64_t min_items = 0, max_items = -1;
     // Strings.
     int64_t min_length = 0, max_length = -1;
