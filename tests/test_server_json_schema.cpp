@@ -106,6 +106,10 @@ bool valid(const Json& v, const Json& s, const Json& root) {
       return false;
     if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_number() && x >= s["exclusiveMaximum"].get<double>())
       return false;
+    if (s.contains("multipleOf")) {  // (whole-number multiples; the values' quotients are exact here)
+      const double q = x / s["multipleOf"].get<double>();
+      if (q != std::floor(q)) return false;
+    }
   }
   if (v.is_string()) {
     const size_t n = code_points(v.get<std::string>());
@@ -257,7 +261,11 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
             std::string::npos);
   EXPECT_NE(message(R"({"type":"string","pattern":1})").find("pattern: must be a string"), std::string::npos);
   EXPECT_NE(message(R"({"enum":["b"],"pattern":"^a"})").find("no value of 'enum'"), std::string::npos);
-  EXPECT_NE(message(R"({"type":"integer","multipleOf":2})").find("'multipleOf'"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"array","uniqueItems":true})").find("'uniqueItems' is not supported"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"number","multipleOf":0.01})").find("only a whole number"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"number","multipleOf":0})").find("must be a number above 0"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"integer","multipleOf":4,"minimum":1,"maximum":3})").find("within its bounds"),
+            std::string::npos);
   EXPECT_NE(message(R"({"type":"integer","minimum":"0"})").find("minimum: must be a finite number"), std::string::npos);
   Json infinite = Json::parse(R"({"type":"number"})");  // (only built, never parsed: JSON has no infinity)
   infinite["maximum"] = HUGE_VAL;
@@ -289,9 +297,9 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   EXPECT_FALSE(accepts(Json::parse(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})"), "1"));
 }
 
-// Numbers with bounds: whole texts as the validator says (an exponent never: a bounded number is
-// written without one), over integers, decimals and both drafts' exclusive forms; and no dead end:
-// every prefix the recognizer takes can still end or take another byte.
+// Numbers with bounds (and multipleOf): whole texts as the validator says (an exponent never: a
+// bounded number is written without one), over integers, decimals and both drafts' exclusive
+// forms; and no dead end: every prefix the recognizer takes can still end or take another byte.
 TEST(JsonSchema, NumberBoundsAreTheValidators) {
   const std::vector<std::string> schemas = {
       R"({"type":"integer","minimum":-5,"maximum":120})",
@@ -304,6 +312,10 @@ TEST(JsonSchema, NumberBoundsAreTheValidators) {
       R"({"type":["integer","null"],"minimum":3,"maximum":3})",
       R"({"type":"integer","minimum":10.5,"maximum":19.5})",
       R"({"enum":[1,5,"a",7.5],"minimum":2,"maximum":7})",
+      R"({"type":"integer","multipleOf":7,"minimum":-30,"maximum":100})",
+      R"({"type":"number","multipleOf":5})",
+      R"({"type":"integer","multipleOf":3,"exclusiveMinimum":9})",
+      R"({"enum":[3,4,6,"b"],"multipleOf":3})",
   };
   std::vector<std::string> texts = {"-0", "0.5", "0.49", "2.25", "2.2499", "1.25", "-1.25", "-1.3", "-1.5",
                                     "-1.51", "-1.2", "999", "1000", "10000", "-0.001", "-0.0011", "-0.0009",
@@ -316,7 +328,10 @@ TEST(JsonSchema, NumberBoundsAreTheValidators) {
       SCOPED_TRACE(t);
       // (An integer is written without a fraction, 3 and not 3.0, bounded or not.)
       const bool integers = s.contains("type") && s["type"].dump().find("number") == std::string::npos;
-      const bool spelled = t.find('e') == std::string::npos && !(integers && t.find('.') != std::string::npos);
+      // (An enum value is written in its compact form, 3 and not 3.0.)
+      const bool spelled = t.find('e') == std::string::npos && !(integers && t.find('.') != std::string::npos) &&
+                           (!s.contains("enum") || std::any_of(s["enum"].begin(), s["enum"].end(),
+                                                                [&](const Json& e) { return e.dump() == t; }));
       EXPECT_EQ(accepts(s, t), valid(Json::parse(t), s, s) && spelled);
     }
     // Every prefix of up to 5 bytes the recognizer takes ends as a whole value within 6 more.

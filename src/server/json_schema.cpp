@@ -16,16 +16,22 @@ using Json = nlohmann::json;
 namespace {
 // lo <= v <= hi of the node's bounds (strict where open), v read as validators read JSON numbers.
 bool within(const JsonSchema::Node& n, double v) {
-  return (v > n.lo || (v == n.lo && !n.lo_open)) && (v < n.hi || (v == n.hi && !n.hi_open));
+  return (v > n.lo || (v == n.lo && !n.lo_open)) && (v < n.hi || (v == n.hi && !n.hi_open)) &&
+         (n.multiple_of == 0 || std::fmod(v, n.multiple_of) == 0);
 }
 
-// Some x of [a, b) (integer: some integer of it; a and b integers) with lo <= x <= hi (strict
-// where open).
-bool meets(double a, double b, bool integer, double lo, bool lo_open, double hi, bool hi_open) {
-  if (integer) {
+// Some x of [a, b) (integer: some integer of it; a and b integers; step > 0: some multiple of the
+// whole number step) with lo <= x <= hi (strict where open).
+bool meets(double a, double b, bool integer, double lo, bool lo_open, double hi, bool hi_open, double step = 0) {
+  if (integer || step > 0) {
     const double ilo = lo_open ? std::floor(lo) + 1 : std::ceil(lo);
     const double ihi = hi_open ? std::ceil(hi) - 1 : std::floor(hi);
-    return std::max(a, ilo) <= std::min(b - 1, ihi);
+    const double first = std::max(a, ilo);
+    if (step > 0) {
+      const double m = std::ceil(first / step) * step;  // exact: magnitudes below 2^53
+      return m < b && m <= ihi;
+    }
+    return first <= std::min(b - 1, ihi);
   }
   const double lower = std::max(a, lo);
   const bool lower_in = a > lo || !lo_open;
@@ -65,7 +71,6 @@ class JsonSchema::Compiler {
   }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "multipleOf",
         "patternProperties", "propertyNames", "minProperties", "maxProperties", "uniqueItems",
         "contains", "minContains", "maxContains", "not", "if",
         "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
@@ -207,8 +212,21 @@ class JsonSchema::Compiler {
         fail("{}/{}: must be a finite number or a boolean", path, key);
       }
     }
+    if (const auto m = s.find("multipleOf"); m != s.end()) {
+      if (!m->is_number() || !(m->get<double>() > 0)) fail("{}/multipleOf: must be a number above 0", path);
+      const double k = m->get<double>();
+      if (k != std::floor(k) || k > kMaxMultiple)
+        fail("{}/multipleOf: only a whole number up to 10^15 is supported (validators read a fraction through "
+             "binary floating point, each their own way)", path);
+      n.multiple_of = k;
+      // Multiples are written with at most 15 digits, which every validator reads exactly.
+      if (n.lo < -kMaxMultiple) n.lo = -kMaxMultiple, n.lo_open = false;
+      if (n.hi > kMaxMultiple) n.hi = kMaxMultiple, n.hi_open = false;
+    }
     if (!n.bounded()) return;
-    auto some = [&n](bool integer) { return meets(-HUGE_VAL, HUGE_VAL, integer, n.lo, n.lo_open, n.hi, n.hi_open); };
+    auto some = [&n](bool integer) {
+      return meets(-HUGE_VAL, HUGE_VAL, integer, n.lo, n.lo_open, n.hi, n.hi_open, n.multiple_of);
+    };
     if (!some(false)) n.types &= uint8_t(~(kNumber | kInteger));
     else if (!some(true) && !(n.types & kNumber)) n.types &= uint8_t(~kInteger);
     if (n.types == 0) fail("{}: no value of the schema's type lies within its bounds", path);
@@ -432,7 +450,7 @@ bool may_reach(std::string_view text, bool integer, const JsonSchema::Node& n) {
   const std::string_view body = text.substr(neg ? 1 : 0);
   const double lo = neg ? -n.hi : n.lo, hi = neg ? -n.lo : n.hi;
   const bool lo_open = neg ? n.hi_open : n.lo_open, hi_open = neg ? n.lo_open : n.hi_open;
-  auto reach = [&](double a, double b) { return meets(a, b, integer, lo, lo_open, hi, hi_open); };
+  auto reach = [&](double a, double b) { return meets(a, b, integer, lo, lo_open, hi, hi_open, n.multiple_of); };
   if (body.empty()) return reach(0.0, HUGE_VAL);
   const size_t dot = body.find('.');
   if (dot == std::string_view::npos) {

@@ -9,14 +9,15 @@
 //   ECMA-262 it takes);
 // - numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or draft 4's booleans),
 //   compared as doubles (as validators read JSON numbers); a bounded number is written without
-//   an exponent and in at most kMaxBoundedNumber bytes;
+//   an exponent and in at most kMaxBoundedNumber bytes; multipleOf a whole number (then values of
+//   at most 15 digits, which validators read exactly);
 // - anyOf; oneOf whose alternatives exclude each other as the schemas show it (other types, other
 //   enum values, bounds that do not meet, a required property whose values differ: a
 //   discriminator), read as anyOf; allOf of one schema; $ref to "#", "#/$defs/..." or
 //   "#/definitions/..." (recursion too);
 // - annotations (title, description, default, examples, $schema, $id, $comment, ...) and
 //   "format" (an annotation by the standard's default vocabulary) are ignored.
-// Keywords that would constrain values in other ways (multipleOf, not, if, ...) are
+// Keywords that would constrain values in other ways (not, if, uniqueItems, ...) are
 // refused, with the keyword named: the server never claims a constraint it does not enforce.
 //
 // The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of
@@ -73,6 +74,7 @@ class JsonSchema {
     // Numbers: lo <= x (lo < x when lo_open), x <= hi (x < hi when hi_open).
     double lo = -HUGE_VAL, hi = HUGE_VAL;
     bool lo_open = false, hi_open = false;
+    double multiple_of = 0;  // > 0: a multiple of this whole number (then |x| < 10^15)
     bool bounded() const { return lo > -HUGE_VAL || hi < HUGE_VAL; }
   };
 
@@ -84,6 +86,7 @@ class JsonSchema {
 
   static constexpr int kMaxProperties = 64;  // declared properties of one object
   static constexpr int kMaxBoundedNumber = 32;  // bytes of a number with bounds
+  static constexpr double kMaxMultiple = 999999999999999.0;  // multipleOf's values: 15 digits at most
 
  private:
   class Compiler;

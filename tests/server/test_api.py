@@ -399,6 +399,7 @@ VERSE_SCHEMA = {
     "properties": {
         "book": {"enum": ["Genesis", "Exodus", "Psalms"]},
         "chapter": {"type": "integer", "minimum": 1, "maximum": 150},
+        "pages": {"type": "integer", "multipleOf": 3, "maximum": 300},
         "weight": {"type": "number", "exclusiveMinimum": 0, "maximum": 2.5},
         "verse": {"type": "string", "pattern": "^[1-9][0-9]?:[0-9]{1,3}$"},
         "words": {"type": "array", "items": {"type": "string", "maxLength": 12, "pattern": "^\\w+$"},
@@ -435,8 +436,8 @@ def test_json_schema(server):
         jsonschema.validate(json.loads(chat.choices[0].message.content), VERSE_SCHEMA)
     e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
         "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
-            "name": "n", "schema": {"type": "integer", "multipleOf": 2}}}}), 400)
-    assert e["param"] == "response_format" and "'multipleOf' is not supported" in e["message"]
+            "name": "n", "schema": {"type": "array", "uniqueItems": True}}}}), 400)
+    assert e["param"] == "response_format" and "'uniqueItems' is not supported" in e["message"]
     e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
         "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
             "name": "n", "schema": {"type": "string", "pattern": "(?=a)b"}}}}), 400)
