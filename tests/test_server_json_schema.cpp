@@ -72,6 +72,8 @@ bool valid(const Json& v, const Json& s, const Json& root) {
   if (s.contains("const") && v != s["const"]) return false;
   if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end()) return false;
   if (v.is_object()) {
+    if (s.contains("minProperties") && v.size() < s["minProperties"].get<size_t>()) return false;
+    if (s.contains("maxProperties") && v.size() > s["maxProperties"].get<size_t>()) return false;
     const Json props = s.value("properties", Json::object());
     for (const Json& r : s.value("required", Json::array()))
       if (!v.contains(r.get<std::string>())) return false;
@@ -656,7 +658,9 @@ const Json& tuples() {
       "point": {"type": "array", "prefixItems": [{"type": "number"}, {"type": "number"}], "items": false},
       "row": {"type": "array", "prefixItems": [{"type": "string", "maxLength": 5}, {"type": "integer"}],
               "items": {"type": "boolean"}, "maxItems": 4},
-      "old": {"type": "array", "items": [{"const": "v"}, {"type": "null"}], "additionalItems": false, "minItems": 1}
+      "old": {"type": "array", "items": [{"const": "v"}, {"type": "null"}], "additionalItems": false, "minItems": 1},
+      "meta": {"type": "object", "properties": {"k": {"type": "boolean"}}, "minProperties": 1, "maxProperties": 2,
+               "additionalProperties": {"type": "integer"}}
     },
     "required": ["point"],
     "additionalProperties": false
@@ -664,8 +668,9 @@ const Json& tuples() {
   return s;
 }
 
-// Tuples: prefixItems and the items after them (none, or a schema), and draft 7's spelling.
-TEST(JsonSchema, TuplesArePrefixItems) {
+// Tuples: prefixItems and the items after them (none, or a schema), and draft 7's spelling; and
+// objects' minProperties and maxProperties.
+TEST(JsonSchema, TuplesAndPropertyCountsAreTheValidators) {
   const Json& s = tuples();
   const std::vector<std::string> texts = {
       R"({"point":[1,2.5]})",
@@ -682,6 +687,11 @@ TEST(JsonSchema, TuplesArePrefixItems) {
       R"({"point":[1,2],"row":["abcdef"]})",
       R"({"point":[1,2],"old":["v",null,1]})",
       R"({"point":[1,2],"old":[]})",
+      R"({"point":[1,2],"meta":{"k":true}})",
+      R"({"point":[1,2],"meta":{"x":1,"k":false}})",
+      R"({"point":[1,2],"meta":{}})",
+      R"({"point":[1,2],"meta":{"x":1,"y":2,"k":true}})",
+      R"({"point":[1,2],"meta":{"x":1,"y":2,"z":3}})",
   };
   int valid_texts = 0;
   for (const std::string& t : texts) {
@@ -690,7 +700,7 @@ TEST(JsonSchema, TuplesArePrefixItems) {
     valid_texts += valid(v, s, s);
     EXPECT_EQ(accepts(s, t), valid(v, s, s));
   }
-  EXPECT_EQ(valid_texts, 6);  // (point [1] is valid: prefixItems does not ask for the items)
+  EXPECT_EQ(valid_texts, 8);  // (point [1] is valid: prefixItems does not ask for the items)
   auto message = [](const char* schema) {
     try {
       JsonSchema::compile(Json::parse(schema));
@@ -702,6 +712,11 @@ TEST(JsonSchema, TuplesArePrefixItems) {
   EXPECT_NE(message(R"({"prefixItems":[{}],"items":false,"minItems":2})").find("above the 1 items"), std::string::npos);
   EXPECT_NE(message(R"({"prefixItems":[{}],"items":[{}]})").find("beside 'prefixItems'"), std::string::npos);
   EXPECT_NE(message(R"({"prefixItems":{}})").find("#/prefixItems: must be an array"), std::string::npos);
+  EXPECT_NE(message(R"({"properties":{"a":{}},"additionalProperties":false,"minProperties":2})").find("above the 1 properties"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1})").find("more properties are required"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"minProperties":3,"maxProperties":2})").find("maxProperties is below"), std::string::npos);
 }
 
 TEST(JsonSchema, WalksThroughTuplesEndInValidValues) { EXPECT_GT(walks_that_end(tuples(), 23, 30), 20); }

@@ -2,6 +2,7 @@
 #include "server/json_schema.h"
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -71,7 +72,7 @@ class JsonSchema::Compiler {
   }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "patternProperties", "propertyNames", "minProperties", "maxProperties", "uniqueItems",
+        "patternProperties", "propertyNames", "uniqueItems",
         "contains", "minContains", "maxContains", "not", "if",
         "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
@@ -168,6 +169,14 @@ class JsonSchema::Compiler {
     n.additional = out_.any_;
     if (const auto add = s.find("additionalProperties"); add != s.end())
       n.additional = add->is_boolean() && !add->get<bool>() ? nullptr : compile(*add, path + "/additionalProperties");
+    if (const auto m = s.find("minProperties"); m != s.end()) n.min_props = count_of(*m, path + "/minProperties");
+    if (const auto m = s.find("maxProperties"); m != s.end()) n.max_props = count_of(*m, path + "/maxProperties");
+    if (n.max_props >= 0 && n.max_props < n.min_props) fail("{}: maxProperties is below minProperties", path);
+    if (n.max_props >= 0 && std::popcount(n.required) > n.max_props)
+      fail("{}: more properties are required than maxProperties allows", path);
+    if (n.additional == nullptr && n.min_props > int64_t(n.names.size()))
+      fail("{}: minProperties is above the {} properties the object may have", path, n.names.size());
+    if (n.min_props > (1 << 20) || n.max_props > (1 << 20)) fail("{}: a property count above 2^20", path);
 
     // Arrays.
     items(n, s, path);
@@ -340,6 +349,7 @@ class JsonSchema::Compiler {
     if (v.is_number() && !within(n, v.get<double>())) return false;
     if (v.is_string() && !fits(n, v)) return false;
     if (v.is_object()) {
+      if (int64_t(v.size()) < n.min_props || (n.max_props >= 0 && int64_t(v.size()) > n.max_props)) return false;
       for (size_t i = 0; i < n.names.size(); ++i)
         if ((n.required >> i & 1) && !v.contains(n.names[i])) return false;
       for (auto it = v.begin(); it != v.end(); ++it) {
@@ -584,6 +594,7 @@ void SchemaPrefix::Frame::key(std::string& out) const {
       break;
     case Kind::kObject:
       put(seen);
+      if (node->min_props > 0 || node->max_props >= 0) put(props);
       if (phase == Phase::kInKey) {
         str.key(out);
         put(cand);
@@ -755,15 +766,17 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
     }
     case Kind::kObject: {
       const uint64_t declared = n.names.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.names.size()) - 1;
+      const bool room = n.max_props < 0 || f.props < n.max_props;  // for another key
+      const bool whole = (n.required & ~f.seen) == 0 && f.props >= n.min_props;
       switch (f.phase) {
         case Phase::kFirst:
         case Phase::kKey:
           if (space) return blank_kept();
           if (c == '}' && f.phase == Phase::kFirst) {
-            if ((n.required & ~f.seen) != 0) return;
+            if (!whole) return;
             return close();
           }
-          if (c != '"' || ((declared & ~f.seen) == 0 && n.additional == nullptr)) return;
+          if (c != '"' || ((declared & ~f.seen) == 0 && n.additional == nullptr) || !room) return;
           f.phase = Phase::kInKey;
           f.str = JsonStringScan();
           f.cand = declared;
@@ -782,11 +795,13 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
               if ((f.cand >> i & 1) && n.names[i].size() == size_t(f.count)) {
                 if (f.seen >> i & 1) return;  // each key at most once
                 f.seen |= uint64_t(1) << i;
+                ++f.props;
                 f.value = n.props[i];
                 f.phase = Phase::kColon;
                 return keep();
               }
             if (!f.other) return;
+            ++f.props;
             f.value = n.additional;
             f.phase = Phase::kColon;
             return keep();
@@ -815,10 +830,10 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
         case Phase::kAfterValue:
           if (space) return blank_kept();
           if (c == '}') {
-            if ((n.required & ~f.seen) != 0) return;
+            if (!whole) return;
             return close();
           }
-          if (c != ',' || ((declared & ~f.seen) == 0 && n.additional == nullptr)) return;
+          if (c != ',' || ((declared & ~f.seen) == 0 && n.additional == nullptr) || !room) return;
           f.phase = Phase::kKey;
           return keep();
       }

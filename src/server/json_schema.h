@@ -3,7 +3,8 @@
 //
 // What a schema may say (JSON Schema 2020-12 and draft 7 spellings):
 // - type (a name or a list of names), enum, const;
-// - objects: properties, required, additionalProperties (default true, as the standard says);
+// - objects: properties, required, additionalProperties (default true, as the standard says),
+//   minProperties, maxProperties;
 // - arrays: items, prefixItems (draft 7: items as an array, additionalItems), minItems, maxItems;
 // - strings: minLength, maxLength (in code points), pattern (json_pattern.h says which readings of
 //   ECMA-262 it takes);
@@ -63,6 +64,7 @@ class JsonSchema {
     std::vector<const Node*> props;
     uint64_t required = 0;           // bit i: names[i] must come
     const Node* additional = nullptr;  // other keys' values; null: no other keys
+    int64_t min_props = 0, max_props = -1;  // keys in all
     // Arrays.
     std::vector<const Node*> prefix_items;  // the first items' schemas
     const Node* items = nullptr;             // the items after them; null: any value
@@ -137,6 +139,7 @@ class SchemaPrefix {
     uint8_t num_len = 0;  // kNumber with bounds: its bytes so far
     char num_text[JsonSchema::kMaxBoundedNumber] = {};
     uint64_t seen = 0;    // kObject: declared properties written
+    int32_t props = 0;    // kObject: keys written
     uint64_t cand = 0;    // kObject in a key: declared properties it can still be
     bool other = false;   // kObject in a key: it can still be another key
     int32_t count = 0;    // kArray: items; kString: code points (with limits); kObject: the key's bytes
