@@ -2,7 +2,8 @@
 // refused with a one-line dsi::Error, in bounded time and memory. A compiled pattern keeps the
 // promises the recognizer relies on along any string: the start can reach a match; a state that is
 // not dead can, in min_left() characters, and min_left() falls by at most one a character; a state
-// accepts exactly when min_left() is 0. Input: the pattern up to the first 0 byte; after it, the
+// accepts exactly when min_left() is 0; max_left() is at least min_left(), and a bounded one falls
+// by at least one a character. Input: the pattern up to the first 0 byte; after it, the
 // string, two bytes a code point of the Basic Multilingual Plane (a dead state starts it over).
 #include <algorithm>
 #include <cstddef>
@@ -35,6 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     DSI_FUZZ_ASSERT(next >= 0 && size_t(next) < p->states());
     DSI_FUZZ_ASSERT(p->min_left(next) >= 0 && p->min_left(next) >= p->min_left(s) - 1);
     DSI_FUZZ_ASSERT(p->accepts(next) == (p->min_left(next) == 0));
+    DSI_FUZZ_ASSERT(p->max_left(next) >= p->min_left(next));
+    DSI_FUZZ_ASSERT(p->max_left(s) == JsonPattern::kUnbounded || p->max_left(s) >= p->max_left(next) + 1);
     s = next;
   }
   return 0;

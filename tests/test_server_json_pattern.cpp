@@ -190,8 +190,22 @@ TEST(JsonPattern, DistancesToAMatch) {
   EXPECT_EQ(p->min_left(run(*p, "abcde")), 2);
   EXPECT_EQ(run(*p, "abcdef"), JsonPattern::kDead);
   EXPECT_EQ(p->min_left(run(*p, "abc@x")), 0);
+  EXPECT_EQ(p->max_left(p->start()), 7);
+  EXPECT_EQ(p->max_left(run(*p, "ab")), 5);
+  EXPECT_EQ(p->max_left(run(*p, "abcde")), 2);
+  EXPECT_EQ(p->max_left(run(*p, "abc@x")), 0);
   EXPECT_EQ(JsonPattern::compile("abc", "p")->min_left(0), 3);
+  EXPECT_EQ(JsonPattern::compile("abc", "p")->max_left(0), JsonPattern::kUnbounded);  // a search: anything around
   EXPECT_EQ(JsonPattern::compile("", "p")->min_left(0), 0);
+  const auto whole = JsonPattern::compile("(ab|c){1,2}x?", "p", JsonPattern::Match::kWhole);
+  EXPECT_EQ(whole->min_left(0), 1);
+  EXPECT_EQ(whole->max_left(0), 5);
+  EXPECT_EQ(JsonPattern::compile("a(bc)*", "p", JsonPattern::Match::kWhole)->max_left(0), JsonPattern::kUnbounded);
+  // Through a range of next characters: [a-b] reaches "ab" (2 to go, 5 at most) and "b" dead.
+  const JsonPattern::Reach r = whole->reach_through(0, 'a', 'b');
+  EXPECT_EQ(r.min, 2);
+  EXPECT_EQ(r.max, 5);
+  EXPECT_EQ(whole->reach_through(0, 'd', 'z').min, -1);
 }
 
 TEST(JsonPattern, RefusesWhatItCannotReadAsBothValidatorsDo) {

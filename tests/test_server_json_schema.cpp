@@ -262,6 +262,8 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   EXPECT_NE(message(R"({"type":"string","pattern":"^a{5}","maxLength":4})").find("at least 5 characters, above maxLength"),
             std::string::npos);
   EXPECT_NE(message(R"({"type":"string","pattern":1})").find("pattern: must be a string"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"string","pattern":"^a{1,3}$","minLength":4})").find("at most 3 characters, below minLength"),
+            std::string::npos);
   EXPECT_NE(message(R"({"enum":["b"],"pattern":"^a"})").find("no value of 'enum'"), std::string::npos);
   EXPECT_NE(message(R"({"type":"array","uniqueItems":true})").find("'uniqueItems' is not supported"), std::string::npos);
   EXPECT_NE(message(R"({"type":"number","multipleOf":0.01})").find("only a whole number"), std::string::npos);
@@ -557,6 +559,15 @@ TEST(JsonSchema, PatternsAreTheValidators) {
   EXPECT_TRUE(p.push(std::string(R"(45\u002)")));  // an escape half-way: the pattern steps at its end
   EXPECT_FALSE(p.push('a'));                       // \u002a is '*'
   EXPECT_TRUE(p.push(std::string(R"(d1234")")));  // \u002d is '-'
+  // A pattern beside minLength: a string the pattern could only end too short is refused early.
+  const Json lengths = Json::parse(R"({"type":"string","pattern":"^(a|bbbb|c+)$","minLength":2})");
+  EXPECT_TRUE(accepts(lengths, R"("bbbb")"));
+  EXPECT_TRUE(accepts(lengths, R"("cc")"));
+  EXPECT_FALSE(accepts(lengths, R"("c")"));
+  SchemaPrefix q(JsonSchema::compile(lengths));
+  EXPECT_TRUE(q.push('"'));
+  EXPECT_FALSE(q.push('a'));  // "a" is the pattern's only string that starts so, and it is one character
+  EXPECT_TRUE(q.push('b'));
 }
 
 // Masks inside patterned strings, each token tried alone: at a string's start, within it, where

@@ -333,7 +333,7 @@ bool TextPattern::push(unsigned char c) {
     }
     case Utf8Scan::Step::kMore: {
       const auto [lo, hi] = u.pending();
-      if (pattern_->min_left_through(state_, lo, hi) < 0) return false;
+      if (pattern_->reach_through(state_, lo, hi).min < 0) return false;
       break;
     }
   }

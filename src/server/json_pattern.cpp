@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -577,7 +578,37 @@ class PatternBuilder {
       if (t >= 0 && out->min_left_[size_t(t)] < 0) t = JsonPattern::kDead;
     out->bounds_ = std::move(b);
     out->classes_ = classes;
+    longest(*out);
     return out;
+  }
+
+  // max_left: the longest way to a match from each live state, by a depth-first walk of the
+  // live transitions; a state whose walk meets a state still open (a loop) is unbounded, and so is
+  // each state that reaches one.
+  static void longest(JsonPattern& p) {
+    const size_t n = p.accept_.size();
+    p.max_left_.assign(n, -1);
+    std::vector<uint8_t> open(n, 0);
+    std::function<void(size_t)> walk = [&](size_t d) {
+      open[d] = 1;
+      int32_t best = p.accept_[d] ? 0 : -1;
+      for (size_t c = 0; c < p.classes_; ++c) {
+        const int32_t t = p.next_[d * p.classes_ + c];
+        if (t < 0) continue;
+        if (open[size_t(t)]) {
+          best = JsonPattern::kUnbounded;
+          continue;
+        }
+        if (p.max_left_[size_t(t)] < 0) walk(size_t(t));
+        const int32_t m = p.max_left_[size_t(t)];
+        best = m == JsonPattern::kUnbounded || best == JsonPattern::kUnbounded ? JsonPattern::kUnbounded
+                                                                               : std::max(best, m + 1);
+      }
+      open[d] = 0;
+      p.max_left_[d] = best;
+    };
+    for (size_t d = 0; d < n; ++d)
+      if (p.min_left_[d] >= 0 && p.max_left_[d] < 0) walk(d);
   }
 
   static constexpr size_t kMaxWork = size_t(1) << 24;  // states visited and edges followed
@@ -622,15 +653,18 @@ int32_t JsonPattern::step(int32_t state, uint32_t cp) const {
   return next_[size_t(state) * classes_ + c];
 }
 
-int32_t JsonPattern::min_left_through(int32_t state, uint32_t lo, uint32_t hi) const {
-  if (state < 0 || lo > hi || lo > kMaxCp) return -1;
-  int32_t best = -1;
+JsonPattern::Reach JsonPattern::reach_through(int32_t state, uint32_t lo, uint32_t hi) const {
+  Reach r;
+  if (state < 0 || lo > hi || lo > kMaxCp) return r;
   const size_t first = size_t(std::upper_bound(bounds_.begin(), bounds_.end(), lo) - bounds_.begin()) - 1;
   for (size_t c = first; c < classes_ && bounds_[c] <= hi; ++c) {
     const int32_t t = next_[size_t(state) * classes_ + c];
-    if (t >= 0 && (best < 0 || min_left_[size_t(t)] + 1 < best)) best = min_left_[size_t(t)] + 1;
+    if (t < 0) continue;
+    const int32_t least = min_left_[size_t(t)] + 1, most = max_left_[size_t(t)];
+    if (r.min < 0 || least < r.min) r.min = least;
+    r.max = std::max(r.max, most == kUnbounded ? kUnbounded : most + 1);
   }
-  return best;
+  return r;
 }
 
 bool JsonPattern::matches(std::u32string_view text) const {

@@ -18,6 +18,7 @@
 // whose automaton grows past kMaxNfaStates or kMaxDfaStates is refused as too complex.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -44,9 +45,16 @@ class JsonPattern {
   bool accepts(int32_t state) const { return accept_[size_t(state)] != 0; }
   // The fewest code points after which a string in this state can match.
   int32_t min_left(int32_t state) const { return min_left_[size_t(state)]; }
-  // The fewest code points after which a string in this state, then one of the code points
-  // [lo, hi], can match (that one included); -1 when none of them keeps it live.
-  int32_t min_left_through(int32_t state, uint32_t lo, uint32_t hi) const;
+  // The most code points after which a string in this state can still match; kUnbounded when a
+  // loop can be taken on the way.
+  int32_t max_left(int32_t state) const { return max_left_[size_t(state)]; }
+  static constexpr int32_t kUnbounded = INT32_MAX;
+  // min_left and max_left through one of the code points [lo, hi] next (that one counted); min
+  // is -1 when none of them keeps the string live.
+  struct Reach {
+    int32_t min = -1, max = -1;
+  };
+  Reach reach_through(int32_t state, uint32_t lo, uint32_t hi) const;
   size_t states() const { return accept_.size(); }
   // Whether the whole string matches (a test's and the enum filter's question).
   bool matches(std::u32string_view text) const;
@@ -61,6 +69,7 @@ class JsonPattern {
   std::vector<int32_t> next_;  // next_[state * classes_ + class]
   std::vector<uint8_t> accept_;
   std::vector<int32_t> min_left_;
+  std::vector<int32_t> max_left_;
   friend class PatternBuilder;
 };
 

@@ -275,9 +275,11 @@ class JsonSchema::Compiler {
     if (p == s.end()) return;
     if (!p->is_string()) fail("{}/pattern: must be a string", path);
     n.pattern = JsonPattern::compile(p->get<std::string>(), path + "/pattern");
-    const int64_t shortest = n.pattern->min_left(n.pattern->start());
+    const int64_t shortest = n.pattern->min_left(n.pattern->start()), longest = n.pattern->max_left(n.pattern->start());
     if (n.max_length >= 0 && shortest > n.max_length && (n.types & kString))
       fail("{}: the pattern takes at least {} characters, above maxLength", path, shortest);
+    if (longest != JsonPattern::kUnbounded && longest < n.min_length && (n.types & kString))
+      fail("{}: the pattern takes at most {} characters, below minLength", path, longest);
   }
 
   // oneOf is read as anyOf where no value can match two of its alternatives, as far as the
@@ -521,21 +523,28 @@ bool SchemaPrefix::string_byte(Frame& f) {
     ++f.count;
   }
   if (!n.pattern) return true;
+  // The characters a match still needs, at least and at most, against the length limits (the
+  // count holds a character half-way already).
+  JsonPattern::Reach left;
+  int64_t count = f.count;
   if (f.str.char_ended()) {
     f.pat = n.pattern->step(f.pat, f.str.code_point());
     if (f.pat == JsonPattern::kDead) return false;
-    return n.max_length < 0 || f.count + n.pattern->min_left(f.pat) <= n.max_length;
+    left = {n.pattern->min_left(f.pat), n.pattern->max_left(f.pat)};
+  } else if (f.str.at_rest()) {
+    return true;
+  } else {  // a character half-way: what it can still become
+    std::pair<uint32_t, uint32_t> ranges[3];
+    for (size_t i = 0, k = f.str.pending(ranges); i < k; ++i) {
+      const JsonPattern::Reach r = n.pattern->reach_through(f.pat, ranges[i].first, ranges[i].second);
+      if (r.min >= 0 && (left.min < 0 || r.min < left.min)) left.min = r.min;
+      left.max = std::max(left.max, r.max);
+    }
+    if (left.min < 0) return false;
+    --count;
   }
-  if (f.str.at_rest()) return true;
-  // A character half-way: one that it can still become must keep the pattern within reach (the
-  // count holds it already).
-  std::pair<uint32_t, uint32_t> ranges[3];
-  int32_t best = -1;
-  for (size_t i = 0, k = f.str.pending(ranges); i < k; ++i) {
-    const int32_t m = n.pattern->min_left_through(f.pat, ranges[i].first, ranges[i].second);
-    if (m >= 0 && (best < 0 || m < best)) best = m;
-  }
-  return best >= 0 && (n.max_length < 0 || f.count - 1 + best <= n.max_length);
+  if (n.max_length >= 0 && count + left.min > n.max_length) return false;
+  return left.max == JsonPattern::kUnbounded || count + left.max >= n.min_length;
 }
 
 bool SchemaPrefix::push(unsigned char c) {
