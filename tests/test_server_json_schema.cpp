@@ -131,6 +131,29 @@ bool accepts(const Json& schema, const std::string& text) {
   return p.push(text) && p.complete();
 }
 
+// Each text: the recognizer takes it whole exactly when the validator accepts it. Returns how many
+// the validator accepts.
+int expect_the_validators(const Json& s, const std::vector<std::string>& texts) {
+  int valid_texts = 0;
+  for (const std::string& t : texts) {
+    SCOPED_TRACE(t);
+    const Json v = Json::parse(t);
+    valid_texts += valid(v, s, s);
+    EXPECT_EQ(accepts(s, t), valid(v, s, s));
+  }
+  return valid_texts;
+}
+
+// The compiler's message for a schema it refuses; empty when it compiles.
+std::string message(const char* schema) {
+  try {
+    JsonSchema::compile(Json::parse(schema));
+  } catch (const dsi::Error& e) {
+    return std::string(e.what());
+  }
+  return std::string();
+}
+
 const Json& person() {
   static const Json s = Json::parse(R"({
     "type": "object",
@@ -172,11 +195,7 @@ TEST(JsonSchema, AcceptsWhatTheValidatorAccepts) {
       R"({"name":"Ann","age":1,"ok":"yes"})",
       R"(["name"])",
   };
-  for (const std::string& t : texts) {
-    SCOPED_TRACE(t);
-    const Json v = Json::parse(t);
-    EXPECT_EQ(accepts(s, t), valid(v, s, s));
-  }
+  EXPECT_EQ(expect_the_validators(s, texts), 8);
   // Texts the validator accepts in another spelling than the one generated: a repeated key, an
   // enum value not in its compact form, an escaped key.
   EXPECT_FALSE(accepts(s, R"({"name":"A","name":"B","age":1})"));
@@ -249,14 +268,6 @@ TEST(JsonSchema, WhitespaceIsBoundedByDepth) {
 }
 
 TEST(JsonSchema, RefusesWhatItCannotEnforce) {
-  auto message = [](const char* schema) {
-    try {
-      JsonSchema::compile(Json::parse(schema));
-    } catch (const dsi::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
   EXPECT_NE(message(R"x({"type":"string","pattern":"(?=a)"})x").find("#/pattern: the pattern's '(?' (lookaround"),
             std::string::npos);
   EXPECT_NE(message(R"({"type":"string","pattern":"^a{5}","maxLength":4})").find("at least 5 characters, above maxLength"),
@@ -543,14 +554,7 @@ TEST(JsonSchema, PatternsAreTheValidators) {
       R"({"zip":"12345","code":"AB1","pick":"b"})",
       R"({"zip":"12345","code":"AB1","any":"yx"})",
   };
-  int valid_texts = 0;
-  for (const std::string& t : texts) {
-    SCOPED_TRACE(t);
-    const Json v = Json::parse(t);
-    valid_texts += valid(v, s, s);
-    EXPECT_EQ(accepts(s, t), valid(v, s, s));
-  }
-  EXPECT_EQ(valid_texts, 8);
+  EXPECT_EQ(expect_the_validators(s, texts), 8);
   // A string that could still match takes more; one that cannot is refused at the byte.
   SchemaPrefix p(JsonSchema::compile(s));
   EXPECT_TRUE(p.push(std::string(R"({"zip":"123)")));
@@ -624,22 +628,7 @@ TEST(JsonSchema, OneOfOfAlternativesThatExcludeEachOther) {
       R"({"pet":{"kind":"dog"},"tag":"d"})",
       R"({"pet":{"kind":"dog"},"id":1.5})",
   };
-  int valid_texts = 0;
-  for (const std::string& t : texts) {
-    SCOPED_TRACE(t);
-    const Json v = Json::parse(t);
-    valid_texts += valid(v, s, s);
-    EXPECT_EQ(accepts(s, t), valid(v, s, s));
-  }
-  EXPECT_EQ(valid_texts, 3);
-  auto message = [](const char* schema) {
-    try {
-      JsonSchema::compile(Json::parse(schema));
-    } catch (const dsi::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  EXPECT_EQ(expect_the_validators(s, texts), 3);
   for (const char* overlapping : {
            R"({"oneOf":[{"type":"number"},{"type":"integer"}]})",
            R"({"oneOf":[{"type":"number","maximum":1},{"type":"number","minimum":1}]})",
@@ -704,22 +693,7 @@ TEST(JsonSchema, TuplesAndPropertyCountsAreTheValidators) {
       R"({"point":[1,2],"meta":{"x":1,"y":2,"k":true}})",
       R"({"point":[1,2],"meta":{"x":1,"y":2,"z":3}})",
   };
-  int valid_texts = 0;
-  for (const std::string& t : texts) {
-    SCOPED_TRACE(t);
-    const Json v = Json::parse(t);
-    valid_texts += valid(v, s, s);
-    EXPECT_EQ(accepts(s, t), valid(v, s, s));
-  }
-  EXPECT_EQ(valid_texts, 8);  // (point [1] is valid: prefixItems does not ask for the items)
-  auto message = [](const char* schema) {
-    try {
-      JsonSchema::compile(Json::parse(schema));
-    } catch (const dsi::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  EXPECT_EQ(expect_the_validators(s, texts), 8);  // (point [1] is valid: prefixItems does not ask for the items)
   EXPECT_NE(message(R"({"prefixItems":[{}],"items":false,"minItems":2})").find("above the 1 items"), std::string::npos);
   EXPECT_NE(message(R"({"prefixItems":[{}],"items":[{}]})").find("beside 'prefixItems'"), std::string::npos);
   EXPECT_NE(message(R"({"prefixItems":{}})").find("#/prefixItems: must be an array"), std::string::npos);
