@@ -20,7 +20,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view in(reinterpret_cast<const char*>(data), size);
   const size_t cut = std::min(in.find('\0'), in.size());
   std::shared_ptr<const JsonPattern> p;
-  dsi::fuzz::expect_only_dsi_errors("JsonPattern::compile", [&] { p = JsonPattern::compile(in.substr(0, cut), "#/pattern"); });
+  dsi::fuzz::expect_only_dsi_errors("JsonPattern::compile",
+                                    [&] { p = JsonPattern::compile(in.substr(0, cut), "#/pattern"); });
   if (!p) return 0;
   DSI_FUZZ_ASSERT(p->start() == 0 && p->states() > 0);
   DSI_FUZZ_ASSERT(p->min_left(p->start()) >= 0);

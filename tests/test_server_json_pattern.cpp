@@ -115,7 +115,8 @@ TEST(JsonPattern, LivePrefixesCanEndAndDeadOnesCannot) {
       const int32_t st = run(*p, s);
       if (st == JsonPattern::kDead) {
         ++dead;
-        for (const std::string& e : endings) ASSERT_FALSE(std::regex_search(s + e, re)) << "'" << s << "' + '" << e << "'";
+        for (const std::string& e : endings)
+          ASSERT_FALSE(std::regex_search(s + e, re)) << "'" << s << "' + '" << e << "'";
         continue;
       }
       ++live;
@@ -304,7 +305,8 @@ TEST(PatternConstraint, WalksEndInWholeMatches) {
       if (!done) continue;
       ++ended;
       if (choice) EXPECT_NE(std::find(choices.begin(), choices.end(), text), choices.end()) << text;
-      else EXPECT_TRUE(std::regex_match(text, std::regex(regexes[k], std::regex::ECMAScript))) << regexes[k] << ": " << text;
+      else
+        EXPECT_TRUE(std::regex_match(text, std::regex(regexes[k], std::regex::ECMAScript))) << regexes[k] << ": " << text;
     }
   }
   EXPECT_GT(ended, 30);

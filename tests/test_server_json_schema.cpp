@@ -4,7 +4,11 @@
 // mask whose every ending validates.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+
 #include <algorithm>
+#include <cctype>
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <random>
@@ -29,6 +33,57 @@ using Json = nlohmann::json;
 
 size_t code_points(const std::string& s) {
   return size_t(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+// The formats the compiler writes, read here from RFC 3339, RFC 4122 and RFC 791 (not through the
+// compiler's patterns): a calendar date, a time with its offset, a UUID, a dotted IPv4 address,
+// an e-mail address with a dotted domain.
+bool valid_format(const std::string& format, const std::string& v) {
+  auto two = [&](const std::string& s, size_t at, int most) {
+    return at + 2 <= s.size() && std::isdigit(static_cast<unsigned char>(s[at])) &&
+           std::isdigit(static_cast<unsigned char>(s[at + 1])) && std::stoi(s.substr(at, 2)) <= most;
+  };
+  auto date = [&](const std::string& s) {
+    if (s.size() != 10 || s[4] != '-' || s[7] != '-') return false;
+    for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9})
+      if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+    const std::chrono::year_month_day d{std::chrono::year{std::stoi(s.substr(0, 4))},
+                                        std::chrono::month{unsigned(std::stoi(s.substr(5, 2)))},
+                                        std::chrono::day{unsigned(std::stoi(s.substr(8, 2)))}};
+    return d.ok();
+  };
+  auto time = [&](const std::string& s) {
+    if (s.size() < 9 || !two(s, 0, 23) || s[2] != ':' || !two(s, 3, 59) || s[5] != ':' || !two(s, 6, 59)) return false;
+    size_t at = 8;
+    if (at < s.size() && s[at] == '.') {
+      const size_t from = ++at;
+      while (at < s.size() && std::isdigit(static_cast<unsigned char>(s[at]))) ++at;
+      if (at == from) return false;
+    }
+    if (at < s.size() && s[at] == 'Z') return at + 1 == s.size();
+    return at + 6 == s.size() && (s[at] == '+' || s[at] == '-') && two(s, at + 1, 23) && s[at + 3] == ':' &&
+           two(s, at + 4, 59);
+  };
+  if (format == "date") return date(v);
+  if (format == "time") return time(v);
+  if (format == "date-time") return v.size() > 11 && v[10] == 'T' && date(v.substr(0, 10)) && time(v.substr(11));
+  if (format == "uuid") {
+    if (v.size() != 36) return false;
+    for (size_t i = 0; i < v.size(); ++i)
+      if ((i == 8 || i == 13 || i == 18 || i == 23) ? v[i] != '-' : !std::isxdigit(static_cast<unsigned char>(v[i])))
+        return false;
+    return true;
+  }
+  if (format == "ipv4") {
+    in_addr a;
+    return inet_pton(AF_INET, v.c_str(), &a) == 1;
+  }
+  if (format == "email") {
+    const size_t at = v.find('@');
+    return at != std::string::npos && at > 0 && v.find('@', at + 1) == std::string::npos &&
+           v.find('.', at) != std::string::npos && v.back() != '.';
+  }
+  return true;  // an annotation
 }
 
 bool valid(const Json& v, const Json& s, const Json& root);
@@ -120,6 +175,11 @@ bool valid(const Json& v, const Json& s, const Json& root) {
     // (ECMAScript as the C++ library reads it: the tests' patterns and strings are ASCII.)
     if (s.contains("pattern") &&
         !std::regex_search(v.get<std::string>(), std::regex(s["pattern"].get<std::string>(), std::regex::ECMAScript)))
+      return false;
+    // (A format is asserted where the schema has no pattern: beside one it is an annotation, as the
+    // standard's default vocabulary reads every format.)
+    if (s.contains("format") && !s.contains("pattern") &&
+        !valid_format(s["format"].get<std::string>(), v.get<std::string>()))
       return false;
   }
   return true;
@@ -705,6 +765,48 @@ TEST(JsonSchema, TuplesAndPropertyCountsAreTheValidators) {
 }
 
 TEST(JsonSchema, WalksThroughTuplesEndInValidValues) { EXPECT_GT(walks_that_end(tuples(), 23, 30), 20); }
+
+const Json& formats() {
+  static const Json s = Json::parse(R"({
+    "type": "object",
+    "properties": {
+      "d": {"type": "string", "format": "date"},
+      "t": {"type": "string", "format": "time"},
+      "dt": {"type": "string", "format": "date-time"},
+      "u": {"type": "string", "format": "uuid"},
+      "ip": {"type": "string", "format": "ipv4"},
+      "e": {"type": "string", "format": "email"},
+      "h": {"type": "string", "format": "hostname"},
+      "p": {"type": "string", "format": "date", "pattern": "^x"}
+    },
+    "required": ["d", "dt", "u", "ip", "e"],
+    "additionalProperties": false
+  })");
+  return s;
+}
+
+// Formats: what the compiler writes for each (a pattern of the whole string, the schema's own
+// pattern first where both are given), against the formats as read here; unknown ones are free.
+TEST(JsonSchema, FormatsAreWrittenAsCheckersReadThem) {
+  const Json& s = formats();
+  const std::string base = R"({"d":"2024-02-28","dt":"1999-12-31T23:59:59.5+01:00","u":"123e4567-e89b-12d3-a456-426614174000","ip":"10.0.255.1","e":"ann.lee@mail.example.org")";
+  const std::vector<std::string> texts = {
+      base + "}",
+      base + R"(,"t":"07:30:00Z","h":"any thing","p":"xyz"})",
+      R"({"d":"2023-02-30","dt":"1999-12-31T23:59:59Z","u":"123e4567-e89b-12d3-a456-426614174000","ip":"1.2.3.4","e":"a@b.co"})",
+      R"({"d":"2023-04-31","dt":"1999-12-31T23:59:59Z","u":"123e4567-e89b-12d3-a456-426614174000","ip":"1.2.3.4","e":"a@b.co"})",
+      base + R"(,"t":"24:00:00Z"})",
+      base + R"(,"t":"07:30:00"})",
+      R"({"d":"2024-01-01","dt":"1999-12-31 23:59:59Z","u":"123e4567-e89b-12d3-a456-426614174000","ip":"1.2.3.4","e":"a@b.co"})",
+      R"({"d":"2024-01-01","dt":"1999-12-31T23:59:59Z","u":"123e4567e89b12d3a456426614174000","ip":"1.2.3.4","e":"a@b.co"})",
+      R"({"d":"2024-01-01","dt":"1999-12-31T23:59:59Z","u":"123e4567-e89b-12d3-a456-426614174000","ip":"1.2.3.256","e":"a@b.co"})",
+      R"({"d":"2024-01-01","dt":"1999-12-31T23:59:59Z","u":"123e4567-e89b-12d3-a456-426614174000","ip":"1.2.3.4","e":"a.b.co"})",
+  };
+  EXPECT_EQ(expect_the_validators(s, texts), 2);
+  EXPECT_FALSE(accepts(s, base + R"(,"p":"2024-01-01"})"));  // the pattern, not the format
+}
+
+TEST(JsonSchema, WalksThroughFormatsEndInValidValues) { EXPECT_GT(walks_that_end(formats(), 29, 30), 20); }
 
 TEST(JsonSchema, WalksThroughPatternsEndInValidValues) { EXPECT_GT(walks_that_end(patterned(), 5, 30), 20); }
 

@@ -90,7 +90,8 @@ Item shorthand(char letter) {
       it = {{{'0', '9'}}, kDecimalDigits};
       break;
     case 'w':  // Python's \w takes letters and digits of every script: wide is all of non-ASCII
-      it = {{{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}}, {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}, {0x80, kMaxCp}}};
+      it = {{{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}},
+            {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}, {0x80, kMaxCp}}};
       break;
     default:  // 's'
       it = {{{0x9, 0xD}, {' ', ' '}}, kAnySpace};
@@ -571,7 +572,10 @@ class PatternBuilder {
       const int32_t d = queue.front();
       queue.pop_front();
       for (int32_t p : back[size_t(d)])
-        if (out->min_left_[size_t(p)] < 0) out->min_left_[size_t(p)] = out->min_left_[size_t(d)] + 1, queue.push_back(p);
+        if (out->min_left_[size_t(p)] < 0) {
+          out->min_left_[size_t(p)] = out->min_left_[size_t(d)] + 1;
+          queue.push_back(p);
+        }
     }
     if (out->min_left_[0] < 0) fail("{}: the pattern matches no string that can be written here", where_);
     for (int32_t& t : out->next_)
@@ -629,7 +633,8 @@ std::shared_ptr<const JsonPattern> JsonPattern::compile(std::string_view pattern
   return PatternBuilder(where).build(root, match);
 }
 
-std::shared_ptr<const JsonPattern> JsonPattern::any_of(const std::vector<std::string>& texts, const std::string& where) {
+std::shared_ptr<const JsonPattern> JsonPattern::any_of(const std::vector<std::string>& texts,
+                                                    const std::string& where) {
   if (texts.empty()) fail("{}: no text to choose from", where);
   Ast alt;
   alt.kind = Ast::Kind::kAlt;

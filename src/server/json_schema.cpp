@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "dsinfer/error.h"
@@ -241,6 +242,35 @@ class JsonSchema::Compiler {
     if (n.types == 0) fail("{}: no value of the schema's type lies within its bounds", path);
   }
 
+  // A format's strings as a pattern of the whole string (RFC 3339 dates and times, without leap
+  // days or leap seconds; lowercase UUIDs; dotted IPv4; plain e-mail addresses): each string
+  // written is what format checkers accept. Other formats stay annotations; null for those.
+  static std::shared_ptr<const JsonPattern> format(const std::string& name) {
+    static const std::string kDate =
+        "[0-9]{4}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|"
+        "02-(0[1-9]|1[0-9]|2[0-8]))";
+    static const std::string kTime =
+        "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])";
+    static const std::string kOctet = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+    static const std::string kLabel = "[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?";
+    static const std::map<std::string, std::string> kFormats = {
+        {"date", kDate},
+        {"time", kTime},
+        {"date-time", kDate + "T" + kTime},
+        {"uuid", "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"},
+        {"ipv4", "(" + kOctet + "\\.){3}" + kOctet},
+        {"email", "[a-z0-9_+-]{1,16}(\\.[a-z0-9_+-]{1,16}){0,2}@" + kLabel + "(\\." + kLabel + "){0,2}\\.[a-z]{2,8}"},
+    };
+    static std::map<std::string, std::shared_ptr<const JsonPattern>> compiled;  // (guarded below)
+    static std::mutex mutex;
+    const auto it = kFormats.find(name);
+    if (it == kFormats.end()) return nullptr;
+    const std::lock_guard<std::mutex> lock(mutex);
+    auto& p = compiled[name];
+    if (!p) p = JsonPattern::compile(it->second, "format " + name, JsonPattern::Match::kWhole);
+    return p;
+  }
+
   // Items: 2020-12's prefixItems (the first items, one schema each) and items (the rest; false:
   // none); draft 7's items as an array (the first items) and additionalItems (the rest).
   void items(Node& n, const Json& s, const std::string& path) {
@@ -272,9 +302,13 @@ class JsonSchema::Compiler {
     if (n.max_length >= 0 && n.max_length < n.min_length) fail("{}: maxLength is below minLength", path);
     if (n.min_length > (1 << 20) || n.max_length > (1 << 20)) fail("{}: a length above 2^20", path);
     const auto p = s.find("pattern");
-    if (p == s.end()) return;
-    if (!p->is_string()) fail("{}/pattern: must be a string", path);
-    n.pattern = JsonPattern::compile(p->get<std::string>(), path + "/pattern");
+    if (p != s.end()) {
+      if (!p->is_string()) fail("{}/pattern: must be a string", path);
+      n.pattern = JsonPattern::compile(p->get<std::string>(), path + "/pattern");
+    } else if (const auto f = s.find("format"); f != s.end() && f->is_string()) {
+      n.pattern = format(f->get<std::string>());
+    }
+    if (!n.pattern) return;
     const int64_t shortest = n.pattern->min_left(n.pattern->start()), longest = n.pattern->max_left(n.pattern->start());
     if (n.max_length >= 0 && shortest > n.max_length && (n.types & kString))
       fail("{}: the pattern takes at least {} characters, above maxLength", path, shortest);
@@ -321,7 +355,9 @@ class JsonSchema::Compiler {
     const uint8_t both = a->types & b->types;
     if (both & (kNull | kBoolean | kString | kArray)) return false;
     if (both & (kInteger | kNumber)) {
-      auto below = [](double hi, bool hi_open, double lo, bool lo_open) { return hi < lo || (hi == lo && (hi_open || lo_open)); };
+      auto below = [](double hi, bool hi_open, double lo, bool lo_open) {
+        return hi < lo || (hi == lo && (hi_open || lo_open));
+      };
       if (!below(a->hi, a->hi_open, b->lo, b->lo_open) && !below(b->hi, b->hi_open, a->lo, a->lo_open)) return false;
     }
     if (both & kObject) {
@@ -347,7 +383,8 @@ class JsonSchema::Compiler {
       return std::any_of(n.any_of.begin(), n.any_of.end(), [&](const Node* alt) { return admits(*alt, v, depth); });
     if (!(n.types & type_of(v))) return false;
     if (n.has_literals)
-      return std::any_of(n.literals.begin(), n.literals.end(), [&](const std::string& t) { return Json::parse(t) == v; });
+      return std::any_of(n.literals.begin(), n.literals.end(),
+                         [&](const std::string& t) { return Json::parse(t) == v; });
     if (v.is_number() && !within(n, v.get<double>())) return false;
     if (v.is_string() && !fits(n, v)) return false;
     if (v.is_object()) {

@@ -16,8 +16,10 @@
 //   enum values, bounds that do not meet, a required property whose values differ: a
 //   discriminator), read as anyOf; allOf of one schema; $ref to "#", "#/$defs/..." or
 //   "#/definitions/..." (recursion too);
-// - annotations (title, description, default, examples, $schema, $id, $comment, ...) and
-//   "format" (an annotation by the standard's default vocabulary) are ignored.
+// - format, for a string without a pattern: date, time, date-time (RFC 3339), uuid, ipv4 and
+//   email are written as format checkers accept them; other formats are annotations (as the
+//   standard's default vocabulary has all of them), as are title, description, default,
+//   examples, $schema, $id, $comment, ...
 // Keywords that would constrain values in other ways (not, if, uniqueItems, ...) are
 // refused, with the keyword named: the server never claims a constraint it does not enforce.
 //

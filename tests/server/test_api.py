@@ -402,11 +402,12 @@ VERSE_SCHEMA = {
         "pages": {"type": "integer", "multipleOf": 3, "maximum": 300},
         "weight": {"type": "number", "exclusiveMinimum": 0, "maximum": 2.5},
         "verse": {"type": "string", "pattern": "^[1-9][0-9]?:[0-9]{1,3}$"},
+        "when": {"type": "string", "format": "date"},
         "words": {"type": "array", "items": {"type": "string", "maxLength": 12, "pattern": "^\\w+$"},
                   "minItems": 1, "maxItems": 3},
         "note": {"anyOf": [{"type": "string", "maxLength": 20, "pattern": "[.!?]$"}, {"type": "null"}]},
     },
-    "required": ["book", "chapter", "verse", "words"],
+    "required": ["book", "chapter", "verse", "when", "words"],
     "additionalProperties": False,
 }
 
@@ -421,19 +422,20 @@ def test_json_schema(server):
     stopped = 0
     for seed in range(4):
         r = httpx.post(server.url + "/v1/completions", timeout=600, json={
-            "model": MODEL, "prompt": "And God said", "max_tokens": 200, "temperature": 0.8, "seed": seed,
+            "model": MODEL, "prompt": "And God said", "max_tokens": 320, "temperature": 0.8, "seed": seed,
             "response_format": fmt}).json()
         text = r["choices"][0]["text"]
         assert text.startswith("{"), text
         if r["choices"][0]["finish_reason"] == "stop":
             stopped += 1
-            jsonschema.validate(json.loads(text), VERSE_SCHEMA)
+            jsonschema.validate(json.loads(text), VERSE_SCHEMA, format_checker=jsonschema.FormatChecker())
     assert stopped >= 1
     chat = client(server).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Which verse?"}], max_tokens=200, temperature=0.7,
         seed=1, response_format=fmt)
     if chat.choices[0].finish_reason == "stop":
-        jsonschema.validate(json.loads(chat.choices[0].message.content), VERSE_SCHEMA)
+        jsonschema.validate(json.loads(chat.choices[0].message.content), VERSE_SCHEMA,
+                            format_checker=jsonschema.FormatChecker())
     e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
         "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
             "name": "n", "schema": {"type": "array", "uniqueItems": True}}}}), 400)
