@@ -615,7 +615,7 @@ class PatternBuilder {
       if (p.min_left_[d] >= 0 && p.max_left_[d] < 0) walk(d);
   }
 
-  static constexpr size_t kMaxWork = size_t(1) << 24;  // states visited and edges followed
+  static constexpr size_t kMaxWork = size_t(1) << 22;  // states visited and edges followed
 
   std::string where_;
   std::vector<State> nfa_;

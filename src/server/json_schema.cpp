@@ -141,7 +141,7 @@ class JsonSchema::Compiler {
           n.literals.push_back(v.dump());
       std::sort(n.literals.begin(), n.literals.end());
       n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
-      if (n.literals.empty()) fail("{}: no value of 'enum' has the schema's type", path);
+      if (n.literals.empty()) fail("{}: no value of 'enum' meets the schema's other keywords", path);
     }
 
     // Objects.
