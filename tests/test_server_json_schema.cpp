@@ -150,6 +150,10 @@ bool valid(const Json& v, const Json& s, const Json& root) {
     const Json rest = tuple ? s.value("additionalItems", Json(true)) : s.value("items", Json(true));
     for (size_t i = 0; i < v.size(); ++i)
       if (!valid(v[i], i < prefix.size() ? prefix[i] : rest, root)) return false;
+    if (s.value("uniqueItems", false))  // (nlohmann::json's equality: 1 equals 1.0, as the standard has it)
+      for (size_t i = 0; i < v.size(); ++i)
+        for (size_t j = i + 1; j < v.size(); ++j)
+          if (v[i] == v[j]) return false;
   }
   if (v.is_number()) {
     const double x = v.get<double>();
@@ -336,7 +340,8 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   EXPECT_NE(message(R"({"type":"string","pattern":"^a{1,3}$","minLength":4})").find("at most 3 characters, below minLength"),
             std::string::npos);
   EXPECT_NE(message(R"({"enum":["b"],"pattern":"^a"})").find("no value of 'enum'"), std::string::npos);
-  EXPECT_NE(message(R"({"type":"array","uniqueItems":true})").find("'uniqueItems' is not supported"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"object","propertyNames":{"maxLength":3}})").find("'propertyNames' is not supported"),
+            std::string::npos);
   EXPECT_NE(message(R"({"type":"number","multipleOf":0.01})").find("only a whole number"), std::string::npos);
   EXPECT_NE(message(R"({"type":"number","multipleOf":0})").find("must be a number above 0"), std::string::npos);
   EXPECT_NE(message(R"({"type":"integer","multipleOf":4,"minimum":1,"maximum":3})").find("within its bounds"),
@@ -720,7 +725,10 @@ const Json& tuples() {
               "items": {"type": "boolean"}, "maxItems": 4},
       "old": {"type": "array", "items": [{"const": "v"}, {"type": "null"}], "additionalItems": false, "minItems": 1},
       "meta": {"type": "object", "properties": {"k": {"type": "boolean"}}, "minProperties": 1, "maxProperties": 2,
-               "additionalProperties": {"type": "integer"}}
+               "additionalProperties": {"type": "integer"}},
+      "set": {"type": "array", "items": {"enum": ["x", "y", 7]}, "uniqueItems": true},
+      "names": {"type": "array", "items": {"type": "string", "maxLength": 3}, "uniqueItems": true, "maxItems": 4},
+      "nums": {"type": "array", "items": {"type": "number"}, "uniqueItems": true}
     },
     "required": ["point"],
     "additionalProperties": false
@@ -728,8 +736,8 @@ const Json& tuples() {
   return s;
 }
 
-// Tuples: prefixItems and the items after them (none, or a schema), and draft 7's spelling; and
-// objects' minProperties and maxProperties.
+// Tuples: prefixItems and the items after them (none, or a schema), and draft 7's spelling;
+// unique items; objects' minProperties and maxProperties.
 TEST(JsonSchema, TuplesAndPropertyCountsAreTheValidators) {
   const Json& s = tuples();
   const std::vector<std::string> texts = {
@@ -752,8 +760,30 @@ TEST(JsonSchema, TuplesAndPropertyCountsAreTheValidators) {
       R"({"point":[1,2],"meta":{}})",
       R"({"point":[1,2],"meta":{"x":1,"y":2,"k":true}})",
       R"({"point":[1,2],"meta":{"x":1,"y":2,"z":3}})",
+      R"({"point":[1,2],"set":["x","y",7],"names":["a","b"],"nums":[1,2.5]})",
+      R"({"point":[1,2],"set":["x","x"]})",
+      R"({"point":[1,2],"names":["a","a"]})",
+      R"({"point":[1,2],"nums":[1,1.0]})",
+      R"({"point":[1,2],"set":[7,"x",7]})",
   };
-  EXPECT_EQ(expect_the_validators(s, texts), 8);  // (point [1] is valid: prefixItems does not ask for the items)
+  EXPECT_EQ(expect_the_validators(s, texts), 9);  // (point [1] is valid: prefixItems does not ask for the items)
+  // Unique items: once every distinct item is written, no ',' comes.
+  SchemaPrefix p(JsonSchema::compile(s));
+  EXPECT_TRUE(p.push(std::string(R"({"point":[1,2],"set":["y",7,"x")")));
+  EXPECT_FALSE(p.push(','));
+  EXPECT_TRUE(p.push(']'));
+  // A string item at its maxLength that would repeat one is refused at its last character; a
+  // number, at the byte after it (1.0 repeats 1).
+  EXPECT_TRUE(p.push(std::string(R"(,"names":["abc","ab)")));
+  EXPECT_FALSE(p.push('c'));
+  EXPECT_TRUE(p.push(std::string(R"(d"],"nums":[1,1.0)")));
+  EXPECT_FALSE(p.push(']'));
+  EXPECT_TRUE(p.push(std::string("1]}")));
+  EXPECT_TRUE(p.complete());
+  SchemaPrefix q(JsonSchema::compile(s));  // an enum item that could only repeat one, at its first byte
+  EXPECT_TRUE(q.push(std::string(R"({"point":[1,2],"set":[7,)")));
+  EXPECT_FALSE(q.push('7'));
+  EXPECT_TRUE(q.push('"'));
   EXPECT_NE(message(R"({"prefixItems":[{}],"items":false,"minItems":2})").find("above the 1 items"), std::string::npos);
   EXPECT_NE(message(R"({"prefixItems":[{}],"items":[{}]})").find("beside 'prefixItems'"), std::string::npos);
   EXPECT_NE(message(R"({"prefixItems":{}})").find("#/prefixItems: must be an array"), std::string::npos);
@@ -762,6 +792,11 @@ TEST(JsonSchema, TuplesAndPropertyCountsAreTheValidators) {
   EXPECT_NE(message(R"({"properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1})").find("more properties are required"),
             std::string::npos);
   EXPECT_NE(message(R"({"minProperties":3,"maxProperties":2})").find("maxProperties is below"), std::string::npos);
+  EXPECT_NE(message(R"({"items":{"type":"object"},"uniqueItems":true})").find("every item is a scalar"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"array","uniqueItems":true})").find("every item is a scalar"), std::string::npos);
+  EXPECT_NE(message(R"({"items":{"type":"boolean"},"uniqueItems":true,"minItems":3})").find("above the 2 distinct"),
+            std::string::npos);
+  EXPECT_EQ(message(R"({"type":"array","uniqueItems":false})"), "");
 }
 
 TEST(JsonSchema, WalksThroughTuplesEndInValidValues) { EXPECT_GT(walks_that_end(tuples(), 23, 30), 20); }

@@ -73,7 +73,7 @@ class JsonSchema::Compiler {
   }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "patternProperties", "propertyNames", "uniqueItems",
+        "patternProperties", "propertyNames",
         "contains", "minContains", "maxContains", "not", "if",
         "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
@@ -189,6 +189,10 @@ class JsonSchema::Compiler {
       n.max_items = n.max_items < 0 ? most : std::min(n.max_items, most);
     }
     if (n.max_items >= 0 && n.max_items < n.min_items) fail("{}: maxItems is below minItems", path);
+    if (const auto u = s.find("uniqueItems"); u != s.end()) {
+      if (!u->is_boolean()) fail("{}/uniqueItems: must be a boolean", path);
+      if (u->get<bool>()) unique(n, path);
+    }
 
     if (n.min_items > (1 << 20) || n.max_items > (1 << 20)) fail("{}: an item count above 2^20", path);
   }
@@ -293,6 +297,44 @@ class JsonSchema::Compiler {
     } else if (items != s.end()) {
       rest(*items, path + "/items");
     }
+  }
+
+  // uniqueItems, for items that are scalars: null, booleans, numbers, strings.
+  static void unique(Node& n, const std::string& path) {
+    std::vector<const Node*> all = n.prefix_items;
+    if (n.more_items) all.push_back(n.items != nullptr ? n.items : nullptr);
+    for (const Node* item : all)
+      if (item == nullptr || !scalar(item, 0))
+        fail("{}/uniqueItems: supported where every item is a scalar (null, boolean, number or string)", path);
+    n.unique = true;
+    if (n.prefix_items.empty() && n.items != nullptr) n.distinct = distinct(n.items, 0);
+    if (n.distinct >= 0 && n.min_items > n.distinct)
+      fail("{}: minItems is above the {} distinct items there can be", path, n.distinct);
+  }
+  static bool scalar(const Node* n, int depth) {
+    n = unwrap(n);
+    if (depth > 16) return false;
+    if (!n->any_of.empty())
+      return std::all_of(n->any_of.begin(), n->any_of.end(), [&](const Node* a) { return scalar(a, depth + 1); });
+    if (n->has_literals)
+      return std::none_of(n->literals.begin(), n->literals.end(), [](const std::string& t) { return t[0] == '{' || t[0] == '['; });
+    return (n->types & (kObject | kArray)) == 0;
+  }
+  static int64_t distinct(const Node* n, int depth) {  // -1: no end
+    n = unwrap(n);
+    if (depth > 16) return -1;
+    if (!n->any_of.empty()) {
+      int64_t sum = 0;
+      for (const Node* a : n->any_of) {
+        const int64_t d = distinct(a, depth + 1);
+        if (d < 0) return -1;
+        sum += d;  // (an upper bound where alternatives share values)
+      }
+      return sum;
+    }
+    if (n->has_literals) return int64_t(n->literals.size());
+    if ((n->types & ~(kNull | kBoolean)) != 0) return -1;
+    return ((n->types & kNull) ? 1 : 0) + ((n->types & kBoolean) ? 2 : 0);
   }
 
   // minLength, maxLength (code points) and pattern.
@@ -536,7 +578,8 @@ bool SchemaPrefix::push_in_place(unsigned char c) {
     case Kind::kString: {
       Frame g = f;
       if (g.str.step(c) != JsonStringScan::Step::kMore || !string_byte(g)) return false;
-      f = g;
+      if (g.capture && (g.item += char(c), closing_repeats(t, g))) return false;
+      f = std::move(g);
       t.space_run = 0;
       return true;
     }
@@ -545,6 +588,7 @@ bool SchemaPrefix::push_in_place(unsigned char c) {
       JsonNumberScan num = f.num;
       if (num.step(c) != JsonNumberScan::Step::kMore) return false;
       f.num = num;
+      if (f.capture) f.item += char(c);
       t.space_run = 0;
       return true;
     }
@@ -650,7 +694,9 @@ void SchemaPrefix::Frame::key(std::string& out) const {
       if (phase == Phase::kColon) put(value);
       break;
     case Kind::kArray:
-      if (node->min_items > 0 || node->max_items >= 0 || !node->prefix_items.empty()) put(count);
+      if (node->min_items > 0 || node->max_items >= 0 || !node->prefix_items.empty() || node->unique) put(count);
+      if (items_seen)
+        for (const std::string& item : *items_seen) out += item + '\0';
       break;
     case Kind::kString:
       str.key(out);
@@ -672,6 +718,7 @@ void SchemaPrefix::Frame::key(std::string& out) const {
       put(count);
       break;
   }
+  if (capture) out += item + '\0';  // an item of unique items: whether it repeats one is still to come
 }
 
 std::string SchemaPrefix::Thread::key() const {
@@ -723,6 +770,50 @@ void SchemaPrefix::end_value(Thread& t) {
   f.phase = Phase::kAfterValue;
 }
 
+// An item's text as validators compare items: strings after their escapes, numbers by value (1
+// equals 1.0).
+static std::string canonical_item(const std::string& text) {
+  const nlohmann::json v = nlohmann::json::parse(text, nullptr, false);
+  return v.is_number() ? fmt::format("{}", v.get<double>()) : v.is_discarded() ? text : v.dump();
+}
+
+bool SchemaPrefix::repeats(const Frame& array, const std::string& text) {
+  if (array.kind != Kind::kArray || !array.node->unique || !array.items_seen) return false;
+  const std::string canon = canonical_item(text);
+  return std::find(array.items_seen->begin(), array.items_seen->end(), canon) != array.items_seen->end();
+}
+
+bool SchemaPrefix::closing_repeats(const Thread& t, const Frame& f) {
+  // Only the closing quote can come (the length's or the pattern's end), and the string so made
+  // repeats an item before it.
+  const Node& n = *f.node;
+  if (t.stack.size() < 2 || !f.str.at_rest()) return false;
+  const bool full = (n.max_length >= 0 && f.count >= n.max_length) || (n.pattern && n.pattern->max_left(f.pat) == 0);
+  return full && repeats(t.stack[t.stack.size() - 2], f.item + '"');
+}
+
+bool SchemaPrefix::literal_repeats(const Thread& t) {
+  // Every text the literal on top can still become repeats an item before it.
+  if (t.stack.size() < 2) return false;
+  const Frame& f = t.stack.back();
+  const Frame& array = t.stack[t.stack.size() - 2];
+  for (int32_t i = f.lo; i < f.hi; ++i)
+    if (!repeats(array, (*f.texts)[size_t(i)])) return false;
+  return true;
+}
+
+bool SchemaPrefix::unique_item(Thread& t, const std::string& text) {
+  if (t.stack.empty() || t.stack.back().kind != Kind::kArray || !t.stack.back().node->unique) return true;
+  Frame& a = t.stack.back();
+  if (repeats(a, text)) return false;
+  const std::string canon = canonical_item(text);
+  auto seen = a.items_seen ? std::make_shared<std::vector<std::string>>(*a.items_seen)
+                           : std::make_shared<std::vector<std::string>>();
+  seen->push_back(canon);
+  a.items_seen = std::move(seen);
+  return true;
+}
+
 void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std::vector<Thread>& out,
                                int hops) const {
   if (node == nullptr) node = schema_->any();
@@ -735,6 +826,10 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
   t.space_run = 0;
   Frame f;
   f.node = node;
+  if (!t.stack.empty() && t.stack.back().kind == Kind::kArray && t.stack.back().node->unique) {
+    f.capture = true;  // (a literal's text is its own)
+    f.item = std::string(1, char(c));
+  }
   auto literal = [&](const std::vector<std::string>& texts) {
     const auto first = [](const std::string& s, unsigned char ch) { return static_cast<unsigned char>(s[0]) < ch; };
     const auto lo = std::lower_bound(texts.begin(), texts.end(), c, first);
@@ -747,6 +842,7 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
     f.hi = int32_t(hi - texts.begin());
     f.count = 1;
     t.stack.push_back(f);
+    if (literal_repeats(t)) return;
     out.push_back(std::move(t));
   };
   if (node->has_literals) return literal(node->literals);
@@ -893,6 +989,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
       }
       if (f.phase == Phase::kAfterValue) {
         if (c != ',' || (n.max_items >= 0 && f.count >= n.max_items)) return;
+        if (n.distinct >= 0 && f.count >= n.distinct) return;  // no distinct item left to write
         f.phase = Phase::kKey;  // (an array's "a value must come")
         return keep();
       }
@@ -908,13 +1005,16 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
       if (s == JsonStringScan::Step::kClosed) {
         if (limited && f.count < n.min_length) return;
         if (n.pattern && !n.pattern->accepts(f.pat)) return;
+        const std::string item = f.capture ? f.item + '"' : std::string();
         t.stack.pop_back();
+        if (!item.empty() && !unique_item(t, item)) return;
         end_value(t);
         t.space_run = 0;
         out.push_back(std::move(t));
         return;
       }
       if (!string_byte(f)) return;
+      if (f.capture && (f.item += char(c), closing_repeats(t, f))) return;
       t.space_run = 0;
       out.push_back(std::move(t));
       return;
@@ -929,12 +1029,16 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
             f.num_text[f.num_len++] = char(c);
             if (!may_reach(std::string_view(f.num_text, f.num_len), f.num.integer, n)) return;
           }
+          if (f.capture) f.item += char(c);
           return keep();
-        case JsonNumberScan::Step::kEnded:
+        case JsonNumberScan::Step::kEnded: {
           if (n.bounded() && !within_bounds(std::string_view(f.num_text, f.num_len), n)) return;
+          const std::string item = f.capture ? f.item : std::string();
           t.stack.pop_back();
+          if (!item.empty() && !unique_item(t, item)) return;
           end_value(t);
           return step_top(std::move(t), c, out);  // c belongs to what follows the number
+        }
       }
       return;
     case Kind::kLiteral: {
@@ -943,8 +1047,10 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
       if (texts[size_t(f.lo)].size() == at) {  // a whole value: c may follow it (another reading)
         Thread ended = t;
         ended.stack.pop_back();
-        end_value(ended);
-        step_top(std::move(ended), c, out);
+        if (unique_item(ended, texts[size_t(f.lo)])) {
+          end_value(ended);
+          step_top(std::move(ended), c, out);
+        }
       }
       int32_t lo = f.lo, hi = f.lo;
       while (lo < f.hi && (texts[size_t(lo)].size() <= at || static_cast<unsigned char>(texts[size_t(lo)][at]) < c)) ++lo;
@@ -954,6 +1060,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
       f.lo = lo;
       f.hi = hi;
       ++f.count;
+      if (literal_repeats(t)) return;
       t.space_run = 0;
       out.push_back(std::move(t));
       return;

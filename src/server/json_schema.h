@@ -5,7 +5,8 @@
 // - type (a name or a list of names), enum, const;
 // - objects: properties, required, additionalProperties (default true, as the standard says),
 //   minProperties, maxProperties;
-// - arrays: items, prefixItems (draft 7: items as an array, additionalItems), minItems, maxItems;
+// - arrays: items, prefixItems (draft 7: items as an array, additionalItems), minItems, maxItems,
+//   uniqueItems where the items are scalars (compared as validators do: 1 equals 1.0);
 // - strings: minLength, maxLength (in code points), pattern (json_pattern.h says which readings of
 //   ECMA-262 it takes);
 // - numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or draft 4's booleans),
@@ -71,6 +72,8 @@ class JsonSchema {
     std::vector<const Node*> prefix_items;  // the first items' schemas
     const Node* items = nullptr;             // the items after them; null: any value
     bool more_items = true;                  // false: no item after the prefix
+    bool unique = false;                     // uniqueItems (items are scalars)
+    int64_t distinct = -1;                   // unique: how many distinct items there can be (-1: no end)
     int64_t min_items = 0, max_items = -1;
     // Strings.
     int64_t min_length = 0, max_length = -1;
@@ -148,6 +151,9 @@ class SchemaPrefix {
     int32_t lo = 0, hi = 0;  // kLiteral: the texts that start with what came
     const Node* value = nullptr;  // kObject after a key: its value's schema
     const std::vector<std::string>* texts = nullptr;  // kLiteral
+    bool capture = false;  // kString / kNumber: an item of an array with unique items, kept in item
+    std::string item;
+    std::shared_ptr<const std::vector<std::string>> items_seen;  // kArray with unique items: theirs
     void key(std::string& out) const;                 // what of it decides what may follow
   };
   struct Thread {
@@ -165,6 +171,13 @@ class SchemaPrefix {
   // A value of node starting with c, the reading's frames so far in t; hops: references followed.
   void value_start(Thread t, const Node* node, unsigned char c, std::vector<Thread>& out, int hops) const;
   static void end_value(Thread& t);
+  // The scalar `text` ended an item of the array on top of t: false when the array asks for unique
+  // items and an earlier one equals it.
+  static bool unique_item(Thread& t, const std::string& text);
+  static bool repeats(const Frame& array, const std::string& text);  // an item equal to an earlier one
+  static bool literal_repeats(const Thread& t);  // the literal on top can only repeat an item
+  // The string f (on top of t, or about to be) can only close, repeating an item.
+  static bool closing_repeats(const Thread& t, const Frame& f);
   bool blank(Thread& t) const;
   static void dedupe(std::vector<Thread>& threads);
 

@@ -404,7 +404,7 @@ VERSE_SCHEMA = {
         "verse": {"type": "string", "pattern": "^[1-9][0-9]?:[0-9]{1,3}$"},
         "when": {"type": "string", "format": "date"},
         "words": {"type": "array", "items": {"type": "string", "maxLength": 12, "pattern": "^\\w+$"},
-                  "minItems": 1, "maxItems": 3},
+                  "minItems": 1, "maxItems": 3, "uniqueItems": True},
         "note": {"anyOf": [{"type": "string", "maxLength": 20, "pattern": "[.!?]$"}, {"type": "null"}]},
     },
     "required": ["book", "chapter", "verse", "when", "words"],
@@ -438,8 +438,8 @@ def test_json_schema(server):
                             format_checker=jsonschema.FormatChecker())
     e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
         "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
-            "name": "n", "schema": {"type": "array", "uniqueItems": True}}}}), 400)
-    assert e["param"] == "response_format" and "'uniqueItems' is not supported" in e["message"]
+            "name": "n", "schema": {"type": "object", "patternProperties": {"^x": {}}}}}}), 400)
+    assert e["param"] == "response_format" and "'patternProperties' is not supported" in e["message"]
     e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
         "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
             "name": "n", "schema": {"type": "string", "pattern": "(?=a)b"}}}}), 400)
