@@ -21,7 +21,7 @@
 //   email are written as format checkers accept them; other formats are annotations (as the
 //   standard's default vocabulary has all of them), as are title, description, default,
 //   examples, $schema, $id, $comment, ...
-// Keywords that would constrain values in other ways (not, if, uniqueItems, ...) are
+// Keywords that would constrain values in other ways (not, if, patternProperties, ...) are
 // refused, with the keyword named: the server never claims a constraint it does not enforce.
 //
 // The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of
