@@ -164,7 +164,9 @@ TEST(JsonPattern, ClassesBeyondAsciiTakeWhatBothReadingsTake) {
     digits += is_nd;
     ASSERT_EQ(not_digit->matches(one), !is_nd) << cp;
     ASSERT_EQ(digit->matches(one), cp >= '0' && cp <= '9') << cp;
-    if (not_space->matches(one)) ASSERT_FALSE(space.search(utf8)) << cp;
+    if (not_space->matches(one)) {
+      ASSERT_FALSE(space.search(utf8)) << cp;
+    }
     const bool terminator = cp == '\n' || cp == '\r' || cp == 0x2028 || cp == 0x2029;
     ASSERT_EQ(dot->matches(one), !terminator) << cp;
     ASSERT_EQ(other->matches(one), cp != 'a') << cp;

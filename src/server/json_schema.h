@@ -83,7 +83,14 @@ class JsonSchema {
     bool lo_open = false, hi_open = false;
     double multiple_of = 0;  // > 0: a multiple of this whole number (then |x| < 10^15)
     bool bounded() const { return lo > -HUGE_VAL || hi < HUGE_VAL; }
+    // v lies within the bounds (and is a multiple), read as validators read JSON numbers.
+    bool within(double v) const;
   };
+  // Some x of [a, b) (integer: some integer of it, a and b integers; step > 0: some multiple of
+  // the whole number step) with lo <= x <= hi (strict where open): the compiler's and the
+  // recognizer's question about number bounds.
+  static bool meets(double a, double b, bool integer, double lo, bool lo_open, double hi, bool hi_open,
+                    double step = 0);
 
   // Throws dsi::Error with the keyword's path for a schema that is malformed or says what is not
   // supported.

@@ -1,0 +1,563 @@
+// Structured outputs: the recognizer of the texts a compiled JSON Schema accepts; see
+// json_schema.h. Each reading (Thread) is a stack of frames, the innermost last; a byte steps
+// every reading and keeps those it fits, some of them forked (a value's alternatives).
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "server/json_schema.h"
+
+namespace dsi::server {
+
+namespace {
+const std::vector<std::string> kBooleans = {"false", "true"};
+const std::vector<std::string> kNulls = {"null"};
+
+double parse_double(std::string_view text) {  // locale-independent; "12." reads as 12
+  if (!text.empty() && text.back() == '.') text.remove_suffix(1);
+  double v = 0.0;
+  std::from_chars(text.data(), text.data() + text.size(), v);
+  return v;
+}
+
+// Whether a number that began as `text` (no exponent) can still end within the node's bounds: its
+// magnitude lies in [d 10^k, (d + 1) 10^k) for some k (digits d, no dot yet), or in [v, v + 10^-f)
+// (a dot and f digits after it: v), checked against the bounds (mirrored for a minus sign).
+bool may_reach(std::string_view text, bool integer, const JsonSchema::Node& n) {
+  const bool neg = !text.empty() && text[0] == '-';
+  const std::string_view body = text.substr(neg ? 1 : 0);
+  const double lo = neg ? -n.hi : n.lo, hi = neg ? -n.lo : n.hi;
+  const bool lo_open = neg ? n.hi_open : n.lo_open, hi_open = neg ? n.lo_open : n.hi_open;
+  auto reach = [&](double a, double b) {
+    return JsonSchema::meets(a, b, integer, lo, lo_open, hi, hi_open, n.multiple_of);
+  };
+  if (body.empty()) return reach(0.0, HUGE_VAL);
+  const size_t dot = body.find('.');
+  if (dot == std::string_view::npos) {
+    if (body == "0") return reach(0.0, 1.0);  // nothing but a fraction can follow a leading 0
+    const double d = parse_double(body);
+    for (double scale = 1.0; d * scale <= hi && std::isfinite(d * scale); scale *= 10.0)
+      if (reach(d * scale, (d + 1.0) * scale)) return true;
+    return false;
+  }
+  const double v = parse_double(body);
+  return reach(v, v + std::pow(10.0, -double(body.size() - dot - 1)));
+}
+
+bool within_bounds(std::string_view text, const JsonSchema::Node& n) { return n.within(parse_double(text)); }
+}  // namespace
+
+SchemaPrefix::SchemaPrefix(std::shared_ptr<const JsonSchema> schema, int space_run)
+    : schema_(std::move(schema)), space_run_(space_run) {
+  Thread t;
+  Frame root;
+  root.node = schema_->root();
+  t.stack.push_back(root);
+  threads_.push_back(std::move(t));
+}
+
+// Bytes that stay inside the one reading's innermost string or number change only its
+// frame: stepped in place, without the general path's copies. False: the general path decides
+// (nothing changed).
+bool SchemaPrefix::push_in_place(unsigned char c) {
+  if (threads_.size() != 1 || threads_[0].stack.empty()) return false;
+  Thread& t = threads_[0];
+  Frame& f = t.stack.back();
+  switch (f.kind) {
+    case Kind::kString: {
+      Frame g = f;
+      if (g.str.step(c) != JsonStringScan::Step::kMore || !string_byte(g)) return false;
+      if (g.capture && (g.item += char(c), closing_repeats(t, g))) return false;
+      f = std::move(g);
+      t.space_run = 0;
+      return true;
+    }
+    case Kind::kNumber: {
+      if (f.node->bounded()) return false;  // the general path checks the bounds
+      JsonNumberScan num = f.num;
+      if (num.step(c) != JsonNumberScan::Step::kMore) return false;
+      f.num = num;
+      if (f.capture) f.item += char(c);
+      t.space_run = 0;
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+bool SchemaPrefix::string_byte(Frame& f) {
+  const Node& n = *f.node;
+  if ((n.min_length > 0 || n.max_length >= 0) && f.str.char_started()) {
+    if (n.max_length >= 0 && f.count >= n.max_length) return false;
+    ++f.count;
+  }
+  if (!n.pattern) return true;
+  // The characters a match still needs, at least and at most, against the length limits (the
+  // count holds a character half-way already).
+  JsonPattern::Reach left;
+  int64_t count = f.count;
+  if (f.str.char_ended()) {
+    f.pat = n.pattern->step(f.pat, f.str.code_point());
+    if (f.pat == JsonPattern::kDead) return false;
+    left = {n.pattern->min_left(f.pat), n.pattern->max_left(f.pat)};
+  } else if (f.str.at_rest()) {
+    return true;
+  } else {  // a character half-way: what it can still become
+    std::pair<uint32_t, uint32_t> ranges[3];
+    for (size_t i = 0, k = f.str.pending(ranges); i < k; ++i) {
+      const JsonPattern::Reach r = n.pattern->reach_through(f.pat, ranges[i].first, ranges[i].second);
+      if (r.min >= 0 && (left.min < 0 || r.min < left.min)) left.min = r.min;
+      left.max = std::max(left.max, r.max);
+    }
+    if (left.min < 0) return false;
+    --count;
+  }
+  if (n.max_length >= 0 && count + left.min > n.max_length) return false;
+  return left.max == JsonPattern::kUnbounded || count + left.max >= n.min_length;
+}
+
+bool SchemaPrefix::push(unsigned char c) {
+  if (push_in_place(c)) return true;
+  std::vector<Thread> next;
+  for (const Thread& t : threads_) step_top(t, c, next);
+  if (next.empty()) return false;
+  dedupe(next);
+  threads_ = std::move(next);
+  return true;
+}
+
+bool SchemaPrefix::push(std::string_view bytes) {
+  SchemaPrefix next = *this;
+  if (!next.advance(bytes)) return false;
+  *this = std::move(next);
+  return true;
+}
+
+bool SchemaPrefix::advance(std::string_view bytes) {
+  for (char c : bytes)
+    if (!push(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+bool SchemaPrefix::takes_string_text() const {
+  for (const Thread& t : threads_) {
+    if (t.stack.empty()) continue;
+    const Frame& f = t.stack.back();
+    if (f.kind == Kind::kString && f.node->max_length < 0 && !f.node->pattern && f.str.at_rest()) return true;
+  }
+  return false;
+}
+
+bool SchemaPrefix::complete() const {
+  for (const Thread& t : threads_) {
+    if (t.stack.empty()) return true;
+    if (t.stack.size() != 1) continue;
+    const Frame& f = t.stack[0];
+    // A root scalar that ends with the text: a number, an enum value that is whole.
+    if (f.kind == Kind::kNumber && f.num.whole() &&
+        (!f.node->bounded() || within_bounds(std::string_view(f.num_text, f.num_len), *f.node)))
+      return true;
+    if (f.kind == Kind::kLiteral && (*f.texts)[size_t(f.lo)].size() == size_t(f.count)) return true;
+  }
+  return false;
+}
+
+void SchemaPrefix::Frame::key(std::string& out) const {
+  auto put = [&out](const auto& v) { out.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  put(node);
+  out += char(kind);
+  out += char(phase);
+  switch (kind) {
+    case Kind::kValue:
+      break;
+    case Kind::kObject:
+      put(seen);
+      if (node->min_props > 0 || node->max_props >= 0) put(props);
+      if (phase == Phase::kInKey) {
+        str.key(out);
+        put(cand);
+        out += char(other);
+        put(count);
+      }
+      if (phase == Phase::kColon) put(value);
+      break;
+    case Kind::kArray:
+      if (node->min_items > 0 || node->max_items >= 0 || !node->prefix_items.empty() || node->unique) put(count);
+      if (items_seen)
+        for (const std::string& item : *items_seen) out += item + '\0';
+      break;
+    case Kind::kString:
+      str.key(out);
+      if (node->min_length > 0 || node->max_length >= 0) put(count);
+      if (node->pattern) {
+        put(pat);
+        if (!str.at_rest()) put(str.cp), put(str.hex), put(str.utf8.cp);  // a character half-way
+      }
+      break;
+    case Kind::kNumber:
+      out += char(num.at);
+      out += char(num.integer);
+      if (node->bounded()) out.append(num_text, num_len);
+      break;
+    case Kind::kLiteral:
+      put(texts);
+      put(lo);
+      put(hi);
+      put(count);
+      break;
+  }
+  if (capture) out += item + '\0';  // an item of unique items: whether it repeats one is still to come
+}
+
+std::string SchemaPrefix::Thread::key() const {
+  std::string k;
+  k += char(space_run);
+  k += char(started);
+  for (const Frame& f : stack) f.key(k);
+  return k;
+}
+
+std::string SchemaPrefix::signature(size_t) const {
+  std::string k;
+  for (const Thread& t : threads_) {
+    const std::string tk = t.key();
+    const uint32_t n = uint32_t(tk.size());
+    k.append(reinterpret_cast<const char*>(&n), sizeof(n));
+    k += tk;
+  }
+  return k;
+}
+
+void SchemaPrefix::dedupe(std::vector<Thread>& threads) {
+  if (threads.size() > 1) {
+    std::set<std::string> keys;
+    size_t kept = 0;
+    for (size_t i = 0; i < threads.size(); ++i) {
+      if (!keys.insert(threads[i].key()).second) continue;
+      if (kept != i) threads[kept] = std::move(threads[i]);  // (a vector moved onto itself empties)
+      ++kept;
+    }
+    threads.resize(kept);
+  }
+  if (threads.size() > kMaxReadings) threads.resize(kMaxReadings);
+}
+
+// Whitespace between tokens: not before the root value, and within the limit.
+bool SchemaPrefix::blank(Thread& t) const {
+  const int limit = space_run_ > 0 ? space_run_ : 2 + 2 * t.depth;
+  if (!t.started || t.space_run >= limit) return false;
+  ++t.space_run;
+  return true;
+}
+
+// The innermost value is whole and its frame popped: its container goes on.
+void SchemaPrefix::end_value(Thread& t) {
+  if (t.stack.empty()) return;  // the root value
+  Frame& f = t.stack.back();
+  if (f.kind == Kind::kArray) ++f.count;
+  f.phase = Phase::kAfterValue;
+}
+
+// An item's text as validators compare items: strings after their escapes, numbers by value (1
+// equals 1.0).
+static std::string canonical_item(const std::string& text) {
+  const nlohmann::json v = nlohmann::json::parse(text, nullptr, false);
+  return v.is_number() ? fmt::format("{}", v.get<double>()) : v.is_discarded() ? text : v.dump();
+}
+
+bool SchemaPrefix::repeats(const Frame& array, const std::string& text) {
+  if (array.kind != Kind::kArray || !array.node->unique || !array.items_seen) return false;
+  const std::string canon = canonical_item(text);
+  return std::find(array.items_seen->begin(), array.items_seen->end(), canon) != array.items_seen->end();
+}
+
+bool SchemaPrefix::closing_repeats(const Thread& t, const Frame& f) {
+  // Only the closing quote can come (the length's or the pattern's end), and the string so made
+  // repeats an item before it.
+  const Node& n = *f.node;
+  if (t.stack.size() < 2 || !f.str.at_rest()) return false;
+  const bool full = (n.max_length >= 0 && f.count >= n.max_length) || (n.pattern && n.pattern->max_left(f.pat) == 0);
+  return full && repeats(t.stack[t.stack.size() - 2], f.item + '"');
+}
+
+bool SchemaPrefix::literal_repeats(const Thread& t) {
+  // Every text the literal on top can still become repeats an item before it.
+  if (t.stack.size() < 2) return false;
+  const Frame& f = t.stack.back();
+  const Frame& array = t.stack[t.stack.size() - 2];
+  for (int32_t i = f.lo; i < f.hi; ++i)
+    if (!repeats(array, (*f.texts)[size_t(i)])) return false;
+  return true;
+}
+
+bool SchemaPrefix::unique_item(Thread& t, const std::string& text) {
+  if (t.stack.empty() || t.stack.back().kind != Kind::kArray || !t.stack.back().node->unique) return true;
+  Frame& a = t.stack.back();
+  if (repeats(a, text)) return false;
+  const std::string canon = canonical_item(text);
+  auto seen = a.items_seen ? std::make_shared<std::vector<std::string>>(*a.items_seen)
+                           : std::make_shared<std::vector<std::string>>();
+  seen->push_back(canon);
+  a.items_seen = std::move(seen);
+  return true;
+}
+
+void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std::vector<Thread>& out,
+                               int hops) const {
+  if (node == nullptr) node = schema_->any();
+  if (!node->any_of.empty()) {  // each alternative is a reading of its own
+    if (hops > 64) return;      // references that only lead to each other
+    for (const Node* alt : node->any_of) value_start(t, alt, c, out, hops + 1);
+    return;
+  }
+  t.started = true;
+  t.space_run = 0;
+  Frame f;
+  f.node = node;
+  if (!t.stack.empty() && t.stack.back().kind == Kind::kArray && t.stack.back().node->unique) {
+    f.capture = true;  // (a literal's text is its own)
+    f.item = std::string(1, char(c));
+  }
+  auto literal = [&](const std::vector<std::string>& texts) {
+    const auto first = [](const std::string& s, unsigned char ch) { return static_cast<unsigned char>(s[0]) < ch; };
+    const auto lo = std::lower_bound(texts.begin(), texts.end(), c, first);
+    auto hi = lo;
+    while (hi != texts.end() && static_cast<unsigned char>((*hi)[0]) == c) ++hi;
+    if (lo == hi) return;
+    f.kind = Kind::kLiteral;
+    f.texts = &texts;
+    f.lo = int32_t(lo - texts.begin());
+    f.hi = int32_t(hi - texts.begin());
+    f.count = 1;
+    t.stack.push_back(f);
+    if (literal_repeats(t)) return;
+    out.push_back(std::move(t));
+  };
+  if (node->has_literals) return literal(node->literals);
+  const uint8_t ty = node->types;
+  switch (c) {
+    case '{':
+    case '[':
+      if (!(ty & (c == '{' ? JsonSchema::kObject : JsonSchema::kArray)) || t.depth >= kMaxDepth) return;
+      f.kind = c == '{' ? Kind::kObject : Kind::kArray;
+      ++t.depth;
+      break;
+    case '"':
+      if (!(ty & JsonSchema::kString)) return;
+      f.kind = Kind::kString;
+      break;
+    case 't':
+    case 'f':
+      if (ty & JsonSchema::kBoolean) literal(kBooleans);
+      return;
+    case 'n':
+      if (ty & JsonSchema::kNull) literal(kNulls);
+      return;
+    default:
+      if (!JsonNumberScan::starts(c) || !(ty & (JsonSchema::kInteger | JsonSchema::kNumber))) return;
+      f.kind = Kind::kNumber;
+      f.num = JsonNumberScan(c, !(ty & JsonSchema::kNumber));
+      if (node->bounded()) {
+        f.num_text[0] = char(c);
+        f.num_len = 1;
+        if (!may_reach(std::string_view(f.num_text, 1), f.num.integer, *node)) return;
+      }
+      break;
+  }
+  t.stack.push_back(f);
+  out.push_back(std::move(t));
+}
+
+void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out) const {
+  if (t.stack.empty()) return;  // the value is whole: nothing may follow
+  Frame& f = t.stack.back();
+  const Node& n = *f.node;
+  const bool space = json_space(c);
+  auto keep = [&] {
+    t.space_run = 0;
+    out.push_back(std::move(t));
+  };
+  auto blank_kept = [&] {
+    if (blank(t)) out.push_back(std::move(t));
+  };
+  auto close = [&] {  // the container's end: its frame goes, its parent goes on
+    t.stack.pop_back();
+    --t.depth;
+    end_value(t);
+    t.space_run = 0;
+    out.push_back(std::move(t));
+  };
+  switch (f.kind) {
+    case Kind::kValue: {
+      if (space) return blank_kept();
+      const Node* node = f.node;
+      t.stack.pop_back();
+      return value_start(std::move(t), node, c, out, 0);
+    }
+    case Kind::kObject: {
+      const uint64_t declared = n.names.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.names.size()) - 1;
+      const bool room = n.max_props < 0 || f.props < n.max_props;  // for another key
+      const bool whole = (n.required & ~f.seen) == 0 && f.props >= n.min_props;
+      switch (f.phase) {
+        case Phase::kFirst:
+        case Phase::kKey:
+          if (space) return blank_kept();
+          if (c == '}' && f.phase == Phase::kFirst) {
+            if (!whole) return;
+            return close();
+          }
+          if (c != '"' || ((declared & ~f.seen) == 0 && n.additional == nullptr) || !room) return;
+          f.phase = Phase::kInKey;
+          f.str = JsonStringScan();
+          f.cand = declared;
+          f.other = n.additional != nullptr;
+          f.count = 0;
+          return keep();
+        case Phase::kInKey: {
+          // Escapes only once the key can no longer be a declared name (its bytes so far are then
+          // what they say), so a key equal to a declared name is always written as that name.
+          if (c == '\\' && !f.str.escaping() && (f.cand != 0 || !f.other)) return;
+          const bool escaped = f.str.escaping();
+          const JsonStringScan::Step s = f.str.step(c);
+          if (s == JsonStringScan::Step::kReject) return;
+          if (s == JsonStringScan::Step::kClosed) {  // a declared name, else another key where allowed
+            for (size_t i = 0; i < n.names.size(); ++i)
+              if ((f.cand >> i & 1) && n.names[i].size() == size_t(f.count)) {
+                if (f.seen >> i & 1) return;  // each key at most once
+                f.seen |= uint64_t(1) << i;
+                ++f.props;
+                f.value = n.props[i];
+                f.phase = Phase::kColon;
+                return keep();
+              }
+            if (!f.other) return;
+            ++f.props;
+            f.value = n.additional;
+            f.phase = Phase::kColon;
+            return keep();
+          }
+          if (!escaped && f.cand != 0) {
+            uint64_t cand = 0;
+            for (size_t i = 0; i < n.names.size(); ++i)
+              if ((f.cand >> i & 1) && n.names[i].size() > size_t(f.count) &&
+                  static_cast<unsigned char>(n.names[i][size_t(f.count)]) == c)
+                cand |= uint64_t(1) << i;
+            f.cand = cand;
+          }
+          ++f.count;
+          if ((f.cand & ~f.seen) == 0 && !f.other) return;  // no key it can still become
+          return keep();
+        }
+        case Phase::kColon: {
+          if (space) return blank_kept();
+          if (c != ':') return;
+          f.phase = Phase::kAfterValue;
+          Frame v;
+          v.node = f.value;
+          t.stack.push_back(v);
+          return keep();
+        }
+        case Phase::kAfterValue:
+          if (space) return blank_kept();
+          if (c == '}') {
+            if (!whole) return;
+            return close();
+          }
+          if (c != ',' || ((declared & ~f.seen) == 0 && n.additional == nullptr) || !room) return;
+          f.phase = Phase::kKey;
+          return keep();
+      }
+      return;
+    }
+    case Kind::kArray: {
+      if (space) return blank_kept();
+      if (c == ']') {  // not right after a ','
+        if (f.phase == Phase::kKey || f.count < n.min_items) return;
+        return close();
+      }
+      if (f.phase == Phase::kAfterValue) {
+        if (c != ',' || (n.max_items >= 0 && f.count >= n.max_items)) return;
+        if (n.distinct >= 0 && f.count >= n.distinct) return;  // no distinct item left to write
+        f.phase = Phase::kKey;  // (an array's "a value must come")
+        return keep();
+      }
+      if (f.phase == Phase::kFirst && n.max_items == 0) return;
+      const Node* items = size_t(f.count) < n.prefix_items.size() ? n.prefix_items[size_t(f.count)] : n.items;
+      t.space_run = 0;
+      return value_start(std::move(t), items, c, out, 0);
+    }
+    case Kind::kString: {
+      const JsonStringScan::Step s = f.str.step(c);
+      if (s == JsonStringScan::Step::kReject) return;
+      const bool limited = n.min_length > 0 || n.max_length >= 0;
+      if (s == JsonStringScan::Step::kClosed) {
+        if (limited && f.count < n.min_length) return;
+        if (n.pattern && !n.pattern->accepts(f.pat)) return;
+        const std::string item = f.capture ? f.item + '"' : std::string();
+        t.stack.pop_back();
+        if (!item.empty() && !unique_item(t, item)) return;
+        end_value(t);
+        t.space_run = 0;
+        out.push_back(std::move(t));
+        return;
+      }
+      if (!string_byte(f)) return;
+      if (f.capture && (f.item += char(c), closing_repeats(t, f))) return;
+      t.space_run = 0;
+      out.push_back(std::move(t));
+      return;
+    }
+    case Kind::kNumber:
+      switch (f.num.step(c)) {
+        case JsonNumberScan::Step::kReject:
+          return;
+        case JsonNumberScan::Step::kMore:
+          if (n.bounded()) {  // no exponent, at most kMaxBoundedNumber bytes, a value still in reach
+            if (c == 'e' || c == 'E' || f.num_len >= JsonSchema::kMaxBoundedNumber) return;
+            f.num_text[f.num_len++] = char(c);
+            if (!may_reach(std::string_view(f.num_text, f.num_len), f.num.integer, n)) return;
+          }
+          if (f.capture) f.item += char(c);
+          return keep();
+        case JsonNumberScan::Step::kEnded: {
+          if (n.bounded() && !within_bounds(std::string_view(f.num_text, f.num_len), n)) return;
+          const std::string item = f.capture ? f.item : std::string();
+          t.stack.pop_back();
+          if (!item.empty() && !unique_item(t, item)) return;
+          end_value(t);
+          return step_top(std::move(t), c, out);  // c belongs to what follows the number
+        }
+      }
+      return;
+    case Kind::kLiteral: {
+      const std::vector<std::string>& texts = *f.texts;
+      const size_t at = size_t(f.count);
+      if (texts[size_t(f.lo)].size() == at) {  // a whole value: c may follow it (another reading)
+        Thread ended = t;
+        ended.stack.pop_back();
+        if (unique_item(ended, texts[size_t(f.lo)])) {
+          end_value(ended);
+          step_top(std::move(ended), c, out);
+        }
+      }
+      int32_t lo = f.lo, hi = f.lo;
+      while (lo < f.hi && (texts[size_t(lo)].size() <= at || static_cast<unsigned char>(texts[size_t(lo)][at]) < c)) ++lo;
+      hi = lo;
+      while (hi < f.hi && texts[size_t(hi)].size() > at && static_cast<unsigned char>(texts[size_t(hi)][at]) == c) ++hi;
+      if (lo == hi) return;
+      f.lo = lo;
+      f.hi = hi;
+      ++f.count;
+      if (literal_repeats(t)) return;
+      t.space_run = 0;
+      out.push_back(std::move(t));
+      return;
+    }
+  }
+}
+
+}  // namespace dsi::server
