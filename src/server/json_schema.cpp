@@ -447,13 +447,10 @@ class JsonSchema::Compiler {
 
   // A string enum value within the length limits and matching the pattern.
   static bool fits(const Node& n, const Json& v) {
-    std::u32string text;
-    const std::string& s = v.get_ref<const std::string&>();
-    JsonStringScan scan;
-    for (const char c : Json(s).dump().substr(1)) {  // the value as JSON text, after its quote
-      if (scan.step(static_cast<unsigned char>(c)) != JsonStringScan::Step::kMore) break;
-      if (scan.char_ended()) text += char32_t(scan.code_point());
-    }
+    std::u32string text;  // its code points (a parsed string is valid UTF-8)
+    Utf8Scan utf8;
+    for (const char c : v.get_ref<const std::string&>())
+      if (utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kChar) text += char32_t(utf8.cp);
     const auto length = int64_t(text.size());
     if (length < n.min_length || (n.max_length >= 0 && length > n.max_length)) return false;
     return !n.pattern || n.pattern->matches(text);

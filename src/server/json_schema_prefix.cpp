@@ -269,10 +269,12 @@ static std::string canonical_item(const std::string& text) {
   return v.is_number() ? fmt::format("{}", v.get<double>()) : v.is_discarded() ? text : v.dump();
 }
 
+static bool seen_item(const std::vector<std::string>* seen, const std::string& canon) {
+  return seen != nullptr && std::find(seen->begin(), seen->end(), canon) != seen->end();
+}
+
 bool SchemaPrefix::repeats(const Frame& array, const std::string& text) {
-  if (array.kind != Kind::kArray || !array.node->unique || !array.items_seen) return false;
-  const std::string canon = canonical_item(text);
-  return std::find(array.items_seen->begin(), array.items_seen->end(), canon) != array.items_seen->end();
+  return array.kind == Kind::kArray && array.node->unique && seen_item(array.items_seen.get(), canonical_item(text));
 }
 
 bool SchemaPrefix::closing_repeats(const Thread& t, const Frame& f) {
@@ -297,8 +299,8 @@ bool SchemaPrefix::literal_repeats(const Thread& t) {
 bool SchemaPrefix::unique_item(Thread& t, const std::string& text) {
   if (t.stack.empty() || t.stack.back().kind != Kind::kArray || !t.stack.back().node->unique) return true;
   Frame& a = t.stack.back();
-  if (repeats(a, text)) return false;
   const std::string canon = canonical_item(text);
+  if (seen_item(a.items_seen.get(), canon)) return false;
   auto seen = a.items_seen ? std::make_shared<std::vector<std::string>>(*a.items_seen)
                            : std::make_shared<std::vector<std::string>>();
   seen->push_back(canon);
