@@ -2,8 +2,7 @@
 // and refuses a bad document at its first bad byte (nlohmann::json, an independent parser, agrees
 // on which documents are whole objects); the token mask over the bundled model's vocabulary lets a
 // document be written token by token, refuses what cannot continue it, allows the end of sequence
-// only once the object is closed, and lets a reasoning model think first. A forced tool call: the
-// answer begins with the call's opening, whatever the model would rather write, then goes its way.
+// only once the object is closed, and lets a reasoning model think first.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +14,6 @@
 
 #include "server/constraints.h"
 #include "server/reasoning.h"
-#include "server/tool_calls.h"
 #include "test_constraints_util.h"
 #include "test_util.h"
 
@@ -244,10 +242,6 @@ TEST(JsonMode, CopiesGoOnAlone) {
     c.accept(doc[i]);
   }
   EXPECT_TRUE(c.state().complete());
-  ForcedText forced(tok, "<call>", {eos}, -1, -1, false);
-  std::unique_ptr<TokenConstraint> f = forced.clone();
-  f->accept(tok.encode("<")[0]);
-  EXPECT_EQ(forced.left(), "<call>");
 }
 
 // Random walks through the mask (seeded): every walk that ends (end of sequence) wrote one object,
@@ -342,49 +336,6 @@ TEST(JsonMode, ThinkingComesFirst) {
   plain.accept(brace);
   const std::vector<int32_t> later = allowed(plain, V);
   EXPECT_EQ(std::count(later.begin(), later.end(), open), 0);  // not once the object began
-}
-
-// A "model" that prefers the tokens of `wanted` in turn (its logits: 0 for the next one, -1 for the
-// rest), masked by ForcedText: the text starts with the forced opening, then has what the model
-// wanted; the end of sequence waits for the opening. Through every format's opening.
-TEST(ForcedToolCall, TheAnswerBeginsWithTheOpening) {
-  const Tokenizer& tok = kjv_tokenizer();
-  const int64_t V = tok.vocab_size() + 1;
-  const int32_t eos = int32_t(V - 1);
-  const std::vector<int32_t> wanted = tok.encode("Not now.", false);
-  for (const std::string& opening : {call_opening(ToolFormat::kGlm, "get_weather"), call_opening(ToolFormat::kGlm, ""),
-                                     call_opening(ToolFormat::kDsml, "search"),
-                                     call_opening(ToolFormat::kDeepSeekV3, "search")}) {
-    SCOPED_TRACE(opening);
-    ForcedText c(tok, opening, {eos}, -1, -1, false);
-    std::string text;
-    size_t next = 0;
-    for (int step = 0; step < 200 && next <= wanted.size(); ++step) {
-      std::vector<float> logits(size_t(V), -1.0f);
-      const int32_t want = next < wanted.size() ? wanted[next] : eos;
-      logits[size_t(want)] = 0.0f;
-      c.mask(logits.data(), V);
-      const int32_t pick = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      ASSERT_GT(logits[size_t(pick)], -INFINITY);
-      if (pick == want) ++next;
-      c.accept(pick);
-      if (pick == eos) break;
-      text += *tok.token_bytes(pick);
-    }
-    EXPECT_EQ(text.substr(0, opening.size()), opening);
-    EXPECT_EQ(text.substr(opening.size()), "Not now.");
-    EXPECT_TRUE(c.left().empty());
-  }
-  // Thinking first: unmasked until </think>.
-  const int32_t open = int32_t(V), close = int32_t(V + 1);
-  ForcedText t(tok, "<tool_call>", {eos}, open, close, /*in_reasoning=*/true);
-  std::vector<float> logits(size_t(V + 2), 0.0f);
-  t.mask(logits.data(), V + 2);
-  EXPECT_EQ(std::count(logits.begin(), logits.end(), -INFINITY), 0);
-  t.accept(close);
-  t.mask(logits.data(), V + 2);
-  EXPECT_EQ(logits[size_t(eos)], -INFINITY);
-  EXPECT_EQ(logits[size_t(open)], -INFINITY);
 }
 
 }  // namespace

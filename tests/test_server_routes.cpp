@@ -469,48 +469,76 @@ TEST_F(ServerRoutes, ChatToolCalls) {
   EXPECT_EQ(r["choices"][0]["message"]["content"], said + written + second);
 }
 
-// tool_choice "required" or a named function: the answer begins with the format's opening of a call
-// (the test double writes the lowest token id the constraint allows until the opening is written,
-// then its script), so a model that writes the rest of the call has it read back; one that does not
-// leaves the forced opening and its text as content. A model whose template has no call format
-// cannot be forced (400).
+// tool_choice "required" or a named function: the answer is a call written whole (the test double
+// takes its script's token wherever the constraint allows it, else the lowest id allowed), so a
+// model that writes a good call has it read back, and one that would write prose is held to a call
+// of the function with arguments its schema accepts. A model whose template has no call format
+// cannot be forced, nor a tool whose parameters the schema compiler refuses (400).
 TEST_F(ServerRoutes, ForcedToolCalls) {
   const ChatTemplate glm_like(
       "{% if tools %}Call tools as <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>{% endif %}"
       "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}<|assistant|>",
       {});
   const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather",
-      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                     "additionalProperties": false}}},
+      {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}])");
   const Json messages = Json::array({{{"role", "user"}, {"content", "Weather in Paris?"}}});
+  const Json named = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
   struct Case {
     Json choice;
     std::string script;
+    Json arguments;
   };
-  for (const Case& c : {Case{"required", "get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"},
-                        Case{{{"type", "function"}, {"function", {{"name", "get_weather"}}}},
-                             "<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"}}) {
-    SCOPED_TRACE(c.choice.dump());
+  for (const Case& c :
+       {Case{"required", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>",
+             Json({{"city", "Paris"}})},
+        Case{named, "<tool_call>get_weather\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+             Json({{"days", 3}})},
+        // Prose, or a word for the integer: held to what the schema accepts.
+        Case{named, "No need.", Json::object()},
+        Case{named, "<tool_call>get_weather<arg_key>days</arg_key><arg_value>three</arg_value></tool_call>",
+             Json::object()}}) {
+    SCOPED_TRACE(c.script);
     FakeEngineOptions o = kjv_like();
     o.script = kjv_tokenizer().encode(c.script, false);
     o.script.push_back(o.eos);
+    o.natural_first = true;
     start(o, glm_like);
     const Json r = post_json("/v1/chat/completions", {{"messages", messages}, {"tools", tools}, {"tool_choice", c.choice},
                                                       {"max_tokens", 150}});
     const Json& m = r["choices"][0]["message"];
     ASSERT_EQ(m["tool_calls"].size(), 1u) << r.dump();
     EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "get_weather");
-    EXPECT_EQ(Json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()), Json({{"city", "Paris"}}));
-    EXPECT_TRUE(m["content"].is_null());
+    const Json args = Json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>());
+    if (c.arguments.empty()) {  // whatever the lowest ids spell is the schema's: declared keys, days an integer
+      for (const auto& [key, value] : args.items()) {
+        EXPECT_TRUE(key == "city" || key == "days") << args.dump();
+        if (key == "days") {
+          EXPECT_TRUE(value.is_number_integer()) << args.dump();
+        }
+      }
+    } else {
+      EXPECT_EQ(args, c.arguments);
+    }
+    EXPECT_TRUE(m["content"].is_null()) << r.dump();
     EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
   }
+  start(kjv_like(), glm_like);
+  Json bad_tools = tools;
+  bad_tools[1]["function"]["parameters"] = Json::parse(R"({"type": "object", "not": {"required": ["x"]}})");
+  expect_error(call("POST", "/v1/chat/completions",
+                    Json({{"messages", messages}, {"tools", bad_tools}, {"tool_choice", "required"}}).dump()),
+               400, "get_time", "tools");
+  // A named function whose parameters compile is forced even beside a tool that does not.
   FakeEngineOptions o = kjv_like();
-  o.script = kjv_tokenizer().encode("No need.", false);
+  o.script = kjv_tokenizer().encode("<tool_call>get_weather</tool_call>", false);
   o.script.push_back(o.eos);
+  o.natural_first = true;
   start(o, glm_like);
-  const Json r = post_json("/v1/chat/completions", {{"messages", messages}, {"tools", tools}, {"tool_choice", "required"},
+  const Json r = post_json("/v1/chat/completions", {{"messages", messages}, {"tools", bad_tools}, {"tool_choice", named},
                                                     {"max_tokens", 150}});
-  EXPECT_EQ(r["choices"][0]["message"]["content"], "<tool_call>No need.");
-  EXPECT_FALSE(r["choices"][0]["message"].contains("tool_calls"));
+  ASSERT_EQ(r["choices"][0]["message"]["tool_calls"].size(), 1u) << r.dump();
   start(kjv_like());  // the bundled model's template: no call format
   expect_error(call("POST", "/v1/chat/completions",
                     Json({{"messages", messages}, {"tools", tools}, {"tool_choice", "required"}}).dump()),

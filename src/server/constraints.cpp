@@ -223,11 +223,24 @@ void AnswerConstraint::accept(int32_t token) {
   take(token);
 }
 
+namespace {
+// Recognizers that take some special tokens (as their bytes) say which: takes_special(bytes).
+template <class Recognizer>
+constexpr bool has_specials() {
+  return requires(const Recognizer& r) { r.takes_special(std::string_view()); };
+}
+template <class Recognizer>
+bool takes_special(const Recognizer& r, const std::string* bytes) {
+  if constexpr (has_specials<Recognizer>()) return bytes != nullptr && r.takes_special(*bytes);
+  return false;
+}
+}  // namespace
+
 template <class Recognizer>
 bool TextConstraint<Recognizer>::fits(int32_t id) const {
   if (is_eos(id)) return json_.complete();
-  if (tokenizer_.is_special(id)) return false;
   const std::string* bytes = tokenizer_.token_bytes(id);
+  if (tokenizer_.is_special(id) && !takes_special(json_, bytes)) return false;
   if (bytes == nullptr || bytes->empty()) return false;
   Recognizer next = json_;  // (the masks walk the vocabulary in fitting(), not token by token)
   if (tokenizer_.spaced_tokens() && wrote_ && !next.advance(" ")) return false;
@@ -296,6 +309,9 @@ const AnswerConstraint::Bits& TextConstraint<Recognizer>::fitting(int64_t vocab)
     valid = depth;
     if (dead == SIZE_MAX && id < vocab) set(id);
   }
+  if constexpr (has_specials<Recognizer>())  // the special tokens, each alone (a few)
+    for (int32_t id : order.specials)
+      if (id < vocab && !is_eos(id) && fits(id)) set(id);
   return bits;
 }
 
@@ -308,8 +324,8 @@ std::unique_ptr<TokenConstraint> TextConstraint<Recognizer>::clone() const {
 
 template <class Recognizer>
 void TextConstraint<Recognizer>::take(int32_t id) {
-  if (is_eos(id) || tokenizer_.is_special(id)) return;
   const std::string* bytes = tokenizer_.token_bytes(id);
+  if (is_eos(id) || (tokenizer_.is_special(id) && !takes_special(json_, bytes))) return;
   if (bytes == nullptr) return;
   if (tokenizer_.spaced_tokens() && wrote_) json_.push(' ');
   json_.push(*bytes);  // (a token the mask allowed always fits)
@@ -319,6 +335,7 @@ void TextConstraint<Recognizer>::take(int32_t id) {
 template class TextConstraint<JsonPrefix>;
 template class TextConstraint<SchemaPrefix>;
 template class TextConstraint<TextPattern>;
+template class TextConstraint<ToolCallPrefix>;
 
 bool TextPattern::push(unsigned char c) {
   Utf8Scan u = utf8_;
@@ -362,19 +379,6 @@ std::string TextPattern::signature(size_t) const {
     k.append(reinterpret_cast<const char*>(&utf8_.cp), sizeof(utf8_.cp));
   }
   return k;
-}
-
-bool ForcedText::fits(int32_t id) const {
-  if (is_eos(id)) return false;
-  const std::string* b = tokenizer_.token_bytes(id);
-  if (b == nullptr || b->empty()) return false;
-  const size_t n = std::min(b->size(), left_.size());
-  return b->compare(0, n, left_, 0, n) == 0;  // continues the text, or writes its rest and goes on
-}
-
-void ForcedText::take(int32_t id) {
-  const std::string* b = tokenizer_.token_bytes(id);
-  if (b != nullptr) left_.erase(0, std::min(b->size(), left_.size()));
 }
 
 }  // namespace dsi::server

@@ -23,6 +23,7 @@
 #include "server/json_pattern.h"
 #include "server/json_scan.h"
 #include "server/json_schema.h"
+#include "server/tool_call_prefix.h"
 #include "text/tokenizer.h"
 
 namespace dsi::server {
@@ -131,8 +132,9 @@ class AnswerConstraint : public TokenConstraint {
 };
 
 // A text through a byte recognizer (JsonPrefix, SchemaPrefix for a schema, TextPattern for a
-// regular expression): each step a token fits when its bytes continue the text; the end of
-// sequence only once the text is whole.
+// regular expression, ToolCallPrefix for a forced tool call): each step a token fits when its
+// bytes continue the text; the end of sequence only once the text is whole. Special tokens never,
+// but those the recognizer's takes_special(bytes) names, if it has one (then as their bytes).
 template <class Recognizer>
 class TextConstraint : public AnswerConstraint {
  public:
@@ -186,25 +188,15 @@ class PatternConstraint : public TextConstraint<TextPattern> {
                        TextPattern(std::move(pattern))) {}
 };
 
-// A forced tool call (tool_choice "required" or a named function): the answer must begin with
-// `text` (the format's opening of a call, with the function's name when one is named); from there on
-// any token. Each step a token fits when its bytes continue the text still to write (or go past
-// it); no end of sequence before it is written. It forces the opening, not a well-formed call:
-// what follows is the model's.
-class ForcedText : public AnswerConstraint {
+// A forced tool call (tool_choice "required" or a named function): the answer is the call (or
+// calls) written whole in the model's format, with arguments the function's parameters schema
+// accepts (tool_call_prefix.h); the markers' special tokens fit where their text does.
+class ToolCallConstraint : public TextConstraint<ToolCallPrefix> {
  public:
-  ForcedText(const Tokenizer& tokenizer, std::string text, std::vector<int32_t> eos, int32_t think_open,
-             int32_t think_close, bool in_reasoning)
-      : AnswerConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning), left_(std::move(text)) {}
-  const std::string& left() const { return left_; }  // what must still be written
-  std::unique_ptr<TokenConstraint> clone() const override { return std::make_unique<ForcedText>(*this); }
-
- private:
-  bool masking() const override { return !left_.empty(); }
-  bool fits(int32_t id) const override;
-  void take(int32_t id) override;
-
-  std::string left_;
+  ToolCallConstraint(const Tokenizer& tokenizer, std::shared_ptr<const ToolGrammar> grammar, std::vector<int32_t> eos,
+                     int32_t think_open, int32_t think_close, bool in_reasoning)
+      : TextConstraint(tokenizer, std::move(eos), think_open, think_close, in_reasoning,
+                       ToolCallPrefix(std::move(grammar))) {}
 };
 
 }  // namespace dsi::server

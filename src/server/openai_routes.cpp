@@ -545,11 +545,22 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
     bases.push_back(std::move(std::get<EngineRequest>(made)));
   }
 
-  // tool_choice "required" or a named function: the answer begins with the format's opening of a call.
+  // tool_choice "required" or a named function: the answer is a call (or calls, where parallel calls
+  // are allowed; a named function: one call).
   const bool forced_call = req.tool_choice == "required" || req.tool_choice == "function";
   if (forced_call && tool_format_ == ToolFormat::kNone)
     return reject(ApiError{400, "this model's chat template writes no tool calls this server reads, so none can be forced",
                            "invalid_request_error", "tool_choice"});
+  // The call written whole: its markers, a function's name, arguments its parameters accept.
+  std::shared_ptr<const ToolGrammar> call_grammar;
+  if (forced_call) {
+    try {
+      call_grammar = ToolGrammar::make(tool_format_, req.tools, req.tool_choice == "function" ? req.tool_name : "",
+                                       req.parallel_tool_calls && req.tool_choice != "function");
+    } catch (const dsi::Error& err) {
+      return reject(ApiError{400, err.what(), "invalid_request_error", "tools"});
+    }
+  }
 
   // A failed engine is the server's fault, not the request's: 503, as /health says.
   if (const std::string failure = engine_.failure(); !failure.empty())
@@ -577,9 +588,8 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
         e.constraint = std::make_shared<PatternConstraint>(tokenizer_, req.text_pattern, engine_.info().eos_token_ids,
                                                            think_open, think_close, opens_reasoning);
       if (forced_call)
-        e.constraint = std::make_shared<ForcedText>(tokenizer_, call_opening(tool_format_, req.tool_name),
-                                                    engine_.info().eos_token_ids, think_open, think_close,
-                                                    opens_reasoning);
+        e.constraint = std::make_shared<ToolCallConstraint>(tokenizer_, call_grammar, engine_.info().eos_token_ids,
+                                                            think_open, think_close, opens_reasoning);
       try {
         runs.back()->submit(std::move(e));
       } catch (const dsi::Error& err) {

@@ -446,6 +446,10 @@ ParseResult parse_chat_request(std::string_view body) {
       if (r.tool_choice != "auto" && r.tool_choice != "none" && (r.json_object || r.json_schema || r.text_pattern))
         unsupported("tool_choice", "a forced tool call together with a structured output");
     }
+    if (const Json* p = field(j, "parallel_tool_calls")) {
+      if (!p->is_boolean()) bad("parallel_tool_calls", "'parallel_tool_calls' must be a boolean");
+      r.parallel_tool_calls = p->get<bool>();
+    }
     parse_max_tokens(j, "max_tokens", r);
     parse_max_tokens(j, "max_completion_tokens", r);  // the newer name wins when both are given
     const bool logprobs = get_bool(j, "logprobs", false);

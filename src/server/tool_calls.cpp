@@ -16,19 +16,7 @@ using Json = nlohmann::ordered_json;
 
 constexpr std::string_view kSpace = " \t\r\n";
 
-// GLM's markers.
-constexpr std::string_view kGlmOpen = "<tool_call>", kGlmClose = "</tool_call>";
-constexpr std::string_view kKeyOpen = "<arg_key>", kKeyClose = "</arg_key>";
-constexpr std::string_view kValueOpen = "<arg_value>", kValueClose = "</arg_value>";
-// DeepSeek-V3.2's DSML markers ("｜" is U+FF5C).
-constexpr std::string_view kDsmlOpen = "<｜DSML｜function_calls>", kDsmlClose = "</｜DSML｜function_calls>";
-constexpr std::string_view kInvokeOpen = "<｜DSML｜invoke name=\"", kInvokeClose = "</｜DSML｜invoke>";
-constexpr std::string_view kParamOpen = "<｜DSML｜parameter name=\"", kParamClose = "</｜DSML｜parameter>";
-constexpr std::string_view kStringAttr = "\" string=\"";
-// DeepSeek-V3.1's ("▁" is U+2581).
-constexpr std::string_view kV3Open = "<｜tool▁calls▁begin｜>", kV3Close = "<｜tool▁calls▁end｜>";
-constexpr std::string_view kV3CallOpen = "<｜tool▁call▁begin｜>", kV3Sep = "<｜tool▁sep｜>";
-constexpr std::string_view kV3CallClose = "<｜tool▁call▁end｜>";
+using namespace tool_markers;
 
 std::string_view trim(std::string_view s) {
   const size_t a = s.find_first_not_of(kSpace);
@@ -87,20 +75,6 @@ ToolFormat tool_format(const std::string& name, std::string_view chat_template_s
   if (chat_template_source.find("DSML") != std::string_view::npos) return ToolFormat::kDsml;
   if (chat_template_source.find(kV3Open) != std::string_view::npos) return ToolFormat::kDeepSeekV3;
   return ToolFormat::kNone;
-}
-
-std::string call_opening(ToolFormat format, const std::string& function) {
-  std::string s;
-  if (format == ToolFormat::kGlm) {
-    s = std::string(kGlmOpen) + function;
-  } else if (format == ToolFormat::kDsml) {
-    s = std::string(kDsmlOpen);
-    if (!function.empty()) s += "\n" + std::string(kInvokeOpen) + function + "\">";
-  } else if (format == ToolFormat::kDeepSeekV3) {
-    s = std::string(kV3Open);
-    if (!function.empty()) s += std::string(kV3CallOpen) + function + std::string(kV3Sep);
-  }
-  return s;
 }
 
 ToolCallParser::ToolCallParser(ToolFormat format, const Json& tools) : format_(format), tools_(tools) {}
@@ -196,24 +170,29 @@ ToolCallParser::Result ToolCallParser::parse(ToolFormat format, const Json& tool
   return r;
 }
 
-bool ToolCallParser::is_string_parameter(const std::string& function, const std::string& key) const {
-  if (!tools_.is_array()) return false;
-  for (const Json& t : tools_) {
+const Json* function_parameters(const Json& tools, const std::string& function) {
+  if (!tools.is_array()) return nullptr;
+  for (const Json& t : tools) {
     const Json* f = t.is_object() && t.contains("function") ? &t["function"] : &t;
     if (!f->is_object() || !f->contains("name") || (*f)["name"] != function) continue;
-    const Json* props = f->contains("parameters") && (*f)["parameters"].is_object() &&
-                                (*f)["parameters"].contains("properties")
-                            ? &(*f)["parameters"]["properties"]
-                            : nullptr;
-    if (props == nullptr || !props->is_object() || !props->contains(key)) return false;
-    const Json& p = (*props)[key];
-    if (!p.is_object() || !p.contains("type")) return false;
-    const Json& type = p["type"];
-    if (type.is_string()) return type == "string";
-    return type.is_array() && std::find(type.begin(), type.end(), Json("string")) != type.end() &&
-           std::none_of(type.begin(), type.end(), [](const Json& x) { return x != "string" && x != "null"; });
+    return f->contains("parameters") && (*f)["parameters"].is_object() ? &(*f)["parameters"] : nullptr;
   }
-  return false;
+  return nullptr;
+}
+
+bool is_string_schema(const Json& p) {
+  if (!p.is_object() || !p.contains("type")) return false;
+  const Json& type = p["type"];
+  if (type.is_string()) return type == "string";
+  return type.is_array() && std::find(type.begin(), type.end(), Json("string")) != type.end() &&
+         std::none_of(type.begin(), type.end(), [](const Json& x) { return x != "string" && x != "null"; });
+}
+
+bool ToolCallParser::is_string_parameter(const std::string& function, const std::string& key) const {
+  const Json* params = function_parameters(tools_, function);
+  if (params == nullptr || !params->contains("properties")) return false;
+  const Json& props = (*params)["properties"];
+  return props.is_object() && props.contains(key) && is_string_schema(props[key]);
 }
 
 std::string ToolCallParser::value_json(const std::string& function, const std::string& key,

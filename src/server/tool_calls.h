@@ -26,13 +26,33 @@ namespace dsi::server {
 
 enum class ToolFormat { kNone, kGlm, kDsml, kDeepSeekV3 };
 
+// The formats' markers.
+namespace tool_markers {
+// GLM's.
+inline constexpr std::string_view kGlmOpen = "<tool_call>", kGlmClose = "</tool_call>";
+inline constexpr std::string_view kKeyOpen = "<arg_key>", kKeyClose = "</arg_key>";
+inline constexpr std::string_view kValueOpen = "<arg_value>", kValueClose = "</arg_value>";
+// DeepSeek-V3.2's DSML markers ("｜" is U+FF5C).
+inline constexpr std::string_view kDsmlOpen = "<｜DSML｜function_calls>", kDsmlClose = "</｜DSML｜function_calls>";
+inline constexpr std::string_view kInvokeOpen = "<｜DSML｜invoke name=\"", kInvokeClose = "</｜DSML｜invoke>";
+inline constexpr std::string_view kParamOpen = "<｜DSML｜parameter name=\"", kParamClose = "</｜DSML｜parameter>";
+inline constexpr std::string_view kStringAttr = "\" string=\"";
+// DeepSeek-V3.1's ("▁" is U+2581).
+inline constexpr std::string_view kV3Open = "<｜tool▁calls▁begin｜>", kV3Close = "<｜tool▁calls▁end｜>";
+inline constexpr std::string_view kV3CallOpen = "<｜tool▁call▁begin｜>", kV3Sep = "<｜tool▁sep｜>";
+inline constexpr std::string_view kV3CallClose = "<｜tool▁call▁end｜>";
+}  // namespace tool_markers
+
+// The parameters' schema of `function` among a request's tools (null: not given).
+const nlohmann::ordered_json* function_parameters(const nlohmann::ordered_json& tools, const std::string& function);
+// A parameter of this schema is written as plain text in GLM's and DSML's formats, not as JSON:
+// its type is "string" (alone or with "null").
+bool is_string_schema(const nlohmann::ordered_json& schema);
+
 // "glm", "dsml", "deepseek_v3" or "none"; "auto": the format the chat template writes (by its
 // markers), if any.
 ToolFormat tool_format(const std::string& name, std::string_view chat_template_source);
 
-// How an answer in `format` opens a call (of `function`, when not empty): what a forced tool call
-// makes it begin with (tool_choice "required" or a named function).
-std::string call_opening(ToolFormat format, const std::string& function);
 
 struct ToolCall {
   std::string name;

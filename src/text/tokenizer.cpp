@@ -668,7 +668,7 @@ const Tokenizer::ByteOrder& Tokenizer::byte_order() const {
     for (size_t id = 0; id < m.id_bytes.size(); ++id) {
       if (!m.id_known[id] || m.id_bytes[id].empty()) continue;
       o.longest = std::max(o.longest, m.id_bytes[id].size());
-      if (!m.id_special[id]) o.ids.push_back(int32_t(id));
+      (m.id_special[id] ? o.specials : o.ids).push_back(int32_t(id));
     }
     std::sort(o.ids.begin(), o.ids.end(),
               [&m](int32_t a, int32_t b) { return m.id_bytes[size_t(a)] < m.id_bytes[size_t(b)]; });

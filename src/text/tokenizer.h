@@ -46,12 +46,14 @@ class Tokenizer {
   const std::string* token_bytes(int32_t id) const;
   bool spaced_tokens() const;
   // The ids with bytes, special tokens left out, in the byte order of their bytes; shared[k]: the
-  // bytes ids[k] shares with ids[k - 1]; longest: the most bytes a token has. Walks of the
-  // vocabulary as a trie take it (constrained decoding). Made on first use, once.
+  // bytes ids[k] shares with ids[k - 1]; longest: the most bytes a token has; specials: the special
+  // tokens with bytes, by id. Walks of the vocabulary as a trie take it (constrained decoding).
+  // Made on first use, once.
   struct ByteOrder {
     std::vector<int32_t> ids;
     std::vector<uint32_t> shared;
     size_t longest = 0;
+    std::vector<int32_t> specials;
   };
   const ByteOrder& byte_order() const;
   // byte_order()'s ids split by a property of their bytes, made on first use, once per name (the

@@ -50,7 +50,12 @@ int32_t FakeEngine::constrained_token(Seq& s) const {
   s.request.constraint->mask(row.data(), o_.vocab_size);
   const auto lowest = std::find(row.begin(), row.end(), 0.0f);
   int32_t id = lowest == row.end() ? o_.eos : int32_t(lowest - row.begin());
-  if (std::find(row.begin(), row.end(), -INFINITY) == row.end()) id = token_at(o_, s.request, size_t(s.cursor++));
+  const int32_t natural = token_at(o_, s.request, size_t(s.cursor));
+  if (std::find(row.begin(), row.end(), -INFINITY) == row.end() ||
+      (o_.natural_first && natural >= 0 && natural < o_.vocab_size && row[size_t(natural)] == 0.0f)) {
+    id = natural;
+    ++s.cursor;
+  }
   s.request.constraint->accept(id);
   return id;
 }

@@ -31,6 +31,7 @@ struct FakeEngineOptions {
   int64_t kv_pages_total = 4096;
   std::string failure;         // non-empty: the engine reports itself failed
   std::vector<int32_t> script; // non-empty: every request's first tokens are these
+  bool natural_first = false;  // a constrained request takes its natural token wherever the mask allows it
 };
 
 class FakeEngine : public Engine {
@@ -57,7 +58,8 @@ class FakeEngine : public Engine {
     bool cancelled = false;
   };
   // The next token of a constrained request: its natural token where the constraint leaves every
-  // token, else the lowest id it allows (then the natural tokens wait).
+  // token (or, natural_first, where it allows it), else the lowest id it allows (then the natural
+  // tokens wait).
   int32_t constrained_token(Seq& s) const;
   void loop();
   int64_t pages_of(const Seq& s) const;

@@ -1,0 +1,422 @@
+// A forced tool call written whole; see tool_call_prefix.h.
+#include "server/tool_call_prefix.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "dsinfer/error.h"
+#include "text/utf8.h"
+
+namespace dsi::server {
+
+namespace {
+
+using namespace tool_markers;
+
+bool is_space(unsigned char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
+
+bool starts_with(std::string_view s, std::string_view prefix) { return s.substr(0, prefix.size()) == prefix; }
+
+// The text of plain text inside a JSON string: quote, backslash and control characters escaped.
+std::string escaped(std::string_view raw) {
+  std::string out;
+  for (char ch : raw) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (c < 0x20) {
+      char u[8];
+      std::snprintf(u, sizeof(u), "\\u%04x", unsigned(c));
+      out += u;
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nlohmann::ordered_json& tools,
+                                                     const std::string& only, bool many) {
+  DSI_CHECK(format != ToolFormat::kNone, "a forced tool call needs a tool call format");
+  auto g = std::make_shared<ToolGrammar>();
+  g->format = format;
+  g->many = many;
+  if (tools.is_array())
+    for (const nlohmann::ordered_json& t : tools) {
+      const nlohmann::ordered_json* f = t.is_object() && t.contains("function") ? &t["function"] : &t;
+      if (!f->is_object() || !f->contains("name") || !(*f)["name"].is_string()) continue;
+      Function fn;
+      fn.name = (*f)["name"].get<std::string>();
+      if ((!only.empty() && fn.name != only) || fn.name.empty()) continue;
+      // A name the formats cannot carry (their markers' characters) cannot be forced.
+      DSI_CHECK(fn.name.find_first_of("<>\"") == std::string::npos && fn.name.find_first_of(" \t\r\n") == std::string::npos,
+                "tool '{}': a name with spaces, quotes or angle brackets cannot be written in a forced call",
+                utf8::shown(fn.name));
+      const nlohmann::ordered_json* params = function_parameters(tools, fn.name);
+      const nlohmann::json schema = params != nullptr ? nlohmann::json::parse(params->dump())
+                                                      : nlohmann::json({{"type", "object"}});
+      try {
+        fn.parameters = JsonSchema::compile(schema);
+      } catch (const Error& e) {
+        throw Error(fmt::format("tool '{}': its parameters cannot constrain a forced call: {}", utf8::shown(fn.name),
+                                e.what()));
+      }
+      if (params != nullptr && params->contains("properties") && (*params)["properties"].is_object())
+        for (const auto& [key, p] : (*params)["properties"].items())
+          if (is_string_schema(p)) fn.string_keys.push_back(key);
+      g->functions.push_back(std::move(fn));
+    }
+  DSI_CHECK(!g->functions.empty(), "a forced tool call needs a function among the tools{}",
+            only.empty() ? std::string() : " named '" + utf8::shown(only) + "'");
+  return g;
+}
+
+ToolCallPrefix::ToolCallPrefix(std::shared_ptr<const ToolGrammar> grammar) : g_(std::move(grammar)) {
+  const ToolFormat f = g_->format;
+  enter_literal(f == ToolFormat::kGlm ? kGlmOpen : f == ToolFormat::kDsml ? kDsmlOpen : kV3Open, Then::kCallOpen);
+}
+
+void ToolCallPrefix::enter_choice(std::vector<Alt> alts, bool space) {
+  at_ = At::kChoice;
+  alts_ = std::move(alts);
+  got_.clear();
+  space_ok_ = space;
+  space_run_ = 0;
+  may_end_ = false;
+}
+
+void ToolCallPrefix::enter_literal(std::string_view text, Then then, size_t written) {
+  at_ = At::kLiteral;
+  lit_ = text;
+  then_ = then;
+  got_.assign(text.substr(0, written));
+}
+
+void ToolCallPrefix::after_value() {
+  const bool glm = g_->format == ToolFormat::kGlm;
+  std::vector<Alt> alts;
+  SchemaPrefix more = *json_;  // another key can come
+  if ((first_key_ || more.push(',')) && more.push('"')) alts.push_back({glm ? kKeyOpen : kParamOpen, Then::kKey});
+  SchemaPrefix end = *json_;  // the object can close
+  if (end.push('}')) alts.push_back({glm ? kGlmClose : kInvokeClose, Then::kCallEnd});
+  enter_choice(std::move(alts), true);
+}
+
+bool ToolCallPrefix::reached(Then then) {
+  const ToolFormat f = g_->format;
+  switch (then) {
+    case Then::kCallOpen:
+      if (f == ToolFormat::kGlm) return reached(Then::kName);
+      enter_choice({{f == ToolFormat::kDsml ? kInvokeOpen : kV3CallOpen, Then::kName}}, true);
+      return true;
+    case Then::kName: {
+      std::vector<Alt> alts;
+      for (const ToolGrammar::Function& fn : g_->functions) alts.push_back({fn.name, Then::kNamed});
+      enter_choice(std::move(alts), false);
+      return true;
+    }
+    case Then::kNamed: {
+      function_ = -1;
+      for (size_t i = 0; i < g_->functions.size(); ++i)
+        if (g_->functions[i].name == got_) function_ = int32_t(i);
+      if (function_ < 0) return false;
+      json_.emplace(g_->functions[size_t(function_)].parameters);
+      first_key_ = true;
+      if (f == ToolFormat::kDeepSeekV3) {
+        enter_literal(kV3Sep, Then::kSep);
+        return true;
+      }
+      if (f == ToolFormat::kDsml) {
+        enter_literal("\">", Then::kSep);
+        return true;
+      }
+      return reached(Then::kSep);
+    }
+    case Then::kSep:
+      if (f == ToolFormat::kDeepSeekV3) {  // the arguments object, as JSON
+        at_ = At::kJson;
+        json_end_ = kV3CallClose;
+        jdepth_ = 0;
+        jstr_ = jesc_ = jstarted_ = false;
+        return true;
+      }
+      if (!json_->push('{')) return false;
+      after_value();
+      return true;
+    case Then::kKey:
+      if (!first_key_ && !json_->push(',')) return false;
+      if (!json_->push('"')) return false;
+      first_key_ = false;
+      at_ = At::kRaw;
+      raw_end_ = f == ToolFormat::kGlm ? kKeyClose : kStringAttr;
+      raw_key_ = true;
+      held_.clear();
+      key_.clear();
+      return true;
+    case Then::kValue:
+      if (string_value_) {
+        if (!json_->push('"')) return false;
+        at_ = At::kRaw;
+        raw_end_ = f == ToolFormat::kGlm ? kValueClose : kParamClose;
+        raw_key_ = false;
+        held_.clear();
+        return true;
+      }
+      at_ = At::kJson;
+      json_end_ = f == ToolFormat::kGlm ? kValueClose : kParamClose;
+      jdepth_ = 0;
+      jstr_ = jesc_ = jstarted_ = false;
+      return true;
+    case Then::kAfterValue:
+      after_value();
+      return true;
+    case Then::kCallEnd: {
+      if (f != ToolFormat::kDeepSeekV3 && !json_->push('}')) return false;
+      if (!json_->complete()) return false;
+      json_.reset();
+      function_ = -1;
+      ++calls_;
+      std::vector<Alt> alts;
+      const std::string_view open = f == ToolFormat::kGlm    ? kGlmOpen
+                                    : f == ToolFormat::kDsml ? kInvokeOpen
+                                                             : kV3CallOpen;
+      if (g_->many) alts.push_back({open, Then::kName});
+      if (f != ToolFormat::kGlm) alts.push_back({f == ToolFormat::kDsml ? kDsmlClose : kV3Close, Then::kBlockEnd});
+      if (alts.empty()) {
+        at_ = At::kEnd;
+        space_run_ = 0;
+      } else {
+        enter_choice(std::move(alts), true);
+        may_end_ = f == ToolFormat::kGlm;  // (dsml, v3: the block closes first)
+      }
+      return true;
+    }
+    case Then::kBlockEnd:
+      at_ = At::kEnd;
+      space_run_ = 0;
+      return true;
+  }
+  return false;
+}
+
+bool ToolCallPrefix::choice_step(unsigned char c) {
+  if (got_.empty() && space_ok_ && is_space(c)) {
+    if (space_run_ >= kMaxSpaceRun) return false;
+    ++space_run_;
+    return true;
+  }
+  std::string g = got_;
+  g += char(c);
+  const Alt* whole = nullptr;  // an alternative `g` completes
+  bool longer = false;         // an alternative `g` begins and does not complete
+  for (const Alt& a : alts_) {
+    if (!starts_with(a.text, g)) continue;
+    if (a.text.size() == g.size()) whole = &a;
+    else longer = true;
+  }
+  if (whole != nullptr && !longer) {  // written: on to what it leads to
+    got_ = std::move(g);
+    return reached(whole->then);
+  }
+  if (whole != nullptr || longer) {
+    got_ = std::move(g);
+    return true;
+  }
+  // c continues no alternative: what is written must be one whole (a name that is the start of
+  // another's), and c is the first byte of what follows it.
+  for (const Alt& a : alts_)
+    if (!got_.empty() && a.text == got_) return reached(a.then) && step(c);
+  return false;
+}
+
+bool ToolCallPrefix::raw_may_close(const SchemaPrefix& json) const {
+  SchemaPrefix next = json;
+  return next.push('"') && (!raw_key_ || next.push(':'));
+}
+
+bool ToolCallPrefix::raw_closed() {
+  if (!json_->push('"') || (raw_key_ && !json_->push(':'))) return false;
+  held_.clear();
+  if (!raw_key_) {
+    after_value();
+    return true;
+  }
+  const ToolGrammar::Function& fn = g_->functions[size_t(function_)];
+  string_value_ = std::find(fn.string_keys.begin(), fn.string_keys.end(), key_) != fn.string_keys.end();
+  if (g_->format == ToolFormat::kGlm) enter_choice({{kValueOpen, Then::kValue}}, true);
+  else enter_literal(string_value_ ? std::string_view("true\">") : std::string_view("false\">"), Then::kValue);
+  return true;
+}
+
+bool ToolCallPrefix::raw_step(unsigned char c) {
+  std::string h = held_;
+  h += char(c);
+  if (starts_with(raw_end_, h)) {
+    if (h.size() == raw_end_.size()) return raw_closed();
+    // The closing marker may be starting: the text must be able to end here, or go on with these bytes.
+    SchemaPrefix as_text = *json_;
+    if (!raw_may_close(*json_) && !as_text.advance(escaped(h))) return false;
+    held_ = std::move(h);
+    return true;
+  }
+  // Not the marker: the bytes held are text, less any end of them that may begin the marker again.
+  size_t s = 1;
+  while (s < h.size() && !starts_with(raw_end_, std::string_view(h).substr(s))) ++s;
+  const std::string text = h.substr(0, s), rest = h.substr(s);
+  SchemaPrefix next = *json_;
+  if (!next.advance(escaped(text))) return false;
+  if (!rest.empty()) {
+    SchemaPrefix as_text = next;
+    if (!raw_may_close(next) && !as_text.advance(escaped(rest))) return false;
+  }
+  *json_ = std::move(next);
+  if (raw_key_) key_ += text;
+  held_ = rest;
+  return true;
+}
+
+bool ToolCallPrefix::json_step(unsigned char c) {
+  if (!jstr_ && jdepth_ == 0 && c == static_cast<unsigned char>(json_end_[0])) {
+    // The closing marker begins ('<' is no JSON outside strings): the value must be whole.
+    bool whole = false;
+    if (g_->format == ToolFormat::kDeepSeekV3) {
+      whole = json_->complete();
+    } else {
+      SchemaPrefix more = *json_, end = *json_;
+      whole = jstarted_ && (more.push(',') || end.push('}'));
+    }
+    if (!whole) return false;
+    enter_literal(json_end_, g_->format == ToolFormat::kDeepSeekV3 ? Then::kCallEnd : Then::kAfterValue, 1);
+    return true;
+  }
+  // The value's own end: nothing after it closes the arguments object or goes on to another key.
+  if (!jstr_ && jdepth_ == 0 && (c == ',' || c == '}' || c == ']')) return false;
+  if (!json_->push(c)) return false;
+  if (jstr_) {
+    if (jesc_) jesc_ = false;
+    else if (c == '\\') jesc_ = true;
+    else if (c == '"') jstr_ = false;
+  } else if (c == '"') {
+    jstr_ = true;
+  } else if (c == '{' || c == '[') {
+    ++jdepth_;
+  } else if (c == '}' || c == ']') {
+    --jdepth_;
+  }
+  if (!is_space(c)) jstarted_ = true;
+  return true;
+}
+
+bool ToolCallPrefix::step(unsigned char c) {
+  switch (at_) {
+    case At::kChoice:
+      return choice_step(c);
+    case At::kLiteral: {
+      if (got_.size() >= lit_.size() || static_cast<unsigned char>(lit_[got_.size()]) != c) return false;
+      got_ += char(c);
+      return got_.size() < lit_.size() || reached(then_);
+    }
+    case At::kRaw:
+      return raw_step(c);
+    case At::kJson:
+      return json_step(c);
+    case At::kEnd:
+      if (!is_space(c) || space_run_ >= kMaxSpaceRun) return false;
+      ++space_run_;
+      return true;
+  }
+  return false;
+}
+
+bool ToolCallPrefix::takes_special(std::string_view bytes) const {
+  static constexpr std::string_view kGlm[] = {kGlmOpen, kGlmClose, kKeyOpen, kKeyClose, kValueOpen, kValueClose};
+  static constexpr std::string_view kDsml[] = {kDsmlOpen, kDsmlClose, kInvokeOpen, kInvokeClose, kParamOpen, kParamClose};
+  static constexpr std::string_view kV3[] = {kV3Open, kV3Close, kV3CallOpen, kV3Sep, kV3CallClose};
+  const auto in = [bytes](const auto& markers) {
+    return std::find(std::begin(markers), std::end(markers), bytes) != std::end(markers);
+  };
+  switch (g_->format) {
+    case ToolFormat::kGlm:
+      return in(kGlm);
+    case ToolFormat::kDsml:
+      return in(kDsml);
+    case ToolFormat::kDeepSeekV3:
+      return in(kV3);
+    case ToolFormat::kNone:
+      break;
+  }
+  return false;
+}
+
+bool ToolCallPrefix::push(unsigned char c) {
+  ToolCallPrefix next = *this;
+  if (!next.step(c)) return false;
+  *this = std::move(next);
+  return true;
+}
+
+bool ToolCallPrefix::push(std::string_view bytes) {
+  ToolCallPrefix next = *this;
+  if (!next.advance(bytes)) return false;
+  *this = std::move(next);
+  return true;
+}
+
+bool ToolCallPrefix::advance(std::string_view bytes) {
+  for (char c : bytes)
+    if (!step(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+
+bool ToolCallPrefix::complete() const {
+  return at_ == At::kEnd || (at_ == At::kChoice && may_end_ && got_.empty());
+}
+
+std::string ToolCallPrefix::signature(size_t max_bytes) const {
+  std::string k;
+  auto num = [&k](uint64_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+  auto text = [&](std::string_view s) {
+    num(s.size());
+    k += s;
+  };
+  num(uint64_t(at_));
+  num(uint64_t(function_ + 1));
+  num(uint64_t(complete()));
+  switch (at_) {
+    case At::kChoice:
+      num(alts_.size());
+      for (const Alt& a : alts_) {
+        text(a.text);
+        num(uint64_t(a.then));
+      }
+      text(got_);
+      num(uint64_t(may_end_) << 9 | uint64_t(space_ok_) << 8 | space_run_);
+      break;
+    case At::kLiteral:
+      text(lit_);
+      num(got_.size());
+      num(uint64_t(then_));
+      break;
+    case At::kRaw:
+      text(raw_end_);
+      text(held_);
+      num(uint64_t(raw_key_));
+      if (raw_key_) text(key_);
+      break;
+    case At::kJson:
+      text(json_end_);
+      num(uint64_t(uint32_t(jdepth_)) << 8 | uint64_t(jstr_) << 2 | uint64_t(jesc_) << 1 | uint64_t(jstarted_));
+      break;
+    case At::kEnd:
+      num(space_run_);
+      break;
+  }
+  num(uint64_t(first_key_) << 1 | uint64_t(string_value_));
+  if (json_) k += json_->signature(max_bytes);
+  return k;
+}
+
+}  // namespace dsi::server

@@ -1,0 +1,235 @@
+// Forced tool calls written whole (server/tool_call_prefix.h). The recognizer takes calls in the
+// three formats that ToolCallParser (an independent reading, tool_calls.h) reads back as the same
+// calls, refuses a bad call at its first bad byte (an unknown function, a key the schema does not
+// declare, a value of the wrong type, a missing required key, a second call where one is asked,
+// prose), and the token masks, over a vocabulary where the markers are special tokens, equal each
+// token tried alone: a model can write a good call token by token, and no other special token.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "server/constraints.h"
+#include "server/tool_call_prefix.h"
+#include "server/tool_calls.h"
+#include "test_constraints_util.h"
+
+namespace dsi::server {
+namespace {
+
+using Json = nlohmann::ordered_json;
+using test::allowed;
+using test::kjv_tokenizer;
+
+const Json& tools() {
+  static const Json t = Json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 40}, "days": {"type": "integer", "minimum": 1},
+                     "units": {"enum": ["c", "f"]}},
+      "required": ["city"], "additionalProperties": false}}},
+    {"type": "function", "function": {"name": "get", "parameters": {"type": "object",
+      "properties": {"q": {"type": "string", "pattern": "^[a-z]+$"}, "tags": {"type": "array", "items": {"type": "string"}}}}}},
+    {"type": "function", "function": {"name": "now"}}])");
+  return t;
+}
+
+ToolCallPrefix start(ToolFormat format, const std::string& only = "", bool many = true) {
+  return ToolCallPrefix(ToolGrammar::make(format, tools(), only, many));
+}
+
+// The index of the first byte refused (text.size(): none).
+size_t refused_at(ToolCallPrefix p, std::string_view text) {
+  for (size_t i = 0; i < text.size(); ++i)
+    if (!p.push(static_cast<unsigned char>(text[i]))) return i;
+  return text.size();
+}
+
+struct Whole {
+  ToolFormat format;
+  std::string text;
+  std::vector<std::pair<std::string, Json>> calls;  // name, arguments
+};
+
+TEST(ToolCallPrefix, WholeCallsAreReadBackAsWritten) {
+  const std::vector<Whole> cases = {
+      {ToolFormat::kGlm,
+       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris, \"la ville\" \\ x</b <light></arg_value>\n"
+       "<arg_key>days</arg_key>\n<arg_value> 3 </arg_value>\n</tool_call>",
+       {{"get_weather", Json({{"city", "Paris, \"la ville\" \\ x</b <light>"}, {"days", 3}})}}},
+      {ToolFormat::kGlm,
+       "<tool_call>get\n<arg_key>q</arg_key>\n<arg_value>abc</arg_value>\n<arg_key>tags</arg_key>\n"
+       "<arg_value>[\"a\", \"b<c\"]</arg_value>\n</tool_call>\n<tool_call>now</tool_call>\n",
+       {{"get", Json({{"q", "abc"}, {"tags", {"a", "b<c"}}})}, {"now", Json::object()}}},
+      {ToolFormat::kGlm, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>line 1\nline\t2</arg_value></tool_call>",
+       {{"get_weather", Json({{"city", "line 1\nline\t2"}})}}},
+      {ToolFormat::kDsml,
+       "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+       "<｜DSML｜parameter name=\"city\" string=\"true\">Rome \"</｜DSML｜parameter>\n"
+       "<｜DSML｜parameter name=\"units\" string=\"false\">\"c\"</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+       "<｜DSML｜invoke name=\"now\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+       {{"get_weather", Json({{"city", "Rome \""}, {"units", "c"}})}, {"now", Json::object()}}},
+      {ToolFormat::kDeepSeekV3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Oslo\", \"days\": 14}"
+       "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+       {{"get_weather", Json({{"city", "Oslo"}, {"days", 14}})}, {"get", Json::object()}}},
+  };
+  for (const Whole& c : cases) {
+    SCOPED_TRACE(c.text);
+    ToolCallPrefix p = start(c.format);
+    ASSERT_EQ(refused_at(p, c.text), c.text.size());
+    ASSERT_TRUE(p.push(c.text));
+    EXPECT_TRUE(p.complete());
+    const ToolCallParser::Result r = ToolCallParser::parse(c.format, tools(), c.text);
+    EXPECT_EQ(r.content, "");
+    ASSERT_EQ(r.calls.size(), c.calls.size());
+    for (size_t i = 0; i < r.calls.size(); ++i) {
+      EXPECT_EQ(r.calls[i].name, c.calls[i].first);
+      EXPECT_EQ(Json::parse(r.calls[i].arguments), c.calls[i].second);
+    }
+    // Not whole before its last marker.
+    for (size_t cut : {size_t(1), size_t(5)}) {
+      ToolCallPrefix q = start(c.format);
+      ASSERT_TRUE(q.push(std::string_view(c.text).substr(0, c.text.size() - cut)));
+      EXPECT_FALSE(q.complete() && c.format != ToolFormat::kGlm) << cut;
+    }
+  }
+}
+
+struct Bad {
+  ToolFormat format;
+  std::string good, bad;  // good is taken whole, bad's first byte is refused
+  std::string only = "";
+  bool many = true;
+};
+
+TEST(ToolCallPrefix, BadCallsAreRefusedAtTheirFirstBadByte) {
+  const std::string glm_city = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>P</arg_value>";
+  const std::string dsml_call = "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n";
+  const std::string v3_call = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>";
+  const std::vector<Bad> cases = {
+      {ToolFormat::kGlm, "", "Sure, let me look."},                                        // prose
+      {ToolFormat::kGlm, "<tool_call>get_we", "ther"},                                     // no such function
+      {ToolFormat::kGlm, "<tool_call>", "get_weather", "now"},                           // not the one named
+      {ToolFormat::kGlm, "<tool_call>get_weather<arg_key>", "town"},                       // undeclared key
+      {ToolFormat::kGlm, "<tool_call>get_weather<arg_key>days</arg_key><arg_value>", "\"3\""},  // a string for an integer
+      {ToolFormat::kGlm, "<tool_call>get_weather<arg_key>days</arg_key><arg_value>", "x"},      // not JSON
+      {ToolFormat::kGlm, "<tool_call>get_weather<arg_key>days</arg_key><arg_value>", "</arg_value>"},  // no value
+      {ToolFormat::kGlm, "<tool_call>get_weather<arg_key>days</arg_key><arg_value>", "[1]"},       // nor an array
+      {ToolFormat::kGlm, "<tool_call>get_weather<arg_key>days</arg_key><arg_value>2</arg_value><", "/tool_call>"},  // city missing
+      {ToolFormat::kGlm, glm_city + "<arg_key>", "city"},                                  // a key twice
+      {ToolFormat::kGlm, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>" + std::string(40, 'a'), "a"},  // maxLength
+      {ToolFormat::kGlm, "<tool_call>get<arg_key>q</arg_key><arg_value>ab", "C"},              // the pattern
+      {ToolFormat::kGlm, "<tool_call>get<arg_key>q</arg_key><arg_value>", "</arg_value>"},     // the pattern: not empty
+      {ToolFormat::kGlm, glm_city + "</tool_call>", "<tool_call>", "get_weather", false},  // one call asked
+      {ToolFormat::kGlm, glm_city + "</tool_call>", "x"},                                  // prose after the call
+      {ToolFormat::kGlm, "<tool_call>get_weather\n\n\n\n", "\n"},                          // whitespace runs are short
+      {ToolFormat::kDsml, dsml_call + "<｜DSML｜parameter name=\"days\" string=\"", "true"},  // days is JSON
+      {ToolFormat::kDsml, dsml_call + "<｜DSML｜parameter name=\"city\" string=\"", "false"},  // city is text
+      {ToolFormat::kDsml, dsml_call + "<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>\n</｜DSML｜invoke>\n<",
+       "｜DSML｜invoke", "get_weather", false},
+      {ToolFormat::kDsml, "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"now\"><｜DSML｜", "invoke"},  // not closed
+      {ToolFormat::kDeepSeekV3, v3_call + "{\"city\": \"Oslo\"", "<"},                     // the object is not closed
+      {ToolFormat::kDeepSeekV3, v3_call + "{\"city\": \"Oslo\"}<｜tool▁call", "s▁end｜>"},  // the call closes first
+      {ToolFormat::kDeepSeekV3, v3_call, "[]"},                                            // arguments are an object
+      {ToolFormat::kDeepSeekV3, v3_call + "{\"days\": 3", "}"},                             // city missing
+  };
+  for (const Bad& c : cases) {
+    SCOPED_TRACE(c.good + " | " + c.bad);
+    const ToolCallPrefix p = start(c.format, c.only, c.many);
+    EXPECT_EQ(refused_at(p, c.good), c.good.size());
+    EXPECT_EQ(refused_at(p, c.good + c.bad), c.good.size());
+  }
+  // One call asked: whole once it closes.
+  ToolCallPrefix one = start(ToolFormat::kGlm, "get_weather", false);
+  ASSERT_TRUE(one.push(glm_city + "</tool_call>\n"));
+  EXPECT_TRUE(one.complete());
+}
+
+TEST(ToolCallPrefix, ToolsThatCannotBeForced) {
+  EXPECT_THROW(ToolGrammar::make(ToolFormat::kGlm, tools(), "missing", true), Error);
+  const Json odd = Json::parse(R"([{"type": "function", "function": {"name": "f",
+      "parameters": {"type": "object", "not": {"required": ["x"]}}}}])");
+  try {
+    ToolGrammar::make(ToolFormat::kGlm, odd, "", true);
+    ADD_FAILURE() << "a schema with `not` was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tool 'f'"), std::string::npos) << e.what();
+  }
+  const Json spaced = Json::parse(R"([{"type": "function", "function": {"name": "a b"}}])");
+  EXPECT_THROW(ToolGrammar::make(ToolFormat::kGlm, spaced, "", true), Error);
+}
+
+// The bundled vocabulary with the formats' markers as special tokens, and one more special token
+// that is no marker.
+const Tokenizer& marker_tokenizer() {
+  static const Tokenizer t = [] {
+    std::ifstream in(test::source_dir() + "/models/kjv-dsa/tokenizer.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    int id = 0;
+    for (const auto& a : j["added_tokens"]) id = std::max(id, a["id"].get<int>() + 1);
+    using namespace tool_markers;
+    for (std::string_view m : {kGlmOpen, kGlmClose, kKeyOpen, kKeyClose, kValueOpen, kValueClose, kV3Open, kV3Close,
+                               kV3CallOpen, kV3Sep, kV3CallClose, std::string_view("<|observation|>")})
+      j["added_tokens"].push_back({{"id", id++}, {"content", std::string(m)}, {"single_word", false}, {"lstrip", false},
+                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
+    return Tokenizer::from_json_text(j.dump(), "markers");
+  }();
+  return t;
+}
+
+// Each token tried alone: eos once whole; a special token only as a marker; a token whose bytes fit.
+std::vector<int32_t> each_token(const ToolCallPrefix& state, const Tokenizer& tok, int64_t vocab, int32_t eos) {
+  std::vector<int32_t> ids;
+  for (int32_t id = 0; id < vocab; ++id) {
+    if (id == eos) {
+      if (state.complete()) ids.push_back(id);
+      continue;
+    }
+    const std::string* b = tok.token_bytes(id);
+    if (b == nullptr || b->empty() || (tok.is_special(id) && !state.takes_special(*b))) continue;
+    ToolCallPrefix next = state;
+    if (next.push(*b)) ids.push_back(id);
+  }
+  return ids;
+}
+
+// A good call, tokenized with its markers as special tokens, goes through the masks token by
+// token (each mask is each token tried alone); the end of sequence only at its end; a copy made
+// midway goes its own way.
+TEST(ToolCallConstraint, MasksLetAGoodCallThroughAndAreEachTokenTried) {
+  const Tokenizer& tok = marker_tokenizer();
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1), observation = *tok.token_to_id("<|observation|>");
+  for (const auto& [format, text] : std::vector<std::pair<ToolFormat, std::string>>{
+           {ToolFormat::kGlm, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>And God said, <let> there be "
+                              "light</arg_value>\n<arg_key>days</arg_key>\n<arg_value>7</arg_value>\n</tool_call>"},
+           {ToolFormat::kDeepSeekV3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{\"q\": \"light\", "
+                                     "\"tags\": [\"day\", \"night\"]}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"}}) {
+    SCOPED_TRACE(text);
+    const std::vector<int32_t> ids = tok.encode(text, false);
+    ASSERT_GE(std::count_if(ids.begin(), ids.end(), [&](int32_t id) { return tok.is_special(id); }), 4);
+    ToolCallConstraint c(tok, ToolGrammar::make(format, tools(), "", true), {eos}, -1, -1, false);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::vector<int32_t> ok = allowed(c, V);
+      EXPECT_EQ(ok, each_token(c.state(), tok, V, eos)) << i;
+      EXPECT_TRUE(std::binary_search(ok.begin(), ok.end(), ids[i])) << i << ": " << *tok.token_bytes(ids[i]);
+      EXPECT_FALSE(std::binary_search(ok.begin(), ok.end(), eos)) << i;
+      EXPECT_FALSE(std::binary_search(ok.begin(), ok.end(), observation)) << i;
+      if (i == ids.size() / 2) {  // a copy takes a token of its own; the original keeps its mask
+        std::unique_ptr<TokenConstraint> copy = c.clone();
+        copy->accept(ok.front());
+        EXPECT_EQ(allowed(c, V), ok) << "the copy's token reached the original";
+      }
+      c.accept(ids[i]);
+    }
+    const std::vector<int32_t> end = allowed(c, V);
+    EXPECT_TRUE(std::binary_search(end.begin(), end.end(), eos));
+    EXPECT_TRUE(c.state().complete());
+  }
+}
+
+}  // namespace
+}  // namespace dsi::server
