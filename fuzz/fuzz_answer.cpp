@@ -6,7 +6,9 @@
 // JSON mode's recognizer (server/constraints.h) takes the text byte by byte: what it accepts
 // whole as a complete object nlohmann::json reads as an object (or refuses only for a number past a
 // double), and a refused byte leaves its state as it was. The schema recognizer
-// (server/json_schema.h) for {"type": "object"} takes the same bytes.
+// (server/json_schema.h) for {"type": "object"} takes the same bytes. The forced tool call's
+// recognizer (server/tool_call_prefix.h): what it takes whole and complete, the parser reads back
+// as calls of arguments the schema types, and no content.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -15,6 +17,7 @@
 #include "fuzz_util.h"
 #include "server/constraints.h"
 #include "server/reasoning.h"
+#include "server/tool_call_prefix.h"
 #include "server/tool_calls.h"
 
 using dsi::server::ReasoningSplitter;
@@ -85,6 +88,28 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (f == ToolFormat::kNone || w.calls.empty())
     DSI_FUZZ_ASSERT(w.calls.empty() && w.content.size() <= text.size());
   if (f == ToolFormat::kNone) DSI_FUZZ_ASSERT(w.content == text);
+  if (f != ToolFormat::kNone) {
+    // The forced call's recognizer: a text it takes whole and calls complete is read back as calls
+    // of `f` with arguments of the schema's types, and nothing else.
+    static const auto grammars = [] {
+      std::vector<std::shared_ptr<const dsi::server::ToolGrammar>> g;
+      for (ToolFormat x : {ToolFormat::kGlm, ToolFormat::kDsml, ToolFormat::kDeepSeekV3})
+        g.push_back(dsi::server::ToolGrammar::make(x, tools, "", true));
+      return g;
+    }();
+    dsi::server::ToolCallPrefix call(grammars[size_t(f) - 1]);
+    size_t took = 0;
+    while (took < text.size() && call.push(static_cast<unsigned char>(text[took]))) ++took;
+    if (took == text.size() && call.complete()) {
+      DSI_FUZZ_ASSERT(!w.calls.empty() && w.content.empty());
+      for (const dsi::server::ToolCall& c : w.calls) {
+        DSI_FUZZ_ASSERT(c.name == "f");
+        const auto args = nlohmann::ordered_json::parse(c.arguments);
+        for (const auto& [key, value] : args.items())
+          DSI_FUZZ_ASSERT(key == "s" ? value.is_string() : key == "n" ? value.is_number_integer() : true);
+      }
+    }
+  }
 
   // JSON mode's recognizer, and the schema recognizer for {"type": "object"} with its whitespace
   // limit beside it: the same bytes taken, the same completeness after each.

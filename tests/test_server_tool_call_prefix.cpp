@@ -28,7 +28,7 @@ const Json& tools() {
   static const Json t = Json::parse(R"([
     {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
       "properties": {"city": {"type": "string", "maxLength": 40}, "days": {"type": "integer", "minimum": 1},
-                     "units": {"enum": ["c", "f"]}},
+                     "units": {"enum": ["c", "f"]}, "note": {"type": "string"}},
       "required": ["city"], "additionalProperties": false}}},
     {"type": "function", "function": {"name": "get", "parameters": {"type": "object",
       "properties": {"q": {"type": "string", "pattern": "^[a-z]+$"}, "tags": {"type": "array", "items": {"type": "string"}}}}}},
@@ -131,6 +131,14 @@ TEST(ToolCallPrefix, BadCallsAreRefusedAtTheirFirstBadByte) {
       {ToolFormat::kDsml, dsml_call + "<｜DSML｜parameter name=\"city\" string=\"true\">Rome</｜DSML｜parameter>\n</｜DSML｜invoke>\n<",
        "｜DSML｜invoke", "get_weather", false},
       {ToolFormat::kDsml, "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"now\"><｜DSML｜", "invoke"},  // not closed
+      // The parser takes the first closing marker as the end wherever it stands: none inside a call.
+      {ToolFormat::kGlm, glm_city.substr(0, glm_city.size() - 13) + "a</tool_call", ">"},
+      {ToolFormat::kGlm, "<tool_call>get<arg_key>a</tool_call", ">"},
+      {ToolFormat::kGlm, "<tool_call>get<arg_key>tags</arg_key><arg_value>[\"</arg_value", ">"},
+      {ToolFormat::kGlm, "<tool_call>get<arg_key>tags</arg_key><arg_value>[\"</tool_call", ">"},
+      {ToolFormat::kDsml, dsml_call + "<｜DSML｜parameter name=\"note\" string=\"true\">x</｜DSML｜invoke", ">"},
+      {ToolFormat::kDeepSeekV3, v3_call + "{\"city\": \"<｜tool▁call▁end｜", ">"},
+      {ToolFormat::kDeepSeekV3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{\"<｜tool▁call▁end｜", ">"},
       {ToolFormat::kDeepSeekV3, v3_call + "{\"city\": \"Oslo\"", "<"},                     // the object is not closed
       {ToolFormat::kDeepSeekV3, v3_call + "{\"city\": \"Oslo\"}<｜tool▁call", "s▁end｜>"},  // the call closes first
       {ToolFormat::kDeepSeekV3, v3_call, "[]"},                                            // arguments are an object
@@ -205,7 +213,8 @@ TEST(ToolCallConstraint, MasksLetAGoodCallThroughAndAreEachTokenTried) {
   const int32_t eos = int32_t(V - 1), observation = *tok.token_to_id("<|observation|>");
   for (const auto& [format, text] : std::vector<std::pair<ToolFormat, std::string>>{
            {ToolFormat::kGlm, "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>And God said, <let> there be "
-                              "light</arg_value>\n<arg_key>days</arg_key>\n<arg_value>7</arg_value>\n</tool_call>"},
+                              "light</arg_value>\n<arg_key>days</arg_key>\n<arg_value>7</arg_value>\n<arg_key>note</arg_key>\n"
+                              "<arg_value>Free \"text\", a \\ and\n<tags> </ends></arg_value>\n</tool_call>"},
            {ToolFormat::kDeepSeekV3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{\"q\": \"light\", "
                                      "\"tags\": [\"day\", \"night\"]}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"}}) {
     SCOPED_TRACE(text);

@@ -1,7 +1,7 @@
 // Times the server's token constraints (src/server/constraints.h) on a tokenizer's vocabulary: the
 // mask of a state met for the first time (the vocabulary walked as a trie) and of a state met
 // again (kept by its signature), for JSON mode and a structured-output schema, inside and outside
-// strings (free, and with a pattern). Prints a table (microseconds, medians of the runs).
+// strings (free, and with a pattern), and for a forced tool call with that schema's arguments. Prints a table (microseconds, medians of the runs).
 //
 //   bench_constraints [--tokenizer FILE] [--runs N]   (default: the bundled model's tokenizer)
 #include <algorithm>
@@ -67,13 +67,14 @@ int main(int argc, char** argv) {
   }
   try {
     const dsi::Tokenizer tok = dsi::Tokenizer::load(path);
-    const auto schema = dsi::server::JsonSchema::compile(nlohmann::json::parse(R"({
+    const char* schema_text = R"({
       "type": "object",
       "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                      "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}},
                      "boss": {"anyOf": [{"$ref": "#"}, {"type": "null"}]},
                      "email": {"type": "string", "pattern": "^[a-z0-9._]+@[a-z]+\\.[a-z]{2,4}$"}},
-      "required": ["name"], "additionalProperties": false})"));
+      "required": ["name"], "additionalProperties": false})";
+    const auto schema = dsi::server::JsonSchema::compile(nlohmann::json::parse(schema_text));
     std::printf("tokenizer %s: %d ids\n", path.c_str(), tok.vocab_size());
     std::printf("%-12s %-34s %9s %9s %8s\n", "constraint", "after", "first us", "kept us", "allowed");
     auto json = [&](int32_t eos) {
@@ -87,6 +88,18 @@ int main(int argc, char** argv) {
       row("json_object", text, tok, runs, json);
       row("json_schema", text, tok, runs, structured);
     }
+    // A forced tool call (GLM's format) of a function with that schema for its parameters.
+    const nlohmann::ordered_json tools = nlohmann::ordered_json::array(
+        {{{"type", "function"}, {"function", {{"name", "lookup"}, {"parameters", nlohmann::ordered_json::parse(
+                                                                              schema_text)}}}}});
+    const auto grammar = dsi::server::ToolGrammar::make(dsi::server::ToolFormat::kGlm, tools, "", true);
+    auto call = [&](int32_t eos) {
+      return std::make_unique<dsi::server::ToolCallConstraint>(tok, grammar, std::vector<int32_t>{eos}, -1, -1, false);
+    };
+    for (const char* text : {"<tool_call>lookup<arg_key>name</arg_key><arg_value>in the beginning",
+                             "<tool_call>lookup<arg_key>name</arg_key><arg_value>x</arg_value><arg_key>a",
+                             "<tool_call>lookup<arg_key>age</arg_key><arg_value>12"})
+      row("tool_call", text, tok, runs, call);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_constraints: %s\n", e.what());
     return 1;

@@ -234,6 +234,16 @@ bool takes_special(const Recognizer& r, const std::string* bytes) {
   if constexpr (has_specials<Recognizer>()) return bytes != nullptr && r.takes_special(*bytes);
   return false;
 }
+// The tokens that fit the state whatever came before them, as a split of the vocabulary: plain
+// JSON string text in a free string (takes_string_text), plain text in a call's free string value
+// (a recognizer's takes_raw_text); null where every token is walked.
+template <class Recognizer>
+const Tokenizer::ByteSplit* plain_tokens(const Recognizer& state, const Tokenizer& tokenizer) {
+  if (state.takes_string_text()) return &tokenizer.byte_split("json string text", json_string_text);
+  if constexpr (requires { state.takes_raw_text(); })
+    if (state.takes_raw_text()) return &tokenizer.byte_split("tool call raw text", raw_call_text);
+  return nullptr;
+}
 }  // namespace
 
 template <class Recognizer>
@@ -277,11 +287,10 @@ const AnswerConstraint::Bits& TextConstraint<Recognizer>::fitting(int64_t vocab)
   // taken at once (a table made once per tokenizer) and only the others are walked. Outside
   // strings, or where the string is limited, every token is walked.
   const Tokenizer::ByteOrder* walk = &order;
-  if (states_[0].takes_string_text()) {
-    const Tokenizer::ByteSplit& split = tokenizer_.byte_split("json string text", json_string_text);
-    for (size_t w = 0; w < bits.size() && w < split.with.size(); ++w) bits[w] = split.with[w];
+  if (const Tokenizer::ByteSplit* split = plain_tokens(states_[0], tokenizer_)) {
+    for (size_t w = 0; w < bits.size() && w < split->with.size(); ++w) bits[w] = split->with[w];
     if (vocab % 64 != 0) bits.back() &= (uint64_t(1) << (vocab % 64)) - 1;  // no id at or past vocab
-    walk = &split.rest;
+    walk = &split->rest;
   }
   for (int32_t id : eos_)  // the end comes only once the text is whole
     if (id >= 0 && id < vocab) {

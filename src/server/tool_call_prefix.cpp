@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "dsinfer/error.h"
+#include "server/json_scan.h"
 #include "text/utf8.h"
 
 namespace dsi::server {
@@ -138,6 +139,7 @@ bool ToolCallPrefix::reached(Then then) {
     case Then::kSep:
       if (f == ToolFormat::kDeepSeekV3) {  // the arguments object, as JSON
         at_ = At::kJson;
+        begin_body_text();
         json_end_ = kV3CallClose;
         jdepth_ = 0;
         jstr_ = jesc_ = jstarted_ = false;
@@ -155,6 +157,7 @@ bool ToolCallPrefix::reached(Then then) {
       raw_key_ = true;
       held_.clear();
       key_.clear();
+      begin_body_text();
       return true;
     case Then::kValue:
       if (string_value_) {
@@ -163,9 +166,11 @@ bool ToolCallPrefix::reached(Then then) {
         raw_end_ = f == ToolFormat::kGlm ? kValueClose : kParamClose;
         raw_key_ = false;
         held_.clear();
+        begin_body_text();
         return true;
       }
       at_ = At::kJson;
+      begin_body_text();
       json_end_ = f == ToolFormat::kGlm ? kValueClose : kParamClose;
       jdepth_ = 0;
       jstr_ = jesc_ = jstarted_ = false;
@@ -251,6 +256,23 @@ bool ToolCallPrefix::raw_closed() {
   return true;
 }
 
+bool ToolCallPrefix::body_text(std::string_view bytes) {
+  const ToolFormat f = g_->format;
+  const std::string_view call_end = f == ToolFormat::kGlm ? kGlmClose : f == ToolFormat::kDsml ? kInvokeClose : kV3CallClose;
+  const std::string_view value_end = at_ == At::kJson ? json_end_ : call_end;
+  for (char c : bytes) {
+    tail_ += c;
+    if (tail_.ends_with(call_end) || tail_.ends_with(value_end)) return false;
+    // Keep the longest end that begins one of them (usually nothing: both begin with '<').
+    size_t s = 0;
+    while (s < tail_.size() && !starts_with(call_end, std::string_view(tail_).substr(s)) &&
+           !starts_with(value_end, std::string_view(tail_).substr(s)))
+      ++s;
+    tail_.erase(0, s);
+  }
+  return true;
+}
+
 bool ToolCallPrefix::raw_step(unsigned char c) {
   std::string h = held_;
   h += char(c);
@@ -272,6 +294,7 @@ bool ToolCallPrefix::raw_step(unsigned char c) {
     SchemaPrefix as_text = next;
     if (!raw_may_close(next) && !as_text.advance(escaped(rest))) return false;
   }
+  if (!body_text(text)) return false;
   *json_ = std::move(next);
   if (raw_key_) key_ += text;
   held_ = rest;
@@ -294,7 +317,7 @@ bool ToolCallPrefix::json_step(unsigned char c) {
   }
   // The value's own end: nothing after it closes the arguments object or goes on to another key.
   if (!jstr_ && jdepth_ == 0 && (c == ',' || c == '}' || c == ']')) return false;
-  if (!json_->push(c)) return false;
+  if (!json_->push(c) || !body_text(std::string_view(reinterpret_cast<const char*>(&c), 1))) return false;
   if (jstr_) {
     if (jesc_) jesc_ = false;
     else if (c == '\\') jesc_ = true;
@@ -329,6 +352,17 @@ bool ToolCallPrefix::step(unsigned char c) {
       return true;
   }
   return false;
+}
+
+bool raw_call_text(std::string_view bytes) {
+  Utf8Scan utf8;
+  for (char c : bytes)
+    if (c == '<' || utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kReject) return false;
+  return utf8.at_rest();
+}
+
+bool ToolCallPrefix::takes_raw_text() const {
+  return at_ == At::kRaw && !raw_key_ && held_.empty() && tail_.empty() && json_->takes_string_text();
 }
 
 bool ToolCallPrefix::takes_special(std::string_view bytes) const {
@@ -403,11 +437,13 @@ std::string ToolCallPrefix::signature(size_t max_bytes) const {
     case At::kRaw:
       text(raw_end_);
       text(held_);
+      text(tail_);
       num(uint64_t(raw_key_));
       if (raw_key_) text(key_);
       break;
     case At::kJson:
       text(json_end_);
+      text(tail_);
       num(uint64_t(uint32_t(jdepth_)) << 8 | uint64_t(jstr_) << 2 | uint64_t(jesc_) << 1 | uint64_t(jstarted_));
       break;
     case At::kEnd:

@@ -47,6 +47,10 @@ struct ToolGrammar {
                                                  const std::string& only, bool many);
 };
 
+// Plain text that fits a free string parameter's value wherever it stands: whole UTF-8 characters,
+// no '<' (with which a closing marker may begin).
+bool raw_call_text(std::string_view bytes);
+
 class ToolCallPrefix {
  public:
   explicit ToolCallPrefix(std::shared_ptr<const ToolGrammar> grammar);
@@ -56,6 +60,9 @@ class ToolCallPrefix {
   bool complete() const;                 // a whole answer: its calls closed (and their block)
   std::string signature(size_t max_bytes = 0) const;
   bool takes_string_text() const { return false; }
+  // Inside a string parameter's value where it is free (no limits, no pattern; nothing held back):
+  // every raw_call_text() token fits.
+  bool takes_raw_text() const;
   // A special token whose bytes are one of the format's markers is written as those bytes (the
   // markers are special tokens in these models' vocabularies); other special tokens never.
   bool takes_special(std::string_view bytes) const;
@@ -97,6 +104,10 @@ class ToolCallPrefix {
   bool raw_step(unsigned char c);
   bool json_step(unsigned char c);
   bool raw_closed();  // kRaw's closing marker is written
+  // A key's or value's text goes on with `bytes`: false where they complete the call's closing
+  // marker (or, in JSON, the value's), which the parser would take as the end wherever it stands.
+  bool body_text(std::string_view bytes);
+  void begin_body_text() { tail_.clear(); }
   // May the raw text end where `json` is (its closing marker next): the key or string closes there.
   bool raw_may_close(const SchemaPrefix& json) const;
 
@@ -123,6 +134,8 @@ class ToolCallPrefix {
   bool string_value_ = false;  // the key's parameter is written as plain text
   // kJson: the value's own nesting, outside strings; inside a string; after a backslash in one;
   // a byte of the value has come; the closing marker.
+  // kRaw, kJson: the end of the text so far that may begin a marker it must not hold.
+  std::string tail_;
   int32_t jdepth_ = 0;
   bool jstr_ = false, jesc_ = false, jstarted_ = false;
   std::string_view json_end_;
