@@ -472,8 +472,9 @@ TEST_F(ServerRoutes, ChatToolCalls) {
 // tool_choice "required" or a named function: the answer is a call written whole (the test double
 // takes its script's token wherever the constraint allows it, else the lowest id allowed), so a
 // model that writes a good call has it read back, and one that would write prose is held to a call
-// of the function with arguments its schema accepts. A model whose template has no call format
-// cannot be forced, nor a tool whose parameters the schema compiler refuses (400).
+// of the function with arguments its schema accepts; with tool_choice "auto" only a strict
+// function's call, once opened. A model whose template has no call format cannot be forced, nor a
+// tool whose parameters the schema compiler refuses (400).
 TEST_F(ServerRoutes, ForcedToolCalls) {
   const ChatTemplate glm_like(
       "{% if tools %}Call tools as <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>{% endif %}"
@@ -523,6 +524,30 @@ TEST_F(ServerRoutes, ForcedToolCalls) {
     }
     EXPECT_TRUE(m["content"].is_null()) << r.dump();
     EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
+  }
+  // tool_choice "auto": a strict function's call is held to its schema once it opens (days: an
+  // integer); without "strict" the model's text is read as written (a string).
+  for (const bool strict : {true, false}) {
+    Json t = tools;
+    if (strict) t[0]["function"]["strict"] = true;
+    FakeEngineOptions o = kjv_like();
+    o.script = kjv_tokenizer().encode(
+        "Checking.<tool_call>get_weather<arg_key>days</arg_key><arg_value>three</arg_value></tool_call>", false);
+    o.script.push_back(o.eos);
+    o.natural_first = true;
+    start(o, glm_like);
+    const Json r = post_json("/v1/chat/completions", {{"messages", messages}, {"tools", t}, {"max_tokens", 150}});
+    const Json& m = r["choices"][0]["message"];
+    // (Strict: the test double goes on with its script after the call, as free text.)
+    ASSERT_TRUE(m["content"].is_string()) << r.dump();
+    EXPECT_EQ(m["content"].get<std::string>().substr(0, 9), "Checking.") << r.dump();
+    ASSERT_EQ(m["tool_calls"].size(), 1u) << r.dump();
+    const Json args = Json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>());
+    if (strict) {
+      EXPECT_TRUE(args["days"].is_number_integer()) << args.dump();
+    } else {
+      EXPECT_EQ(args, Json({{"days", "three"}}));
+    }
   }
   start(kjv_like(), glm_like);
   Json bad_tools = tools;

@@ -170,6 +170,44 @@ TEST(ToolCallPrefix, ToolsThatCannotBeForced) {
   EXPECT_THROW(ToolGrammar::make(ToolFormat::kGlm, spaced, "", true), Error);
 }
 
+// tool_choice "auto" with strict functions: text is free until a call opens, the call is held
+// (a strict function's arguments to its schema, another's to any object), then text is free again.
+TEST(ToolCallPrefix, OptionalCallsAreHeldOnceOpened) {
+  Json strict = tools();
+  strict[0]["function"]["strict"] = true;
+  const auto g = ToolGrammar::make(ToolFormat::kGlm, strict, "", true, /*optional=*/true);
+  const std::string before = "Let me look <that> up: ", call = "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>",
+                    after = " Done. <tool_call>get<arg_key>q</arg_key><arg_value>NOT lower case</arg_value></tool_call>";
+  ToolCallPrefix p(g);
+  EXPECT_TRUE(p.free());
+  EXPECT_TRUE(p.complete());
+  ASSERT_EQ(refused_at(p, before + call + after), before.size() + call.size() + after.size());
+  ASSERT_TRUE(p.push(before + "<tool_call>get_weather"));
+  EXPECT_FALSE(p.free());
+  EXPECT_FALSE(p.complete());
+  // Inside the strict call: its schema.
+  EXPECT_EQ(refused_at(p, "<arg_key>town"), std::string("<arg_key>").size());
+  EXPECT_EQ(refused_at(p, "</tool_call>"), 1u) << "city is required";
+  ASSERT_TRUE(p.push(call.substr(std::string("<tool_call>get_weather").size())));
+  EXPECT_TRUE(p.free());
+  EXPECT_TRUE(p.complete());
+  // The text after it reads back as content, the calls as calls.
+  const ToolCallParser::Result r = ToolCallParser::parse(ToolFormat::kGlm, strict, before + call + after);
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(Json::parse(r.calls[1].arguments), Json({{"q", "NOT lower case"}}));  // not strict: not held
+  // DeepSeek-V3.1's format: free again after the block closes.
+  const auto v3 = ToolGrammar::make(ToolFormat::kDeepSeekV3, strict, "", true, true);
+  ToolCallPrefix q(v3);
+  const std::string block = "Sure.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Rome\"}"
+                            "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+  ASSERT_TRUE(q.push(block.substr(0, block.size() - 40)));
+  EXPECT_FALSE(q.complete());
+  ASSERT_TRUE(q.push(block.substr(block.size() - 40) + " More text."));
+  EXPECT_TRUE(q.free());
+  EXPECT_TRUE(ToolGrammar::any_strict(strict));
+  EXPECT_FALSE(ToolGrammar::any_strict(tools()));
+}
+
 // The bundled vocabulary with the formats' markers as special tokens, and one more special token
 // that is no marker.
 const Tokenizer& marker_tokenizer() {
@@ -238,6 +276,18 @@ TEST(ToolCallConstraint, MasksLetAGoodCallThroughAndAreEachTokenTried) {
     EXPECT_TRUE(std::binary_search(end.begin(), end.end(), eos));
     EXPECT_TRUE(c.state().complete());
   }
+  // Optional calls: every token while the text is free, the call's tokens once it opens.
+  Json strict = tools();
+  strict[0]["function"]["strict"] = true;
+  ToolCallConstraint c(tok, ToolGrammar::make(ToolFormat::kGlm, strict, "", true, true), {eos}, -1, -1, false);
+  for (int32_t id : tok.encode("And God said", false)) {
+    EXPECT_EQ(allowed(c, V).size(), size_t(V));
+    c.accept(id);
+  }
+  c.accept(*tok.token_to_id("<tool_call>"));
+  const std::vector<int32_t> ok = allowed(c, V);
+  EXPECT_EQ(ok, each_token(c.state(), tok, V, eos));
+  EXPECT_LT(ok.size(), 20u);
 }
 
 }  // namespace

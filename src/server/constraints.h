@@ -145,6 +145,13 @@ class TextConstraint : public AnswerConstraint {
   const Recognizer& state() const { return json_; }
   std::unique_ptr<TokenConstraint> clone() const override;  // (the masks kept are shared)
 
+ protected:
+  // A recognizer with free() (tool calls in auto mode) lets every token through while free.
+  bool masking() const override {
+    if constexpr (requires { json_.free(); }) return !json_.free();
+    return true;
+  }
+
  private:
   bool fits(int32_t id) const override;
   void take(int32_t id) override;
@@ -190,7 +197,8 @@ class PatternConstraint : public TextConstraint<TextPattern> {
 
 // A forced tool call (tool_choice "required" or a named function): the answer is the call (or
 // calls) written whole in the model's format, with arguments the function's parameters schema
-// accepts (tool_call_prefix.h); the markers' special tokens fit where their text does.
+// accepts (tool_call_prefix.h); the markers' special tokens fit where their text does. With an
+// optional grammar (tool_choice "auto", strict functions) the answer is free until a call opens.
 class ToolCallConstraint : public TextConstraint<ToolCallPrefix> {
  public:
   ToolCallConstraint(const Tokenizer& tokenizer, std::shared_ptr<const ToolGrammar> grammar, std::vector<int32_t> eos,

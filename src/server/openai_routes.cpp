@@ -551,12 +551,16 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
   if (forced_call && tool_format_ == ToolFormat::kNone)
     return reject(ApiError{400, "this model's chat template writes no tool calls this server reads, so none can be forced",
                            "invalid_request_error", "tool_choice"});
-  // The call written whole: its markers, a function's name, arguments its parameters accept.
+  // The call written whole: its markers, a function's name, arguments its parameters accept. With
+  // tool_choice "auto", where a function is "strict": the answer is free, a call once opened held.
+  const bool strict_calls = endpoint == Endpoint::kChat && req.tool_choice == "auto" && tool_format_ != ToolFormat::kNone &&
+                            ToolGrammar::any_strict(req.tools) && !req.json_object && !req.json_schema &&
+                            !req.text_pattern;
   std::shared_ptr<const ToolGrammar> call_grammar;
-  if (forced_call) {
+  if (forced_call || strict_calls) {
     try {
       call_grammar = ToolGrammar::make(tool_format_, req.tools, req.tool_choice == "function" ? req.tool_name : "",
-                                       req.parallel_tool_calls && req.tool_choice != "function");
+                                       req.parallel_tool_calls && req.tool_choice != "function", strict_calls);
     } catch (const dsi::Error& err) {
       return reject(ApiError{400, err.what(), "invalid_request_error", "tools"});
     }
@@ -587,7 +591,7 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
       if (req.text_pattern)
         e.constraint = std::make_shared<PatternConstraint>(tokenizer_, req.text_pattern, engine_.info().eos_token_ids,
                                                            think_open, think_close, opens_reasoning);
-      if (forced_call)
+      if (call_grammar)
         e.constraint = std::make_shared<ToolCallConstraint>(tokenizer_, call_grammar, engine_.info().eos_token_ids,
                                                             think_open, think_close, opens_reasoning);
       try {

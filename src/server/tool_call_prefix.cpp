@@ -39,16 +39,34 @@ std::string escaped(std::string_view raw) {
 
 }  // namespace
 
+namespace {
+const nlohmann::ordered_json* function_of(const nlohmann::ordered_json& tool) {
+  const nlohmann::ordered_json* f = tool.is_object() && tool.contains("function") ? &tool["function"] : &tool;
+  return f->is_object() && f->contains("name") && (*f)["name"].is_string() ? f : nullptr;
+}
+bool is_strict(const nlohmann::ordered_json& function) {
+  return function.contains("strict") && function["strict"] == true;
+}
+}  // namespace
+
+bool ToolGrammar::any_strict(const nlohmann::ordered_json& tools) {
+  if (!tools.is_array()) return false;
+  for (const nlohmann::ordered_json& t : tools)
+    if (const nlohmann::ordered_json* f = function_of(t); f != nullptr && is_strict(*f)) return true;
+  return false;
+}
+
 std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nlohmann::ordered_json& tools,
-                                                     const std::string& only, bool many) {
-  DSI_CHECK(format != ToolFormat::kNone, "a forced tool call needs a tool call format");
+                                                     const std::string& only, bool many, bool optional) {
+  DSI_CHECK(format != ToolFormat::kNone, "a tool call grammar needs a tool call format");
   auto g = std::make_shared<ToolGrammar>();
   g->format = format;
   g->many = many;
+  g->optional = optional;
   if (tools.is_array())
     for (const nlohmann::ordered_json& t : tools) {
-      const nlohmann::ordered_json* f = t.is_object() && t.contains("function") ? &t["function"] : &t;
-      if (!f->is_object() || !f->contains("name") || !(*f)["name"].is_string()) continue;
+      const nlohmann::ordered_json* f = function_of(t);
+      if (f == nullptr) continue;
       Function fn;
       fn.name = (*f)["name"].get<std::string>();
       if ((!only.empty() && fn.name != only) || fn.name.empty()) continue;
@@ -57,8 +75,9 @@ std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nl
                 "tool '{}': a name with spaces, quotes or angle brackets cannot be written in a forced call",
                 utf8::shown(fn.name));
       const nlohmann::ordered_json* params = function_parameters(tools, fn.name);
-      const nlohmann::json schema = params != nullptr ? nlohmann::json::parse(params->dump())
-                                                      : nlohmann::json({{"type", "object"}});
+      const bool held = !optional || is_strict(*f);  // auto: only strict functions' arguments
+      const nlohmann::json schema = params != nullptr && held ? nlohmann::json::parse(params->dump())
+                                                              : nlohmann::json({{"type", "object"}});
       try {
         fn.parameters = JsonSchema::compile(schema);
       } catch (const Error& e) {
@@ -75,9 +94,28 @@ std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nl
   return g;
 }
 
+namespace {
+std::string_view answer_open(ToolFormat f) {
+  return f == ToolFormat::kGlm ? kGlmOpen : f == ToolFormat::kDsml ? kDsmlOpen : kV3Open;
+}
+}  // namespace
+
 ToolCallPrefix::ToolCallPrefix(std::shared_ptr<const ToolGrammar> grammar) : g_(std::move(grammar)) {
-  const ToolFormat f = g_->format;
-  enter_literal(f == ToolFormat::kGlm ? kGlmOpen : f == ToolFormat::kDsml ? kDsmlOpen : kV3Open, Then::kCallOpen);
+  if (g_->optional) at_ = At::kFree;
+  else enter_literal(answer_open(g_->format), Then::kCallOpen);
+}
+
+bool ToolCallPrefix::free_step(unsigned char c) {
+  const std::string_view open = answer_open(g_->format);
+  tail_ += char(c);
+  if (tail_.ends_with(open)) {  // a call opens: held from here on
+    tail_.clear();
+    return reached(Then::kCallOpen);
+  }
+  size_t s = 0;
+  while (s < tail_.size() && !starts_with(open, std::string_view(tail_).substr(s))) ++s;
+  tail_.erase(0, s);
+  return true;
 }
 
 void ToolCallPrefix::enter_choice(std::vector<Alt> alts, bool space) {
@@ -184,6 +222,11 @@ bool ToolCallPrefix::reached(Then then) {
       json_.reset();
       function_ = -1;
       ++calls_;
+      if (g_->optional && f == ToolFormat::kGlm) {  // free text again
+        at_ = At::kFree;
+        tail_.clear();
+        return true;
+      }
       std::vector<Alt> alts;
       const std::string_view open = f == ToolFormat::kGlm    ? kGlmOpen
                                     : f == ToolFormat::kDsml ? kInvokeOpen
@@ -200,8 +243,9 @@ bool ToolCallPrefix::reached(Then then) {
       return true;
     }
     case Then::kBlockEnd:
-      at_ = At::kEnd;
+      at_ = g_->optional ? At::kFree : At::kEnd;
       space_run_ = 0;
+      tail_.clear();
       return true;
   }
   return false;
@@ -335,6 +379,8 @@ bool ToolCallPrefix::json_step(unsigned char c) {
 
 bool ToolCallPrefix::step(unsigned char c) {
   switch (at_) {
+    case At::kFree:
+      return free_step(c);
     case At::kChoice:
       return choice_step(c);
     case At::kLiteral: {
@@ -406,7 +452,7 @@ bool ToolCallPrefix::advance(std::string_view bytes) {
 }
 
 bool ToolCallPrefix::complete() const {
-  return at_ == At::kEnd || (at_ == At::kChoice && may_end_ && got_.empty());
+  return at_ == At::kFree || at_ == At::kEnd || (at_ == At::kChoice && may_end_ && got_.empty());
 }
 
 std::string ToolCallPrefix::signature(size_t max_bytes) const {
@@ -420,6 +466,9 @@ std::string ToolCallPrefix::signature(size_t max_bytes) const {
   num(uint64_t(function_ + 1));
   num(uint64_t(complete()));
   switch (at_) {
+    case At::kFree:
+      text(tail_);
+      break;
     case At::kChoice:
       num(alts_.size());
       for (const Alt& a : alts_) {

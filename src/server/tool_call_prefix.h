@@ -37,14 +37,19 @@ struct ToolGrammar {
   ToolFormat format = ToolFormat::kNone;
   std::vector<Function> functions;
   bool many = true;  // more than one call may be written
-
+  // tool_choice "auto": the answer is free text until a call opens; each call is then held until
+  // it (dsml, v3: its block) closes, and the text is free again.
+  bool optional = false;
 
   // From a request's tools (OpenAI's [{"type": "function", "function": {...}}]): every function,
   // or only `only` when not empty. A parameters schema is compiled as structured outputs compile
   // theirs; one that does not compile (a keyword JsonSchema refuses) is a dsi::Error naming the
-  // function and the reason.
+  // function and the reason. optional (tool_choice "auto"): only the schemas of functions marked
+  // "strict": true hold their arguments, the others take any object.
   static std::shared_ptr<const ToolGrammar> make(ToolFormat format, const nlohmann::ordered_json& tools,
-                                                 const std::string& only, bool many);
+                                                 const std::string& only, bool many, bool optional = false);
+  // Some function of the tools is marked "strict": true.
+  static bool any_strict(const nlohmann::ordered_json& tools);
 };
 
 // Plain text that fits a free string parameter's value wherever it stands: whole UTF-8 characters,
@@ -58,6 +63,7 @@ class ToolCallPrefix {
   bool push(std::string_view bytes);    // all or nothing
   bool advance(std::string_view bytes);  // false when they do not fit; the state then means nothing
   bool complete() const;                 // a whole answer: its calls closed (and their block)
+  bool free() const { return at_ == At::kFree; }  // (optional calls) outside a call: any text fits
   std::string signature(size_t max_bytes = 0) const;
   bool takes_string_text() const { return false; }
   // Inside a string parameter's value where it is free (no limits, no pattern; nothing held back):
@@ -72,6 +78,7 @@ class ToolCallPrefix {
  private:
   // Where the answer is, in its format.
   enum class At : uint8_t {
+    kFree,       // (optional calls) text, until a call opens
     kChoice,     // one of a few markers (or function names), after optional whitespace
     kLiteral,    // a fixed text (a marker)
     kRaw,        // plain text up to a closing marker (a key, or a string parameter's value)
@@ -96,6 +103,7 @@ class ToolCallPrefix {
   };
 
   bool step(unsigned char c);
+  bool free_step(unsigned char c);
   void enter_choice(std::vector<Alt> alts, bool space);
   void enter_literal(std::string_view text, Then then, size_t written = 0);
   bool reached(Then then);  // a marker, name or fixed text is written: what comes next
@@ -134,7 +142,8 @@ class ToolCallPrefix {
   bool string_value_ = false;  // the key's parameter is written as plain text
   // kJson: the value's own nesting, outside strings; inside a string; after a backslash in one;
   // a byte of the value has come; the closing marker.
-  // kRaw, kJson: the end of the text so far that may begin a marker it must not hold.
+  // kRaw, kJson: the end of the text so far that may begin a marker it must not hold; kFree: that
+  // may begin the opening marker.
   std::string tail_;
   int32_t jdepth_ = 0;
   bool jstr_ = false, jesc_ = false, jstarted_ = false;
