@@ -1,4 +1,4 @@
-// A forced tool call written whole; see tool_call_prefix.h.
+// Tool calls written whole; see tool_call_prefix.h.
 #include "server/tool_call_prefix.h"
 
 #include <algorithm>
@@ -37,16 +37,19 @@ std::string escaped(std::string_view raw) {
   return out;
 }
 
-}  // namespace
-
-namespace {
 const nlohmann::ordered_json* function_of(const nlohmann::ordered_json& tool) {
   const nlohmann::ordered_json* f = tool.is_object() && tool.contains("function") ? &tool["function"] : &tool;
   return f->is_object() && f->contains("name") && (*f)["name"].is_string() ? f : nullptr;
 }
+
 bool is_strict(const nlohmann::ordered_json& function) {
   return function.contains("strict") && function["strict"] == true;
 }
+
+std::string_view answer_open(ToolFormat f) {
+  return f == ToolFormat::kGlm ? kGlmOpen : f == ToolFormat::kDsml ? kDsmlOpen : kV3Open;
+}
+
 }  // namespace
 
 bool ToolGrammar::any_strict(const nlohmann::ordered_json& tools) {
@@ -70,9 +73,9 @@ std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nl
       Function fn;
       fn.name = (*f)["name"].get<std::string>();
       if ((!only.empty() && fn.name != only) || fn.name.empty()) continue;
-      // A name the formats cannot carry (their markers' characters) cannot be forced.
-      DSI_CHECK(fn.name.find_first_of("<>\"") == std::string::npos && fn.name.find_first_of(" \t\r\n") == std::string::npos,
-                "tool '{}': a name with spaces, quotes or angle brackets cannot be written in a forced call",
+      // A name with the markers' characters or spaces cannot be told from what follows it.
+      DSI_CHECK(fn.name.find_first_of("<>\" \t\r\n") == std::string::npos,
+                "tool '{}': a name with spaces, quotes or angle brackets cannot be held in a call",
                 utf8::shown(fn.name));
       const nlohmann::ordered_json* params = function_parameters(tools, fn.name);
       const bool held = !optional || is_strict(*f);  // auto: only strict functions' arguments
@@ -81,24 +84,17 @@ std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nl
       try {
         fn.parameters = JsonSchema::compile(schema);
       } catch (const Error& e) {
-        throw Error(fmt::format("tool '{}': its parameters cannot constrain a forced call: {}", utf8::shown(fn.name),
-                                e.what()));
+        throw Error(fmt::format("tool '{}': its parameters cannot hold a call: {}", utf8::shown(fn.name), e.what()));
       }
       if (params != nullptr && params->contains("properties") && (*params)["properties"].is_object())
         for (const auto& [key, p] : (*params)["properties"].items())
           if (is_string_schema(p)) fn.string_keys.push_back(key);
       g->functions.push_back(std::move(fn));
     }
-  DSI_CHECK(!g->functions.empty(), "a forced tool call needs a function among the tools{}",
+  DSI_CHECK(!g->functions.empty(), "a tool call needs a function among the tools{}",
             only.empty() ? std::string() : " named '" + utf8::shown(only) + "'");
   return g;
 }
-
-namespace {
-std::string_view answer_open(ToolFormat f) {
-  return f == ToolFormat::kGlm ? kGlmOpen : f == ToolFormat::kDsml ? kDsmlOpen : kV3Open;
-}
-}  // namespace
 
 ToolCallPrefix::ToolCallPrefix(std::shared_ptr<const ToolGrammar> grammar) : g_(std::move(grammar)) {
   if (g_->optional) at_ = At::kFree;
@@ -132,6 +128,23 @@ void ToolCallPrefix::enter_literal(std::string_view text, Then then, size_t writ
   lit_ = text;
   then_ = then;
   got_.assign(text.substr(0, written));
+}
+
+void ToolCallPrefix::enter_raw(std::string_view end, bool key) {
+  at_ = At::kRaw;
+  raw_end_ = end;
+  raw_key_ = key;
+  held_.clear();
+  key_.clear();
+  tail_.clear();
+}
+
+void ToolCallPrefix::enter_json(std::string_view end) {
+  at_ = At::kJson;
+  json_end_ = end;
+  jdepth_ = 0;
+  jstr_ = jesc_ = jstarted_ = false;
+  tail_.clear();
 }
 
 void ToolCallPrefix::after_value() {
@@ -176,11 +189,7 @@ bool ToolCallPrefix::reached(Then then) {
     }
     case Then::kSep:
       if (f == ToolFormat::kDeepSeekV3) {  // the arguments object, as JSON
-        at_ = At::kJson;
-        begin_body_text();
-        json_end_ = kV3CallClose;
-        jdepth_ = 0;
-        jstr_ = jesc_ = jstarted_ = false;
+        enter_json(kV3CallClose);
         return true;
       }
       if (!json_->push('{')) return false;
@@ -190,28 +199,15 @@ bool ToolCallPrefix::reached(Then then) {
       if (!first_key_ && !json_->push(',')) return false;
       if (!json_->push('"')) return false;
       first_key_ = false;
-      at_ = At::kRaw;
-      raw_end_ = f == ToolFormat::kGlm ? kKeyClose : kStringAttr;
-      raw_key_ = true;
-      held_.clear();
-      key_.clear();
-      begin_body_text();
+      enter_raw(f == ToolFormat::kGlm ? kKeyClose : kStringAttr, true);
       return true;
     case Then::kValue:
       if (string_value_) {
         if (!json_->push('"')) return false;
-        at_ = At::kRaw;
-        raw_end_ = f == ToolFormat::kGlm ? kValueClose : kParamClose;
-        raw_key_ = false;
-        held_.clear();
-        begin_body_text();
-        return true;
+        enter_raw(f == ToolFormat::kGlm ? kValueClose : kParamClose, false);
+      } else {
+        enter_json(f == ToolFormat::kGlm ? kValueClose : kParamClose);
       }
-      at_ = At::kJson;
-      begin_body_text();
-      json_end_ = f == ToolFormat::kGlm ? kValueClose : kParamClose;
-      jdepth_ = 0;
-      jstr_ = jesc_ = jstarted_ = false;
       return true;
     case Then::kAfterValue:
       after_value();
@@ -221,7 +217,6 @@ bool ToolCallPrefix::reached(Then then) {
       if (!json_->complete()) return false;
       json_.reset();
       function_ = -1;
-      ++calls_;
       if (g_->optional && f == ToolFormat::kGlm) {  // free text again
         at_ = At::kFree;
         tail_.clear();

@@ -1,6 +1,7 @@
-// A forced tool call written whole (tool_choice "required" or a named function), a byte at a time:
-// the format's markers, the name of a function of the request's tools, and arguments that the
-// function's parameters schema accepts (json_schema.h). The arguments are read as the JSON object
+// A tool call written whole, a byte at a time: the whole answer where the call is forced
+// (tool_choice "required" or a named function), or each call the answer opens where a function is
+// strict (tool_choice "auto"): the format's markers, the name of a function of the request's
+// tools, and arguments that the function's parameters schema accepts (json_schema.h). The arguments are read as the JSON object
 // they stand for and handed to a SchemaPrefix as that object's text:
 //   glm:  NAME <arg_key>K</arg_key> <arg_value>V</arg_value> ... </tool_call>   -> {"K": V, ...}
 //   dsml: <｜DSML｜invoke name="NAME"> <｜DSML｜parameter name="K" string="B">V</｜DSML｜parameter> ...
@@ -27,7 +28,7 @@
 
 namespace dsi::server {
 
-// What a forced call may be: the format, the functions it may call, how many calls.
+// What a call may be: the format, the functions it may call, how many calls, whether it is forced.
 struct ToolGrammar {
   struct Function {
     std::string name;
@@ -115,7 +116,8 @@ class ToolCallPrefix {
   // A key's or value's text goes on with `bytes`: false where they complete the call's closing
   // marker (or, in JSON, the value's), which the parser would take as the end wherever it stands.
   bool body_text(std::string_view bytes);
-  void begin_body_text() { tail_.clear(); }
+  void enter_raw(std::string_view end, bool key);  // a key's or string value's text up to `end`
+  void enter_json(std::string_view end);           // a JSON value (v3: the arguments) up to `end`
   // May the raw text end where `json` is (its closing marker next): the key or string closes there.
   bool raw_may_close(const SchemaPrefix& json) const;
 
@@ -131,7 +133,6 @@ class ToolCallPrefix {
   // The call being written.
   int32_t function_ = -1;      // its function (an index into g_->functions)
   bool first_key_ = true;      // no key written yet
-  int32_t calls_ = 0;          // calls closed
   std::optional<SchemaPrefix> json_;  // the arguments object's text so far
   // kRaw: the closing marker, the text held back (a prefix of the marker), whether it is a key
   // (else a string value), and the key's text (for its string-ness).
