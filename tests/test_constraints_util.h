@@ -5,8 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "test_util.h"
@@ -17,6 +21,24 @@ namespace dsi::test {
 // The bundled model's tokenizer (4,090 byte-level BPE tokens).
 inline const Tokenizer& kjv_tokenizer() {
   static const Tokenizer t = Tokenizer::load(source_dir() + "/models/kjv-dsa/tokenizer.json");
+  return t;
+}
+
+// The bundled vocabulary with the tool call formats' markers (GLM's, DeepSeek-V3.1's) as special
+// tokens after its own, and one more special token that is no marker, <|observation|>.
+inline const Tokenizer& marker_tokenizer() {
+  static const Tokenizer t = [] {
+    std::ifstream in(source_dir() + "/models/kjv-dsa/tokenizer.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    int id = 0;
+    for (const auto& a : j["added_tokens"]) id = std::max(id, a["id"].get<int>() + 1);
+    for (std::string_view m : {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+                               "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+                               "<｜tool▁call▁end｜>", "<|observation|>"})
+      j["added_tokens"].push_back({{"id", id++}, {"content", std::string(m)}, {"single_word", false}, {"lstrip", false},
+                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
+    return Tokenizer::from_json_text(j.dump(), "markers");
+  }();
   return t;
 }
 

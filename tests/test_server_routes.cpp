@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "fake_engine.h"
+#include "test_constraints_util.h"
 #include "server/openai_routes.h"
 #include "test_util.h"
 
@@ -64,10 +65,10 @@ Sse parse_sse(const std::string& body) {
 class ServerRoutes : public ::testing::Test {
  protected:
   void start(FakeEngineOptions o = kjv_like(), std::optional<ChatTemplate> chat = ChatTemplate::load(kjv()),
-             ServiceOptions so = {}) {
+             ServiceOptions so = {}, const Tokenizer& tokenizer = kjv_tokenizer()) {
     api_.reset();
     engine_ = std::make_unique<FakeEngine>(o);
-    api_ = std::make_unique<OpenAiService>(*engine_, kjv_tokenizer(), std::move(chat), so);
+    api_ = std::make_unique<OpenAiService>(*engine_, tokenizer, std::move(chat), so);
   }
   void SetUp() override { start(); }
   void TearDown() override {
@@ -547,6 +548,25 @@ TEST_F(ServerRoutes, ForcedToolCalls) {
       EXPECT_TRUE(args["days"].is_number_integer()) << args.dump();
     } else {
       EXPECT_EQ(args, Json({{"days", "three"}}));
+    }
+  }
+  // Markers that are special tokens (as in GLM's vocabulary) stay in the text that the call parser
+  // reads, though special tokens are skipped.
+  {
+    const Tokenizer& tok = test::marker_tokenizer();
+    FakeEngineOptions o = kjv_like();
+    o.vocab_size = tok.vocab_size();
+    o.script = tok.encode("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>", false);
+    ASSERT_TRUE(tok.is_special(o.script.at(o.script.size() - 1)));
+    o.script.push_back(o.eos);
+    o.natural_first = true;
+    start(o, glm_like, {}, tok);
+    for (const Json& choice : {Json("auto"), Json("required")}) {
+      const Json r = post_json("/v1/chat/completions", {{"messages", messages}, {"tools", tools}, {"tool_choice", choice},
+                                                        {"max_tokens", 150}});
+      const Json& m = r["choices"][0]["message"];
+      ASSERT_EQ(m["tool_calls"].size(), 1u) << r.dump();
+      EXPECT_EQ(Json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()), Json({{"city", "Paris"}}));
     }
   }
   start(kjv_like(), glm_like);

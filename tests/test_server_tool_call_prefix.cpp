@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -23,6 +22,7 @@ namespace {
 using Json = nlohmann::ordered_json;
 using test::allowed;
 using test::kjv_tokenizer;
+using test::marker_tokenizer;
 
 const Json& tools() {
   static const Json t = Json::parse(R"([
@@ -206,24 +206,6 @@ TEST(ToolCallPrefix, OptionalCallsAreHeldOnceOpened) {
   EXPECT_TRUE(q.free());
   EXPECT_TRUE(ToolGrammar::any_strict(strict));
   EXPECT_FALSE(ToolGrammar::any_strict(tools()));
-}
-
-// The bundled vocabulary with the formats' markers as special tokens, and one more special token
-// that is no marker.
-const Tokenizer& marker_tokenizer() {
-  static const Tokenizer t = [] {
-    std::ifstream in(test::source_dir() + "/models/kjv-dsa/tokenizer.json");
-    nlohmann::json j = nlohmann::json::parse(in);
-    int id = 0;
-    for (const auto& a : j["added_tokens"]) id = std::max(id, a["id"].get<int>() + 1);
-    using namespace tool_markers;
-    for (std::string_view m : {kGlmOpen, kGlmClose, kKeyOpen, kKeyClose, kValueOpen, kValueClose, kV3Open, kV3Close,
-                               kV3CallOpen, kV3Sep, kV3CallClose, std::string_view("<|observation|>")})
-      j["added_tokens"].push_back({{"id", id++}, {"content", std::string(m)}, {"single_word", false}, {"lstrip", false},
-                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
-    return Tokenizer::from_json_text(j.dump(), "markers");
-  }();
-  return t;
 }
 
 // Each token tried alone: eos once whole; a special token only as a marker; a token whose bytes fit.

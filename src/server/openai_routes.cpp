@@ -65,7 +65,7 @@ Json usage_json(int64_t prompt, int64_t completion, int64_t cached) {
 // One request in the engine, seen from the handler thread.
 class Run {
  public:
-  // keep: tokens written into the text even when special tokens are skipped (think tags).
+  // keep: tokens written into the text even when special tokens are skipped (think tags, call markers).
   Run(Engine& engine, ServerMetrics& metrics, const Tokenizer& tokenizer, const ParsedRequest& r,
       std::vector<int32_t> keep)
       : engine_(engine),
@@ -425,6 +425,8 @@ OpenAiService::OpenAiService(Engine& engine, Tokenizer tokenizer,
   think_close_ = tokenizer_.token_to_id(ReasoningSplitter::kClose).value_or(-1);
   for (int32_t id : {think_open_, think_close_})
     if (id >= 0) think_tags_.push_back(id);
+  for (std::string_view marker : format_markers(tool_format_))  // the call markers that are tokens
+    if (const auto id = tokenizer_.token_to_id(marker)) call_markers_.push_back(*id);
   router_.add("GET", "/health", [this](const HttpRequest& r) { return health(r); });
   router_.add("GET", "/v1/models", [this](const HttpRequest& r) { return models(r); });
   router_.add("GET", "/metrics", [this](const HttpRequest& r) { return metrics_page(r); });
@@ -569,14 +571,21 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
   // A failed engine is the server's fault, not the request's: 503, as /health says.
   if (const std::string failure = engine_.failure(); !failure.empty())
     return reject(ApiError{503, "the engine has failed: " + failure, "server_error"});
+  // Each choice's text: the reasoning apart and the tool calls read back when asked (chat only;
+  // tool calls when the request has tools and allows calling them). The think tags and the call
+  // markers stay in the text even where special tokens are skipped: their readers need them.
+  const bool call_tools = endpoint == Endpoint::kChat && req.tools.is_array() && !req.tools.empty() &&
+                          req.tool_choice != "none";
+  std::vector<int32_t> kept_tokens = split ? think_tags_ : std::vector<int32_t>{};
+  if (call_tools) kept_tokens.insert(kept_tokens.end(), call_markers_.begin(), call_markers_.end());
+
   // n choices of each prompt: n engine requests, choice i with seed + i (so sampled choices differ,
   // and a prompt's choices in a batch are those of a request of that prompt alone).
   std::vector<std::shared_ptr<Run>> runs;
   std::vector<std::string> echoes;  // per choice
   for (size_t p = 0; p < bases.size(); ++p)
     for (int i = 0; i < req.n; ++i) {
-      runs.push_back(std::make_shared<Run>(engine_, metrics_, tokenizer_, req,
-                                           split ? think_tags_ : std::vector<int32_t>{}));
+      runs.push_back(std::make_shared<Run>(engine_, metrics_, tokenizer_, req, kept_tokens));
       echoes.push_back(echo_texts[p]);
       EngineRequest e = bases[p];
       e.sampling.seed = bases[p].sampling.seed + uint64_t(i);
@@ -621,10 +630,6 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
     return true;
   };
 
-  // Each choice's text: the reasoning apart and the tool calls read back when asked (chat only;
-  // tool calls when the request has tools and allows calling them).
-  const bool call_tools = endpoint == Endpoint::kChat && req.tools.is_array() && !req.tools.empty() &&
-                          req.tool_choice != "none";
   auto answers = std::make_shared<std::vector<Answer>>();
   for (size_t i = 0; i < runs.size(); ++i)
     answers->emplace_back(split, opens_reasoning, call_tools ? tool_format_ : ToolFormat::kNone, req.tools);

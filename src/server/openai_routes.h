@@ -69,6 +69,7 @@ class OpenAiService {
   bool reasoning_ = false;            // the reasoning parser is on
   ToolFormat tool_format_ = ToolFormat::kNone;
   std::vector<int32_t> think_tags_;   // the tokenizer's <think> and </think> tokens, if it has them
+  std::vector<int32_t> call_markers_;  // the tokens of the tool call format's markers, if it has them
   int32_t think_open_ = -1, think_close_ = -1;  // the same, each (-1: none)
   ServerMetrics metrics_;
   std::atomic<bool> stopping_{false};

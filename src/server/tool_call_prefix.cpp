@@ -407,23 +407,8 @@ bool ToolCallPrefix::takes_raw_text() const {
 }
 
 bool ToolCallPrefix::takes_special(std::string_view bytes) const {
-  static constexpr std::string_view kGlm[] = {kGlmOpen, kGlmClose, kKeyOpen, kKeyClose, kValueOpen, kValueClose};
-  static constexpr std::string_view kDsml[] = {kDsmlOpen, kDsmlClose, kInvokeOpen, kInvokeClose, kParamOpen, kParamClose};
-  static constexpr std::string_view kV3[] = {kV3Open, kV3Close, kV3CallOpen, kV3Sep, kV3CallClose};
-  const auto in = [bytes](const auto& markers) {
-    return std::find(std::begin(markers), std::end(markers), bytes) != std::end(markers);
-  };
-  switch (g_->format) {
-    case ToolFormat::kGlm:
-      return in(kGlm);
-    case ToolFormat::kDsml:
-      return in(kDsml);
-    case ToolFormat::kDeepSeekV3:
-      return in(kV3);
-    case ToolFormat::kNone:
-      break;
-  }
-  return false;
+  const std::vector<std::string_view> markers = format_markers(g_->format);
+  return std::find(markers.begin(), markers.end(), bytes) != markers.end();
 }
 
 bool ToolCallPrefix::push(unsigned char c) {

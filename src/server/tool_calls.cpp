@@ -77,6 +77,20 @@ ToolFormat tool_format(const std::string& name, std::string_view chat_template_s
   return ToolFormat::kNone;
 }
 
+std::vector<std::string_view> format_markers(ToolFormat format) {
+  switch (format) {
+    case ToolFormat::kGlm:
+      return {kGlmOpen, kGlmClose, kKeyOpen, kKeyClose, kValueOpen, kValueClose};
+    case ToolFormat::kDsml:
+      return {kDsmlOpen, kDsmlClose, kInvokeOpen, kInvokeClose, kParamOpen, kParamClose};
+    case ToolFormat::kDeepSeekV3:
+      return {kV3Open, kV3Close, kV3CallOpen, kV3Sep, kV3CallClose};
+    case ToolFormat::kNone:
+      break;
+  }
+  return {};
+}
+
 ToolCallParser::ToolCallParser(ToolFormat format, const Json& tools) : format_(format), tools_(tools) {}
 
 ToolCallParser::Result ToolCallParser::push(std::string_view text) {

@@ -43,6 +43,9 @@ inline constexpr std::string_view kV3CallOpen = "<｜tool▁call▁begin｜>", k
 inline constexpr std::string_view kV3CallClose = "<｜tool▁call▁end｜>";
 }  // namespace tool_markers
 
+// The markers of a format (none for kNone).
+std::vector<std::string_view> format_markers(ToolFormat format);
+
 // The parameters' schema of `function` among a request's tools (null: not given).
 const nlohmann::ordered_json* function_parameters(const nlohmann::ordered_json& tools, const std::string& function);
 // A parameter of this schema is written as plain text in GLM's and DSML's formats, not as JSON:
