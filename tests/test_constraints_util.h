@@ -64,7 +64,8 @@ inline int32_t byte_token(const Tokenizer& tok, unsigned char b) {
 }
 
 // Each token tried alone from the state (a byte-level tokenizer): eos once the text is whole;
-// no special token; a token whose bytes the state takes.
+// no special token (but those the recognizer's takes_special names, if it has one); a token whose
+// bytes the state takes.
 template <class Recognizer>
 std::vector<int32_t> each_token(const Recognizer& state, const Tokenizer& tok, int64_t vocab, int32_t eos) {
   std::vector<int32_t> ids;
@@ -74,7 +75,14 @@ std::vector<int32_t> each_token(const Recognizer& state, const Tokenizer& tok, i
       continue;
     }
     const std::string* b = tok.token_bytes(id);
-    if (b == nullptr || b->empty() || tok.is_special(id)) continue;
+    if (b == nullptr || b->empty()) continue;
+    if (tok.is_special(id)) {
+      if constexpr (requires { state.takes_special(*b); }) {
+        if (!state.takes_special(*b)) continue;
+      } else {
+        continue;
+      }
+    }
     Recognizer next = state;
     if (next.push(*b)) ids.push_back(id);
   }

@@ -21,6 +21,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 using test::allowed;
+using test::each_token;
 using test::kjv_tokenizer;
 using test::marker_tokenizer;
 
@@ -206,22 +207,6 @@ TEST(ToolCallPrefix, OptionalCallsAreHeldOnceOpened) {
   EXPECT_TRUE(q.free());
   EXPECT_TRUE(ToolGrammar::any_strict(strict));
   EXPECT_FALSE(ToolGrammar::any_strict(tools()));
-}
-
-// Each token tried alone: eos once whole; a special token only as a marker; a token whose bytes fit.
-std::vector<int32_t> each_token(const ToolCallPrefix& state, const Tokenizer& tok, int64_t vocab, int32_t eos) {
-  std::vector<int32_t> ids;
-  for (int32_t id = 0; id < vocab; ++id) {
-    if (id == eos) {
-      if (state.complete()) ids.push_back(id);
-      continue;
-    }
-    const std::string* b = tok.token_bytes(id);
-    if (b == nullptr || b->empty() || (tok.is_special(id) && !state.takes_special(*b))) continue;
-    ToolCallPrefix next = state;
-    if (next.push(*b)) ids.push_back(id);
-  }
-  return ids;
 }
 
 // A good call, tokenized with its markers as special tokens, goes through the masks token by
