@@ -132,7 +132,7 @@ class AnswerConstraint : public TokenConstraint {
 };
 
 // A text through a byte recognizer (JsonPrefix, SchemaPrefix for a schema, TextPattern for a
-// regular expression, ToolCallPrefix for a forced tool call): each step a token fits when its
+// regular expression, ToolCallPrefix for tool calls): each step a token fits when its
 // bytes continue the text; the end of sequence only once the text is whole. Special tokens never,
 // but those the recognizer's takes_special(bytes) names, if it has one (then as their bytes).
 template <class Recognizer>
