@@ -32,7 +32,8 @@ const Json& tools() {
                      "units": {"enum": ["c", "f"]}, "note": {"type": "string"}},
       "required": ["city"], "additionalProperties": false}}},
     {"type": "function", "function": {"name": "get", "parameters": {"type": "object",
-      "properties": {"q": {"type": "string", "pattern": "^[a-z]+$"}, "tags": {"type": "array", "items": {"type": "string"}}}}}},
+      "properties": {"q": {"type": "string", "pattern": "^[a-z]+$"}, "tags": {"type": "array", "items": {"type": "string"}},
+                     "opts": {"type": "object", "properties": {"deep": {"type": "boolean"}}}}}}},
     {"type": "function", "function": {"name": "now"}}])");
   return t;
 }
@@ -134,12 +135,15 @@ TEST(ToolCallPrefix, BadCallsAreRefusedAtTheirFirstBadByte) {
       {ToolFormat::kDsml, "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"now\"><｜DSML｜", "invoke"},  // not closed
       // The parser takes the first closing marker as the end wherever it stands: none inside a call.
       {ToolFormat::kGlm, glm_city.substr(0, glm_city.size() - 13) + "a</tool_call", ">"},
-      {ToolFormat::kGlm, "<tool_call>get<arg_key>a</tool_call", ">"},
+      {ToolFormat::kGlm, "<tool_call>now<arg_key>a</tool_call", ">"},
       {ToolFormat::kGlm, "<tool_call>get<arg_key>tags</arg_key><arg_value>[\"</arg_value", ">"},
       {ToolFormat::kGlm, "<tool_call>get<arg_key>tags</arg_key><arg_value>[\"</tool_call", ">"},
       {ToolFormat::kDsml, dsml_call + "<｜DSML｜parameter name=\"note\" string=\"true\">x</｜DSML｜invoke", ">"},
       {ToolFormat::kDeepSeekV3, v3_call + "{\"city\": \"<｜tool▁call▁end｜", ">"},
-      {ToolFormat::kDeepSeekV3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{\"<｜tool▁call▁end｜", ">"},
+      {ToolFormat::kDeepSeekV3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{\"<｜tool▁call▁end｜", ">"},
+      // Declared properties and nothing else said: no other keys, also in nested objects.
+      {ToolFormat::kGlm, "<tool_call>get<arg_key>", "x"},
+      {ToolFormat::kDeepSeekV3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{\"opts\": {\"", "x"},
       {ToolFormat::kDeepSeekV3, v3_call + "{\"city\": \"Oslo\"", "<"},                     // the object is not closed
       {ToolFormat::kDeepSeekV3, v3_call + "{\"city\": \"Oslo\"}<｜tool▁call", "s▁end｜>"},  // the call closes first
       {ToolFormat::kDeepSeekV3, v3_call, "[]"},                                            // arguments are an object

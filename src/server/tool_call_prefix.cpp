@@ -46,6 +46,25 @@ bool is_strict(const nlohmann::ordered_json& function) {
   return function.contains("strict") && function["strict"] == true;
 }
 
+// A call's arguments take the parameters its schema declares: an object schema with `properties`
+// that says nothing of other keys takes no other keys (OpenAI's strict functions require this,
+// and xgrammar's strict mode reads schemas so); without it a model could write keys without end.
+// Walks the keywords that hold schemas.
+void close_objects(nlohmann::json& schema) {
+  if (!schema.is_object()) return;
+  if (schema.contains("properties") && schema["properties"].is_object() && !schema.contains("additionalProperties") &&
+      !schema.contains("patternProperties") && !schema.contains("unevaluatedProperties"))
+    schema["additionalProperties"] = false;
+  for (const char* map : {"properties", "$defs", "definitions"})
+    if (schema.contains(map) && schema[map].is_object())
+      for (auto& [name, sub] : schema[map].items()) close_objects(sub);
+  for (const char* one : {"items", "additionalProperties", "contains", "not", "if", "then", "else"})
+    if (schema.contains(one)) close_objects(schema[one]);
+  for (const char* list : {"prefixItems", "anyOf", "oneOf", "allOf", "items"})
+    if (schema.contains(list) && schema[list].is_array())
+      for (auto& sub : schema[list]) close_objects(sub);
+}
+
 std::string_view answer_open(ToolFormat f) {
   return f == ToolFormat::kGlm ? kGlmOpen : f == ToolFormat::kDsml ? kDsmlOpen : kV3Open;
 }
@@ -79,8 +98,9 @@ std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nl
                 utf8::shown(fn.name));
       const nlohmann::ordered_json* params = function_parameters(tools, fn.name);
       const bool held = !optional || is_strict(*f);  // auto: only strict functions' arguments
-      const nlohmann::json schema = params != nullptr && held ? nlohmann::json::parse(params->dump())
-                                                              : nlohmann::json({{"type", "object"}});
+      nlohmann::json schema = params != nullptr && held ? nlohmann::json::parse(params->dump())
+                                                        : nlohmann::json({{"type", "object"}});
+      if (held) close_objects(schema);
       try {
         fn.parameters = JsonSchema::compile(schema);
       } catch (const Error& e) {

@@ -45,8 +45,10 @@ struct ToolGrammar {
   // From a request's tools (OpenAI's [{"type": "function", "function": {...}}]): every function,
   // or only `only` when not empty. A parameters schema is compiled as structured outputs compile
   // theirs; one that does not compile (a keyword JsonSchema refuses) is a dsi::Error naming the
-  // function and the reason. optional (tool_choice "auto"): only the schemas of functions marked
-  // "strict": true hold their arguments, the others take any object.
+  // function and the reason. An object schema with `properties` that says nothing of other keys
+  // takes no other keys (as OpenAI's strict functions and xgrammar's strict mode read it).
+  // optional (tool_choice "auto"): only the schemas of functions marked "strict": true hold their
+  // arguments, the others take any object.
   static std::shared_ptr<const ToolGrammar> make(ToolFormat format, const nlohmann::ordered_json& tools,
                                                  const std::string& only, bool many, bool optional = false);
   // Some function of the tools is marked "strict": true.

@@ -26,7 +26,7 @@ add_test(NAME ServerApi.FakeEngine
 add_test(NAME ServerApi.KjvModel
          COMMAND ${DSI_SERVER_VENV}/bin/python -m pytest -q -p no:cacheprovider
                  ${CMAKE_CURRENT_LIST_DIR}/test_api.py
-                 --server-cmd "$<TARGET_FILE:dsinfer> serve --model ${PROJECT_SOURCE_DIR}/models/kjv-dsa --max-model-len 512 --max-num-seqs 8 --kv-cache-memory 64M")
+                 --server-cmd "$<TARGET_FILE:dsinfer> serve --model ${PROJECT_SOURCE_DIR}/models/kjv-dsa --max-model-len 512 --max-num-seqs 8 --kv-cache-memory 64M --tool-call-parser glm")
 set_tests_properties(ServerApi.FakeEngine ServerApi.KjvModel PROPERTIES
                      FIXTURES_REQUIRED dsi_server_venv TIMEOUT 900
                      ENVIRONMENT "ASAN_OPTIONS=detect_leaks=1")
@@ -35,7 +35,7 @@ if(DSI_MPI)
   add_test(NAME ServerApi.KjvModelMpi
            COMMAND ${DSI_SERVER_VENV}/bin/python -m pytest -q -p no:cacheprovider
                    ${CMAKE_CURRENT_LIST_DIR}/test_api.py --stop-logged-pid
-                   --server-cmd "${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DSI_MPIEXEC_FLAGS} $<TARGET_FILE:dsinfer> serve --model ${PROJECT_SOURCE_DIR}/models/kjv-dsa --tp 2 --max-model-len 512 --max-num-seqs 8 --kv-cache-memory 64M")
+                   --server-cmd "${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${DSI_MPIEXEC_FLAGS} $<TARGET_FILE:dsinfer> serve --model ${PROJECT_SOURCE_DIR}/models/kjv-dsa --tp 2 --max-model-len 512 --max-num-seqs 8 --kv-cache-memory 64M --tool-call-parser glm")
   set_tests_properties(ServerApi.KjvModelMpi PROPERTIES FIXTURES_REQUIRED dsi_server_venv TIMEOUT 900
                        ENVIRONMENT "${DSI_MPI_TEST_ENV}")
 endif()

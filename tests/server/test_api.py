@@ -479,6 +479,43 @@ def test_structured_outputs_regex_and_choice(server):
     assert e["param"] == "guided_grammar" and "not supported" in e["message"]
 
 
+FIND_VERSE = {"type": "function", "function": {"name": "find_verse", "strict": True, "parameters": {
+    "type": "object",
+    "properties": {"book": {"type": "string", "enum": ["Genesis", "Exodus", "Psalms"]},
+                   "chapter": {"type": "integer", "minimum": 1, "maximum": 50},
+                   "words": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}},
+    "required": ["book", "chapter"], "additionalProperties": False}}}
+SAY = {"type": "function", "function": {"name": "say", "parameters": {
+    "type": "object", "properties": {"text": {"type": "string", "maxLength": 30}}, "required": ["text"]}}}
+
+
+def test_forced_tool_calls(server):
+    # tool_choice "required" or a named function (the server reads GLM's call format here): the
+    # answer is a call, read back by the openai client as message.tool_calls, of a declared
+    # function with arguments its parameters schema accepts (jsonschema); parameters the server
+    # cannot enforce are a 400.
+    import jsonschema
+    if server.fake:
+        pytest.skip("the test double does not apply constraints")
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (FIND_VERSE, SAY)}
+    for seed, choice in enumerate([{"type": "function", "function": {"name": "find_verse"}}, "required", "required"]):
+        chat = client(server).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Where is the verse?"}], tools=[FIND_VERSE, SAY],
+            tool_choice=choice, parallel_tool_calls=False, max_tokens=300, temperature=0.9, seed=seed)
+        c = chat.choices[0]
+        assert c.finish_reason == "tool_calls", chat
+        assert len(c.message.tool_calls) == 1 and not c.message.content, chat
+        for call in c.message.tool_calls:
+            if isinstance(choice, dict):
+                assert call.function.name == "find_verse"
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+    e = error_of(httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
+        "tools": [{"type": "function", "function": {"name": "odd", "parameters": {
+            "type": "object", "not": {"required": ["a"]}}}}]}), 400)
+    assert e["param"] == "tools" and "odd" in e["message"], e["message"]
+
+
 def test_chat_logprobs(server):
     r = client(server).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Hear, O Israel"}], max_tokens=6,
