@@ -309,8 +309,8 @@ const AnswerConstraint::Bits& TextConstraint<Recognizer>::fitting(int64_t vocab)
     dead = SIZE_MAX;
     common = SIZE_MAX;
     for (; depth < b.size(); ++depth) {
-      states_[depth + 1] = states_[depth];
-      if (!states_[depth + 1].push(static_cast<unsigned char>(b[depth]))) {
+      states_[depth + 1] = states_[depth];  // a scratch copy: a byte that does not fit leaves it dead
+      if (!states_[depth + 1].advance(std::string_view(&b[depth], 1))) {
         dead = depth + 1;
         break;
       }

@@ -37,11 +37,6 @@ std::string escaped(std::string_view raw) {
   return out;
 }
 
-const nlohmann::ordered_json* function_of(const nlohmann::ordered_json& tool) {
-  const nlohmann::ordered_json* f = tool.is_object() && tool.contains("function") ? &tool["function"] : &tool;
-  return f->is_object() && f->contains("name") && (*f)["name"].is_string() ? f : nullptr;
-}
-
 bool is_strict(const nlohmann::ordered_json& function) {
   return function.contains("strict") && function["strict"] == true;
 }
@@ -74,7 +69,7 @@ std::string_view answer_open(ToolFormat f) {
 bool ToolGrammar::any_strict(const nlohmann::ordered_json& tools) {
   if (!tools.is_array()) return false;
   for (const nlohmann::ordered_json& t : tools)
-    if (const nlohmann::ordered_json* f = function_of(t); f != nullptr && is_strict(*f)) return true;
+    if (const nlohmann::ordered_json* f = tool_function(t); f != nullptr && is_strict(*f)) return true;
   return false;
 }
 
@@ -87,7 +82,7 @@ std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nl
   g->optional = optional;
   if (tools.is_array())
     for (const nlohmann::ordered_json& t : tools) {
-      const nlohmann::ordered_json* f = function_of(t);
+      const nlohmann::ordered_json* f = tool_function(t);
       if (f == nullptr) continue;
       Function fn;
       fn.name = (*f)["name"].get<std::string>();
@@ -96,7 +91,7 @@ std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nl
       DSI_CHECK(fn.name.find_first_of("<>\" \t\r\n") == std::string::npos,
                 "tool '{}': a name with spaces, quotes or angle brackets cannot be held in a call",
                 utf8::shown(fn.name));
-      const nlohmann::ordered_json* params = function_parameters(tools, fn.name);
+      const nlohmann::ordered_json* params = parameters_of(*f);
       const bool held = !optional || is_strict(*f);  // auto: only strict functions' arguments
       nlohmann::json schema = params != nullptr && held ? nlohmann::json::parse(params->dump())
                                                         : nlohmann::json({{"type", "object"}});
@@ -427,7 +422,7 @@ bool ToolCallPrefix::takes_raw_text() const {
 }
 
 bool ToolCallPrefix::takes_special(std::string_view bytes) const {
-  const std::vector<std::string_view> markers = format_markers(g_->format);
+  const std::span<const std::string_view> markers = format_markers(g_->format);
   return std::find(markers.begin(), markers.end(), bytes) != markers.end();
 }
 

@@ -77,14 +77,17 @@ ToolFormat tool_format(const std::string& name, std::string_view chat_template_s
   return ToolFormat::kNone;
 }
 
-std::vector<std::string_view> format_markers(ToolFormat format) {
+std::span<const std::string_view> format_markers(ToolFormat format) {
+  static constexpr std::string_view kGlm[] = {kGlmOpen, kGlmClose, kKeyOpen, kKeyClose, kValueOpen, kValueClose};
+  static constexpr std::string_view kDsml[] = {kDsmlOpen, kDsmlClose, kInvokeOpen, kInvokeClose, kParamOpen, kParamClose};
+  static constexpr std::string_view kV3[] = {kV3Open, kV3Close, kV3CallOpen, kV3Sep, kV3CallClose};
   switch (format) {
     case ToolFormat::kGlm:
-      return {kGlmOpen, kGlmClose, kKeyOpen, kKeyClose, kValueOpen, kValueClose};
+      return kGlm;
     case ToolFormat::kDsml:
-      return {kDsmlOpen, kDsmlClose, kInvokeOpen, kInvokeClose, kParamOpen, kParamClose};
+      return kDsml;
     case ToolFormat::kDeepSeekV3:
-      return {kV3Open, kV3Close, kV3CallOpen, kV3Sep, kV3CallClose};
+      return kV3;
     case ToolFormat::kNone:
       break;
   }
@@ -184,13 +187,19 @@ ToolCallParser::Result ToolCallParser::parse(ToolFormat format, const Json& tool
   return r;
 }
 
+const Json* tool_function(const Json& tool) {
+  const Json* f = tool.is_object() && tool.contains("function") ? &tool["function"] : &tool;
+  return f->is_object() && f->contains("name") && (*f)["name"].is_string() ? f : nullptr;
+}
+
+const Json* parameters_of(const Json& function) {
+  return function.contains("parameters") && function["parameters"].is_object() ? &function["parameters"] : nullptr;
+}
+
 const Json* function_parameters(const Json& tools, const std::string& function) {
   if (!tools.is_array()) return nullptr;
-  for (const Json& t : tools) {
-    const Json* f = t.is_object() && t.contains("function") ? &t["function"] : &t;
-    if (!f->is_object() || !f->contains("name") || (*f)["name"] != function) continue;
-    return f->contains("parameters") && (*f)["parameters"].is_object() ? &(*f)["parameters"] : nullptr;
-  }
+  for (const Json& t : tools)
+    if (const Json* f = tool_function(t); f != nullptr && (*f)["name"] == function) return parameters_of(*f);
   return nullptr;
 }
 

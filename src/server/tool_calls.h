@@ -18,6 +18,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,8 +45,13 @@ inline constexpr std::string_view kV3CallClose = "<｜tool▁call▁end｜>";
 }  // namespace tool_markers
 
 // The markers of a format (none for kNone).
-std::vector<std::string_view> format_markers(ToolFormat format);
+std::span<const std::string_view> format_markers(ToolFormat format);
 
+// A tool's function object (OpenAI's {"type": "function", "function": {...}}, or the function
+// itself), null where it has no string name.
+const nlohmann::ordered_json* tool_function(const nlohmann::ordered_json& tool);
+// A function object's parameters schema (null: not given).
+const nlohmann::ordered_json* parameters_of(const nlohmann::ordered_json& function);
 // The parameters' schema of `function` among a request's tools (null: not given).
 const nlohmann::ordered_json* function_parameters(const nlohmann::ordered_json& tools, const std::string& function);
 // A parameter of this schema is written as plain text in GLM's and DSML's formats, not as JSON:
