@@ -225,8 +225,10 @@ __device__ __forceinline__ float log_f(float x) { return float(log(double(x))); 
 __device__ __forceinline__ void rope_pair(float x1, float x2, float pos, float inv_freq, float attention_factor,
                                           float& o1, float& o2) {
   const float angle = __fmul_rn(pos, inv_freq);
-  const float cs = __fmul_rn(float(cos(double(angle))), attention_factor);
-  const float sn = __fmul_rn(float(sin(double(angle))), attention_factor);
+  double s, c;  // one argument reduction for both
+  sincos(double(angle), &s, &c);
+  const float cs = __fmul_rn(float(c), attention_factor);
+  const float sn = __fmul_rn(float(s), attention_factor);
   o1 = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
   o2 = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
 }

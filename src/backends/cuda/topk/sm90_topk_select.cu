@@ -112,10 +112,13 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
   const int tid = threadIdx.x;
   const unsigned n_ctas = cluster.num_blocks(), me = cluster.block_rank();
   const int S = NB / int(n_ctas);  // n_ctas is a power of two <= 16 and divides NB
-  __syncthreads();                 // this CTA's histogram is complete
+  // S is a power of two too: the owner and the place in its slice by shift and mask (a run-time
+  // division and remainder cost an integer-division sequence per bin).
+  const unsigned s_shift = unsigned(__ffs(S) - 1), s_mask = unsigned(S) - 1u;
+  __syncthreads();  // this CTA's histogram is complete
   for (int b = tid; b < NB; b += kSelThreads) {
     const uint32_t c = hist[b];
-    if (c != 0u) atomicAdd(cluster.map_shared_rank(merged + b % S, unsigned(b / S)), c);
+    if (c != 0u) atomicAdd(cluster.map_shared_rank(merged + (unsigned(b) & s_mask), unsigned(b) >> s_shift), c);
   }
   cluster.sync();  // every count is in its slice
   uint32_t tot = 0;
