@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "fake_engine.h"
 #include "test_constraints_util.h"
@@ -474,8 +475,9 @@ TEST_F(ServerRoutes, ChatToolCalls) {
 // takes its script's token wherever the constraint allows it, else the lowest id allowed), so a
 // model that writes a good call has it read back, and one that would write prose is held to a call
 // of the function with arguments its schema accepts; with tool_choice "auto" only a strict
-// function's call, once opened. A model whose template has no call format cannot be forced, nor a
-// tool whose parameters the schema compiler refuses (400).
+// function's call, once opened, and with parallel_tool_calls false one call. A model whose
+// template has no call format cannot be forced, nor a tool whose parameters the schema compiler
+// refuses (400).
 TEST_F(ServerRoutes, ForcedToolCalls) {
   const ChatTemplate glm_like(
       "{% if tools %}Call tools as <tool_call>name<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>{% endif %}"
@@ -548,6 +550,38 @@ TEST_F(ServerRoutes, ForcedToolCalls) {
       EXPECT_TRUE(args["days"].is_number_integer()) << args.dump();
     } else {
       EXPECT_EQ(args, Json({{"days", "three"}}));
+    }
+  }
+  // tool_choice "auto" with parallel_tool_calls false, no function strict: a model that writes two
+  // calls has the first read back and the answer ends there; by default both. Tools that cannot be
+  // held (a name with a space) are no reason to refuse it: its calls are then read as written.
+  {
+    FakeEngineOptions o = kjv_like();
+    o.script = kjv_tokenizer().encode(
+        "Checking.<tool_call>get_weather<arg_key>days</arg_key><arg_value>three</arg_value></tool_call>"
+        "<tool_call>get_time</tool_call>",
+        false);
+    o.script.push_back(o.eos);
+    o.natural_first = true;
+    Json spaced = tools;
+    spaced.push_back(Json::parse(R"({"type": "function", "function": {"name": "a b"}})"));
+    for (const auto& [parallel, t, n] : std::vector<std::tuple<Json, Json, size_t>>{
+             {Json(), tools, 2}, {true, tools, 2}, {false, tools, 1}, {false, spaced, 2}}) {
+      SCOPED_TRACE(parallel.dump() + " " + std::to_string(t.size()));
+      start(o, glm_like);
+      Json body = {{"messages", messages}, {"tools", t}, {"tool_choice", "auto"}, {"max_tokens", 150}};
+      if (!parallel.is_null()) body["parallel_tool_calls"] = parallel;
+      const Json r = post_json("/v1/chat/completions", body);
+      const Json& m = r["choices"][0]["message"];
+      ASSERT_EQ(m["tool_calls"].size(), n) << r.dump();
+      EXPECT_EQ(m["tool_calls"][0]["function"]["name"], "get_weather");
+      EXPECT_EQ(Json::parse(m["tool_calls"][0]["function"]["arguments"].get<std::string>()), Json({{"days", "three"}}));
+      if (n == 2) {
+        EXPECT_EQ(m["tool_calls"][1]["function"]["name"], "get_time");
+      }
+      ASSERT_TRUE(m["content"].is_string()) << r.dump();
+      EXPECT_EQ(m["content"].get<std::string>().substr(0, 9), "Checking.") << r.dump();
+      EXPECT_EQ(r["choices"][0]["finish_reason"], "tool_calls");
     }
   }
   // Markers that are special tokens (as in GLM's vocabulary) stay in the text that the call parser

@@ -211,6 +211,70 @@ TEST(ToolCallPrefix, OptionalCallsAreHeldOnceOpened) {
   EXPECT_TRUE(q.free());
   EXPECT_TRUE(ToolGrammar::any_strict(strict));
   EXPECT_FALSE(ToolGrammar::any_strict(tools()));
+  // A function not strict takes any value as text (dsml: marked either way), as the parser reads
+  // it; the strict one still wants JSON for its integer.
+  const std::string loose = "<tool_call>get<arg_key>tags</arg_key><arg_value>a, b</arg_value></tool_call>";
+  ToolCallPrefix l(g);
+  ASSERT_EQ(refused_at(l, loose), loose.size());
+  EXPECT_EQ(refused_at(l, "<tool_call>get_weather<arg_key>days</arg_key><arg_value>a"),
+            std::string("<tool_call>get_weather<arg_key>days</arg_key><arg_value>").size());
+  EXPECT_EQ(Json::parse(ToolCallParser::parse(ToolFormat::kGlm, strict, loose).calls.at(0).arguments),
+            Json({{"tags", "a, b"}}));
+  const auto dsml = ToolGrammar::make(ToolFormat::kDsml, strict, "", true, true);
+  for (const char* marked : {"true", "false"}) {
+    const std::string block = std::string("<｜DSML｜function_calls><｜DSML｜invoke name=\"get\">") +
+                              "<｜DSML｜parameter name=\"tags\" string=\"" + marked +
+                              "\">a, b</｜DSML｜parameter></｜DSML｜invoke></｜DSML｜function_calls>";
+    EXPECT_EQ(refused_at(ToolCallPrefix(dsml), block), block.size()) << marked;
+    EXPECT_EQ(Json::parse(ToolCallParser::parse(ToolFormat::kDsml, strict, block).calls.at(0).arguments),
+              Json({{"tags", "a, b"}}));
+  }
+}
+
+// tool_choice "auto" with parallel_tool_calls false: free text, one call (glm) or one block of
+// one call (dsml, v3), then only the end; a second call opened from the text after it is refused.
+// Where many calls are allowed, the second goes through.
+TEST(ToolCallPrefix, OptionalCallsAreOneWhereOneIsAllowed) {
+  struct Case {
+    ToolFormat format;
+    std::string call, second;  // a whole call (dsml, v3: its block), and another
+  };
+  for (const Case& c :
+       {Case{ToolFormat::kGlm, "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>",
+             "<tool_call>now</tool_call>"},
+        Case{ToolFormat::kDsml,
+             "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"now\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
+             "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"now\">\n</｜DSML｜invoke>\n</｜DSML｜function_calls>"},
+        Case{ToolFormat::kDeepSeekV3,
+             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get<｜tool▁sep｜>{\"q\": \"x\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+             "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"}}) {
+    SCOPED_TRACE(c.call);
+    const std::string before = "Let me look <that> up: ";
+    ToolCallPrefix one(ToolGrammar::make(c.format, tools(), "", /*many=*/false, /*optional=*/true));
+    ASSERT_TRUE(one.push(before));
+    EXPECT_TRUE(one.free());
+    ASSERT_TRUE(one.push(c.call));
+    EXPECT_FALSE(one.free());
+    EXPECT_TRUE(one.complete());
+    // A little whitespace, then nothing: neither text nor a second call.
+    EXPECT_EQ(refused_at(one, "\n" + c.second), 1u);
+    EXPECT_EQ(refused_at(one, " Done."), 1u);
+    ASSERT_TRUE(one.push("\n"));
+    EXPECT_TRUE(one.complete());
+    const ToolCallParser::Result r = ToolCallParser::parse(c.format, tools(), before + c.call + "\n");
+    EXPECT_EQ(r.calls.size(), 1u);
+    // Many calls allowed: the text is free after the call, and a second one is taken.
+    ToolCallPrefix many(ToolGrammar::make(c.format, tools(), "", /*many=*/true, /*optional=*/true));
+    const std::string text = before + c.call + "\n" + c.second;
+    EXPECT_EQ(refused_at(many, text), text.size());
+    ASSERT_TRUE(many.push(text));
+    EXPECT_TRUE(many.free());
+    EXPECT_EQ(ToolCallParser::parse(c.format, tools(), text).calls.size(), 2u);
+  }
+  // Nor a second call inside the block (v3 here, dsml alike).
+  ToolCallPrefix v3(ToolGrammar::make(ToolFormat::kDeepSeekV3, tools(), "", false, true));
+  const std::string two = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>now<｜tool▁sep｜>{}<｜tool▁call▁end｜>";
+  EXPECT_EQ(refused_at(v3, two + "<｜tool▁call▁begin｜>"), two.size() + std::string("<｜tool▁call").size());
 }
 
 // A good call, tokenized with its markers as special tokens, goes through the masks token by

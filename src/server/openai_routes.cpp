@@ -554,17 +554,23 @@ HttpResponse OpenAiService::completions(const HttpRequest& http, Endpoint endpoi
     return reject(ApiError{400, "this model's chat template writes no tool calls this server reads, so none can be forced",
                            "invalid_request_error", "tool_choice"});
   // The call written whole: its markers, a function's name, arguments its parameters accept. With
-  // tool_choice "auto", where a function is "strict": the answer is free, a call once opened held.
-  const bool strict_calls = endpoint == Endpoint::kChat && req.tool_choice == "auto" && tool_format_ != ToolFormat::kNone &&
-                            ToolGrammar::any_strict(req.tools) && !req.json_object && !req.json_schema &&
-                            !req.text_pattern;
+  // tool_choice "auto", where a function is "strict" or parallel_tool_calls is false: the answer is
+  // free, a call once opened held (a strict function's arguments to its schema, another's values
+  // taken as written), and with parallel_tool_calls false the answer ends after the first call.
+  const bool auto_calls = endpoint == Endpoint::kChat && req.tool_choice == "auto" && tool_format_ != ToolFormat::kNone &&
+                          req.tools.is_array() && !req.tools.empty() && !req.json_object && !req.json_schema &&
+                          !req.text_pattern;
+  const bool strict_calls = auto_calls && ToolGrammar::any_strict(req.tools);
+  const bool one_call = auto_calls && !req.parallel_tool_calls;
   std::shared_ptr<const ToolGrammar> call_grammar;
-  if (forced_call || strict_calls) {
+  if (forced_call || strict_calls || one_call) {
     try {
       call_grammar = ToolGrammar::make(tool_format_, req.tools, req.tool_choice == "function" ? req.tool_name : "",
-                                       req.parallel_tool_calls && req.tool_choice != "function", strict_calls);
+                                       req.parallel_tool_calls && req.tool_choice != "function", auto_calls);
     } catch (const dsi::Error& err) {
-      return reject(ApiError{400, err.what(), "invalid_request_error", "tools"});
+      // One call asked and no function strict: tools a call cannot be held to (a name with a
+      // space) are no reason to refuse the request; it goes on unheld, its calls read as written.
+      if (forced_call || strict_calls) return reject(ApiError{400, err.what(), "invalid_request_error", "tools"});
     }
   }
 

@@ -96,6 +96,7 @@ std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nl
       nlohmann::json schema = params != nullptr && held ? nlohmann::json::parse(params->dump())
                                                         : nlohmann::json({{"type", "object"}});
       if (held) close_objects(schema);
+      fn.held = held;
       try {
         fn.parameters = JsonSchema::compile(schema);
       } catch (const Error& e) {
@@ -232,7 +233,9 @@ bool ToolCallPrefix::reached(Then then) {
       if (!json_->complete()) return false;
       json_.reset();
       function_ = -1;
-      if (g_->optional && f == ToolFormat::kGlm) {  // free text again
+      // Auto mode: free text again. With one call allowed, not so: free text could open a second;
+      // the end comes instead, as after a forced call (the choice below is then empty).
+      if (g_->optional && g_->many && f == ToolFormat::kGlm) {
         at_ = At::kFree;
         tail_.clear();
         return true;
@@ -253,7 +256,9 @@ bool ToolCallPrefix::reached(Then then) {
       return true;
     }
     case Then::kBlockEnd:
-      at_ = g_->optional ? At::kFree : At::kEnd;
+      // Auto mode: free text again, unless one call is allowed (the block held it; free text
+      // could open another block): then the end.
+      at_ = g_->optional && g_->many ? At::kFree : At::kEnd;
       space_run_ = 0;
       tail_.clear();
       return true;
@@ -304,8 +309,12 @@ bool ToolCallPrefix::raw_closed() {
     return true;
   }
   const ToolGrammar::Function& fn = g_->functions[size_t(function_)];
-  string_value_ = std::find(fn.string_keys.begin(), fn.string_keys.end(), key_) != fn.string_keys.end();
+  // A function not held takes every value as text, which the parser reads as JSON where it is JSON,
+  // else as a string: held to JSON, a value the model writes bare (an enum of strings without
+  // "type") would be bent into something else.
+  string_value_ = !fn.held || std::find(fn.string_keys.begin(), fn.string_keys.end(), key_) != fn.string_keys.end();
   if (g_->format == ToolFormat::kGlm) enter_choice({{kValueOpen, Then::kValue}}, true);
+  else if (!fn.held) enter_choice({{"true\">", Then::kValue}, {"false\">", Then::kValue}}, false);
   else enter_literal(string_value_ ? std::string_view("true\">") : std::string_view("false\">"), Then::kValue);
   return true;
 }

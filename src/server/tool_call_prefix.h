@@ -1,17 +1,20 @@
 // A tool call written whole, a byte at a time: the whole answer where the call is forced
 // (tool_choice "required" or a named function), or each call the answer opens where a function is
-// strict (tool_choice "auto"): the format's markers, the name of a function of the request's
-// tools, and arguments that the function's parameters schema accepts (json_schema.h). The arguments are read as the JSON object
-// they stand for and handed to a SchemaPrefix as that object's text:
+// strict or only one call is allowed (tool_choice "auto"): the format's markers, the name of a
+// function of the request's tools, and arguments that the function's parameters schema accepts
+// (json_schema.h). The arguments are read as the JSON object they stand for and handed to a
+// SchemaPrefix as that object's text:
 //   glm:  NAME <arg_key>K</arg_key> <arg_value>V</arg_value> ... </tool_call>   -> {"K": V, ...}
 //   dsml: <｜DSML｜invoke name="NAME"> <｜DSML｜parameter name="K" string="B">V</｜DSML｜parameter> ...
 //         </｜DSML｜invoke>                                                       -> {"K": V, ...}
 //   deepseek_v3: NAME<｜tool▁sep｜>{JSON arguments}<｜tool▁call▁end｜>            -> the object itself
 // A key, and the value of a string parameter (is_string_schema: dsml marks it string="true"), is
 // plain text up to its closing marker, escaped into a JSON string on the way; any other value is
-// JSON (dsml: string="false"). Whitespace between markers, a few bytes in a row, as the formats'
+// JSON (dsml: string="false"); a function not held to its schema (auto mode, not strict) takes
+// every value as text. Whitespace between markers, a few bytes in a row, as the formats'
 // templates write it. After a call: another (when `many`) or the end (dsml, deepseek_v3: the
-// block's closing marker, then the end). What ToolCallParser (tool_calls.h) reads back.
+// block's closing marker, then the end); in auto mode, free text where `many`, else the end too.
+// What ToolCallParser (tool_calls.h) reads back.
 // The recognizer interface of JsonPrefix (constraints.h), with takes_special().
 #pragma once
 
@@ -34,12 +37,16 @@ struct ToolGrammar {
     std::string name;
     std::shared_ptr<const JsonSchema> parameters;  // any object where the tool gives none
     std::vector<std::string> string_keys;         // parameters written as plain text (glm, dsml)
+    // Its arguments are held to its schema. Not so in auto mode where it is not strict: any object,
+    // every value plain text (dsml: marked either way), which the parser reads as JSON where it is.
+    bool held = true;
   };
   ToolFormat format = ToolFormat::kNone;
   std::vector<Function> functions;
   bool many = true;  // more than one call may be written
   // tool_choice "auto": the answer is free text until a call opens; each call is then held until
-  // it (dsml, v3: its block) closes, and the text is free again.
+  // it (dsml, v3: its block) closes, and the text is free again where `many`; else (parallel_tool_calls
+  // false) the answer ends there, as free text could open a second call.
   bool optional = false;
 
   // From a request's tools (OpenAI's [{"type": "function", "function": {...}}]): every function,
