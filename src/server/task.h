@@ -59,7 +59,7 @@ struct ParsedRequest {
   // call) or "function" (a call of tool_name).
   std::string tool_choice = "auto";
   std::string tool_name;
-  bool parallel_tool_calls = true;  // a forced answer may hold several calls ("required")
+  bool parallel_tool_calls = true;  // false: at most one call (tool_choice "required" or "auto")
   nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   // Generation.
   std::optional<int64_t> max_tokens;  // max_tokens / max_completion_tokens; none: the default
