@@ -8,7 +8,8 @@
 // double), and a refused byte leaves its state as it was. The schema recognizer
 // (server/json_schema.h) for {"type": "object"} takes the same bytes. The forced tool call's
 // recognizer (server/tool_call_prefix.h): what it takes whole and complete, the parser reads back
-// as calls of arguments the schema types, and no content.
+// as calls of arguments the schema types, and no content; in auto mode with one call allowed, at
+// most one call.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -91,16 +92,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (f != ToolFormat::kNone) {
     // The forced call's recognizer: a text it takes whole and calls complete is read back as calls
     // of `f` with arguments of the schema's types, and nothing else.
+    // Bit 3 of the mode: tool_choice "auto" with parallel_tool_calls false instead (free text, at
+    // most one call, its values taken as written): what it takes whole holds at most one call.
+    const bool one_auto = mode & 8;
     static const auto grammars = [] {
       std::vector<std::shared_ptr<const dsi::server::ToolGrammar>> g;
-      for (ToolFormat x : {ToolFormat::kGlm, ToolFormat::kDsml, ToolFormat::kDeepSeekV3})
-        g.push_back(dsi::server::ToolGrammar::make(x, tools, "", true));
+      for (bool optional : {false, true})
+        for (ToolFormat x : {ToolFormat::kGlm, ToolFormat::kDsml, ToolFormat::kDeepSeekV3})
+          g.push_back(dsi::server::ToolGrammar::make(x, tools, "", !optional, optional));
       return g;
     }();
-    dsi::server::ToolCallPrefix call(grammars[size_t(f) - 1]);
+    dsi::server::ToolCallPrefix call(grammars[size_t(f) - 1 + (one_auto ? 3 : 0)]);
     size_t took = 0;
     while (took < text.size() && call.push(static_cast<unsigned char>(text[took]))) ++took;
-    if (took == text.size() && call.complete()) {
+    if (one_auto) {
+      if (took == text.size() && call.complete()) DSI_FUZZ_ASSERT(w.calls.size() <= 1);
+    } else if (took == text.size() && call.complete()) {
       DSI_FUZZ_ASSERT(!w.calls.empty() && w.content.empty());
       for (const dsi::server::ToolCall& c : w.calls) {
         DSI_FUZZ_ASSERT(c.name == "f");
