@@ -24,21 +24,28 @@ inline const Tokenizer& kjv_tokenizer() {
   return t;
 }
 
+// The bundled model's tokenizer.json with these tokens added after its own (special or not).
+inline nlohmann::json with_added_tokens(const std::vector<std::string_view>& tokens, bool special,
+                                        nlohmann::json j = nullptr) {
+  if (j.is_null()) {
+    std::ifstream in(source_dir() + "/models/kjv-dsa/tokenizer.json");
+    j = nlohmann::json::parse(in);
+  }
+  int id = 0;
+  for (const auto& a : j["added_tokens"]) id = std::max(id, a["id"].get<int>() + 1);
+  for (std::string_view m : tokens)
+    j["added_tokens"].push_back({{"id", id++}, {"content", std::string(m)}, {"single_word", false}, {"lstrip", false},
+                                 {"rstrip", false}, {"normalized", false}, {"special", special}});
+  return j;
+}
+inline const std::vector<std::string_view> kMarkerTokens = {
+    "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
+    "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>", "<|observation|>"};
 // The bundled vocabulary with the tool call formats' markers (GLM's, DeepSeek-V3.1's) as special
 // tokens after its own, and one more special token that is no marker, <|observation|>.
 inline const Tokenizer& marker_tokenizer() {
-  static const Tokenizer t = [] {
-    std::ifstream in(source_dir() + "/models/kjv-dsa/tokenizer.json");
-    nlohmann::json j = nlohmann::json::parse(in);
-    int id = 0;
-    for (const auto& a : j["added_tokens"]) id = std::max(id, a["id"].get<int>() + 1);
-    for (std::string_view m : {"<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
-                               "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>",
-                               "<｜tool▁call▁end｜>", "<|observation|>"})
-      j["added_tokens"].push_back({{"id", id++}, {"content", std::string(m)}, {"single_word", false}, {"lstrip", false},
-                                   {"rstrip", false}, {"normalized", false}, {"special", true}});
-    return Tokenizer::from_json_text(j.dump(), "markers");
-  }();
+  static const Tokenizer t = Tokenizer::from_json_text(with_added_tokens(kMarkerTokens, true).dump(), "markers");
   return t;
 }
 
@@ -64,8 +71,8 @@ inline int32_t byte_token(const Tokenizer& tok, unsigned char b) {
 }
 
 // Each token tried alone from the state (a byte-level tokenizer): eos once the text is whole;
-// no special token (but those the recognizer's takes_special names, if it has one); a token whose
-// bytes the state takes.
+// no special token (but those the recognizer's takes_special names, if it has one, and any while
+// it is free(), which leaves its text alone); a token whose bytes the state takes.
 template <class Recognizer>
 std::vector<int32_t> each_token(const Recognizer& state, const Tokenizer& tok, int64_t vocab, int32_t eos) {
   std::vector<int32_t> ids;
@@ -78,7 +85,11 @@ std::vector<int32_t> each_token(const Recognizer& state, const Tokenizer& tok, i
     if (b == nullptr || b->empty()) continue;
     if (tok.is_special(id)) {
       if constexpr (requires { state.takes_special(*b); }) {
-        if (!state.takes_special(*b)) continue;
+        if (!state.takes_special(*b)) {
+          if constexpr (requires { state.free(); })
+            if (state.free()) ids.push_back(id);
+          continue;
+        }
       } else {
         continue;
       }

@@ -325,5 +325,43 @@ TEST(ToolCallConstraint, MasksLetAGoodCallThroughAndAreEachTokenTried) {
   EXPECT_LT(ok.size(), 20u);
 }
 
+// Free text in auto mode is masked too, where a token could open a call: a plain-text token that
+// completes the opening marker and goes on with bytes the call cannot take would open the call
+// unheld (the recognizer refuses the token, so it stays outside the call while the parser reads
+// one). Such a token is left out; every other token, special ones included, fits.
+TEST(ToolCallConstraint, FreeTextOpensNoCallItCannotHold) {
+  static const Tokenizer tok = Tokenizer::from_json_text(
+      test::with_added_tokens({">{", ">get", "x>y", "_call>"}, false,  // plain text, not special
+                              test::with_added_tokens(test::kMarkerTokens, true))
+          .dump(),
+      "markers, and plain tokens with '>'");
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  const int32_t brace = *tok.token_to_id(">{"), name = *tok.token_to_id(">get"), xy = *tok.token_to_id("x>y"),
+                call = *tok.token_to_id("_call>"), observation = *tok.token_to_id("<|observation|>");
+  ToolCallConstraint c(tok, ToolGrammar::make(ToolFormat::kGlm, tools(), "", true, true), {eos}, -1, -1, false);
+  std::vector<int32_t> ok = allowed(c, V);
+  EXPECT_EQ(ok, each_token(c.state(), tok, V, eos));
+  EXPECT_EQ(ok.size(), size_t(V));  // nothing before it can open a call: every token, the end, specials
+  for (int32_t id : tok.encode("Let me look. <tool", false)) c.accept(id);  // plain bytes, no marker yet
+  ok = allowed(c, V);
+  EXPECT_EQ(ok, each_token(c.state(), tok, V, eos));
+  EXPECT_TRUE(std::binary_search(ok.begin(), ok.end(), call));  // "<tool_call>" opens, then nothing more
+  EXPECT_TRUE(std::binary_search(ok.begin(), ok.end(), observation));
+  for (int32_t id : tok.encode("_call", false)) c.accept(id);
+  ASSERT_TRUE(c.state().free());
+  ok = allowed(c, V);
+  EXPECT_EQ(ok, each_token(c.state(), tok, V, eos));
+  EXPECT_FALSE(std::binary_search(ok.begin(), ok.end(), brace)) << "'{' cannot follow the opening";
+  EXPECT_TRUE(std::binary_search(ok.begin(), ok.end(), name));  // a function's name begins
+  EXPECT_TRUE(std::binary_search(ok.begin(), ok.end(), xy));  // no marker: free text goes on
+  EXPECT_EQ(ok.size(), size_t(V) - 1);
+  c.accept(name);
+  EXPECT_FALSE(c.state().free());  // the call is open and held
+  ok = allowed(c, V);
+  EXPECT_EQ(ok, each_token(c.state(), tok, V, eos));
+  EXPECT_FALSE(std::binary_search(ok.begin(), ok.end(), eos));
+}
+
 }  // namespace
 }  // namespace dsi::server

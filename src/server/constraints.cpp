@@ -184,7 +184,7 @@ const AnswerConstraint::Bits& AnswerConstraint::fitting(int64_t vocab) {
 }
 
 void AnswerConstraint::mask(float* logits, int64_t vocab) {
-  if (reasoning_ || !masking()) return;
+  if (reasoning_) return;
   const Bits& bits = fitting(vocab);
   // The answer may open its think block: that token keeps its logit.
   const bool opens_think = first_ && think_close_ >= 0 && think_open_ >= 0 && think_open_ < vocab;
@@ -234,14 +234,22 @@ bool takes_special(const Recognizer& r, const std::string* bytes) {
   if constexpr (has_specials<Recognizer>()) return bytes != nullptr && r.takes_special(*bytes);
   return false;
 }
+// A recognizer free() now (tool calls in auto mode, outside a call).
+template <class Recognizer>
+bool is_free(const Recognizer& r) {
+  if constexpr (requires { r.free(); }) return r.free();
+  return false;
+}
 // The tokens that fit the state whatever came before them, as a split of the vocabulary: plain
 // JSON string text in a free string (takes_string_text), plain text in a call's free string value
-// (a recognizer's takes_raw_text); null where every token is walked.
+// (a recognizer's takes_raw_text), text that cannot complete a call's opening marker outside a call
+// (free_call_text); null where every token is walked.
 template <class Recognizer>
 const Tokenizer::ByteSplit* plain_tokens(const Recognizer& state, const Tokenizer& tokenizer) {
   if (state.takes_string_text()) return &tokenizer.byte_split("json string text", json_string_text);
   if constexpr (requires { state.takes_raw_text(); })
     if (state.takes_raw_text()) return &tokenizer.byte_split("tool call raw text", raw_call_text);
+  if (is_free(state)) return &tokenizer.byte_split("text before a tool call", free_call_text);
   return nullptr;
 }
 }  // namespace
@@ -250,7 +258,7 @@ template <class Recognizer>
 bool TextConstraint<Recognizer>::fits(int32_t id) const {
   if (is_eos(id)) return json_.complete();
   const std::string* bytes = tokenizer_.token_bytes(id);
-  if (tokenizer_.is_special(id) && !takes_special(json_, bytes)) return false;
+  if (tokenizer_.is_special(id) && !takes_special(json_, bytes)) return is_free(json_);
   if (bytes == nullptr || bytes->empty()) return false;
   Recognizer next = json_;  // (the masks walk the vocabulary in fitting(), not token by token)
   if (tokenizer_.spaced_tokens() && wrote_ && !next.advance(" ")) return false;

@@ -113,7 +113,6 @@ class AnswerConstraint : public TokenConstraint {
  protected:
   AnswerConstraint(const Tokenizer& tokenizer, std::vector<int32_t> eos, int32_t think_open, int32_t think_close,
                    bool in_reasoning);
-  virtual bool masking() const { return true; }  // false: every token fits now
   virtual bool fits(int32_t id) const = 0;       // may this token of the answer come next
   virtual void take(int32_t id) = 0;             // this token of the answer was emitted
   // The tokens below vocab that fit now, as bits (default: fits() of each).
@@ -134,7 +133,8 @@ class AnswerConstraint : public TokenConstraint {
 // A text through a byte recognizer (JsonPrefix, SchemaPrefix for a schema, TextPattern for a
 // regular expression, ToolCallPrefix for tool calls): each step a token fits when its
 // bytes continue the text; the end of sequence only once the text is whole. Special tokens never,
-// but those the recognizer's takes_special(bytes) names, if it has one (then as their bytes).
+// but those the recognizer's takes_special(bytes) names, if it has one (then as their bytes), and
+// any while it is free() (tool calls in auto mode, outside a call: they leave its text alone).
 template <class Recognizer>
 class TextConstraint : public AnswerConstraint {
  public:
@@ -144,13 +144,6 @@ class TextConstraint : public AnswerConstraint {
         json_(std::move(start)) {}
   const Recognizer& state() const { return json_; }
   std::unique_ptr<TokenConstraint> clone() const override;  // (the masks kept are shared)
-
- protected:
-  // A recognizer with free() (tool calls in auto mode) lets every token through while free.
-  bool masking() const override {
-    if constexpr (requires { json_.free(); }) return !json_.free();
-    return true;
-  }
 
  private:
   bool fits(int32_t id) const override;

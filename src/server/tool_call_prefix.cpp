@@ -63,6 +63,8 @@ void close_objects(nlohmann::json& schema) {
 std::string_view answer_open(ToolFormat f) {
   return f == ToolFormat::kGlm ? kGlmOpen : f == ToolFormat::kDsml ? kDsmlOpen : kV3Open;
 }
+// free_call_text: no opening marker completes without its last byte.
+static_assert(kGlmOpen.back() == '>' && kDsmlOpen.back() == '>' && kV3Open.back() == '>');
 
 }  // namespace
 
@@ -425,6 +427,8 @@ bool raw_call_text(std::string_view bytes) {
     if (c == '<' || utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kReject) return false;
   return utf8.at_rest();
 }
+
+bool free_call_text(std::string_view bytes) { return bytes.find('>') == std::string_view::npos; }
 
 bool ToolCallPrefix::takes_raw_text() const {
   return at_ == At::kRaw && !raw_key_ && held_.empty() && tail_.empty() && json_->takes_string_text();

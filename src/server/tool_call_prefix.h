@@ -65,6 +65,9 @@ struct ToolGrammar {
 // Plain text that fits a free string parameter's value wherever it stands: whole UTF-8 characters,
 // no '<' (with which a closing marker may begin).
 bool raw_call_text(std::string_view bytes);
+// Text that fits outside a call (auto mode) wherever it stands: no '>', with which every format's
+// opening marker ends, so it opens no call (and the bytes after an opening are what may not fit).
+bool free_call_text(std::string_view bytes);
 
 class ToolCallPrefix {
  public:
@@ -73,7 +76,8 @@ class ToolCallPrefix {
   bool push(std::string_view bytes);    // all or nothing
   bool advance(std::string_view bytes);  // false when they do not fit; the state then means nothing
   bool complete() const;                 // a whole answer: its calls closed (and their block)
-  bool free() const { return at_ == At::kFree; }  // (optional calls) outside a call: any text fits
+  // (optional calls) Outside a call: any text that does not open one, or opens one well.
+  bool free() const { return at_ == At::kFree; }
   std::string signature(size_t max_bytes = 0) const;
   bool takes_string_text() const { return false; }
   // Inside a string parameter's value where it is free (no limits, no pattern; nothing held back):
