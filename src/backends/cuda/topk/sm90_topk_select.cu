@@ -214,7 +214,7 @@ __device__ __forceinline__ void histogram_pass(const uint32_t* cache, int64_t le
 }
 
 struct BlockPick {
-  uint32_t bin, above, total;
+  uint32_t bin, above, total, count;  // count: the keys in `bin`
 };
 
 // Where CTA `who`'s winners go in the position-ordered output: the winners of the CTAs before it,
@@ -259,15 +259,16 @@ __device__ __forceinline__ void write_winners(const uint32_t (&o)[ITEMS], int64_
 
 // The bin at which the count from the top reaches `need`, found by the one (thread, i) that crosses
 // it: this thread's counts c[0, per) are of bins nb - 1 - tid * per - i (descending), and `acc` keys
-// lie in the bins above them. That thread writes the bin and the count above it.
+// lie in the bins above them. That thread writes the bin, the count above it and the bin's count.
 template <int kMax>
 __device__ __forceinline__ void publish_crossing(const uint32_t (&c)[kMax], int per, int nb, uint32_t acc,
-                                                 uint32_t need, uint32_t& bin, uint32_t& above) {
+                                                 uint32_t need, uint32_t& bin, uint32_t& above, uint32_t& count) {
 #pragma unroll
   for (int i = 0; i < kMax; ++i) {
     if (need > 0 && acc < need && acc + c[i] >= need) {  // exactly one (thread, i) crosses
       bin = uint32_t(nb - 1 - int(threadIdx.x) * per - i);
       above = acc;
+      count = c[i];
     }
     acc += c[i];
   }
@@ -279,7 +280,7 @@ __device__ __forceinline__ void publish_crossing(const uint32_t (&c)[kMax], int 
 template <int kThreads, int kMaxPer>
 __device__ BlockPick block_pick(const uint32_t* hist, int nb, uint32_t need_or_k, bool first,
                                 typename cub::BlockScan<uint32_t, kThreads>::TempStorage& tmp) {
-  __shared__ uint32_t s_bin, s_above;
+  __shared__ uint32_t s_bin, s_above, s_count;
   const int tid = threadIdx.x, per = max(1, nb / kThreads);  // per <= kMaxPer
   uint32_t c[kMaxPer], sum = 0, before = 0, total = 0;
 #pragma unroll
@@ -289,12 +290,12 @@ __device__ BlockPick block_pick(const uint32_t* hist, int nb, uint32_t need_or_k
     sum += c[i];
   }
   __syncthreads();  // s_bin / s_above of the previous pick are read
-  if (tid == 0) s_bin = s_above = 0;
+  if (tid == 0) s_bin = s_above = s_count = 0;
   cub::BlockScan<uint32_t, kThreads>(tmp).ExclusiveSum(sum, before, total);
   const uint32_t need = first ? min(need_or_k, total) : need_or_k;
-  publish_crossing(c, per, nb, before, need, s_bin, s_above);
+  publish_crossing(c, per, nb, before, need, s_bin, s_above, s_count);
   __syncthreads();
-  return BlockPick{s_bin, s_above, total};
+  return BlockPick{s_bin, s_above, total, s_count};
 }
 
 template <bool kCached>
@@ -594,7 +595,7 @@ template <int NB>
 __device__ BlockPick cta_pick(const uint32_t* hist, uint32_t need_or_k, bool first) {
   constexpr int kPer = NB / kCtaThreads;
   static_assert(kPer >= 1 && NB % kCtaThreads == 0, "cta_pick: whole bins per thread");
-  __shared__ uint32_t s_wtot[32], s_bin, s_above;
+  __shared__ uint32_t s_wtot[32], s_bin, s_above, s_count;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   uint32_t c[kPer], sum = 0;
 #pragma unroll
@@ -619,10 +620,11 @@ __device__ BlockPick cta_pick(const uint32_t* hist, uint32_t need_or_k, bool fir
   }
   const uint32_t total = __shfl_sync(0xffffffffu, winc, 31);
   const uint32_t need = first ? min(need_or_k, total) : need_or_k;
-  if (need == 0) return BlockPick{0u, 0u, total};  // block-uniform; no bin is read
-  publish_crossing(c, kPer, NB, __shfl_sync(0xffffffffu, winc - wt, warp) + incl - sum, need, s_bin, s_above);
+  if (need == 0) return BlockPick{0u, 0u, total, 0u};  // block-uniform; no bin is read
+  publish_crossing(c, kPer, NB, __shfl_sync(0xffffffffu, winc - wt, warp) + incl - sum, need, s_bin, s_above,
+                   s_count);
   __syncthreads();
-  return BlockPick{s_bin, s_above, total};
+  return BlockPick{s_bin, s_above, total, s_count};
 }
 
 // The row's order keys stay in registers: thread t holds positions [t * PER, (t + 1) * PER) (blocked,
@@ -672,35 +674,47 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
     if (out_val != nullptr) out_val[j] = -INFINITY;
   }
   if (kk == 0) return;
-  const uint32_t b1 = pick.bin;
+  // The threshold so far: the prefix of the k-th key above bit `shift` (pass 1: bits 31..21). Where
+  // the crossing bin's keys are all winners (its count is what is still needed: no tie to break),
+  // the passes below it are skipped and the gather compares prefixes: every key of the bin is taken.
+  uint32_t prefix = pick.bin, shift = 21;  // bin >= 1 when kk >= 1: a bin of selectable keys
   uint32_t above = pick.above;
-  // Pass 2: bits 20..10 of the keys in bin b1 (b1 >= 1 when kk >= 1: a bin of selectable keys).
+  if (pick.count != kk - above) {  // block-uniform
+    // Pass 2: bits 20..10 of the keys in bin b1.
 #pragma unroll
-  for (int j = 0; j < PER; ++j)
-    if ((key[j] >> 21) == b1) atomicAdd(&hist2[(key[j] >> 10) & 0x7ffu], 1u);
-  __syncthreads();
-  pick = cta_pick<kCtaBins>(hist2, kk - above, false);
-  const uint32_t prefix22 = (b1 << 11) | pick.bin;
-  above += pick.above;
-  // Pass 3: bits 9..0 of the keys with that 22-bit prefix.
+    for (int j = 0; j < PER; ++j)
+      if ((key[j] >> 21) == prefix) atomicAdd(&hist2[(key[j] >> 10) & 0x7ffu], 1u);
+    __syncthreads();
+    pick = cta_pick<kCtaBins>(hist2, kk - above, false);
+    prefix = (prefix << 11) | pick.bin;
+    shift = 10;
+    above += pick.above;
+    if (pick.count != kk - above) {
+      // Pass 3: bits 9..0 of the keys with that 22-bit prefix.
 #pragma unroll
-  for (int j = 0; j < PER; ++j)
-    if ((key[j] >> 10) == prefix22) atomicAdd(&hist3[key[j] & 0x3ffu], 1u);
-  __syncthreads();
-  pick = cta_pick<kCtaBins / 2>(hist3, kk - above, false);
-  const uint32_t thr = (prefix22 << 10) | pick.bin;  // the k-th key (>= 1: selectable)
-  above += pick.above;
-  const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
+      for (int j = 0; j < PER; ++j)
+        if ((key[j] >> 10) == prefix) atomicAdd(&hist3[key[j] & 0x3ffu], 1u);
+      __syncthreads();
+      pick = cta_pick<kCtaBins / 2>(hist3, kk - above, false);
+      prefix = (prefix << 10) | pick.bin;  // the k-th key (>= 1: selectable)
+      shift = 0;
+      above += pick.above;
+    }
+  }
+  const uint32_t take_eq = kk - above;  // keys with the prefix to take, lowest positions first (>= 1)
 
-  // The ordered gather: (keys > thr) | (keys == thr) << 16 per thread (< 2^16 each), scanned in
-  // thread order (= position order).
+  // The ordered gather: (prefixes > prefix) | (prefixes == prefix) << 16 per thread (< 2^16 each),
+  // scanned in thread order (= position order).
+  uint32_t pre_key[PER];
+#pragma unroll
+  for (int j = 0; j < PER; ++j) pre_key[j] = key[j] >> shift;
   uint32_t cnt = 0;
 #pragma unroll
-  for (int j = 0; j < PER; ++j) cnt += (key[j] > thr ? 1u : 0u) + (key[j] == thr ? 0x10000u : 0u);
+  for (int j = 0; j < PER; ++j) cnt += (pre_key[j] > prefix ? 1u : 0u) + (pre_key[j] == prefix ? 0x10000u : 0u);
   uint32_t pre = 0;
   CtaScan(scan).ExclusiveSum(cnt, pre);
   const uint32_t gt_b = pre & 0xffffu, eq_b = pre >> 16;
-  write_winners(key, i0, thr, take_eq, 0u, gt_b, eq_b, out_idx, out_val,
+  write_winners(pre_key, i0, prefix, take_eq, 0u, gt_b, eq_b, out_idx, out_val,
                 [&](int j) { return srow[i0 + j]; });  // the score itself (-0 stays -0)
 }
 
