@@ -631,7 +631,8 @@ __device__ BlockPick cta_pick(const uint32_t* hist, uint32_t need_or_k, bool fir
 // so thread order is position order), PER = 4, 8 or 12. Three digit passes each test the PER keys
 // against the bin so far and bin the matches into their own zeroed histogram (no barrier to clear
 // one), each pick takes two barriers (cta_pick), and the gather is one block scan of each thread's
-// keys > T and == T.
+// keys > T and == T. A pass runs only where the crossing bin's keys are not all winners: a row of
+// at most k keys needs one, random scores mostly two (8K keys, one row: 6.2 -> 5.7 us on an H100).
 template <int PER>
 __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSelectParams p) {
   static_assert(PER % 4 == 0, "PER: whole 16-byte loads");
