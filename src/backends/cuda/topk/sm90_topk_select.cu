@@ -71,6 +71,17 @@ __device__ __forceinline__ uint32_t order_key(float v) {
 
 constexpr uint32_t kNoKeyBits = 0xff800000u;  // -inf: what a position at or past the bound caches
 
+// hist[bin] += 1 where `take`: one predicated shared reduction. (A guarded atomicAdd costs a
+// convergence region and the shared window's address again each time: about ten instructions a
+// key in the binning passes.)
+__device__ __forceinline__ void count_if(uint32_t* hist, uint32_t bin, bool take) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(hist + bin));
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %0, 0;\n\t@p red.shared.add.u32 [%1], 1;\n\t}" ::"r"(uint32_t(take)),
+      "r"(addr)
+      : "memory");
+}
+
 // The op's input check, by one thread of the row: a bound outside [0, n] lowers p.bad to the row.
 __device__ __forceinline__ void check_bound(const TopkSelectParams& p, int64_t row, int64_t bound) {
   if (p.bad != nullptr && (bound < 0 || bound > p.n))
@@ -204,12 +215,12 @@ __device__ __forceinline__ void histogram_pass(const uint32_t* cache, int64_t le
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const uint32_t o = order_key(__uint_as_float(b[u]));
-      if (o != 0u && in_bin(o)) atomicAdd(&hist[digit(o)], 1u);
+      count_if(hist, digit(o), o != 0u && in_bin(o));
     }
   }
   for (int64_t i = 4 * n4 + threadIdx.x; i < len; i += kSelThreads) {
     const uint32_t o = order_key(__uint_as_float(cache[i]));
-    if (o != 0u && in_bin(o)) atomicAdd(&hist[digit(o)], 1u);
+    count_if(hist, digit(o), o != 0u && in_bin(o));
   }
 }
 
@@ -353,7 +364,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       if (i >= len) continue;
       if constexpr (kCached) cache[i] = v[u];
       const uint32_t o = order_key(__uint_as_float(v[u]));
-      if (o != 0u) atomicAdd(&hist0[o >> 20], 1u);
+      count_if(hist0, o >> 20, o != 0u);
     }
   }
   cluster_wait();
@@ -666,7 +677,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
   // Pass 1: bits 31..21 of the selectable keys.
 #pragma unroll
   for (int j = 0; j < PER; ++j)
-    if (key[j] != 0u) atomicAdd(&hist1[key[j] >> 21], 1u);
+    count_if(hist1, key[j] >> 21, key[j] != 0u);
   __syncthreads();
   BlockPick pick = cta_pick<kCtaBins>(hist1, uint32_t(p.k), true);
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
@@ -684,7 +695,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
     // Pass 2: bits 20..10 of the keys in bin b1.
 #pragma unroll
     for (int j = 0; j < PER; ++j)
-      if ((key[j] >> 21) == prefix) atomicAdd(&hist2[(key[j] >> 10) & 0x7ffu], 1u);
+      count_if(hist2, (key[j] >> 10) & 0x7ffu, (key[j] >> 21) == prefix);
     __syncthreads();
     pick = cta_pick<kCtaBins>(hist2, kk - above, false);
     prefix = (prefix << 11) | pick.bin;
@@ -694,7 +705,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
       // Pass 3: bits 9..0 of the keys with that 22-bit prefix.
 #pragma unroll
       for (int j = 0; j < PER; ++j)
-        if ((key[j] >> 10) == prefix) atomicAdd(&hist3[key[j] & 0x3ffu], 1u);
+        count_if(hist3, key[j] & 0x3ffu, (key[j] >> 10) == prefix);
       __syncthreads();
       pick = cta_pick<kCtaBins / 2>(hist3, kk - above, false);
       prefix = (prefix << 10) | pick.bin;  // the k-th key (>= 1: selectable)
