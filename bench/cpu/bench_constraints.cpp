@@ -1,7 +1,8 @@
 // Times the server's token constraints (src/server/constraints.h) on a tokenizer's vocabulary: the
 // mask of a state met for the first time (the vocabulary walked as a trie) and of a state met
 // again (kept by its signature), for JSON mode and a structured-output schema, inside and outside
-// strings (free, and with a pattern), and for a forced tool call with that schema's arguments. Prints a table (microseconds, medians of the runs).
+// strings (free, and with a pattern), for a forced tool call with that schema's arguments, and for
+// free text before an optional one. Prints a table (microseconds, medians of the runs).
 //
 //   bench_constraints [--tokenizer FILE] [--runs N]   (default: the bundled model's tokenizer)
 #include <algorithm>
@@ -100,6 +101,14 @@ int main(int argc, char** argv) {
                              "<tool_call>lookup<arg_key>name</arg_key><arg_value>x</arg_value><arg_key>a",
                              "<tool_call>lookup<arg_key>age</arg_key><arg_value>12"})
       row("tool_call", text, tok, runs, call);
+    // tool_choice "auto" with one call allowed: free text, masked only where a token could open a
+    // call (tokens with '>' walked, the rest taken at once).
+    const auto optional = dsi::server::ToolGrammar::make(dsi::server::ToolFormat::kGlm, tools, "", false, true);
+    auto auto_call = [&](int32_t eos) {
+      return std::make_unique<dsi::server::ToolCallConstraint>(tok, optional, std::vector<int32_t>{eos}, -1, -1, false);
+    };
+    for (const char* text : {"And God said, let there be light", "Let me look that up. <tool"})
+      row("auto_call", text, tok, runs, auto_call);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_constraints: %s\n", e.what());
     return 1;
