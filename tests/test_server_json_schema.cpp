@@ -101,9 +101,9 @@ bool valid_type(const Json& v, const std::string& t) {
 
 bool valid(const Json& v, const Json& s, const Json& root) {
   if (s.is_boolean()) return s.get<bool>();
-  if (s.contains("$ref")) {
+  if (s.contains("$ref")) {  // (2020-12: beside other keywords, both hold)
     const std::string r = s["$ref"];
-    return valid(v, root.at(Json::json_pointer(r.substr(1))), root);
+    if (!valid(v, root.at(Json::json_pointer(r.substr(1))), root)) return false;
   }
   if (s.contains("anyOf")) {
     for (const Json& alt : s["anyOf"])
@@ -365,7 +365,8 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   EXPECT_NE(message(R"({"required":["a"]})").find("not in 'properties'"), std::string::npos);
   EXPECT_NE(message(R"({"$ref":"#/$defs/none"})").find("points at nothing"), std::string::npos);
   EXPECT_NE(message(R"({"$ref":"http://x/y"})").find("inside the schema"), std::string::npos);
-  EXPECT_NE(message(R"({"$ref":"#/$defs/a","type":"object"})").find("beside '$ref'"), std::string::npos);
+  EXPECT_NE(message(R"({"$ref":"#/$defs/a","type":"object"})").find("points at nothing"), std::string::npos);
+  EXPECT_NE(message(R"({"anyOf":[{"type":"string"}],"minLength":1})").find("beside 'anyOf'"), std::string::npos);
   EXPECT_NE(message(R"({"enum":[]})").find("non-empty"), std::string::npos);
   EXPECT_NE(message(R"({"type":"integer","enum":["a"]})").find("no value of 'enum'"), std::string::npos);
   EXPECT_NE(message(R"({"properties":{"a\"b":{}}})").find("needs escapes"), std::string::npos);
@@ -375,6 +376,70 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   // A reference cycle with no value in between compiles, and accepts nothing rather than looping.
   EXPECT_EQ(message(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})"), "");
   EXPECT_FALSE(accepts(Json::parse(R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})"), "1"));
+}
+
+// Inheritance as pydantic and OpenAPI write it: a base by reference, more properties beside.
+const Json& named_thing() {
+  static const Json s = Json::parse(R"({
+    "$defs": {
+      "Base": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1},
+               "name": {"type": "string", "maxLength": 5}}, "required": ["id"]},
+      "Named": {"properties": {"name": {"type": "string", "minLength": 2}}, "required": ["name"]}},
+    "allOf": [{"$ref": "#/$defs/Base"}, {"$ref": "#/$defs/Named"},
+              {"properties": {"id": true, "name": {}, "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]},
+               "maxItems": 2}}, "additionalProperties": false}],
+    "description": "a named thing"})");
+  return s;
+}
+
+// allOf of several schemas, and $ref beside other keywords: merged into one schema that accepts what
+// each of them accepts (the validator checks each schema on its own).
+TEST(JsonSchema, AllOfIsEverySchemaAtOnce) {
+  const Json& inherited = named_thing();
+  EXPECT_EQ(expect_the_validators(inherited, {R"({"id":1,"name":"Al"})", R"({"id":1,"name":"Al","tags":["a"]})",
+                                              R"({"id":0,"name":"Al"})", R"({"id":1,"name":"A"})",
+                                              R"({"id":1,"name":"Alfred"})", R"({"id":1})", R"({"name":"Al"})",
+                                              R"({"id":1,"name":"Al","tags":["a","b","c"]})",
+                                              R"({"id":1,"name":"Al","x":1})", R"({"id":1.5,"name":"Al"})"}),
+            2);
+  // A key one schema declares and another's additionalProperties: false leaves out is no key.
+  EXPECT_EQ(expect_the_validators(Json::parse(R"({"allOf": [{"properties": {"a": {}}, "additionalProperties": false},
+                                                          {"properties": {"b": {}}}]})"),
+                                  {R"({"a":1})", R"({})", R"({"b":1})", R"({"a":1,"b":2})"}),
+            2);
+  // $ref beside keywords; types, enum values and bounds of both.
+  EXPECT_EQ(expect_the_validators(Json::parse(R"({"$defs": {"N": {"type": ["integer", "string"]}}, "$ref": "#/$defs/N",
+                                                "enum": [0, 1, "x", 2.5, null], "minimum": 1})"),
+                                  {"1", R"("x")", "0", "2.5", "null"}),
+            2);
+  // Alternatives on both sides: every pair (types that do not apply leave their keywords idle).
+  EXPECT_EQ(expect_the_validators(
+                Json::parse(R"({"allOf": [{"anyOf": [{"type": "string", "maxLength": 3}, {"type": "integer"}]},
+                                         {"anyOf": [{"minLength": 2}, {"maximum": 10}]}]})"),
+                {R"("a")", R"("abcd")", "50", "1.5", "null", "7"}),
+            3);
+  // Items of both; multipleOf of both (their least common multiple); counts of both.
+  EXPECT_EQ(expect_the_validators(Json::parse(R"({"type": "array", "allOf": [{"items": {"type": "integer", "multipleOf": 2}},
+                                                {"items": {"multipleOf": 3}, "minItems": 1}]})"),
+                                  {"[6,12]", "[0]", "[]", "[4]", "[9]", "[6,7]"}),
+            2);
+  // A recursive property stays a reference; a reference back to itself through the merge is refused.
+  const Json tree = Json::parse(R"({"$defs": {"T": {"allOf": [{"properties": {"c": {"$ref": "#/$defs/T"}}},
+                                                             {"type": "object", "maxProperties": 1}]}},
+                                    "$ref": "#/$defs/T"})");
+  EXPECT_EQ(expect_the_validators(tree, {R"({"c":{"c":{}}})", R"({})", R"({"c":1})", "1", R"({"c":{},"d":1})"}), 2);
+  EXPECT_NE(message(R"({"$defs": {"T": {"allOf": [{"$ref": "#/$defs/T"}, {"type": "object"}]}}, "$ref": "#/$defs/T"})")
+                .find("refers back to itself"),
+            std::string::npos);
+  // What cannot be merged, or accepts nothing.
+  EXPECT_NE(message(R"({"allOf": [{"type": "string", "pattern": "^a"}, {"pattern": "b$"}]})").find("'pattern' in two schemas"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})").find("none in common"), std::string::npos);
+  EXPECT_NE(message(R"({"allOf": [{"enum": [1, 2]}, {"const": 3}]})").find("none in common"), std::string::npos);
+  EXPECT_NE(message(R"({"allOf": [{"minimum": 1, "exclusiveMinimum": true}, {"minimum": 2}]})").find("draft 4's boolean"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"allOf": [{"type": "string"}, false]})").find("the schema false"), std::string::npos);
+  EXPECT_NE(message(R"({"allOf": []})").find("non-empty array"), std::string::npos);
 }
 
 // Numbers with bounds (and multipleOf): whole texts as the validator says (an exponent never: a
@@ -844,6 +909,8 @@ TEST(JsonSchema, FormatsAreWrittenAsCheckersReadThem) {
 TEST(JsonSchema, WalksThroughFormatsEndInValidValues) { EXPECT_GT(walks_that_end(formats(), 29, 30), 20); }
 
 TEST(JsonSchema, WalksThroughPatternsEndInValidValues) { EXPECT_GT(walks_that_end(patterned(), 5, 30), 20); }
+
+TEST(JsonSchema, WalksThroughMergedAllOfEndInValidValues) { EXPECT_GT(walks_that_end(named_thing(), 31, 30), 20); }
 
 }  // namespace
 }  // namespace dsi::server

@@ -15,8 +15,13 @@
 //   at most 15 digits, which validators read exactly);
 // - anyOf; oneOf whose alternatives exclude each other as the schemas show it (other types, other
 //   enum values, bounds that do not meet, a required property whose values differ: a
-//   discriminator), read as anyOf; allOf of one schema; $ref to "#", "#/$defs/..." or
-//   "#/definitions/..." (recursion too);
+//   discriminator), read as anyOf; $ref to "#", "#/$defs/..." or "#/definitions/..." (recursion
+//   too); allOf, and $ref beside other keywords (2020-12: both hold), merged into one schema:
+//   types, enum values and bounds of all, required of all, each property's schema from every
+//   member (its own, else that member's additionalProperties), items of all, multipleOf's least
+//   common multiple, alternatives (anyOf / oneOf) paired with the rest; two different patterns
+//   or formats, draft 4's boolean exclusive bounds, or a reference back to itself through the
+//   merge are refused;
 // - format, for a string without a pattern: date, time, date-time (RFC 3339), uuid, ipv4 and
 //   email are written as format checkers accept them; other formats are annotations (as the
 //   standard's default vocabulary has all of them), as are title, description, default,
