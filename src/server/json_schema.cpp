@@ -276,6 +276,7 @@ class JsonSchema::Compiler {
   Json both(const Json& a, const Json& b, const std::string& path, std::vector<std::string>& open) {
     if (trivial(a)) return b;
     if (trivial(b)) return a;
+    if (++merges_ > kMaxMerges) fail("{}: allOf merges more than {} pairs of schemas", path, kMaxMerges);
     for (const Json* x : {&a, &b})
       for (const char* k : {"exclusiveMinimum", "exclusiveMaximum"})
         if (x->contains(k) && (*x)[k].is_boolean())
@@ -712,6 +713,8 @@ class JsonSchema::Compiler {
   const Json& root_;
   std::map<std::string, const Node*> refs_;
   int depth_ = 0;
+  static constexpr int kMaxMerges = 4096;  // (alternatives inside allOf pair up: a bound on the work)
+  int merges_ = 0;
 };
 
 std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema) {
