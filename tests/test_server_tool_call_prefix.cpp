@@ -100,6 +100,34 @@ TEST(ToolCallPrefix, WholeCallsAreReadBackAsWritten) {
   }
 }
 
+// Parameters composed as pydantic and OpenAPI write them (allOf of a referenced base and more
+// properties; a property by reference): the call takes every member's keys and no other, and a
+// string parameter declared anywhere in them is plain text, for the recognizer and the parser alike.
+TEST(ToolCallPrefix, ComposedParametersAreHeldAndReadBack) {
+  const Json composed = Json::parse(R"([{"type": "function", "function": {"name": "book", "parameters": {
+    "$defs": {"Base": {"type": "object", "properties": {"city": {"$ref": "#/$defs/Name"}}, "required": ["city"]},
+              "Name": {"type": "string", "minLength": 2}},
+    "allOf": [{"$ref": "#/$defs/Base"}, {"properties": {"nights": {"type": "integer", "minimum": 1}}}]}}}])");
+  const auto grammar = ToolGrammar::make(ToolFormat::kGlm, composed, "", true);
+  const std::string call = "<tool_call>book<arg_key>city</arg_key><arg_value>Rome</arg_value>"
+                           "<arg_key>nights</arg_key><arg_value>3</arg_value></tool_call>";
+  ToolCallPrefix p(grammar);
+  ASSERT_EQ(refused_at(p, call), call.size());
+  ASSERT_TRUE(p.push(call));
+  EXPECT_TRUE(p.complete());
+  const ToolCallParser::Result r = ToolCallParser::parse(ToolFormat::kGlm, composed, call);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(Json::parse(r.calls[0].arguments), Json({{"city", "Rome"}, {"nights", 3}}));
+  const std::string open = "<tool_call>book<arg_key>city</arg_key><arg_value>Rome</arg_value><arg_key>";
+  EXPECT_EQ(refused_at(ToolCallPrefix(grammar), open + "x"), open.size());  // no such key in any member
+  const std::string nights = open + "nights</arg_key><arg_value>";
+  EXPECT_EQ(refused_at(ToolCallPrefix(grammar), nights + "0"), nights.size());  // the member's minimum
+  const std::string city = "<tool_call>book<arg_key>city</arg_key><arg_value>R</arg_value>";
+  EXPECT_EQ(refused_at(ToolCallPrefix(grammar), city), city.size() - 1);  // minLength: the value cannot close
+  const std::string none = "<tool_call>book</tool_call>";
+  EXPECT_EQ(refused_at(ToolCallPrefix(grammar), none), std::string("<tool_call>book<").size());  // city is required
+}
+
 struct Bad {
   ToolFormat format;
   std::string good, bad;  // good is taken whole, bad's first byte is refused

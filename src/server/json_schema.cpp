@@ -45,7 +45,8 @@ bool JsonSchema::meets(double a, double b, bool integer, double lo, bool lo_open
 
 class JsonSchema::Compiler {
  public:
-  Compiler(JsonSchema& out, const Json& root) : out_(out), root_(root) {}
+  Compiler(JsonSchema& out, const Json& root, bool closed_objects)
+      : out_(out), root_(root), closed_objects_(closed_objects) {}
 
   const Node* compile(const Json& s, const std::string& path) {
     if (s.is_boolean()) {
@@ -176,7 +177,7 @@ class JsonSchema::Compiler {
         n.required |= uint64_t(1) << (at - n.names.begin());
       }
     }
-    n.additional = out_.any_;
+    n.additional = closed_objects_ && props != s.end() ? nullptr : out_.any_;
     if (const auto add = s.find("additionalProperties"); add != s.end())
       n.additional = add->is_boolean() && !add->get<bool>() ? nullptr : compile(*add, path + "/additionalProperties");
     if (const auto m = s.find("minProperties"); m != s.end()) n.min_props = count_of(*m, path + "/minProperties");
@@ -711,18 +712,19 @@ class JsonSchema::Compiler {
 
   JsonSchema& out_;
   const Json& root_;
+  const bool closed_objects_;
   std::map<std::string, const Node*> refs_;
   int depth_ = 0;
   static constexpr int kMaxMerges = 4096;  // (alternatives inside allOf pair up: a bound on the work)
   int merges_ = 0;
 };
 
-std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema) {
+std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema, bool closed_objects) {
   auto s = std::make_shared<JsonSchema>();
   Node& any = s->nodes_.emplace_back();
   s->any_ = &any;
   any.additional = &any;
-  Compiler c(*s, schema);
+  Compiler c(*s, schema, closed_objects);
   s->root_ = c.compile(schema, "#");
   return s;
 }

@@ -98,8 +98,10 @@ class JsonSchema {
                     double step = 0);
 
   // Throws dsi::Error with the keyword's path for a schema that is malformed or says what is not
-  // supported.
-  static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema);
+  // supported. closed_objects: an object schema with `properties` that says nothing of other keys
+  // takes no other keys (as OpenAI's strict functions and xgrammar's strict mode read schemas);
+  // read after allOf's merge, so an allOf's members add their properties up.
+  static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema, bool closed_objects = false);
   const Node* root() const { return root_; }
   const Node* any() const { return any_; }  // the schema `true`
 

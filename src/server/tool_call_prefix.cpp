@@ -41,25 +41,6 @@ bool is_strict(const nlohmann::ordered_json& function) {
   return function.contains("strict") && function["strict"] == true;
 }
 
-// A call's arguments take the parameters its schema declares: an object schema with `properties`
-// that says nothing of other keys takes no other keys (OpenAI's strict functions require this,
-// and xgrammar's strict mode reads schemas so); without it a model could write keys without end.
-// Walks the keywords that hold schemas.
-void close_objects(nlohmann::json& schema) {
-  if (!schema.is_object()) return;
-  if (schema.contains("properties") && schema["properties"].is_object() && !schema.contains("additionalProperties") &&
-      !schema.contains("patternProperties") && !schema.contains("unevaluatedProperties"))
-    schema["additionalProperties"] = false;
-  for (const char* map : {"properties", "$defs", "definitions"})
-    if (schema.contains(map) && schema[map].is_object())
-      for (auto& [name, sub] : schema[map].items()) close_objects(sub);
-  for (const char* one : {"items", "additionalProperties", "contains", "not", "if", "then", "else"})
-    if (schema.contains(one)) close_objects(schema[one]);
-  for (const char* list : {"prefixItems", "anyOf", "oneOf", "allOf", "items"})
-    if (schema.contains(list) && schema[list].is_array())
-      for (auto& sub : schema[list]) close_objects(sub);
-}
-
 std::string_view answer_open(ToolFormat f) {
   return f == ToolFormat::kGlm ? kGlmOpen : f == ToolFormat::kDsml ? kDsmlOpen : kV3Open;
 }
@@ -95,18 +76,17 @@ std::shared_ptr<const ToolGrammar> ToolGrammar::make(ToolFormat format, const nl
                 utf8::shown(fn.name));
       const nlohmann::ordered_json* params = parameters_of(*f);
       const bool held = !optional || is_strict(*f);  // auto: only strict functions' arguments
-      nlohmann::json schema = params != nullptr && held ? nlohmann::json::parse(params->dump())
-                                                        : nlohmann::json({{"type", "object"}});
-      if (held) close_objects(schema);
+      const nlohmann::json schema = params != nullptr && held ? nlohmann::json::parse(params->dump())
+                                                              : nlohmann::json({{"type", "object"}});
       fn.held = held;
       try {
-        fn.parameters = JsonSchema::compile(schema);
+        // An object schema with properties takes no other keys (OpenAI's strict functions require
+        // this, and xgrammar's strict mode reads schemas so): else a model could write keys without end.
+        fn.parameters = JsonSchema::compile(schema, /*closed_objects=*/held);
       } catch (const Error& e) {
         throw Error(fmt::format("tool '{}': its parameters cannot hold a call: {}", utf8::shown(fn.name), e.what()));
       }
-      if (params != nullptr && params->contains("properties") && (*params)["properties"].is_object())
-        for (const auto& [key, p] : (*params)["properties"].items())
-          if (is_string_schema(p)) fn.string_keys.push_back(key);
+      if (params != nullptr) fn.string_keys = string_parameters(*params);
       g->functions.push_back(std::move(fn));
     }
   DSI_CHECK(!g->functions.empty(), "a tool call needs a function among the tools{}",

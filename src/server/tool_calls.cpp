@@ -211,11 +211,50 @@ bool is_string_schema(const Json& p) {
          std::none_of(type.begin(), type.end(), [](const Json& x) { return x != "string" && x != "null"; });
 }
 
+namespace {
+
+// The schema a reference inside `root` points at ("#..."), or null.
+const Json* referred(const Json& root, const Json& ref) {
+  if (!ref.is_string() || ref.get<std::string>().rfind('#', 0) != 0) return nullptr;
+  try {
+    const Json::json_pointer ptr(ref.get<std::string>().substr(1));
+    return root.contains(ptr) ? &root.at(ptr) : nullptr;
+  } catch (const Json::exception&) {
+    return nullptr;
+  }
+}
+
+// Adds to `out` the string parameters that `s` (a schema inside root) declares, through its allOf
+// and its reference; depth bounds reference cycles.
+void add_string_parameters(const Json& root, const Json& s, int depth, std::vector<std::string>& out) {
+  if (!s.is_object() || depth > 16) return;
+  if (const auto props = s.find("properties"); props != s.end() && props->is_object())
+    for (auto it = props->begin(); it != props->end(); ++it) {
+      const Json* p = &it.value();
+      for (int hops = 0; p != nullptr && p->is_object() && p->contains("$ref") && hops < 16; ++hops)
+        p = referred(root, (*p)["$ref"]);
+      if (p != nullptr && is_string_schema(*p) && std::find(out.begin(), out.end(), it.key()) == out.end())
+        out.push_back(it.key());
+    }
+  if (const auto all = s.find("allOf"); all != s.end() && all->is_array())
+    for (const Json& member : *all) add_string_parameters(root, member, depth + 1, out);
+  if (const auto ref = s.find("$ref"); ref != s.end())
+    if (const Json* target = referred(root, *ref)) add_string_parameters(root, *target, depth + 1, out);
+}
+
+}  // namespace
+
+std::vector<std::string> string_parameters(const Json& params) {
+  std::vector<std::string> out;
+  add_string_parameters(params, params, 0, out);
+  return out;
+}
+
 bool ToolCallParser::is_string_parameter(const std::string& function, const std::string& key) const {
   const Json* params = function_parameters(tools_, function);
-  if (params == nullptr || !params->contains("properties")) return false;
-  const Json& props = (*params)["properties"];
-  return props.is_object() && props.contains(key) && is_string_schema(props[key]);
+  if (params == nullptr) return false;
+  const std::vector<std::string> keys = string_parameters(*params);
+  return std::find(keys.begin(), keys.end(), key) != keys.end();
 }
 
 std::string ToolCallParser::value_json(const std::string& function, const std::string& key,

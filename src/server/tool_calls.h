@@ -57,6 +57,10 @@ const nlohmann::ordered_json* function_parameters(const nlohmann::ordered_json& 
 // A parameter of this schema is written as plain text in GLM's and DSML's formats, not as JSON:
 // its type is "string" (alone or with "null").
 bool is_string_schema(const nlohmann::ordered_json& schema);
+// The parameters of a parameters schema written as plain text: those declared with a string
+// schema, in its properties or those of its allOf members and references ("#..."), a property's
+// own reference followed too.
+std::vector<std::string> string_parameters(const nlohmann::ordered_json& params);
 
 // "glm", "dsml", "deepseek_v3" or "none"; "auto": the format the chat template writes (by its
 // markers), if any.
