@@ -126,6 +126,13 @@ TEST(ToolCallPrefix, ComposedParametersAreHeldAndReadBack) {
   EXPECT_EQ(refused_at(ToolCallPrefix(grammar), city), city.size() - 1);  // minLength: the value cannot close
   const std::string none = "<tool_call>book</tool_call>";
   EXPECT_EQ(refused_at(ToolCallPrefix(grammar), none), std::string("<tool_call>book<").size());  // city is required
+  // A member that says other keys are welcome keeps them so after the merge.
+  Json welcoming = composed;
+  welcoming[0]["function"]["parameters"]["allOf"][1]["additionalProperties"] = true;
+  const std::string extra = "<tool_call>book<arg_key>city</arg_key><arg_value>Rome</arg_value><arg_key>x</arg_key>"
+                            "<arg_value>1</arg_value></tool_call>";
+  ToolCallPrefix q(ToolGrammar::make(ToolFormat::kGlm, welcoming, "", true));
+  EXPECT_EQ(refused_at(q, extra), extra.size());
 }
 
 struct Bad {

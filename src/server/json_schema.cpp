@@ -382,8 +382,11 @@ class JsonSchema::Compiler {
       props[name] = both_of(sa, sb, at, open);
     }
     Json additional = closed(aa) || closed(ab) ? Json(false) : both_of(aa, ab, path + "/additionalProperties", open);
+    // Other keys open on both sides: said so where a side says it (closed_objects reads a silent
+    // object with properties as closed).
+    const bool said_open = (a.contains("additionalProperties") && aa == kAny) || (b.contains("additionalProperties") && ab == kAny);
     a["properties"] = props;
-    if (additional.is_boolean() && additional.get<bool>()) a.erase("additionalProperties");
+    if (additional == kAny && !said_open) a.erase("additionalProperties");
     else a["additionalProperties"] = additional;
   }
 
