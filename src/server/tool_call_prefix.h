@@ -8,7 +8,8 @@
 //   dsml: <｜DSML｜invoke name="NAME"> <｜DSML｜parameter name="K" string="B">V</｜DSML｜parameter> ...
 //         </｜DSML｜invoke>                                                       -> {"K": V, ...}
 //   deepseek_v3: NAME<｜tool▁sep｜>{JSON arguments}<｜tool▁call▁end｜>            -> the object itself
-// A key, and the value of a string parameter (is_string_schema: dsml marks it string="true"), is
+// A key, and the value of a string parameter (string_parameters, tool_calls.h: declared with a
+// string schema, in the properties or in an allOf member's; dsml marks it string="true"), is
 // plain text up to its closing marker, escaped into a JSON string on the way; any other value is
 // JSON (dsml: string="false"); a function not held to its schema (auto mode, not strict) takes
 // every value as text. Whitespace between markers, a few bytes in a row, as the formats'
