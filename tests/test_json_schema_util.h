@@ -1,0 +1,271 @@
+// What the structured-output tests share (test_server_json_schema*.cpp): a validator written here
+// from the JSON Schema text (values parsed by nlohmann::json, an independent reading of the
+// standard), the recognizer against it, the compiler's messages, and seeded walks through the mask
+// whose every ending validates.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dsinfer/error.h"
+#include "server/constraints.h"
+#include "server/json_schema.h"
+#include "test_constraints_util.h"
+
+namespace dsi::server::schema_test {
+
+using Json = nlohmann::json;
+
+// ---- A validator for the keywords the compiler takes (an independent reading of the standard).
+
+inline size_t code_points(const std::string& s) {
+  return size_t(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+// The formats the compiler writes, read here from RFC 3339, RFC 4122 and RFC 791 (not through the
+// compiler's patterns): a calendar date, a time with its offset, a UUID, a dotted IPv4 address,
+// an e-mail address with a dotted domain.
+inline bool valid_format(const std::string& format, const std::string& v) {
+  auto two = [&](const std::string& s, size_t at, int most) {
+    return at + 2 <= s.size() && std::isdigit(static_cast<unsigned char>(s[at])) &&
+           std::isdigit(static_cast<unsigned char>(s[at + 1])) && std::stoi(s.substr(at, 2)) <= most;
+  };
+  auto date = [&](const std::string& s) {
+    if (s.size() != 10 || s[4] != '-' || s[7] != '-') return false;
+    for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9})
+      if (!std::isdigit(static_cast<unsigned char>(s[i]))) return false;
+    const std::chrono::year_month_day d{std::chrono::year{std::stoi(s.substr(0, 4))},
+                                        std::chrono::month{unsigned(std::stoi(s.substr(5, 2)))},
+                                        std::chrono::day{unsigned(std::stoi(s.substr(8, 2)))}};
+    return d.ok();
+  };
+  auto time = [&](const std::string& s) {
+    if (s.size() < 9 || !two(s, 0, 23) || s[2] != ':' || !two(s, 3, 59) || s[5] != ':' || !two(s, 6, 59)) return false;
+    size_t at = 8;
+    if (at < s.size() && s[at] == '.') {
+      const size_t from = ++at;
+      while (at < s.size() && std::isdigit(static_cast<unsigned char>(s[at]))) ++at;
+      if (at == from) return false;
+    }
+    if (at < s.size() && s[at] == 'Z') return at + 1 == s.size();
+    return at + 6 == s.size() && (s[at] == '+' || s[at] == '-') && two(s, at + 1, 23) && s[at + 3] == ':' &&
+           two(s, at + 4, 59);
+  };
+  if (format == "date") return date(v);
+  if (format == "time") return time(v);
+  if (format == "date-time") return v.size() > 11 && v[10] == 'T' && date(v.substr(0, 10)) && time(v.substr(11));
+  if (format == "uuid") {
+    if (v.size() != 36) return false;
+    for (size_t i = 0; i < v.size(); ++i)
+      if ((i == 8 || i == 13 || i == 18 || i == 23) ? v[i] != '-' : !std::isxdigit(static_cast<unsigned char>(v[i])))
+        return false;
+    return true;
+  }
+  if (format == "ipv4") {
+    in_addr a;
+    return inet_pton(AF_INET, v.c_str(), &a) == 1;
+  }
+  if (format == "email") {
+    const size_t at = v.find('@');
+    return at != std::string::npos && at > 0 && v.find('@', at + 1) == std::string::npos &&
+           v.find('.', at) != std::string::npos && v.back() != '.';
+  }
+  return true;  // an annotation
+}
+
+inline bool valid(const Json& v, const Json& s, const Json& root);
+
+inline bool valid_type(const Json& v, const std::string& t) {
+  if (t == "null") return v.is_null();
+  if (t == "boolean") return v.is_boolean();
+  if (t == "integer") return v.is_number_integer() || (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+  if (t == "number") return v.is_number();
+  if (t == "string") return v.is_string();
+  if (t == "array") return v.is_array();
+  if (t == "object") return v.is_object();
+  return false;
+}
+
+inline bool valid(const Json& v, const Json& s, const Json& root) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("$ref")) {  // (2020-12: beside other keywords, both hold)
+    const std::string r = s["$ref"];
+    if (!valid(v, root.at(Json::json_pointer(r.substr(1))), root)) return false;
+  }
+  if (s.contains("anyOf")) {
+    for (const Json& alt : s["anyOf"])
+      if (valid(v, alt, root)) return true;
+    return false;
+  }
+  if (s.contains("oneOf")) {
+    int matched = 0;
+    for (const Json& alt : s["oneOf"]) matched += valid(v, alt, root);
+    return matched == 1;
+  }
+  if (s.contains("allOf")) {
+    for (const Json& alt : s["allOf"])
+      if (!valid(v, alt, root)) return false;
+  }
+  if (s.contains("type")) {
+    const Json types = s["type"].is_array() ? s["type"] : Json::array({s["type"]});
+    if (std::none_of(types.begin(), types.end(), [&](const Json& t) { return valid_type(v, t.get<std::string>()); }))
+      return false;
+  }
+  if (s.contains("const") && v != s["const"]) return false;
+  if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end()) return false;
+  if (v.is_object()) {
+    if (s.contains("minProperties") && v.size() < s["minProperties"].get<size_t>()) return false;
+    if (s.contains("maxProperties") && v.size() > s["maxProperties"].get<size_t>()) return false;
+    const Json props = s.value("properties", Json::object());
+    for (const Json& r : s.value("required", Json::array()))
+      if (!v.contains(r.get<std::string>())) return false;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (props.contains(it.key())) {
+        if (!valid(it.value(), props[it.key()], root)) return false;
+      } else if (s.contains("additionalProperties") && !valid(it.value(), s["additionalProperties"], root)) {
+        return false;
+      }
+    }
+  }
+  if (v.is_array()) {
+    if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) return false;
+    if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) return false;
+    // The first items by prefixItems (draft 7: items as an array), the rest by items
+    // (additionalItems).
+    const bool tuple = s.contains("items") && s["items"].is_array();
+    const Json prefix = s.contains("prefixItems") ? s["prefixItems"] : tuple ? s["items"] : Json::array();
+    const Json rest = tuple ? s.value("additionalItems", Json(true)) : s.value("items", Json(true));
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!valid(v[i], i < prefix.size() ? prefix[i] : rest, root)) return false;
+    if (s.value("uniqueItems", false))  // (nlohmann::json's equality: 1 equals 1.0, as the standard has it)
+      for (size_t i = 0; i < v.size(); ++i)
+        for (size_t j = i + 1; j < v.size(); ++j)
+          if (v[i] == v[j]) return false;
+  }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    const bool open_min = s.value("exclusiveMinimum", Json(false)) == Json(true);  // draft 4
+    const bool open_max = s.value("exclusiveMaximum", Json(false)) == Json(true);
+    if (s.contains("minimum") && (x < s["minimum"].get<double>() || (open_min && x == s["minimum"].get<double>())))
+      return false;
+    if (s.contains("maximum") && (x > s["maximum"].get<double>() || (open_max && x == s["maximum"].get<double>())))
+      return false;
+    if (s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_number() && x <= s["exclusiveMinimum"].get<double>())
+      return false;
+    if (s.contains("exclusiveMaximum") && s["exclusiveMaximum"].is_number() && x >= s["exclusiveMaximum"].get<double>())
+      return false;
+    if (s.contains("multipleOf")) {  // (whole-number multiples; the values' quotients are exact here)
+      const double q = x / s["multipleOf"].get<double>();
+      if (q != std::floor(q)) return false;
+    }
+  }
+  if (v.is_string()) {
+    const size_t n = code_points(v.get<std::string>());
+    if (s.contains("minLength") && n < s["minLength"].get<size_t>()) return false;
+    if (s.contains("maxLength") && n > s["maxLength"].get<size_t>()) return false;
+    // (ECMAScript as the C++ library reads it: the tests' patterns and strings are ASCII.)
+    if (s.contains("pattern") &&
+        !std::regex_search(v.get<std::string>(), std::regex(s["pattern"].get<std::string>(), std::regex::ECMAScript)))
+      return false;
+    // (A format is asserted where the schema has no pattern: beside one it is an annotation, as the
+    // standard's default vocabulary reads every format.)
+    if (s.contains("format") && !s.contains("pattern") &&
+        !valid_format(s["format"].get<std::string>(), v.get<std::string>()))
+      return false;
+  }
+  return true;
+}
+
+// Whether the recognizer takes the whole text and calls it complete.
+inline bool accepts(const Json& schema, const std::string& text) {
+  SchemaPrefix p(JsonSchema::compile(schema));
+  return p.push(text) && p.complete();
+}
+
+// Each text: the recognizer takes it whole exactly when the validator accepts it. Returns how many
+// the validator accepts.
+inline int expect_the_validators(const Json& s, const std::vector<std::string>& texts) {
+  int valid_texts = 0;
+  for (const std::string& t : texts) {
+    SCOPED_TRACE(t);
+    const Json v = Json::parse(t);
+    valid_texts += valid(v, s, s);
+    EXPECT_EQ(accepts(s, t), valid(v, s, s));
+  }
+  return valid_texts;
+}
+
+// The compiler's message for a schema it refuses; empty when it compiles.
+inline std::string message(const char* schema) {
+  try {
+    JsonSchema::compile(Json::parse(schema));
+  } catch (const dsi::Error& e) {
+    return std::string(e.what());
+  }
+  return std::string();
+}
+
+// Seeded walks through the schema's mask: each step's mask is each token tried alone and its text
+// a prefix the recognizer takes; returns how many walks wrote a whole value, each of which the
+// validator must accept.
+inline int walks_that_end(const Json& s, uint64_t seed, int walks) {
+  const Tokenizer& tok = test::kjv_tokenizer();
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  const auto schema = JsonSchema::compile(s);
+  std::mt19937_64 rng(seed);
+  int ended = 0;
+  for (int walk = 0; walk < walks; ++walk) {
+    SchemaConstraint c(tok, schema, {eos}, -1, -1, false);
+    std::string text;
+    for (int step = 0; step < 300; ++step) {
+      const std::vector<int32_t> ok = test::allowed(c, V);
+      const std::string shown = Json(text).dump(-1, ' ', false, Json::error_handler_t::replace);
+      EXPECT_FALSE(ok.empty()) << shown;
+      EXPECT_EQ(ok, test::each_token(c.state(), tok, V, eos)) << shown;
+      if (ok.empty() || ::testing::Test::HasFailure()) return ended;
+      // After some random steps, prefer what ends: the end of sequence, then closing bytes.
+      int32_t pick = ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];
+      if (step > 15 || rng() % 4 == 0) {
+        std::vector<int32_t> closing;
+        for (int32_t id : ok)
+          if (id == eos) {
+            closing.assign(1, eos);
+            break;
+          } else if (tok.token_bytes(id)->find_first_of("}\"],") != std::string::npos) {
+            closing.push_back(id);
+          }
+        if (!closing.empty()) pick = closing[std::uniform_int_distribution<size_t>(0, closing.size() - 1)(rng)];
+      }
+      if (pick == eos) break;
+      c.accept(pick);
+      text += *tok.token_bytes(pick);
+      SchemaPrefix check(schema);
+      EXPECT_TRUE(check.push(text)) << text;
+    }
+    if (c.state().complete()) {
+      ++ended;
+      // nlohmann::json refuses numbers past a double (5E310), which JSON's grammar allows: such
+      // exponents are read as 0 for the check (the rest of the value is unchanged).
+      const std::string readable = std::regex_replace(text, std::regex("([eE][+-]?)[0-9]{3,}"), "$010");
+      const Json v = Json::parse(readable, nullptr, false);
+      EXPECT_FALSE(v.is_discarded()) << text;
+      EXPECT_TRUE(!v.is_discarded() && valid(v, s, s)) << text;
+    }
+  }
+  return ended;
+}
+
+}  // namespace dsi::server::schema_test
