@@ -688,19 +688,10 @@ class JsonSchema::Compiler {
     if (!ref.is_string()) fail("{}: must be a string", path);
     const std::string r = ref.get<std::string>();
     if (const auto known = refs_.find(r); known != refs_.end()) return known->second;
-    if (r.rfind('#', 0) != 0) fail("{}: only references inside the schema (\"#...\") are supported", path);
-    const Json* found = nullptr;
-    try {
-      const Json::json_pointer ptr(r.substr(1));
-      if (root_.contains(ptr)) found = &root_.at(ptr);
-    } catch (const Json::exception&) {
-      fail("{}: {} is not a JSON pointer into the schema", path, Json(r).dump());
-    }
-    if (found == nullptr) fail("{}: {} points at nothing", path, Json(r).dump());
+    const Json& target = this->target(r, path);
     // The node is named before it is filled, so a reference back to it (recursion) finds it.
     Node& n = out_.nodes_.emplace_back();
     refs_[r] = &n;
-    const Json& target = *found;
     if (target.is_boolean()) {
       if (!target.get<bool>()) fail("{}: {} is the schema false", path, Json(r).dump());
       n.any_of.push_back(out_.any_);

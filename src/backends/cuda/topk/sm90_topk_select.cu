@@ -448,7 +448,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       __syncthreads();
       for (uint32_t i = tid; i < n_cand; i += kSelThreads) {
         const uint32_t w = cand_at(i);
-        if (((w >> 8) & 0xfffu) == p2.bin) atomicAdd(&hist0[w & 0xffu], 1u);
+        count_if(hist0, w & 0xffu, ((w >> 8) & 0xfffu) == p2.bin);
       }
       __syncthreads();
       const BlockPick p3 = block_pick<kSelThreads, 1>(hist0, 256, need - p2.above, false, temp.scan);
@@ -487,7 +487,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     } else {
       for (int64_t i = tid; i < len; i += kSelThreads) {
         const uint32_t o = order_key(__uint_as_float(bits_at(i)));
-        if (o != 0u && (o >> 20) == b1) atomicAdd(&hist1[(o >> 8) & 0xfffu], 1u);
+        count_if(hist1, (o >> 8) & 0xfffu, o != 0u && (o >> 20) == b1);
       }
     }
     pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, kk - above, false, temp);
@@ -503,7 +503,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     } else {
       for (int64_t i = tid; i < len; i += kSelThreads) {
         const uint32_t o = order_key(__uint_as_float(bits_at(i)));
-        if (o != 0u && (o >> 8) == prefix24) atomicAdd(&hist0[o & 0xffu], 1u);
+        count_if(hist0, o & 0xffu, o != 0u && (o >> 8) == prefix24);
       }
     }
     pick = cluster_pick<256>(cluster, hist0, merged2, mail, kk - above, false, temp);
