@@ -4,8 +4,9 @@
 //   1. every CTA of the cluster reads its contiguous chunk of the row, caches the scores' bits in
 //      shared memory and builds a histogram of the top 12 bits of their order keys (the float's
 //      bits made unsigned-monotone, -0 folded onto +0, 0 = not selectable);
-//   2. the CTAs read each other's histograms (DSMEM) and all find the same bin holding the k-th key,
-//      and how many keys it holds;
+//   2. the CTAs add their counts into one cluster-wide histogram, each owning a slice of it, and
+//      their sums over each slice into every CTA's slice totals (DSMEM); past one cluster barrier
+//      all find the same slice, then the same bin holding the k-th key, and how many keys it holds;
 //   3. when CTA 0 has room for them (the usual case), every CTA sends it the keys of that bin (the
 //      candidates, tagged with the sender) and its count above the bin; CTA 0 alone runs the two
 //      remaining digit passes (12 and 8 bits) over the candidates with block barriers, finds the
@@ -100,10 +101,9 @@ constexpr size_t dynamic_smem(int ctas, int64_t cache_entries) {
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::); }
 
-// Cross-CTA traffic of the cluster, written by the other CTAs (pushes: no CTA waits on a remote load).
+// Cross-CTA traffic of the cluster, written by the other CTAs.
 struct Mailbox {
-  uint32_t totals[kMaxCluster];     // per CTA: the sum of its slice of the current merged histogram
-  uint32_t found[3];                // the crossing CTA's bin, the count above it and in it
+  uint32_t totals[3][kMaxCluster];  // per pick level and CTA: the sum of its slice of the merged histogram
   uint32_t counts[kMaxCluster][2];  // per CTA: its keys > T and == T (candidates: [0] = above bin 1)
   uint32_t n_cand;                  // CTA 0: candidates pushed so far
   uint32_t place[4];                // from CTA 0 (candidates): T, winners before, keys == T taken, keys > T
@@ -112,16 +112,20 @@ struct Mailbox {
 // Finds the bin of the cluster-wide histogram (this CTA holds `hist`, NB bins of its own keys) at
 // which the count from the top reaches `need` (first level: min(k, total)); the cluster-wide count
 // above it and the total. Every CTA gets the same answer. Each CTA owns a slice of NB / C bins: the
-// others add their counts into its `merged` slice (zero on entry), it sums the slice and sends the
-// sum to every CTA, all find the slice holding the k-th key, and its owner finds the bin and sends
-// it. Block-synchronising; three cluster barriers, the first of which the caller has passed.
+// others add their counts into its `merged` slice, and the sums of their counts over it into every
+// CTA's mail.totals[level][owner] (both zero on entry). After one cluster barrier every CTA knows
+// every slice's total, so the slice holding the k-th key, and reads that slice from its owner to
+// find the bin (the owner leaves it alone until a later cluster barrier; sending the totals after
+// the barrier, and the bin from the owner, took two barriers more: 1.2 us at 128K keys).
+// Block-synchronising; the caller has passed the barrier after which the others may add into this
+// CTA's slices.
 template <int NB>
 __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* hist, uint32_t* merged,
-                             Mailbox& mail, uint32_t need_or_k, bool first, Temp& temp) {
-  __shared__ uint32_t s_tot, s_need, s_total, s_above, s_fbin, s_fabove, s_fcount;
+                             Mailbox& mail, int level, uint32_t need_or_k, bool first, Temp& temp) {
+  __shared__ uint32_t s_need, s_total, s_above, s_fbin, s_fabove, s_fcount;
   __shared__ int s_cross;  // the CTA whose slice holds the k-th key (-1: none)
-  const int tid = threadIdx.x;
-  const unsigned n_ctas = cluster.num_blocks(), me = cluster.block_rank();
+  const int tid = threadIdx.x, lane = tid & 31;
+  const unsigned n_ctas = cluster.num_blocks();
   const int S = NB / int(n_ctas);  // n_ctas is a power of two <= 16 and divides NB
   // S is a power of two too: the owner and the place in its slice by shift and mask (a run-time
   // division and remainder cost an integer-division sequence per bin).
@@ -131,17 +135,28 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
     const uint32_t c = hist[b];
     if (c != 0u) atomicAdd(cluster.map_shared_rank(merged + (unsigned(b) & s_mask), unsigned(b) >> s_shift), c);
   }
-  cluster.sync();  // every count is in its slice
-  uint32_t tot = 0;
-  for (int j = tid; j < S; j += kSelThreads) tot += merged[j];
-  tot = Reduce(temp.reduce).Sum(tot);
-  if (tid == 0) s_tot = tot;
-  __syncthreads();
-  if (tid < int(n_ctas)) *cluster.map_shared_rank(&mail.totals[me], unsigned(tid)) = s_tot;
-  cluster.sync();  // every CTA has every slice total
+  // This CTA's count over each slice: thread t sums bins [8t, 8t + 8) (one slice: S >= 16), the
+  // lanes of one slice add theirs, and the slice's first lane (lane j < C of a warp-wide slice)
+  // adds the sum into the owner's total at every CTA.
+  uint32_t* totals = mail.totals[level];
+  constexpr int kSum = 8;
+  if (tid * kSum < NB) {  // warp-uniform: NB / 8 is a multiple of 32
+    const uint4 x = *reinterpret_cast<const uint4*>(hist + tid * kSum);
+    const uint4 y = *reinterpret_cast<const uint4*>(hist + tid * kSum + 4);
+    uint32_t part = x.x + x.y + x.z + x.w + y.x + y.y + y.z + y.w;
+    const int L = min(32, S / kSum);  // lanes per slice
+    for (int o = 1; o < L; o <<= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
+    const unsigned owner = unsigned(tid * kSum) >> s_shift;
+    if (L == 32) {
+      if (unsigned(lane) < n_ctas && part != 0u) atomicAdd(cluster.map_shared_rank(totals + owner, unsigned(lane)), part);
+    } else if ((lane & (L - 1)) == 0 && part != 0u) {
+      for (unsigned q = 0; q < n_ctas; ++q) atomicAdd(cluster.map_shared_rank(totals + owner, q), part);
+    }
+  }
+  cluster.sync();  // every count is in its slice, every slice total at every CTA
   if (tid < 32) {  // lane q: CTA q's slice, the bins above it are in the slices of higher ranks
     const unsigned q = unsigned(tid);
-    const uint32_t t = q < n_ctas ? mail.totals[q] : 0u;
+    const uint32_t t = q < n_ctas ? totals[q] : 0u;
     uint32_t total = 0, above = 0;
 #pragma unroll
     for (int j = 0; j < kMaxCluster; ++j) {
@@ -162,14 +177,16 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
     }
   }
   __syncthreads();
-  if (s_cross == int(me)) {  // block-uniform
+  const int cross = s_cross;
+  if (cross >= 0) {  // block-uniform
+    const uint32_t* slice = cluster.map_shared_rank(merged, unsigned(cross));
     constexpr int kPer = NB >= kSelThreads ? NB / kSelThreads : 1;
     const int per = (S + kSelThreads - 1) / kSelThreads;  // <= kPer
     uint32_t cnt[kPer], sum = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {  // thread t owns slice bins S-1-t*per-i: descending order
       const int j = S - 1 - tid * per - i;
-      cnt[i] = i < per && j >= 0 ? merged[j] : 0u;
+      cnt[i] = i < per && j >= 0 ? slice[j] : 0u;
       sum += cnt[i];
     }
     uint32_t before = 0;
@@ -179,26 +196,19 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
       if (acc < need && acc + cnt[i] >= need) {  // exactly one (thread, i) crosses
-        s_fbin = uint32_t(int(me) * S + S - 1 - tid * per - i);
+        s_fbin = uint32_t(cross * S + S - 1 - tid * per - i);
         s_fabove = s_above + acc;
         s_fcount = cnt[i];
       }
       acc += cnt[i];
     }
     __syncthreads();
-    if (tid < int(n_ctas)) {
-      uint32_t* f = cluster.map_shared_rank(mail.found, unsigned(tid));
-      f[0] = s_fbin;
-      f[1] = s_fabove;
-      f[2] = s_fcount;
-    }
   }
-  cluster.sync();  // every CTA has the bin
   Pick r;
   r.total = s_total;
-  r.bin = s_cross >= 0 ? mail.found[0] : 0u;
-  r.above = s_cross >= 0 ? mail.found[1] : 0u;
-  r.count = s_cross >= 0 ? mail.found[2] : 0u;
+  r.bin = cross < 0 ? 0u : s_fbin;
+  r.above = cross < 0 ? 0u : s_fabove;
+  r.count = cross < 0 ? 0u : s_fcount;
   return r;
 }
 
@@ -346,6 +356,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
 
   for (int64_t i = tid; i < 2 * kBins + merged_words(int(n_ctas)); i += kSelThreads) dyn[i] = 0;
   if (tid == 0) mail.n_cand = 0;
+  if (tid < 3 * kMaxCluster) mail.totals[tid / kMaxCluster][tid % kMaxCluster] = 0;
   __syncthreads();
   cluster_arrive();  // this CTA's slices are zero: the others may add into them after the wait
   // Pass 1: scores (cached), histogram of bits 31..20 of the selectable keys.
@@ -368,7 +379,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     }
   }
   cluster_wait();
-  Pick pick = cluster_pick<kBins>(cluster, hist0, merged0, mail, uint32_t(p.k), true, temp);
+  Pick pick = cluster_pick<kBins>(cluster, hist0, merged0, mail, 0, uint32_t(p.k), true, temp);
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
   int32_t* out_idx = p.indices + row * p.k;
   float* out_val = p.values != nullptr ? p.values + row * p.k : nullptr;
@@ -490,7 +501,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
         count_if(hist1, (o >> 8) & 0xfffu, o != 0u && (o >> 20) == b1);
       }
     }
-    pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, kk - above, false, temp);
+    pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, 1, kk - above, false, temp);
     const uint32_t prefix24 = (b1 << 12) | pick.bin;
     above += pick.above;
     // Pass 3: bits 7..0 of the keys with that 24-bit prefix (hist0 is free again: every CTA's pushes
@@ -506,7 +517,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
         count_if(hist0, o & 0xffu, o != 0u && (o >> 8) == prefix24);
       }
     }
-    pick = cluster_pick<256>(cluster, hist0, merged2, mail, kk - above, false, temp);
+    pick = cluster_pick<256>(cluster, hist0, merged2, mail, 2, kk - above, false, temp);
     thr = (prefix24 << 8) | pick.bin;  // the k-th key (>= 1: selectable)
     above += pick.above;
     const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
