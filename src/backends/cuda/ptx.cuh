@@ -60,6 +60,32 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, unsigned parity) {
       "r"(parity)
       : "memory");
 }
+// One arrival at the barrier `bar` (this CTA's address of it) of the cluster's CTA `rank`, after this
+// thread's earlier writes, and those of the threads that passed a block barrier with it, are visible
+// cluster-wide.
+__device__ __forceinline__ void mbarrier_arrive_remote(uint64_t* bar, unsigned rank) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 ra;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(rank)
+      : "memory");
+}
+// mbarrier_wait for arrivals from other CTAs of the cluster: past it, the writes their arrivals
+// released are visible to this thread.
+__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
 // bytes (a multiple of 16; both addresses 16-aligned) global -> shared in one copy, completing on
 // bar's current phase (which must expect them: mbarrier_arrive_expect_tx).
 __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {

@@ -33,6 +33,7 @@
 #include <cstdint>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/ptx.cuh"
 #include "backends/cuda/topk/topk.h"
 
 namespace dsi::cuda {
@@ -326,6 +327,8 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   __shared__ Temp temp;
   __shared__ Mailbox mail;
   __shared__ uint32_t s_place[2];  // winners in lower CTAs, keys == T this CTA takes
+  // Candidates: [0] (CTA 0) every CTA's candidates and count are in; [1] this CTA's place is in.
+  __shared__ __align__(8) uint64_t s_bars[2];
 
   const cg::cluster_group cluster = cg::this_cluster();
   const unsigned crank = cluster.block_rank(), n_ctas = cluster.num_blocks();
@@ -355,7 +358,12 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   };
 
   for (int64_t i = tid; i < 2 * kBins + merged_words(int(n_ctas)); i += kSelThreads) dyn[i] = 0;
-  if (tid == 0) mail.n_cand = 0;
+  if (tid == 0) {
+    mail.n_cand = 0;
+    mbarrier_init(&s_bars[0], n_ctas);
+    mbarrier_init(&s_bars[1], 1);
+    fence_barrier_init();
+  }
   if (tid < 3 * kMaxCluster) mail.totals[tid / kMaxCluster][tid % kMaxCluster] = 0;
   __syncthreads();
   cluster_arrive();  // this CTA's slices are zero: the others may add into them after the wait
@@ -444,8 +452,10 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     }
     gt1 = Reduce(temp.reduce).Sum(gt1);
     if (tid == 0) *cluster.map_shared_rank(&mail.counts[crank][0], 0u) = gt1;
-    cluster.sync();  // CTA 0 has every candidate and count
+    __syncthreads();  // this CTA's candidates and count are sent
+    if (tid == 0) mbarrier_arrive_remote(&s_bars[0], 0u);
     if (crank == 0) {
+      mbarrier_wait_cluster(&s_bars[0], 0u);  // CTA 0 has every candidate and count
       __shared__ uint32_t s_cgt[kMaxCluster], s_ceq[kMaxCluster];
       // The candidates: this CTA's in [0, n_local), the others' in [cand_cap - (n_cand - n_local), cand_cap).
       const uint32_t n_cand = pick.count, need = kk - pick.above;
@@ -481,10 +491,14 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
           pl[1] = place.before;
           pl[2] = place.take;
           pl[3] = cgt;
+          mbarrier_arrive_remote(&s_bars[1], q);
         }
       }
     }
-    cluster.sync();  // every CTA has its place; no shared memory is touched remotely after this
+    // Every CTA has ended its remote accesses (to CTA 0; to the crossing slice of the pick) before
+    // its arrival at CTA 0, which sends the places only after them all: past this wait no shared
+    // memory is touched remotely.
+    mbarrier_wait_cluster(&s_bars[1], 0u);
     thr = mail.place[0];
     win_before = mail.place[1];
     my_take = mail.place[2];
