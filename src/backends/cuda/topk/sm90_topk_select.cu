@@ -122,7 +122,8 @@ struct Mailbox {
 // CTA's slices.
 template <int NB>
 __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* hist, uint32_t* merged,
-                             Mailbox& mail, int level, uint32_t need_or_k, bool first, Temp& temp) {
+                             Mailbox& mail, uint64_t* bar, int level, uint32_t need_or_k, bool first,
+                             Temp& temp) {
   __shared__ uint32_t s_need, s_total, s_above, s_fbin, s_fabove, s_fcount;
   __shared__ int s_cross;  // the CTA whose slice holds the k-th key (-1: none)
   const int tid = threadIdx.x, lane = tid & 31;
@@ -154,7 +155,10 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
       for (unsigned q = 0; q < n_ctas; ++q) atomicAdd(cluster.map_shared_rank(totals + owner, q), part);
     }
   }
-  cluster.sync();  // every count is in its slice, every slice total at every CTA
+  // Every CTA arrives at every CTA's `bar` (n_ctas arrivals, fresh) once its pushes are out.
+  __syncthreads();
+  if (tid < int(n_ctas)) mbarrier_arrive_remote(bar, unsigned(tid));
+  mbarrier_wait_cluster(bar, 0u);  // every count is in its slice, every slice total at every CTA
   if (tid < 32) {  // lane q: CTA q's slice, the bins above it are in the slices of higher ranks
     const unsigned q = unsigned(tid);
     const uint32_t t = q < n_ctas ? totals[q] : 0u;
@@ -328,7 +332,8 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   __shared__ Mailbox mail;
   __shared__ uint32_t s_place[2];  // winners in lower CTAs, keys == T this CTA takes
   // Candidates: [0] (CTA 0) every CTA's candidates and count are in; [1] this CTA's place is in.
-  __shared__ __align__(8) uint64_t s_bars[2];
+  // [2 + l]: every CTA's counts of pick level l are in.
+  __shared__ __align__(8) uint64_t s_bars[5];
 
   const cg::cluster_group cluster = cg::this_cluster();
   const unsigned crank = cluster.block_rank(), n_ctas = cluster.num_blocks();
@@ -362,6 +367,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     mail.n_cand = 0;
     mbarrier_init(&s_bars[0], n_ctas);
     mbarrier_init(&s_bars[1], 1);
+    for (int l = 2; l < 5; ++l) mbarrier_init(&s_bars[l], n_ctas);
     fence_barrier_init();
   }
   if (tid < 3 * kMaxCluster) mail.totals[tid / kMaxCluster][tid % kMaxCluster] = 0;
@@ -387,7 +393,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     }
   }
   cluster_wait();
-  Pick pick = cluster_pick<kBins>(cluster, hist0, merged0, mail, 0, uint32_t(p.k), true, temp);
+  Pick pick = cluster_pick<kBins>(cluster, hist0, merged0, mail, &s_bars[2], 0, uint32_t(p.k), true, temp);
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
   int32_t* out_idx = p.indices + row * p.k;
   float* out_val = p.values != nullptr ? p.values + row * p.k : nullptr;
@@ -515,7 +521,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
         count_if(hist1, (o >> 8) & 0xfffu, o != 0u && (o >> 20) == b1);
       }
     }
-    pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, 1, kk - above, false, temp);
+    pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, &s_bars[3], 1, kk - above, false, temp);
     const uint32_t prefix24 = (b1 << 12) | pick.bin;
     above += pick.above;
     // Pass 3: bits 7..0 of the keys with that 24-bit prefix (hist0 is free again: every CTA's pushes
@@ -531,7 +537,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
         count_if(hist0, o & 0xffu, o != 0u && (o >> 8) == prefix24);
       }
     }
-    pick = cluster_pick<256>(cluster, hist0, merged2, mail, 2, kk - above, false, temp);
+    pick = cluster_pick<256>(cluster, hist0, merged2, mail, &s_bars[4], 2, kk - above, false, temp);
     thr = (prefix24 << 8) | pick.bin;  // the k-th key (>= 1: selectable)
     above += pick.above;
     const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
