@@ -5,7 +5,7 @@
 //      shared memory and builds a histogram of the top 12 bits of their order keys (the float's
 //      bits made unsigned-monotone, -0 folded onto +0, 0 = not selectable);
 //   2. the CTAs add their counts into one cluster-wide histogram, each owning a slice of it, and
-//      their sums over each slice into every CTA's slice totals (DSMEM); past one cluster barrier
+//      their sums over each slice into every CTA's slice totals (DSMEM); past one all-to-all wait
 //      all find the same slice, then the same bin holding the k-th key, and how many keys it holds;
 //   3. when CTA 0 has room for them (the usual case), every CTA sends it the keys of that bin (the
 //      candidates, tagged with the sender) and its count above the bin; CTA 0 alone runs the two
@@ -114,12 +114,13 @@ struct Mailbox {
 // which the count from the top reaches `need` (first level: min(k, total)); the cluster-wide count
 // above it and the total. Every CTA gets the same answer. Each CTA owns a slice of NB / C bins: the
 // others add their counts into its `merged` slice, and the sums of their counts over it into every
-// CTA's mail.totals[level][owner] (both zero on entry). After one cluster barrier every CTA knows
-// every slice's total, so the slice holding the k-th key, and reads that slice from its owner to
-// find the bin (the owner leaves it alone until a later cluster barrier; sending the totals after
-// the barrier, and the bin from the owner, took two barriers more: 1.2 us at 128K keys).
-// Block-synchronising; the caller has passed the barrier after which the others may add into this
-// CTA's slices.
+// CTA's mail.totals[level][owner] (both zero on entry), then arrive at every CTA's `bar` (a fresh
+// shared-memory barrier expecting C arrivals). Past its own, every CTA knows every slice's total, so
+// the slice holding the k-th key, and reads that slice from its owner to find the bin (the owner
+// leaves it alone, and stays, until every CTA has passed a later wait). Sending the totals after a
+// cluster barrier and the bin from the owner after another took 1.2 us more at 128K keys, and a
+// cluster barrier instead of the barriers' arrivals about 0.1 us more. Block-synchronising; the
+// caller has passed the cluster barrier after which the others may add into this CTA's slices.
 template <int NB>
 __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* hist, uint32_t* merged,
                              Mailbox& mail, uint64_t* bar, int level, uint32_t need_or_k, bool first,
