@@ -5,8 +5,9 @@
 // ops::topk ran it) with plain stream launches. GB/s of the scores read + indices written, against
 // the H200's ~4.3 TB/s.
 //
-//   bench_topk [--reps N] [--keys N] [--ctas A,B]   (--keys: that row length only; --ctas: the
-//   cluster kernel also at each forced CTA count per row, set_topk_cluster_ctas)
+//   bench_topk [--reps N] [--keys N] [--ctas A,B] [--trace]   (--keys: that row length only;
+//   --ctas: the cluster kernel also at each forced CTA count per row, set_topk_cluster_ctas;
+//   --trace: where the cluster kernel's CTAs spend the last replay, TopkSelectParams::trace)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -46,6 +47,31 @@ T* dalloc(size_t n) {
   return static_cast<T*>(p);
 }
 
+// The phase marks of the last replay (us after the first CTA's entry: min, median, max over the CTAs
+// that wrote each; marks of earlier replays, older than that entry, are left out).
+void print_trace(const unsigned long long* dtrace, int64_t rows) {
+  constexpr int S = dsi::cuda::kTopkTraceSlots, R = dsi::cuda::kTopkTraceRanks;
+  std::vector<unsigned long long> t(size_t(rows * R * S));
+  DSI_CUDA_CHECK(cudaMemcpy(t.data(), dtrace, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
+  unsigned long long t0 = ~0ull, last = 0;
+  for (int64_t b = 0; b < rows * R; ++b) last = std::max(last, t[size_t(b * S)]);
+  for (int64_t b = 0; b < rows * R; ++b)  // entries of the last replay: within 1 ms of the latest
+    if (t[size_t(b * S)] != 0 && last - t[size_t(b * S)] < 1000000) t0 = std::min(t0, t[size_t(b * S)]);
+  std::printf("    trace of the last replay (us after the first CTA's entry: min, median, max over CTAs)\n");
+  int m = 0;
+  for (const char* what : dsi::cuda::kTopkTraceMarks) {
+    std::vector<double> v;
+    for (int64_t b = 0; b < rows * R; ++b)
+      if (const unsigned long long x = t[size_t(b * S + m)]; x >= t0 && x != 0) v.push_back(double(x - t0) * 1e-3);
+    ++m;
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    std::printf("    %-34s %7.2f %7.2f %7.2f us (%zu CTAs)\n", what, v.front(), v[v.size() / 2], v.back(), v.size());
+  }
+}
+
+bool g_trace = false;
+
 void bench(int64_t rows, int64_t n, bool relu, int reps, const std::vector<int>& cta_sweep) {
   const int64_t per_copy = rows * n;
   const int copies = int(std::clamp<int64_t>((int64_t(120) << 20) / (per_copy * 4) + 1, 1, 64));
@@ -74,6 +100,15 @@ void bench(int64_t rows, int64_t n, bool relu, int reps, const std::vector<int>&
   };
   const double t_sel = time_graph(copies, reps, select);
   report(std::string("top-2048 radix select ") + tag, t_sel, bytes);
+  if (g_trace) {
+    unsigned long long* tr = dalloc<unsigned long long>(size_t(rows * dsi::cuda::kTopkTraceRanks * dsi::cuda::kTopkTraceSlots));
+    DSI_CUDA_CHECK(cudaMemset(tr, 0, size_t(rows * dsi::cuda::kTopkTraceRanks * dsi::cuda::kTopkTraceSlots) * 8));
+    p.trace = tr;
+    std::printf("  with the marks: %.2f us\n", time_graph(copies, reps, select));
+    print_trace(tr, rows);
+    p.trace = nullptr;
+    DSI_CUDA_CHECK(cudaFree(tr));
+  }
   for (int c : cta_sweep) {  // --ctas: the cluster kernel at each forced width
     dsi::cuda::set_topk_cluster_ctas(c);
     std::printf("  %2d CTAs per row: %.2f us\n", c, time_graph(copies, reps, select));
@@ -121,11 +156,12 @@ int main(int argc, char** argv) {
       if (k == "--reps") reps = std::max(1, std::stoi(value()));
       else if (k == "--keys") only_keys = std::stoll(value());
       else if (k == "--ctas") cta_sweep = int_list(value());
+      else if (k == "--trace") g_trace = true;
       else return false;
       return true;
     });
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_topk: %s\nusage: bench_topk [--reps N] [--keys N] [--ctas A,B]\n", e.what());
+    std::fprintf(stderr, "bench_topk: %s\nusage: bench_topk [--reps N] [--keys N] [--ctas A,B] [--trace]\n", e.what());
     return 2;
   }
   try {

@@ -45,6 +45,7 @@ namespace cg = cooperative_groups;
 constexpr int kSelThreads = 512;
 constexpr int kBins = 4096;                       // 12-bit digits (passes 1 and 2), 8 bits last
 constexpr int kMaxCluster = 16;                   // non-portable cluster size (Hopper allows 16)
+static_assert(kTopkTraceRanks == kMaxCluster);
 constexpr int64_t kCacheMax = 32768;              // scores per CTA kept in shared memory
 constexpr int kGatherItems = 8;                   // consecutive keys per thread in the gather pass
 constexpr int64_t kCandMax = 16384;               // candidates CTA 0 refines alone (64 KiB)
@@ -97,6 +98,15 @@ constexpr size_t dynamic_smem(int ctas, int64_t cache_entries) {
   return sizeof(uint32_t) * size_t(2 * kBins + merged_words(ctas) + cache_entries);
 }
 
+// TopkSelectParams::trace: thread 0 of this CTA writes %globaltimer as `mark`.
+__device__ __forceinline__ void trace_mark(unsigned long long* trace, int mark) {
+  if (trace != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    trace[(int64_t(blockIdx.y) * kTopkTraceRanks + blockIdx.x) * kTopkTraceSlots + mark] = t;
+  }
+}
+
 // The split cluster barrier: arrive, then wait before the first access that needs every CTA past
 // the arrive (the work in between overlaps the barrier).
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::); }
@@ -124,7 +134,7 @@ struct Mailbox {
 template <int NB>
 __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* hist, uint32_t* merged,
                              Mailbox& mail, uint64_t* bar, int level, uint32_t need_or_k, bool first,
-                             Temp& temp) {
+                             Temp& temp, unsigned long long* trace) {
   __shared__ uint32_t s_need, s_total, s_above, s_fbin, s_fabove, s_fcount;
   __shared__ int s_cross;  // the CTA whose slice holds the k-th key (-1: none)
   const int tid = threadIdx.x, lane = tid & 31;
@@ -159,7 +169,9 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
   // Every CTA arrives at every CTA's `bar` (n_ctas arrivals, fresh) once its pushes are out.
   __syncthreads();
   if (tid < int(n_ctas)) mbarrier_arrive_remote(bar, unsigned(tid));
+  trace_mark(trace, 3);
   mbarrier_wait_cluster(bar, 0u);  // every count is in its slice, every slice total at every CTA
+  trace_mark(trace, 4);
   if (tid < 32) {  // lane q: CTA q's slice, the bins above it are in the slices of higher ranks
     const unsigned q = unsigned(tid);
     const uint32_t t = q < n_ctas ? totals[q] : 0u;
@@ -327,7 +339,9 @@ __device__ BlockPick block_pick(const uint32_t* hist, int nb, uint32_t need_or_k
 
 template <bool kCached>
 __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectParams p, int cand_cap) {
+  trace_mark(p.trace, 0);
   pdl_enter();
+  trace_mark(p.trace, 1);
   extern __shared__ __align__(16) uint32_t dyn[];
   __shared__ Temp temp;
   __shared__ Mailbox mail;
@@ -375,9 +389,32 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   __syncthreads();
   cluster_arrive();  // this CTA's slices are zero: the others may add into them after the wait
   // Pass 1: scores (cached), histogram of bits 31..20 of the selectable keys.
-  // 8 loads per thread in flight before their keys are binned (one at a time is latency-bound).
+  // Where the chunk is 16-byte aligned: 4 loads of 4 scores per thread in flight (8K scores a round).
+  const int64_t n4 = (reinterpret_cast<uintptr_t>(srow + lo) & 15u) == 0 ? len / 4 : 0;  // block-uniform
+  for (int64_t base = 0; base < n4; base += int64_t(kSelThreads) * 4) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t i4 = base + int64_t(u) * kSelThreads + tid;
+      if (i4 < n4) v[u] = reinterpret_cast<const uint4*>(srow + lo)[i4];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t i4 = base + int64_t(u) * kSelThreads + tid;
+      if (i4 >= n4) continue;
+      uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if (lo + 4 * i4 + e >= bound) w[e] = kNoKeyBits;
+        const uint32_t o = order_key(__uint_as_float(w[e]));
+        count_if(hist0, o >> 20, o != 0u);
+      }
+      if constexpr (kCached) *reinterpret_cast<uint4*>(cache + 4 * i4) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+  // Else, and the tail: 8 loads of one score per thread in flight before their keys are binned.
   constexpr int kLoads = 8;
-  for (int64_t base = 0; base < len; base += int64_t(kSelThreads) * kLoads) {
+  for (int64_t base = 4 * n4; base < len; base += int64_t(kSelThreads) * kLoads) {
     uint32_t v[kLoads];
 #pragma unroll
     for (int u = 0; u < kLoads; ++u) {
@@ -393,8 +430,10 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       count_if(hist0, o >> 20, o != 0u);
     }
   }
+  trace_mark(p.trace, 2);
   cluster_wait();
-  Pick pick = cluster_pick<kBins>(cluster, hist0, merged0, mail, &s_bars[2], 0, uint32_t(p.k), true, temp);
+  Pick pick = cluster_pick<kBins>(cluster, hist0, merged0, mail, &s_bars[2], 0, uint32_t(p.k), true, temp, p.trace);
+  trace_mark(p.trace, 5);
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
   int32_t* out_idx = p.indices + row * p.k;
   float* out_val = p.values != nullptr ? p.values + row * p.k : nullptr;
@@ -427,29 +466,29 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
 #pragma unroll
         for (int u = 0; u < 4; ++u) o[u] = i0 + u < len ? bits_at(i0 + u) : kNoKeyBits;
       }
-      uint32_t mine = 0;
+      // The warp's candidates of each of the 4 steps by ballot; their slots: the steps before,
+      // then the lanes before.
+      uint32_t mask[4], warp_total = 0;
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         o[u] = order_key(__uint_as_float(o[u]));
         gt1 += (o[u] >> 20) > b1 ? 1u : 0u;  // > b1 >= 0: selectable
-        mine += o[u] != 0u && (o[u] >> 20) == b1 ? 1u : 0u;
+        mask[u] = __ballot_sync(0xffffffffu, o[u] != 0u && (o[u] >> 20) == b1);
+        warp_total += __popc(mask[u]);
       }
-      uint32_t incl = mine;  // warp-inclusive prefix of the candidate counts
-#pragma unroll
-      for (int d = 1; d < 32; d *= 2) {
-        const uint32_t t = __shfl_up_sync(0xffffffffu, incl, d);
-        if (lane >= d) incl += t;
-      }
-      const uint32_t warp_total = __shfl_sync(0xffffffffu, incl, 31);
-      if (warp_total == 0u) continue;
+      if (warp_total == 0u) continue;  // warp-uniform
       uint32_t slot = 0;
-      if (lane == 31) slot = atomicAdd(&s_local, warp_total);
-      slot = __shfl_sync(0xffffffffu, slot, 31) + incl - mine;
+      if (lane == 0) slot = atomicAdd(&s_local, warp_total);
+      slot = __shfl_sync(0xffffffffu, slot, 0);
+      const uint32_t below = (1u << lane) - 1u;
 #pragma unroll
-      for (int u = 0; u < 4; ++u)
-        if (o[u] != 0u && (o[u] >> 20) == b1) cand[slot++] = (crank << 20) | (o[u] & 0xfffffu);
+      for (int u = 0; u < 4; ++u) {
+        if (mask[u] >> lane & 1u) cand[slot + __popc(mask[u] & below)] = (crank << 20) | (o[u] & 0xfffffu);
+        slot += __popc(mask[u]);
+      }
     }
     __syncthreads();
+    trace_mark(p.trace, 6);
     const uint32_t n_local = s_local;
     if (crank != 0) {
       if (tid == 0) s_base = atomicAdd(cluster.map_shared_rank(&mail.n_cand, 0u), n_local);
@@ -461,8 +500,10 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     if (tid == 0) *cluster.map_shared_rank(&mail.counts[crank][0], 0u) = gt1;
     __syncthreads();  // this CTA's candidates and count are sent
     if (tid == 0) mbarrier_arrive_remote(&s_bars[0], 0u);
+    trace_mark(p.trace, 7);
     if (crank == 0) {
       mbarrier_wait_cluster(&s_bars[0], 0u);  // CTA 0 has every candidate and count
+      trace_mark(p.trace, 8);
       __shared__ uint32_t s_cgt[kMaxCluster], s_ceq[kMaxCluster];
       // The candidates: this CTA's in [0, n_local), the others' in [cand_cap - (n_cand - n_local), cand_cap).
       const uint32_t n_cand = pick.count, need = kk - pick.above;
@@ -501,11 +542,13 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
           mbarrier_arrive_remote(&s_bars[1], q);
         }
       }
+      trace_mark(p.trace, 9);
     }
     // Every CTA has ended its remote accesses (to CTA 0; to the crossing slice of the pick) before
     // its arrival at CTA 0, which sends the places only after them all: past this wait no shared
     // memory is touched remotely.
     mbarrier_wait_cluster(&s_bars[1], 0u);
+    trace_mark(p.trace, 10);
     thr = mail.place[0];
     win_before = mail.place[1];
     my_take = mail.place[2];
@@ -522,7 +565,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
         count_if(hist1, (o >> 8) & 0xfffu, o != 0u && (o >> 20) == b1);
       }
     }
-    pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, &s_bars[3], 1, kk - above, false, temp);
+    pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, &s_bars[3], 1, kk - above, false, temp, nullptr);
     const uint32_t prefix24 = (b1 << 12) | pick.bin;
     above += pick.above;
     // Pass 3: bits 7..0 of the keys with that 24-bit prefix (hist0 is free again: every CTA's pushes
@@ -538,7 +581,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
         count_if(hist0, o & 0xffu, o != 0u && (o >> 8) == prefix24);
       }
     }
-    pick = cluster_pick<256>(cluster, hist0, merged2, mail, &s_bars[4], 2, kk - above, false, temp);
+    pick = cluster_pick<256>(cluster, hist0, merged2, mail, &s_bars[4], 2, kk - above, false, temp, nullptr);
     thr = (prefix24 << 8) | pick.bin;  // the k-th key (>= 1: selectable)
     above += pick.above;
     const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
@@ -602,11 +645,20 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   uint32_t run_gt = 0, run_eq = 0;
   for (int64_t base = 0; base < len; base += int64_t(kSelThreads) * kGatherItems) {
     uint32_t b[kGatherItems], o[kGatherItems];
+    const int64_t i0 = base + int64_t(tid) * kGatherItems;
+    if (kCached && i0 + kGatherItems <= len) {  // 16-byte loads (i0 % 8 == 0): no bank conflicts
+#pragma unroll
+      for (int g = 0; g < kGatherItems; g += 4) {
+        const uint4 w = *reinterpret_cast<const uint4*>(cache + i0 + g);
+        b[g] = w.x, b[g + 1] = w.y, b[g + 2] = w.z, b[g + 3] = w.w;
+      }
+    } else {
+#pragma unroll
+      for (int it = 0; it < kGatherItems; ++it) b[it] = i0 + it < len ? bits_at(i0 + it) : kNoKeyBits;
+    }
     uint32_t cnt = 0;  // (keys > thr) | (keys == thr) << 16: a tile holds < 2^16 keys
 #pragma unroll
     for (int it = 0; it < kGatherItems; ++it) {
-      const int64_t i = base + int64_t(tid) * kGatherItems + it;
-      b[it] = i < len ? bits_at(i) : kNoKeyBits;
       o[it] = order_key(__uint_as_float(b[it]));
       cnt += (o[it] > thr ? 1u : 0u) + (o[it] == thr ? 0x10000u : 0u);
     }
@@ -618,6 +670,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     run_eq += agg >> 16;
     __syncthreads();  // temp.scan is reused by the next tile
   }
+  trace_mark(p.trace, 11);
 }
 
 // ---- One CTA per row ----
@@ -867,6 +920,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
     q.first_row = p.first_row + r0;
     q.indices = p.indices + r0 * p.k;
     if (q.values != nullptr) q.values = p.values + r0 * p.k;
+    if (q.trace != nullptr) q.trace = p.trace + r0 * kTopkTraceRanks * kTopkTraceSlots;
     launch_cluster(kernel, dim3(unsigned(ctas), unsigned(q.rows), 1), dim3(kSelThreads), smem, unsigned(ctas), s, q,
                    cand_cap);
   }

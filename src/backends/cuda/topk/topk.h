@@ -56,7 +56,25 @@ struct TopkSelectParams {
   // outside its scores).
   unsigned long long* bad;
   int64_t first_row;  // what bad calls this call's row 0 (the launch's chunks of rows)
+  // Benchmarks' phase marks, when not null: thread 0 of each cluster CTA writes %globaltimer at
+  // the points kTopkTraceMarks names into trace[(row * kTopkTraceRanks + rank) * kTopkTraceSlots +
+  // mark] (the cluster kernel only; a CTA writes only the marks it passes).
+  unsigned long long* trace;
 };
+inline constexpr int kTopkTraceRanks = 16;  // the largest cluster
+inline constexpr int kTopkTraceSlots = 12;
+inline constexpr const char* kTopkTraceMarks[] = {"entry",
+                                                   "past the wait",
+                                                   "pass 1 (read, histogram)",
+                                                   "first pick: counts out",
+                                                   "first pick: every CTA's in",
+                                                   "first pick: the bin",
+                                                   "candidates found",
+                                                   "candidates sent",
+                                                   "CTA 0: every candidate in",
+                                                   "CTA 0: places sent",
+                                                   "place in",
+                                                   "done"};
 // True when the select kernel handles (n, k) on the current device (sm_90+: clusters).
 bool topk_select_supported(int64_t n, int k);
 void launch_topk_select(const TopkSelectParams& p, cudaStream_t stream);
