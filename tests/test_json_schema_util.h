@@ -131,6 +131,19 @@ inline bool valid(const Json& v, const Json& s, const Json& root) {
     const Json props = s.value("properties", Json::object());
     for (const Json& r : s.value("required", Json::array()))
       if (!v.contains(r.get<std::string>())) return false;
+    // dependentRequired (draft 7: dependencies whose values are arrays): a key that is there needs
+    // each name its array lists.
+    for (const char* k : {"dependentRequired", "dependencies"}) {
+      const Json deps = s.value(k, Json::object());
+      for (const auto& [name, needs] : deps.items())
+        if (v.contains(name) && needs.is_array())
+          for (const Json& other : needs)
+            if (!v.contains(other.get<std::string>())) return false;
+    }
+    // propertyNames: each key, as a string, valid against its schema.
+    if (s.contains("propertyNames"))
+      for (auto it = v.begin(); it != v.end(); ++it)
+        if (!valid(Json(it.key()), s["propertyNames"], root)) return false;
     for (auto it = v.begin(); it != v.end(); ++it) {
       if (props.contains(it.key())) {
         if (!valid(it.value(), props[it.key()], root)) return false;

@@ -144,7 +144,7 @@ TEST(JsonSchema, RefusesWhatItCannotEnforce) {
   EXPECT_NE(message(R"({"type":"string","pattern":"^a{1,3}$","minLength":4})").find("at most 3 characters, below minLength"),
             std::string::npos);
   EXPECT_NE(message(R"({"enum":["b"],"pattern":"^a"})").find("no value of 'enum'"), std::string::npos);
-  EXPECT_NE(message(R"({"type":"object","propertyNames":{"maxLength":3}})").find("'propertyNames' is not supported"),
+  EXPECT_NE(message(R"({"type":"object","propertyNames":{"minimum":3}})").find("#/propertyNames: 'minimum' is not supported"),
             std::string::npos);
   EXPECT_NE(message(R"({"type":"number","multipleOf":0.01})").find("only a whole number"), std::string::npos);
   EXPECT_NE(message(R"({"type":"number","multipleOf":0})").find("must be a number above 0"), std::string::npos);

@@ -18,6 +18,7 @@
 // whose automaton grows past kMaxNfaStates or kMaxDfaStates is refused as too complex.
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <memory>
@@ -55,6 +56,16 @@ class JsonPattern {
     int32_t min = -1, max = -1;
   };
   Reach reach_through(int32_t state, uint32_t lo, uint32_t hi) const;
+  // fn(lo, hi, next) for each class of code points that meets [from, to] (clipped to it), with the
+  // state after it (kDead too), until fn returns true; returns whether one did.
+  template <class F>
+  bool any_step(int32_t state, uint32_t from, uint32_t to, F&& fn) const {
+    if (state < 0 || from > to || bounds_.empty()) return false;
+    size_t c = size_t(std::upper_bound(bounds_.begin(), bounds_.end(), from) - bounds_.begin()) - 1;
+    for (; c < classes_ && bounds_[c] <= to; ++c)
+      if (fn(std::max(bounds_[c], from), std::min(bounds_[c + 1] - 1, to), next_[size_t(state) * classes_ + c])) return true;
+    return false;
+  }
   size_t states() const { return accept_.size(); }
   // Whether the whole string matches (a test's and the enum filter's question).
   bool matches(std::u32string_view text) const;

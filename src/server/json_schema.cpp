@@ -9,6 +9,7 @@
 #include <mutex>
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "dsinfer/error.h"
 
@@ -71,9 +72,8 @@ class JsonSchema::Compiler {
   }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "patternProperties", "propertyNames",
-        "contains", "minContains", "maxContains", "not", "if",
-        "then", "else", "dependentRequired", "dependentSchemas", "dependencies",
+        "patternProperties", "contains", "minContains", "maxContains", "not", "if",
+        "then", "else", "dependentSchemas",
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
     return kRefused.count(k) > 0;
   }
@@ -168,6 +168,12 @@ class JsonSchema::Compiler {
         n.props.push_back(compile(it.value(), path + "/properties/" + part(it.key())));
       }
     }
+    n.additional = closed_objects_ && props != s.end() ? nullptr : out_.any_;
+    if (const auto add = s.find("additionalProperties"); add != s.end())
+      n.additional = add->is_boolean() && !add->get<bool>() ? nullptr : compile(*add, path + "/additionalProperties");
+    std::map<size_t, std::string> bans;  // names that may not come, and why
+    property_names(n, s, path, bans);
+    dependencies(n, s, path, bans);
     if (const auto req = s.find("required"); req != s.end()) {
       if (!req->is_array()) fail("{}/required: must be an array of names", path);
       for (const Json& name : *req) {
@@ -177,16 +183,25 @@ class JsonSchema::Compiler {
         n.required |= uint64_t(1) << (at - n.names.begin());
       }
     }
-    n.additional = closed_objects_ && props != s.end() ? nullptr : out_.any_;
-    if (const auto add = s.find("additionalProperties"); add != s.end())
-      n.additional = add->is_boolean() && !add->get<bool>() ? nullptr : compile(*add, path + "/additionalProperties");
+    for (uint64_t r = n.required; r != 0; r &= r - 1)
+      if (!n.dependents.empty()) n.required |= n.dependents[size_t(std::countr_zero(r))];
+    if (const uint64_t never = n.required & n.banned; never != 0) {
+      const auto i = size_t(std::countr_zero(never));
+      fail("{}/required: {} is required (or needed by a required property), but {}", path, Json(n.names[i]).dump(), bans[i]);
+    }
     if (const auto m = s.find("minProperties"); m != s.end()) n.min_props = count_of(*m, path + "/minProperties");
     if (const auto m = s.find("maxProperties"); m != s.end()) n.max_props = count_of(*m, path + "/maxProperties");
     if (n.max_props >= 0 && n.max_props < n.min_props) fail("{}: maxProperties is below minProperties", path);
     if (n.max_props >= 0 && std::popcount(n.required) > n.max_props)
       fail("{}: more properties are required than maxProperties allows", path);
-    if (n.additional == nullptr && n.min_props > int64_t(n.names.size()))
-      fail("{}: minProperties is above the {} properties the object may have", path, n.names.size());
+    const auto allowed = int64_t(n.names.size()) - std::popcount(n.banned);
+    if (n.additional == nullptr && n.min_props > allowed)
+      fail("{}: minProperties is above the {} properties the object may have", path, allowed);
+    // Other keys are not told apart once written: a few names of theirs could only repeat.
+    if (n.additional != nullptr && n.min_props > allowed &&
+        ((n.key_pattern && n.key_pattern->max_left(n.key_pattern->start()) != JsonPattern::kUnbounded) || n.key_max == 0))
+      fail("{}: minProperties above the declared properties beside a 'propertyNames' that takes few names is not "
+           "supported", path);
     if (n.min_props > (1 << 20) || n.max_props > (1 << 20)) fail("{}: a property count above 2^20", path);
 
     // Arrays.
@@ -205,6 +220,145 @@ class JsonSchema::Compiler {
     }
 
     if (n.min_items > (1 << 20) || n.max_items > (1 << 20)) fail("{}: an item count above 2^20", path);
+  }
+
+  // ---- Objects: propertyNames and dependentRequired.
+
+  static bool needs_escapes(const std::string& name) {
+    return std::any_of(name.begin(), name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == '"' || c == '\\'; });
+  }
+  // Another key's name within the node's propertyNames limits (pattern, length).
+  static bool key_fits(const Node& n, const std::string& name) {
+    Node limits;
+    std::tie(limits.min_length, limits.max_length, limits.pattern) = std::tie(n.key_min, n.key_max, n.key_pattern);
+    return fits(limits, Json(name));
+  }
+  size_t add_name(Node& n, const std::string& name, const std::string& at) {  // (its value: another key's)
+    if (needs_escapes(name))
+      fail("{}: the name {} needs escapes, which keys may not have here", at, Json(name).dump());
+    if (n.names.size() >= size_t(kMaxProperties))
+      fail("{}: with the names it adds, the object has more than {} properties", at, kMaxProperties);
+    n.names.push_back(name);
+    n.props.push_back(n.additional);
+    return n.names.size() - 1;
+  }
+
+  // propertyNames, a string schema (pattern, minLength, maxLength, enum, const): declared names it
+  // refuses may not come; other keys are held to it while written, or, for enum and const, become
+  // the declared names it lists (other keys then none).
+  void property_names(Node& n, const Json& s, const std::string& path, std::map<size_t, std::string>& bans) {
+    const auto pn = s.find("propertyNames");
+    if (pn == s.end()) return;
+    const std::string at = path + "/propertyNames";
+    if (pn->is_boolean() && pn->get<bool>()) return;
+    Node k;
+    k.types = kString;
+    std::vector<std::string> listed;  // enum / const
+    bool has_list = false;
+    if (pn->is_object()) {
+      for (auto it = pn->begin(); it != pn->end(); ++it) {
+        static const std::set<std::string> kTaken = {"type", "pattern", "minLength", "maxLength", "enum", "const"};
+        if (kTaken.count(it.key()) || (annotation(it.key()) && it.key() != "format")) continue;
+        fail("{}: '{}' is not supported there (a string schema of pattern, minLength, maxLength, enum or const is)",
+             at, part(it.key()));
+      }
+      if (const auto t = pn->find("type"); t != pn->end() && *t != Json("string"))
+        fail("{}/type: only \"string\" is supported there (names are strings)", at);
+      strings(k, *pn, at);
+      if (pn->contains("enum") && pn->contains("const")) fail("{}: both 'enum' and 'const'", at);
+      if (pn->contains("enum") || pn->contains("const")) {
+        has_list = true;
+        const Json values = pn->contains("const") ? Json::array({pn->at("const")}) : pn->at("enum");
+        if (!values.is_array() || values.empty()) fail("{}/enum: must be a non-empty array", at);
+        for (const Json& v : values)  // (values that are not strings name no key)
+          if (v.is_string() && fits(k, v)) listed.push_back(v.get<std::string>());
+      }
+    } else {  // false: no key at all
+      if (!pn->is_boolean()) fail("{}: must be a schema", at);
+      has_list = true;
+    }
+    auto taken = [&](const std::string& name) {
+      return has_list ? std::find(listed.begin(), listed.end(), name) != listed.end() : fits(k, Json(name));
+    };
+    for (size_t i = 0; i < n.names.size(); ++i)
+      if (!taken(n.names[i])) {
+        n.banned |= uint64_t(1) << i;
+        bans[i] = "'propertyNames' does not take the name";
+      }
+    if (n.additional == nullptr) return;
+    if (has_list) {  // the listed names that are not declared: declared now, with another key's value
+      for (const std::string& name : listed)
+        if (std::find(n.names.begin(), n.names.end(), name) == n.names.end() && !needs_escapes(name))
+          add_name(n, name, at);
+      n.additional = nullptr;
+      return;
+    }
+    std::tie(n.key_min, n.key_max, n.key_pattern) = std::tie(k.min_length, k.max_length, k.pattern);
+  }
+
+  // dependentRequired (and draft 7's dependencies as lists of names): once a property has come, the
+  // names it lists must come too. A listed name the object cannot have (other keys closed, or
+  // propertyNames refuses it) bans the property that lists it; a name the object may have only as
+  // another key is declared, with another key's value, so that its coming is seen.
+  void dependencies(Node& n, const Json& s, const std::string& path, std::map<size_t, std::string>& bans) {
+    struct Entry { std::string name, at; std::vector<std::string> listed; };
+    std::vector<Entry> entries;
+    for (const char* key : {"dependentRequired", "dependencies"}) {
+      const auto d = s.find(key);
+      if (d == s.end()) continue;
+      if (!d->is_object()) fail("{}/{}: must be an object", path, key);
+      for (auto it = d->begin(); it != d->end(); ++it) {
+        Entry e{it.key(), path + "/" + key + "/" + part(it.key()), {}};
+        if (!it->is_array() && std::string(key) == "dependencies")
+          fail("{}: a schema as a dependency is not supported (a list of names is)", e.at);
+        if (!it->is_array()) fail("{}: must be an array of names", e.at);
+        for (const Json& x : *it) {
+          if (!x.is_string()) fail("{}: must be an array of names", e.at);
+          e.listed.push_back(x.get<std::string>());
+        }
+        entries.push_back(std::move(e));
+      }
+    }
+    if (entries.empty()) return;
+    auto index = [&n](const std::string& name) {
+      return std::find(n.names.begin(), n.names.end(), name) - n.names.begin();
+    };
+    auto other = [&n](const std::string& name) { return n.additional != nullptr && key_fits(n, name); };
+    std::map<size_t, uint64_t> deps;
+    for (const Entry& e : entries) {
+      auto a = size_t(index(e.name));
+      if (a == n.names.size()) {
+        if (!other(e.name)) continue;  // a key the object never has
+        a = add_name(n, e.name, e.at);
+      }
+      for (const std::string& x : e.listed) {
+        auto j = size_t(index(x));
+        if (j == n.names.size() && other(x)) j = add_name(n, x, e.at);
+        if (j == n.names.size()) {
+          n.banned |= uint64_t(1) << a;
+          bans[a] = fmt::format("{} needs {}, which the object may not have", e.at, Json(x).dump());
+        } else {
+          deps[a] |= uint64_t(1) << j;
+        }
+      }
+    }
+    n.dependents.assign(n.names.size(), 0);
+    for (const auto& [a, mask] : deps) n.dependents[a] = mask;
+    for (bool grew = true; grew;) {  // what a name needs, and what that needs in turn
+      grew = false;
+      for (uint64_t& mask : n.dependents)
+        for (uint64_t m = mask; m != 0; m &= m - 1) {
+          const uint64_t more = mask | n.dependents[size_t(std::countr_zero(m))];
+          grew = grew || more != mask;
+          mask = more;
+        }
+    }
+    const uint64_t banned = n.banned;
+    for (size_t i = 0; i < n.names.size(); ++i)
+      if (const uint64_t bad = n.dependents[i] & banned & ~(uint64_t(1) << i); bad != 0 && !(banned >> i & 1)) {
+        n.banned |= uint64_t(1) << i;
+        bans[i] = fmt::format("it needs {}, which may not come", Json(n.names[size_t(std::countr_zero(bad))]).dump());
+      }
   }
 
   // ---- allOf: the schemas merged into one that accepts what all of them accept.
@@ -337,6 +491,18 @@ class JsonSchema::Compiler {
       } else if (k == "required" && have->is_array() && v.is_array()) {
         for (const Json& name : v)
           if (std::find(have->begin(), have->end(), name) == have->end()) have->push_back(name);
+      } else if ((k == "dependentRequired" || k == "dependencies") && have->is_object() && v.is_object()) {
+        for (auto d = v.begin(); d != v.end(); ++d) {  // the names each property needs, of both
+          const auto mine = have->find(d.key());
+          if (mine == have->end()) {
+            (*have)[d.key()] = d.value();
+            continue;
+          }
+          if (!mine->is_array() || !d->is_array())
+            fail("{}/{}/{}: a schema as a dependency is not supported (a list of names is)", path, k, part(d.key()));
+          for (const Json& name : *d)
+            if (std::find(mine->begin(), mine->end(), name) == mine->end()) mine->push_back(name);
+        }
       } else if (k == "uniqueItems" && have->is_boolean() && v.is_boolean()) {
         out[k] = have->get<bool>() || v.get<bool>();
       } else if (k == "multipleOf" && have->is_number_integer() && v.is_number_integer() && have->get<int64_t>() > 0 &&

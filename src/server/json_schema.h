@@ -4,7 +4,11 @@
 // What a schema may say (JSON Schema 2020-12 and draft 7 spellings):
 // - type (a name or a list of names), enum, const;
 // - objects: properties, required, additionalProperties (default true, as the standard says),
-//   minProperties, maxProperties;
+//   minProperties, maxProperties; dependentRequired (draft 7: dependencies whose values are lists
+//   of names): a property that needs a name the object may not have is never written (a required
+//   one is refused); propertyNames as a string schema of pattern, minLength, maxLength, enum or
+//   const: declared names it refuses are never written (a required one is refused), other keys
+//   are held to it as they are written (enum and const: the names listed, each at most once);
 // - arrays: items, prefixItems (draft 7: items as an array, additionalItems), minItems, maxItems,
 //   uniqueItems where the items are scalars (compared as validators do: 1 equals 1.0);
 // - strings: minLength, maxLength (in code points), pattern (json_pattern.h says which readings of
@@ -17,17 +21,19 @@
 //   enum values, bounds that do not meet, a required property whose values differ: a
 //   discriminator), read as anyOf; $ref to "#", "#/$defs/..." or "#/definitions/..." (recursion
 //   too); allOf, and $ref beside other keywords (2020-12: both hold), merged into one schema:
-//   types, enum values and bounds of all, required of all, each property's schema from every
-//   member (its own, else that member's additionalProperties), items of all, multipleOf's least
-//   common multiple, alternatives (anyOf / oneOf) paired with the rest; two different patterns
-//   or formats, draft 4's boolean exclusive bounds, or a reference back to itself through the
+//   types, enum values and bounds of all, required of all, dependentRequired of all (each
+//   property's names from every member), each property's schema from every member (its own,
+//   else that member's additionalProperties), items of all, multipleOf's least common multiple,
+//   alternatives (anyOf / oneOf) paired with the rest; two different patterns, formats or
+//   propertyNames, draft 4's boolean exclusive bounds, or a reference back to itself through the
 //   merge are refused;
 // - format, for a string without a pattern: date, time, date-time (RFC 3339), uuid, ipv4 and
 //   email are written as format checkers accept them; other formats are annotations (as the
 //   standard's default vocabulary has all of them), as are title, description, default,
 //   examples, $schema, $id, $comment, ...
-// Keywords that would constrain values in other ways (not, if, patternProperties, ...) are
-// refused, with the keyword named: the server never claims a constraint it does not enforce.
+// Keywords that would constrain values in other ways (not, if, patternProperties,
+// dependentSchemas, schemas as draft 7 dependencies, ...) are refused, with the keyword named: the
+// server never claims a constraint it does not enforce.
 //
 // The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of
 // JsonPrefix), object keys written without escapes, each key at most once; an enum or const value
@@ -70,7 +76,13 @@ class JsonSchema {
     // Objects.
     std::vector<std::string> names;  // declared properties
     std::vector<const Node*> props;
-    uint64_t required = 0;           // bit i: names[i] must come
+    uint64_t required = 0;           // bit i: names[i] must come (with what they depend on)
+    std::vector<uint64_t> dependents;  // empty, or per name: the names that must come once it has
+    uint64_t banned = 0;             // bit i: names[i] may not come (propertyNames, dependents)
+    // propertyNames for other keys (their code points): a pattern, length limits.
+    std::shared_ptr<const JsonPattern> key_pattern;  // null: none
+    int64_t key_min = 0, key_max = -1;
+    bool keys_limited() const { return key_pattern || key_min > 0 || key_max >= 0; }
     const Node* additional = nullptr;  // other keys' values; null: no other keys
     int64_t min_props = 0, max_props = -1;  // keys in all
     // Arrays.
@@ -153,7 +165,9 @@ class SchemaPrefix {
     Kind kind = Kind::kValue;
     Phase phase = Phase::kFirst;
     JsonStringScan str;   // kString, and kObject in a key
-    int32_t pat = 0;      // kString with a pattern: its state
+    int32_t pat = 0;      // kString with a pattern: its state; kObject in a key: propertyNames'
+    int32_t chars = 0;    // kObject in a key: its code points (propertyNames' lengths)
+    int32_t at = 0;       // kObject in a key: the byte where its character under way began
     JsonNumberScan num;   // kNumber
     uint8_t num_len = 0;  // kNumber with bounds: its bytes so far
     char num_text[JsonSchema::kMaxBoundedNumber] = {};
@@ -180,6 +194,22 @@ class SchemaPrefix {
   bool push_in_place(unsigned char c);
   // A byte that a string's scan took: its length limits and pattern; false when it does not fit.
   static bool string_byte(Frame& f);
+  static bool text_byte(const JsonStringScan& str, int32_t& count, int32_t& pat, const JsonPattern* pattern,
+                        int64_t min_length, int64_t max_length);
+  // Objects (f on top): the names still to come (required, and what those written need); the
+  // declared names that may come next (not written, allowed, with room left within maxProperties
+  // for what they need); whether another key may come next.
+  static uint64_t needed(const Node& n, const Frame& f);
+  static uint64_t open_names(const Node& n, const Frame& f);
+  static bool other_open(const Node& n, const Frame& f);
+  // The key under way (or one about to start: start) can still end as a key that may come.
+  static bool key_can_end(const Node& n, const Frame& f, bool start = false);
+  // Another key under way, at propertyNames' state pat after chars code points, the declared names
+  // cand matching its bytes up to byte at (where its character under way began; ranges: what that
+  // character can still be, none at rest), can end as a name propertyNames takes that is not
+  // declared, writing no escape while a declared name still matches.
+  static bool other_ends(const Node& n, int32_t pat, int32_t chars, uint64_t cand, size_t at,
+                         const std::pair<uint32_t, uint32_t>* ranges, size_t k, int depth);
   // Steps the reading t with byte c; what it becomes (none, one or several readings) goes to out.
   void step_top(Thread t, unsigned char c, std::vector<Thread>& out) const;
   // A value of node starting with c, the reading's frames so far in t; hops: references followed.

@@ -2,6 +2,7 @@
 // json_schema.h. Each reading (Thread) is a stack of frames, the innermost last; a byte steps
 // every reading and keeps those it fits, some of them forked (a value's alternatives).
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <set>
@@ -91,33 +92,152 @@ bool SchemaPrefix::push_in_place(unsigned char c) {
 
 bool SchemaPrefix::string_byte(Frame& f) {
   const Node& n = *f.node;
-  if ((n.min_length > 0 || n.max_length >= 0) && f.str.char_started()) {
-    if (n.max_length >= 0 && f.count >= n.max_length) return false;
-    ++f.count;
+  return text_byte(f.str, f.count, f.pat, n.pattern.get(), n.min_length, n.max_length);
+}
+
+bool SchemaPrefix::text_byte(const JsonStringScan& str, int32_t& chars, int32_t& pat, const JsonPattern* pattern,
+                             int64_t min_length, int64_t max_length) {
+  if ((min_length > 0 || max_length >= 0) && str.char_started()) {
+    if (max_length >= 0 && chars >= max_length) return false;
+    ++chars;
   }
-  if (!n.pattern) return true;
+  if (!pattern) return true;
   // The characters a match still needs, at least and at most, against the length limits (the
   // count holds a character half-way already).
   JsonPattern::Reach left;
-  int64_t count = f.count;
-  if (f.str.char_ended()) {
-    f.pat = n.pattern->step(f.pat, f.str.code_point());
-    if (f.pat == JsonPattern::kDead) return false;
-    left = {n.pattern->min_left(f.pat), n.pattern->max_left(f.pat)};
-  } else if (f.str.at_rest()) {
+  int64_t count = chars;
+  if (str.char_ended()) {
+    pat = pattern->step(pat, str.code_point());
+    if (pat == JsonPattern::kDead) return false;
+    left = {pattern->min_left(pat), pattern->max_left(pat)};
+  } else if (str.at_rest()) {
     return true;
   } else {  // a character half-way: what it can still become
     std::pair<uint32_t, uint32_t> ranges[3];
-    for (size_t i = 0, k = f.str.pending(ranges); i < k; ++i) {
-      const JsonPattern::Reach r = n.pattern->reach_through(f.pat, ranges[i].first, ranges[i].second);
+    for (size_t i = 0, k = str.pending(ranges); i < k; ++i) {
+      const JsonPattern::Reach r = pattern->reach_through(pat, ranges[i].first, ranges[i].second);
       if (r.min >= 0 && (left.min < 0 || r.min < left.min)) left.min = r.min;
       left.max = std::max(left.max, r.max);
     }
     if (left.min < 0) return false;
     --count;
   }
-  if (n.max_length >= 0 && count + left.min > n.max_length) return false;
-  return left.max == JsonPattern::kUnbounded || count + left.max >= n.min_length;
+  if (max_length >= 0 && count + left.min > max_length) return false;
+  return left.max == JsonPattern::kUnbounded || count + left.max >= min_length;
+}
+
+uint64_t SchemaPrefix::needed(const Node& n, const Frame& f) {
+  uint64_t need = n.required;
+  if (!n.dependents.empty())
+    for (uint64_t s = f.seen; s != 0; s &= s - 1) need |= n.dependents[size_t(std::countr_zero(s))];
+  return need;
+}
+
+uint64_t SchemaPrefix::open_names(const Node& n, const Frame& f) {
+  const uint64_t declared = n.names.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.names.size()) - 1;
+  const uint64_t open = declared & ~f.seen & ~n.banned;
+  if (n.max_props < 0) return open;
+  const uint64_t need = needed(n, f);
+  uint64_t out = 0;
+  for (uint64_t s = open; s != 0; s &= s - 1) {
+    const auto i = size_t(std::countr_zero(s));
+    const uint64_t more = (need | (n.dependents.empty() ? 0 : n.dependents[i])) & ~f.seen & ~(uint64_t(1) << i);
+    if (f.props + 1 + std::popcount(more) <= n.max_props) out |= uint64_t(1) << i;
+  }
+  return out;
+}
+
+bool SchemaPrefix::other_open(const Node& n, const Frame& f) {
+  return n.additional != nullptr &&
+         (n.max_props < 0 || f.props + 1 + std::popcount(needed(n, f) & ~f.seen) <= n.max_props);
+}
+
+bool SchemaPrefix::key_can_end(const Node& n, const Frame& f, bool start) {
+  const uint64_t declared = n.names.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.names.size()) - 1;
+  const uint64_t cand = start ? declared : f.cand;
+  if ((cand & open_names(n, f)) != 0) return true;
+  if (!(start ? n.additional != nullptr : f.other) || !other_open(n, f)) return false;
+  if (!n.keys_limited()) return true;  // (a character that no declared name goes on with can come next)
+  if (start) return other_ends(n, n.key_pattern ? n.key_pattern->start() : 0, 0, cand, 0, nullptr, 0, 0);
+  std::pair<uint32_t, uint32_t> ranges[3];
+  const size_t k = f.str.at_rest() ? 0 : f.str.pending(ranges);
+  return other_ends(n, f.pat, f.chars, cand, size_t(f.str.at_rest() ? f.count : f.at), f.str.at_rest() ? nullptr : ranges,
+                    k, 0);
+}
+
+bool SchemaPrefix::other_ends(const Node& n, int32_t pat, int32_t chars, uint64_t cand, size_t at,
+                              const std::pair<uint32_t, uint32_t>* ranges, size_t k, int depth) {
+  const JsonPattern* p = n.key_pattern.get();
+  // With no declared name left to meet, escapes may come: the pattern's reach against the lengths
+  // (as string_byte reads a string's).
+  auto may_end = [&](int32_t q, int64_t c) {
+    const int64_t least = p ? p->min_left(q) : 0, most = p ? p->max_left(q) : JsonPattern::kUnbounded;
+    return (n.key_max < 0 || c + least <= n.key_max) && (most == JsonPattern::kUnbounded || c + most >= n.key_min);
+  };
+  if (cand == 0) return ranges != nullptr || may_end(pat, chars);  // (half-way: text_byte read its reach)
+  if (depth > 256) return false;
+  if (ranges == nullptr) {  // at rest: it can close here unless that makes a declared name
+    bool declared = false;
+    for (uint64_t c = cand; c != 0; c &= c - 1) declared = declared || n.names[size_t(std::countr_zero(c))].size() == at;
+    if (!declared && (!p || p->accepts(pat)) && chars >= n.key_min && (n.key_max < 0 || chars <= n.key_max)) return true;
+  }
+  if (n.key_max >= 0 && chars >= n.key_max && ranges == nullptr) return false;
+  // The characters that go on with a declared name at `at`, and the names each goes on with.
+  std::vector<std::pair<uint32_t, uint64_t>> going_on;
+  for (uint64_t c = cand; c != 0; c &= c - 1) {
+    const auto i = size_t(std::countr_zero(c));
+    const std::string& name = n.names[i];
+    if (name.size() <= at) continue;
+    Utf8Scan utf8;
+    uint32_t cp = 0;
+    for (size_t b = at; b < name.size(); ++b)
+      if (utf8.step(static_cast<unsigned char>(name[b])) == Utf8Scan::Step::kChar) {
+        cp = utf8.cp;
+        break;
+      }
+    const auto hit = std::find_if(going_on.begin(), going_on.end(), [cp](const auto& g) { return g.first == cp; });
+    if (hit == going_on.end()) going_on.emplace_back(cp, uint64_t(1) << i);
+    else hit->second |= uint64_t(1) << i;
+  }
+  const std::pair<uint32_t, uint32_t> everything[1] = {{0, 0x10FFFF}};
+  if (ranges == nullptr) ranges = everything, k = 1;
+  const int64_t next_chars = chars + 1;  // (the character under way counted already when half-way)
+  const int64_t counted = ranges == everything ? next_chars : chars;
+  for (size_t r = 0; r < k; ++r) {
+    const auto [from, to] = ranges[r];
+    // A character that no declared name goes on with and that needs no escape: the rest is free.
+    auto free_in = [&](uint32_t lo, uint32_t hi) {
+      int64_t count = int64_t(hi) - lo + 1;
+      auto drop = [&](uint32_t a, uint32_t b) {
+        if (a <= hi && b >= lo) count -= int64_t(std::min(b, hi)) - std::max(a, lo) + 1;
+      };
+      drop(0, 0x1F), drop('"', '"'), drop('\\', '\\'), drop(0xD800, 0xDFFF);
+      for (const auto& g : going_on) drop(g.first, g.first);
+      return count > 0;
+    };
+    if (p ? p->any_step(pat, from, to, [&](uint32_t lo, uint32_t hi, int32_t q) {
+              return q != JsonPattern::kDead && free_in(lo, hi) && may_end(q, counted);
+            })
+          : free_in(from, to) && may_end(0, counted))
+      return true;
+    for (const auto& [cp, names] : going_on) {
+      if (cp < from || cp > to) continue;
+      const int32_t q = p ? p->step(pat, cp) : 0;
+      if (q == JsonPattern::kDead) continue;
+      if (n.key_max >= 0 && counted > n.key_max) continue;
+      std::string bytes;
+      for (uint64_t c = names; c != 0 && bytes.empty(); c &= c - 1) {
+        const std::string& name = n.names[size_t(std::countr_zero(c))];
+        Utf8Scan utf8;
+        for (size_t b = at; b < name.size(); ++b) {
+          bytes += name[b];
+          if (utf8.step(static_cast<unsigned char>(name[b])) == Utf8Scan::Step::kChar) break;
+        }
+      }
+      if (other_ends(n, q, int32_t(counted), names, at + bytes.size(), nullptr, 0, depth + 1)) return true;
+    }
+  }
+  return false;
 }
 
 bool SchemaPrefix::push(unsigned char c) {
@@ -182,6 +302,12 @@ void SchemaPrefix::Frame::key(std::string& out) const {
         put(cand);
         out += char(other);
         put(count);
+        if (node->keys_limited()) {  // propertyNames' state, and the character under way
+          put(pat);
+          put(chars);
+          put(at);
+          if (!str.at_rest()) put(str.cp), put(str.hex), put(str.utf8.cp);
+        }
       }
       if (phase == Phase::kColon) put(value);
       break;
@@ -402,8 +528,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
     }
     case Kind::kObject: {
       const uint64_t declared = n.names.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.names.size()) - 1;
-      const bool room = n.max_props < 0 || f.props < n.max_props;  // for another key
-      const bool whole = (n.required & ~f.seen) == 0 && f.props >= n.min_props;
+      const bool whole = (needed(n, f) & ~f.seen) == 0 && f.props >= n.min_props;
       switch (f.phase) {
         case Phase::kFirst:
         case Phase::kKey:
@@ -412,12 +537,15 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
             if (!whole) return;
             return close();
           }
-          if (c != '"' || ((declared & ~f.seen) == 0 && n.additional == nullptr) || !room) return;
+          if (c != '"' || !key_can_end(n, f, true)) return;
           f.phase = Phase::kInKey;
           f.str = JsonStringScan();
           f.cand = declared;
           f.other = n.additional != nullptr;
           f.count = 0;
+          f.pat = n.key_pattern ? n.key_pattern->start() : 0;
+          f.chars = 0;
+          f.at = 0;
           return keep();
         case Phase::kInKey: {
           // Escapes only once the key can no longer be a declared name (its bytes so far are then
@@ -429,19 +557,22 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
           if (s == JsonStringScan::Step::kClosed) {  // a declared name, else another key where allowed
             for (size_t i = 0; i < n.names.size(); ++i)
               if ((f.cand >> i & 1) && n.names[i].size() == size_t(f.count)) {
-                if (f.seen >> i & 1) return;  // each key at most once
+                // Each key at most once, none that may not come, and room for what it needs.
+                if (!(open_names(n, f) >> i & 1)) return;
                 f.seen |= uint64_t(1) << i;
                 ++f.props;
                 f.value = n.props[i];
                 f.phase = Phase::kColon;
                 return keep();
               }
-            if (!f.other) return;
+            if (!f.other || !other_open(n, f)) return;
+            if ((n.key_pattern && !n.key_pattern->accepts(f.pat)) || f.chars < n.key_min) return;
             ++f.props;
             f.value = n.additional;
             f.phase = Phase::kColon;
             return keep();
           }
+          if (f.str.char_started()) f.at = f.count;
           if (!escaped && f.cand != 0) {
             uint64_t cand = 0;
             for (size_t i = 0; i < n.names.size(); ++i)
@@ -451,7 +582,9 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
             f.cand = cand;
           }
           ++f.count;
-          if ((f.cand & ~f.seen) == 0 && !f.other) return;  // no key it can still become
+          if (f.other && n.keys_limited() && !text_byte(f.str, f.chars, f.pat, n.key_pattern.get(), n.key_min, n.key_max))
+            f.other = false;
+          if (!key_can_end(n, f)) return;  // no key it can still become
           return keep();
         }
         case Phase::kColon: {
@@ -469,7 +602,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
             if (!whole) return;
             return close();
           }
-          if (c != ',' || ((declared & ~f.seen) == 0 && n.additional == nullptr) || !room) return;
+          if (c != ',' || !key_can_end(n, f, true)) return;
           f.phase = Phase::kKey;
           return keep();
       }
