@@ -94,7 +94,13 @@ std::span<const std::string_view> format_markers(ToolFormat format) {
   return {};
 }
 
-ToolCallParser::ToolCallParser(ToolFormat format, const Json& tools) : format_(format), tools_(tools) {}
+ToolCallParser::ToolCallParser(ToolFormat format, const Json& tools) : format_(format) {
+  if (!tools.is_array()) return;
+  for (const Json& t : tools)  // the first tool of a name counts, as function_parameters finds it
+    if (const Json* f = tool_function(t); f != nullptr)
+      if (const Json* params = parameters_of(*f); params != nullptr)
+        string_keys_.emplace((*f)["name"].get<std::string>(), string_parameters(*params));
+}
 
 ToolCallParser::Result ToolCallParser::push(std::string_view text) {
   Result out;
@@ -251,10 +257,8 @@ std::vector<std::string> string_parameters(const Json& params) {
 }
 
 bool ToolCallParser::is_string_parameter(const std::string& function, const std::string& key) const {
-  const Json* params = function_parameters(tools_, function);
-  if (params == nullptr) return false;
-  const std::vector<std::string> keys = string_parameters(*params);
-  return std::find(keys.begin(), keys.end(), key) != keys.end();
+  const auto keys = string_keys_.find(function);
+  return keys != string_keys_.end() && std::find(keys->second.begin(), keys->second.end(), key) != keys->second.end();
 }
 
 std::string ToolCallParser::value_json(const std::string& function, const std::string& key,

@@ -17,6 +17,7 @@
 // after it; calls already handed back stay calls.
 #pragma once
 
+#include <map>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -110,7 +111,7 @@ class ToolCallParser {
   void fail(Result& out);
 
   ToolFormat format_;
-  nlohmann::ordered_json tools_;
+  std::map<std::string, std::vector<std::string>> string_keys_;  // per function: string_parameters
   State state_ = State::kContent;
   std::string held_;           // text not yet decided (after the markers already consumed)
   bool block_emitted_ = false;  // kBlock: a call of this block was handed back
