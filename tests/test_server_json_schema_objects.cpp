@@ -161,6 +161,15 @@ TEST(JsonSchemaObjects, PropertyNamesAreTheValidators) {
   EXPECT_FALSE(takes(exact, R"({"a":1,"ab":2,")"));  // every name it takes was written
   EXPECT_FALSE(takes(exact, R"({"ab":2,"ab)"));
   EXPECT_TRUE(takes(exact, R"({"ab":2,"a")"));
+  // The same half-way through a character of two bytes: a first byte that some name not written
+  // yet, or another key, can still go on from.
+  const Json wide = Json::parse("{\"type\":\"object\",\"properties\":{\"\u00e9\":{},\"\u00fc\":{}},"
+                                "\"propertyNames\":{\"maxLength\":1}}");
+  EXPECT_TRUE(takes(wide, "{\"\u00e9\":1,\"\xc3"));
+  EXPECT_FALSE(takes(wide, "{\"\u00e9\":1,\"\xc3\xa9"));
+  EXPECT_TRUE(takes(wide, "{\"\u00e9\":1,\"\xc3\xbc\":2,\"\xc3\xa0\":3}"));
+  EXPECT_FALSE(takes(wide, "{\"\u00e9\":1,\"\xc3\xbc\":2,\"\xc3\xbc"));
+  EXPECT_EQ(expect_the_validators(wide, {"{\"\u00e9\":1,\"\u00e0\":2}", "{\"\u00e9a\":1}"}), 1);
 }
 
 // enum and const: a closed set of names, each at most once; with other keys allowed, those not
