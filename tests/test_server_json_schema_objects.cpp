@@ -190,6 +190,22 @@ TEST(JsonSchemaObjects, PropertyNamesEnumIsAClosedSet) {
             std::string::npos);
 }
 
+// An object's enum values: those whose keys the object's keywords take are written, no other.
+TEST(JsonSchemaObjects, EnumValuesMeetTheKeyKeywords) {
+  const Json s = Json::parse(R"({"type":"object","properties":{"a":{},"b":{}},"dependentRequired":{"a":["b"]},
+                                 "propertyNames":{"pattern":"^[a-z]$"},
+                                 "enum":[{"a":1},{"a":1,"b":2},{"C":1},{"b":1,"cd":2},{"b":3,"c":4}]})");
+  EXPECT_EQ(expect_the_validators(s, {R"({"a":1})", R"({"a":1,"b":2})", R"({"C":1})", R"({"b":1,"cd":2})",
+                                      R"({"b":3,"c":4})", R"({"b":3})"}),
+            2);
+  EXPECT_NE(message(R"({"type":"object","properties":{"a":{}},"additionalProperties":false,"enum":[{"a":1,"x":2}]})")
+                .find("no value of 'enum' meets"),
+            std::string::npos);
+  EXPECT_NE(message(R"({"properties":{"a":{},"b":{}},"required":["a"],"maxProperties":1,"const":{"b":1}})")
+                .find("no value of 'enum' meets"),
+            std::string::npos);
+}
+
 TEST(JsonSchemaObjects, PropertyNamesRefusals) {
   auto refused = [](const char* schema, const char* part) {
     const std::string m = message(schema);

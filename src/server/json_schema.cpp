@@ -141,18 +141,6 @@ class JsonSchema::Compiler {
     // Numbers and strings (before enum, whose values out of bounds are dropped).
     bounds(n, s, path);
     strings(n, s, path);
-    if (s.contains("enum") || s.contains("const")) {
-      if (s.contains("enum") && s.contains("const")) fail("{}: both 'enum' and 'const'", path);
-      const Json values = s.contains("const") ? Json::array({s.at("const")}) : s.at("enum");
-      if (!values.is_array() || values.empty()) fail("{}/enum: must be a non-empty array", path);
-      n.has_literals = true;
-      for (const Json& v : values)
-        if ((n.types & type_of(v)) && (!v.is_number() || n.within(v.get<double>())) && (!v.is_string() || fits(n, v)))
-          n.literals.push_back(v.dump());
-      std::sort(n.literals.begin(), n.literals.end());
-      n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
-      if (n.literals.empty()) fail("{}: no value of 'enum' meets the schema's other keywords", path);
-    }
 
     // Objects.
     const auto props = s.find("properties");
@@ -203,6 +191,20 @@ class JsonSchema::Compiler {
       fail("{}: minProperties above the declared properties beside a 'propertyNames' that takes few names is not "
            "supported", path);
     if (n.min_props > (1 << 20) || n.max_props > (1 << 20)) fail("{}: a property count above 2^20", path);
+    // enum / const: the values that the keywords above take.
+    if (s.contains("enum") || s.contains("const")) {
+      if (s.contains("enum") && s.contains("const")) fail("{}: both 'enum' and 'const'", path);
+      const Json values = s.contains("const") ? Json::array({s.at("const")}) : s.at("enum");
+      if (!values.is_array() || values.empty()) fail("{}/enum: must be a non-empty array", path);
+      n.has_literals = true;
+      for (const Json& v : values)
+        if ((n.types & type_of(v)) && (!v.is_number() || n.within(v.get<double>())) && (!v.is_string() || fits(n, v)) &&
+            (!v.is_object() || keys_fit(n, v)))
+          n.literals.push_back(v.dump());
+      std::sort(n.literals.begin(), n.literals.end());
+      n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
+      if (n.literals.empty()) fail("{}: no value of 'enum' meets the schema's other keywords", path);
+    }
 
     // Arrays.
     items(n, s, path);
@@ -232,6 +234,18 @@ class JsonSchema::Compiler {
     Node limits;
     std::tie(limits.min_length, limits.max_length, limits.pattern) = std::tie(n.key_min, n.key_max, n.key_pattern);
     return fits(limits, Json(name));
+  }
+  // An object enum value whose keys the object's keywords take (required, dependentRequired,
+  // propertyNames, additionalProperties false, the counts; not the values' own schemas).
+  static bool keys_fit(const Node& n, const Json& v) {
+    if (int64_t(v.size()) < n.min_props || (n.max_props >= 0 && int64_t(v.size()) > n.max_props)) return false;
+    uint64_t seen = 0, need = n.required;
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      const auto i = size_t(std::find(n.names.begin(), n.names.end(), it.key()) - n.names.begin());
+      if (i == n.names.size() ? n.additional == nullptr || !key_fits(n, it.key()) : (n.banned >> i & 1)) return false;
+      if (i < n.names.size()) seen |= uint64_t(1) << i, need |= n.dependents.empty() ? 0 : n.dependents[i];
+    }
+    return (need & ~seen) == 0;
   }
   size_t add_name(Node& n, const std::string& name, const std::string& at) {  // (its value: another key's)
     if (needs_escapes(name))
@@ -320,9 +334,7 @@ class JsonSchema::Compiler {
       }
     }
     if (entries.empty()) return;
-    auto index = [&n](const std::string& name) {
-      return std::find(n.names.begin(), n.names.end(), name) - n.names.begin();
-    };
+    auto index = [&n](const std::string& name) { return std::find(n.names.begin(), n.names.end(), name) - n.names.begin(); };
     auto other = [&n](const std::string& name) { return n.additional != nullptr && key_fits(n, name); };
     std::map<size_t, uint64_t> deps;
     for (const Entry& e : entries) {
@@ -344,15 +356,8 @@ class JsonSchema::Compiler {
     }
     n.dependents.assign(n.names.size(), 0);
     for (const auto& [a, mask] : deps) n.dependents[a] = mask;
-    for (bool grew = true; grew;) {  // what a name needs, and what that needs in turn
-      grew = false;
-      for (uint64_t& mask : n.dependents)
-        for (uint64_t m = mask; m != 0; m &= m - 1) {
-          const uint64_t more = mask | n.dependents[size_t(std::countr_zero(m))];
-          grew = grew || more != mask;
-          mask = more;
-        }
-    }
+    for (size_t k = 0; k < n.names.size(); ++k)  // what a name needs, and what that needs in turn
+      for (uint64_t& mask : n.dependents) mask |= (mask >> k & 1) ? n.dependents[k] : 0;
     const uint64_t banned = n.banned;
     for (size_t i = 0; i < n.names.size(); ++i)
       if (const uint64_t bad = n.dependents[i] & banned & ~(uint64_t(1) << i); bad != 0 && !(banned >> i & 1)) {

@@ -38,7 +38,9 @@
 // The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of
 // JsonPrefix), object keys written without escapes, each key at most once; an enum or const value
 // in its compact form (nlohmann::json::dump), e.g. {"a":1} for an object; of a string's enum
-// values, those its length limits and pattern take.
+// values, those its length limits and pattern take; of an object's, those whose keys its required,
+// dependentRequired, propertyNames, additionalProperties false and property counts take (the
+// values' own schemas are not checked).
 #pragma once
 
 #include <cmath>
