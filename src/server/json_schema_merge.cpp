@@ -1,0 +1,259 @@
+// Structured outputs: allOf, and $ref beside other keywords, merged into one schema that accepts
+// what all of them accept (see json_schema.h for what merges); the compiler (json_schema.cpp) then
+// compiles the result.
+#include "server/json_schema_merge.h"
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "dsinfer/error.h"
+
+namespace dsi::server::schema_merge {
+
+using Json = nlohmann::json;
+
+bool annotation(const std::string& k) {
+  static const std::set<std::string> kIgnored = {
+      "title", "description", "default", "examples", "$schema", "$id", "$comment", "$anchor",
+      "readOnly", "writeOnly", "deprecated", "format", "$defs", "definitions", "contentMediaType",
+      "contentEncoding", "discriminator", "strict", "name"};
+  return kIgnored.count(k) > 0;
+}
+
+std::string part(const std::string& name) {
+  std::string out;
+  for (unsigned char c : name.substr(0, 40)) out += c < 0x20 || c == 0x7f ? fmt::format("\\x{:02x}", c) : std::string(1, char(c));
+  return out + (name.size() > 40 ? "..." : "");
+}
+
+const Json& target(const Json& root, const std::string& r, const std::string& path) {
+  if (r.rfind('#', 0) != 0) fail("{}: only references inside the schema (\"#...\") are supported", path);
+  try {
+    const Json::json_pointer ptr(r.substr(1));
+    if (root.contains(ptr)) return root.at(ptr);
+  } catch (const Json::exception&) {
+    fail("{}: {} is not a JSON pointer into the schema", path, Json(r).dump());
+  }
+  fail("{}: {} points at nothing", path, Json(r).dump());
+}
+
+bool constrains_beside(const Json& s, const char* key) {
+  for (auto it = s.begin(); it != s.end(); ++it)
+    if (it.key() != key && !annotation(it.key())) return true;
+  return false;
+}
+
+namespace {
+
+class Merger {
+ public:
+  Merger(const Json& root, int& merges) : root_(root), merges_(merges) {}
+
+  Json merged(const Json& s, const std::string& path, std::vector<std::string>& open) {
+    if (open.size() > 64) fail("{}: allOf and $ref nest too deeply", path);
+    if (s.is_boolean()) return s;
+    if (!s.is_object()) fail("{}: a schema must be an object or a boolean", path);
+    Json out = Json::object();  // the keywords beside allOf and $ref
+    for (auto it = s.begin(); it != s.end(); ++it)
+      if (it.key() != "allOf" && it.key() != "$ref" && !annotation(it.key())) out[it.key()] = it.value();
+    if (const auto r = s.find("$ref"); r != s.end()) {
+      if (!r->is_string()) fail("{}/$ref: must be a string", path);
+      const std::string ref = r->get<std::string>();
+      if (std::find(open.begin(), open.end(), ref) != open.end())
+        fail("{}/$ref: {} refers back to itself inside an allOf (or beside other keywords), which is not supported",
+             path, Json(ref).dump());
+      open.push_back(ref);
+      out = both(out, merged(target(root_, ref, path + "/$ref"), part(ref), open), path, open);
+      open.pop_back();
+    }
+    if (const auto all = s.find("allOf"); all != s.end()) {
+      if (!all->is_array() || all->empty()) fail("{}/allOf: must be a non-empty array of schemas", path);
+      for (size_t i = 0; i < all->size(); ++i) {
+        const std::string at = path + "/allOf/" + std::to_string(i);
+        out = both(out, merged((*all)[i], at, open), at, open);
+      }
+    }
+    return out;
+  }
+
+  static bool trivial(const Json& x) { return (x.is_boolean() && x.get<bool>()) || (x.is_object() && x.empty()); }
+  // What two schemas of the tree both accept; a side that accepts anything leaves the other as it
+  // is (its references unfollowed: a recursive property stays a reference).
+  Json both_of(const Json& a, const Json& b, const std::string& path, std::vector<std::string>& open) {
+    if (trivial(a)) return b;
+    if (trivial(b)) return a;
+    return both(merged(a, path, open), merged(b, path, open), path, open);
+  }
+
+  // What a and b (merged already: no allOf or $ref at the top) both accept.
+  Json both(const Json& a, const Json& b, const std::string& path, std::vector<std::string>& open) {
+    if (trivial(a)) return b;
+    if (trivial(b)) return a;
+    if (++merges_ > kMaxMerges) fail("{}: allOf merges more than {} pairs of schemas", path, kMaxMerges);
+    for (const Json* x : {&a, &b})
+      for (const char* k : {"exclusiveMinimum", "exclusiveMaximum"})
+        if (x->contains(k) && (*x)[k].is_boolean())
+          fail("{}: draft 4's boolean '{}' inside an allOf is not supported", path, k);
+    if ((a.is_boolean() && !a.get<bool>()) || (b.is_boolean() && !b.get<bool>()))
+      fail("{}: an allOf with the schema false accepts no value", path);
+    // An alternative on either side: each alternative with the other side (anyOf stays anyOf, and
+    // oneOf oneOf: the compiler checks that its alternatives still exclude each other).
+    for (const auto& [x, y] : {std::pair<const Json&, const Json&>(a, b), std::pair<const Json&, const Json&>(b, a)})
+      for (const char* k : {"anyOf", "oneOf"}) {
+        const auto alts = x.find(k);
+        if (alts == x.end()) continue;
+        if (!alts->is_array() || alts->empty()) fail("{}/{}: must be a non-empty array of schemas", path, k);
+        if (x.size() > 1) fail("{}: '{}' beside other keywords inside an allOf is not supported", path, k);
+        Json out = Json::array();
+        for (size_t i = 0; i < alts->size(); ++i) {
+          const std::string at = path + "/" + k + "/" + std::to_string(i);
+          out.push_back(both(merged((*alts)[i], at, open), y, at, open));
+        }
+        if (out.size() > 64) fail("{}: an allOf of alternatives makes more than 64 of them", path);
+        return Json{{k, out}};
+      }
+    Json out = a;
+    auto refuse = [&](const std::string& k) {
+      fail("{}: '{}' in two schemas of an allOf (with different values) cannot be merged", path, part(k));
+    };
+    for (auto it = b.begin(); it != b.end(); ++it) {
+      const std::string& k = it.key();
+      const Json& v = it.value();
+      if (k == "properties" || k == "additionalProperties") continue;  // below, together
+      const auto have = out.find(k);
+      if (have == out.end() && k != "enum" && k != "const") {
+        out[k] = v;
+        continue;
+      }
+      if (have != out.end() && *have == v) continue;
+      static const std::set<std::string> kLowest = {"maximum", "exclusiveMaximum", "maxLength", "maxItems",
+                                                    "maxProperties"};
+      static const std::set<std::string> kHighest = {"minimum", "exclusiveMinimum", "minLength", "minItems",
+                                                     "minProperties"};
+      if (k == "type") {
+        out[k] = common_types(*have, v, path);
+      } else if (k == "enum" || k == "const") {
+        const Json mine = out.contains("const") ? Json::array({out["const"]}) : out.value("enum", Json());
+        const Json theirs = k == "const" ? Json::array({v}) : v;
+        if (!theirs.is_array()) fail("{}/{}: must be an array", path, k);
+        Json kept = Json::array();
+        for (const Json& x : theirs)
+          if (mine.is_null() || (mine.is_array() && std::find(mine.begin(), mine.end(), x) != mine.end()))
+            kept.push_back(x);
+        if (kept.empty()) fail("{}: the enum values of an allOf's schemas have none in common", path);
+        out.erase("const");
+        out["enum"] = kept;
+      } else if ((kLowest.count(k) || kHighest.count(k)) && have->is_number() && v.is_number()) {
+        const bool low = kLowest.count(k) > 0;
+        out[k] = (low ? v.get<double>() < have->get<double>() : v.get<double>() > have->get<double>()) ? v : *have;
+      } else if (k == "required" && have->is_array() && v.is_array()) {
+        for (const Json& name : v)
+          if (std::find(have->begin(), have->end(), name) == have->end()) have->push_back(name);
+      } else if ((k == "dependentRequired" || k == "dependencies") && have->is_object() && v.is_object()) {
+        for (auto d = v.begin(); d != v.end(); ++d) {  // the names each property needs, of both
+          const auto mine = have->find(d.key());
+          if (mine == have->end()) {
+            (*have)[d.key()] = d.value();
+            continue;
+          }
+          if (!mine->is_array() || !d->is_array())
+            fail("{}/{}/{}: a schema as a dependency is not supported (a list of names is)", path, k, part(d.key()));
+          for (const Json& name : *d)
+            if (std::find(mine->begin(), mine->end(), name) == mine->end()) mine->push_back(name);
+        }
+      } else if (k == "uniqueItems" && have->is_boolean() && v.is_boolean()) {
+        out[k] = have->get<bool>() || v.get<bool>();
+      } else if (k == "multipleOf" && have->is_number_integer() && v.is_number_integer() && have->get<int64_t>() > 0 &&
+                 v.get<int64_t>() > 0) {
+        out[k] = std::lcm(have->get<int64_t>(), v.get<int64_t>());
+      } else if ((k == "items" || k == "additionalItems") && !have->is_array() && !v.is_array()) {
+        out[k] = both_of(*have, v, path + "/" + k, open);
+      } else if (k == "prefixItems" && have->is_array() && v.is_array() && have->size() == v.size()) {
+        for (size_t i = 0; i < v.size(); ++i) {
+          const std::string at = path + "/prefixItems/" + std::to_string(i);
+          (*have)[i] = both_of((*have)[i], v[i], at, open);
+        }
+      } else {
+        refuse(k);
+      }
+    }
+    if (b.contains("properties") || b.contains("additionalProperties")) objects(out, b, path, open);
+    return out;
+  }
+
+  // The properties of a (in place) and b together: each key's value schema is what each side says
+  // of it (its own property, else its additionalProperties), merged; additionalProperties the
+  // merge of both sides' (false where either is).
+  void objects(Json& a, const Json& b, const std::string& path, std::vector<std::string>& open) {
+    static const Json kAny = true;
+    const Json none = Json::object();
+    const Json& pa = a.contains("properties") ? a["properties"] : none;
+    const Json& pb = b.contains("properties") ? b["properties"] : none;
+    if (!pa.is_object() || !pb.is_object()) fail("{}/properties: must be an object", path);
+    const Json& aa = a.contains("additionalProperties") ? a["additionalProperties"] : kAny;
+    const Json& ab = b.contains("additionalProperties") ? b["additionalProperties"] : kAny;
+    auto closed = [](const Json& x) { return x.is_boolean() && !x.get<bool>(); };
+    Json props = Json::object();
+    std::vector<std::string> names;
+    for (const Json* p : {&pa, &pb})
+      for (auto it = p->begin(); it != p->end(); ++it)
+        if (std::find(names.begin(), names.end(), it.key()) == names.end()) names.push_back(it.key());
+    for (const std::string& name : names) {
+      const Json& sa = pa.contains(name) ? pa[name] : aa;
+      const Json& sb = pb.contains(name) ? pb[name] : ab;
+      if (closed(sa) || closed(sb)) continue;  // no such key: the side that leaves it out takes no other keys
+      const std::string at = path + "/properties/" + part(name);
+      props[name] = both_of(sa, sb, at, open);
+    }
+    Json additional = closed(aa) || closed(ab) ? Json(false) : both_of(aa, ab, path + "/additionalProperties", open);
+    // Other keys open on both sides: said so where a side says it (closed_objects reads a silent
+    // object with properties as closed).
+    const bool said_open = (a.contains("additionalProperties") && aa == kAny) || (b.contains("additionalProperties") && ab == kAny);
+    a["properties"] = props;
+    if (additional == kAny && !said_open) a.erase("additionalProperties");
+    else a["additionalProperties"] = additional;
+  }
+
+  // The types both "type" values name (a name or a list; "number" takes integers too).
+  static Json common_types(const Json& a, const Json& b, const std::string& path) {
+    auto names = [&](const Json& t) {
+      std::set<std::string> out;
+      for (const Json& x : t.is_array() ? t : Json::array({t})) {
+        if (!x.is_string()) fail("{}/type: unknown type {}", path, x.dump());
+        out.insert(x.get<std::string>());
+      }
+      return out;
+    };
+    const std::set<std::string> x = names(a), y = names(b);
+    Json out = Json::array();
+    for (const std::string& t : x) {
+      if (y.count(t)) out.push_back(t);
+      else if (t == "integer" && y.count("number")) out.push_back(t);
+      else if (t == "number" && y.count("integer") && !x.count("integer")) out.push_back("integer");
+    }
+    if (out.empty()) fail("{}: the types of an allOf's schemas have none in common", path);
+    return out.size() == 1 ? out[0] : out;
+  }
+
+ private:
+  static constexpr int kMaxMerges = 4096;  // (alternatives inside allOf pair up: a bound on the work)
+  const Json& root_;
+  int& merges_;
+};
+
+}  // namespace
+
+Json merge(const Json& root, const Json& s, const std::string& path, int& merges) {
+  std::vector<std::string> open;  // the references being taken in
+  return Merger(root, merges).merged(s, path, open);
+}
+
+Json all_of(const Json& root, const std::vector<Json>& all, const std::string& path, int& merges) {
+  Json s = Json::object();
+  s["allOf"] = all;
+  return merge(root, s, path, merges);
+}
+
+}  // namespace dsi::server::schema_merge

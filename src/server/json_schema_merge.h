@@ -1,0 +1,31 @@
+// Structured outputs: what the schema compiler (json_schema.cpp) shares with allOf's merge
+// (json_schema_merge.cpp): keyword names, paths in messages, references, and the merge itself.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace dsi::server::schema_merge {
+
+// A keyword that says nothing of which values are accepted (title, description, $defs, ...).
+bool annotation(const std::string& k);
+// A property name as a part of a path in messages: control bytes as \xNN, at most 40 bytes.
+std::string part(const std::string& name);
+// The schema a reference inside root points at ("#..."); throws dsi::Error with path.
+const nlohmann::json& target(const nlohmann::json& root, const std::string& ref, const std::string& path);
+// s has a keyword beside `key` that constrains values (not an annotation).
+bool constrains_beside(const nlohmann::json& s, const char* key);
+
+// The schema s with its allOf and $ref taken in: one schema without either at its top (its
+// keywords, or an anyOf / oneOf of such) that accepts what s accepts. References are followed
+// where they are merged with something; one that leads back to itself there is refused (the merge
+// would not end). Keywords that cannot be merged (two patterns, two formats) are refused, with the
+// path. merges counts the pairs merged, across calls (a bound on the work).
+nlohmann::json merge(const nlohmann::json& root, const nlohmann::json& s, const std::string& path, int& merges);
+// What every schema of `all` accepts, merged into one (as an allOf of them).
+nlohmann::json all_of(const nlohmann::json& root, const std::vector<nlohmann::json>& all, const std::string& path,
+                      int& merges);
+
+}  // namespace dsi::server::schema_merge
