@@ -18,11 +18,10 @@
 //      the CPU reference's selection.
 // One pass over the row, three digits, one gather; no sort; one launch, capturable in a graph.
 //
-// Rows of at most kCtaMaxN scores (a decode row up to 12K keys per rank, e.g. 48K at DCP 4) skip
-// the cluster: one CTA of 1024 threads keeps the row's order keys in registers and runs the
-// same three digit passes (11, 11 and 10 bits) and the ordered gather alone, with block barriers
-// instead of cluster barriers (the cluster's exchanges, not its reads, set its time at these
-// sizes). DSI_TOPK_CTA=0 keeps every row on the cluster kernel, for comparisons.
+// Rows of at most 12K scores (a decode row up to 12K keys per rank, e.g. 48K at DCP 4) skip the
+// cluster: sm90_topk_select_cta.cu runs each on one CTA of 1024 threads (the cluster's exchanges,
+// not its reads, set its time at these sizes). DSI_TOPK_CTA=0 keeps every row on the cluster
+// kernel, for comparisons. What both kernels share is in select_common.cuh.
 #include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -34,6 +33,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ptx.cuh"
+#include "backends/cuda/topk/select_common.cuh"
 #include "backends/cuda/topk/topk.h"
 
 namespace dsi::cuda {
@@ -41,6 +41,7 @@ namespace dsi::cuda {
 namespace {
 
 namespace cg = cooperative_groups;
+using namespace topk_select;
 
 constexpr int kSelThreads = 512;
 constexpr int kBins = 4096;                       // 12-bit digits (passes 1 and 2), 8 bits last
@@ -63,33 +64,6 @@ union Temp {
 struct Pick {
   uint32_t bin, above, total, count;  // count: the keys in `bin`, cluster-wide
 };
-
-// Order key of a score: larger = earlier; 0 for -inf and NaN (never selectable; a selectable score
-// never maps to 0).
-__device__ __forceinline__ uint32_t order_key(float v) {
-  if (!(v > -INFINITY)) return 0u;
-  const uint32_t u = __float_as_uint(v == 0.0f ? 0.0f : v);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-constexpr uint32_t kNoKeyBits = 0xff800000u;  // -inf: what a position at or past the bound caches
-
-// hist[bin] += 1 where `take`: one predicated shared reduction. (A guarded atomicAdd costs a
-// convergence region and the shared window's address again each time: about ten instructions a
-// key in the binning passes.)
-__device__ __forceinline__ void count_if(uint32_t* hist, uint32_t bin, bool take) {
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(hist + bin));
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %0, 0;\n\t@p red.shared.add.u32 [%1], 1;\n\t}" ::"r"(uint32_t(take)),
-      "r"(addr)
-      : "memory");
-}
-
-// The op's input check, by one thread of the row: a bound outside [0, n] lowers p.bad to the row.
-__device__ __forceinline__ void check_bound(const TopkSelectParams& p, int64_t row, int64_t bound) {
-  if (p.bad != nullptr && (bound < 0 || bound > p.n))
-    atomicMin(p.bad, static_cast<unsigned long long>(p.first_row + row));
-}
 
 // Dynamic shared memory (words): the local histograms of the three digits (pass 3 reuses the first),
 // this CTA's slices of the cluster-wide histograms, then the cached scores.
@@ -252,10 +226,6 @@ __device__ __forceinline__ void histogram_pass(const uint32_t* cache, int64_t le
   }
 }
 
-struct BlockPick {
-  uint32_t bin, above, total, count;  // count: the keys in `bin`
-};
-
 // Where CTA `who`'s winners go in the position-ordered output: the winners of the CTAs before it,
 // and how many of its keys == T it takes (the lowest CTAs' first, take_eq in all). Lane q of a full
 // warp holds CTA q's keys > T (gt) and == T (eq), 0 past the cluster; every lane gets the answer.
@@ -274,43 +244,6 @@ __device__ __forceinline__ Place place_of(uint32_t gt, uint32_t eq, uint32_t tak
     eq_before += ej;
   }
   return pl;
-}
-
-// The ordered gather's write for one thread's keys o[] at consecutive positions pos0, pos0 + 1, ...:
-// every key > thr, and a key == thr while fewer than take_eq come before it; gt_b / eq_b count the
-// keys > thr / == thr before o[0], and `before` the winners ahead of them all. value_of(i) is the
-// score written next to position pos0 + i.
-template <int ITEMS, typename ValueOf>
-__device__ __forceinline__ void write_winners(const uint32_t (&o)[ITEMS], int64_t pos0, uint32_t thr,
-                                              uint32_t take_eq, uint32_t before, uint32_t gt_b, uint32_t eq_b,
-                                              int32_t* out_idx, float* out_val, ValueOf value_of) {
-#pragma unroll
-  for (int it = 0; it < ITEMS; ++it) {
-    if (o[it] > thr || (o[it] == thr && eq_b < take_eq)) {
-      const uint32_t slot = before + gt_b + min(eq_b, take_eq);
-      out_idx[slot] = int32_t(pos0 + it);
-      if (out_val != nullptr) out_val[slot] = value_of(it);
-    }
-    gt_b += o[it] > thr ? 1u : 0u;
-    eq_b += o[it] == thr ? 1u : 0u;
-  }
-}
-
-// The bin at which the count from the top reaches `need`, found by the one (thread, i) that crosses
-// it: this thread's counts c[0, per) are of bins nb - 1 - tid * per - i (descending), and `acc` keys
-// lie in the bins above them. That thread writes the bin, the count above it and the bin's count.
-template <int kMax>
-__device__ __forceinline__ void publish_crossing(const uint32_t (&c)[kMax], int per, int nb, uint32_t acc,
-                                                 uint32_t need, uint32_t& bin, uint32_t& above, uint32_t& count) {
-#pragma unroll
-  for (int i = 0; i < kMax; ++i) {
-    if (need > 0 && acc < need && acc + c[i] >= need) {  // exactly one (thread, i) crosses
-      bin = uint32_t(nb - 1 - int(threadIdx.x) * per - i);
-      above = acc;
-      count = c[i];
-    }
-    acc += c[i];
-  }
 }
 
 // The bin of hist[0, nb) (larger bins = larger keys) at which the count from the top reaches `need`
@@ -646,7 +579,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   for (int64_t base = 0; base < len; base += int64_t(kSelThreads) * kGatherItems) {
     uint32_t b[kGatherItems], o[kGatherItems];
     const int64_t i0 = base + int64_t(tid) * kGatherItems;
-    if (kCached && i0 + kGatherItems <= len) {  // 16-byte loads (i0 % 8 == 0): no bank conflicts
+    if (kCached && i0 + kGatherItems <= len) {  // 16-byte loads (i0 % 8 == 0): words were 8-way conflicts
 #pragma unroll
       for (int g = 0; g < kGatherItems; g += 4) {
         const uint4 w = *reinterpret_cast<const uint4*>(cache + i0 + g);
@@ -673,155 +606,8 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   trace_mark(p.trace, 11);
 }
 
-// ---- One CTA per row ----
-
-constexpr int kCtaThreads = 1024;
-// On an H200 (bench_topk, one row) the shared-memory version of this kernel took 7.6 us at 8K keys
-// and 11.3 us at 16K, the cluster (its candidates refined in one CTA) 9.6 and 9.8 us: past about
-// 12K keys the CTA's passes over all its keys, not the cluster's exchanges, set the time.
-constexpr int64_t kCtaMaxN = 12288;
-constexpr int kCtaBins = 2048;  // 11-bit digits: bits 31..21, 20..10; then 10 bits: 9..0
-
-using CtaScan = cub::BlockScan<uint32_t, kCtaThreads>;
-
-// block_pick for the CTA kernel with two barriers: thread t holds the NB / kCtaThreads bins below
-// NB - 1 - t * that (descending); warp scans, the warps' totals through shared memory, then every
-// warp scans the totals and the crossing thread publishes the bin.
-template <int NB>
-__device__ BlockPick cta_pick(const uint32_t* hist, uint32_t need_or_k, bool first) {
-  constexpr int kPer = NB / kCtaThreads;
-  static_assert(kPer >= 1 && NB % kCtaThreads == 0, "cta_pick: whole bins per thread");
-  __shared__ uint32_t s_wtot[32], s_bin, s_above, s_count;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  uint32_t c[kPer], sum = 0;
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    c[i] = hist[NB - 1 - tid * kPer - i];
-    sum += c[i];
-  }
-  uint32_t incl = sum;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const uint32_t t = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += t;
-  }
-  if (lane == 31) s_wtot[warp] = incl;
-  __syncthreads();
-  const uint32_t wt = s_wtot[lane];
-  uint32_t winc = wt;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const uint32_t t = __shfl_up_sync(0xffffffffu, winc, d);
-    if (lane >= d) winc += t;
-  }
-  const uint32_t total = __shfl_sync(0xffffffffu, winc, 31);
-  const uint32_t need = first ? min(need_or_k, total) : need_or_k;
-  if (need == 0) return BlockPick{0u, 0u, total, 0u};  // block-uniform; no bin is read
-  publish_crossing(c, kPer, NB, __shfl_sync(0xffffffffu, winc - wt, warp) + incl - sum, need, s_bin, s_above,
-                   s_count);
-  __syncthreads();
-  return BlockPick{s_bin, s_above, total, s_count};
-}
-
-// The row's order keys stay in registers: thread t holds positions [t * PER, (t + 1) * PER) (blocked,
-// so thread order is position order), PER = 4, 8 or 12. Three digit passes each test the PER keys
-// against the bin so far and bin the matches into their own zeroed histogram (no barrier to clear
-// one), each pick takes two barriers (cta_pick), and the gather is one block scan of each thread's
-// keys > T and == T. A pass runs only where the crossing bin's keys are not all winners: a row of
-// at most k keys needs one, random scores mostly two (8K keys, one row: 6.2 -> 5.7 us on an H100).
-template <int PER>
-__global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSelectParams p) {
-  static_assert(PER % 4 == 0, "PER: whole 16-byte loads");
-  pdl_enter();
-  __shared__ typename CtaScan::TempStorage scan;
-  __shared__ uint32_t hist1[kCtaBins], hist2[kCtaBins], hist3[kCtaBins / 2];
-  const int tid = threadIdx.x;
-  const int64_t row = blockIdx.x;
-  const float* srow = p.scores + row * p.score_stride;
-  if (tid == 0) check_bound(p, row, p.bounds[row]);
-  const int n = int(p.n), bound = min(int(p.bounds[row]), n);
-  int32_t* out_idx = p.indices + row * p.k;
-  float* out_val = p.values != nullptr ? p.values + row * p.k : nullptr;
-  const int i0 = tid * PER;
-
-  for (int i = tid; i < kCtaBins; i += kCtaThreads) hist1[i] = hist2[i] = 0;
-  for (int i = tid; i < kCtaBins / 2; i += kCtaThreads) hist3[i] = 0;
-  uint32_t key[PER];
-  if (i0 + PER <= bound && (reinterpret_cast<uintptr_t>(srow + i0) & 15u) == 0) {
-#pragma unroll
-    for (int v = 0; v < PER / 4; ++v) {
-      const float4 f = *reinterpret_cast<const float4*>(srow + i0 + 4 * v);
-      key[4 * v] = order_key(f.x), key[4 * v + 1] = order_key(f.y);
-      key[4 * v + 2] = order_key(f.z), key[4 * v + 3] = order_key(f.w);
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < PER; ++j) key[j] = i0 + j < bound ? order_key(srow[i0 + j]) : 0u;
-  }
-  __syncthreads();  // the histograms are zero
-  // Pass 1: bits 31..21 of the selectable keys.
-#pragma unroll
-  for (int j = 0; j < PER; ++j)
-    count_if(hist1, key[j] >> 21, key[j] != 0u);
-  __syncthreads();
-  BlockPick pick = cta_pick<kCtaBins>(hist1, uint32_t(p.k), true);
-  const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
-  for (int j = int(kk) + tid; j < p.k; j += kCtaThreads) {
-    out_idx[j] = -1;
-    if (out_val != nullptr) out_val[j] = -INFINITY;
-  }
-  if (kk == 0) return;
-  // The threshold so far: the prefix of the k-th key above bit `shift` (pass 1: bits 31..21). Where
-  // the crossing bin's keys are all winners (its count is what is still needed: no tie to break),
-  // the passes below it are skipped and the gather compares prefixes: every key of the bin is taken.
-  uint32_t prefix = pick.bin, shift = 21;  // bin >= 1 when kk >= 1: a bin of selectable keys
-  uint32_t above = pick.above;
-  if (pick.count != kk - above) {  // block-uniform
-    // Pass 2: bits 20..10 of the keys in bin b1.
-#pragma unroll
-    for (int j = 0; j < PER; ++j)
-      count_if(hist2, (key[j] >> 10) & 0x7ffu, (key[j] >> 21) == prefix);
-    __syncthreads();
-    pick = cta_pick<kCtaBins>(hist2, kk - above, false);
-    prefix = (prefix << 11) | pick.bin;
-    shift = 10;
-    above += pick.above;
-    if (pick.count != kk - above) {
-      // Pass 3: bits 9..0 of the keys with that 22-bit prefix.
-#pragma unroll
-      for (int j = 0; j < PER; ++j)
-        count_if(hist3, key[j] & 0x3ffu, (key[j] >> 10) == prefix);
-      __syncthreads();
-      pick = cta_pick<kCtaBins / 2>(hist3, kk - above, false);
-      prefix = (prefix << 10) | pick.bin;  // the k-th key (>= 1: selectable)
-      shift = 0;
-      above += pick.above;
-    }
-  }
-  const uint32_t take_eq = kk - above;  // keys with the prefix to take, lowest positions first (>= 1)
-
-  // The ordered gather: (prefixes > prefix) | (prefixes == prefix) << 16 per thread (< 2^16 each),
-  // scanned in thread order (= position order).
-  uint32_t pre_key[PER];
-#pragma unroll
-  for (int j = 0; j < PER; ++j) pre_key[j] = key[j] >> shift;
-  uint32_t cnt = 0;
-#pragma unroll
-  for (int j = 0; j < PER; ++j) cnt += (pre_key[j] > prefix ? 1u : 0u) + (pre_key[j] == prefix ? 0x10000u : 0u);
-  uint32_t pre = 0;
-  CtaScan(scan).ExclusiveSum(cnt, pre);
-  const uint32_t gt_b = pre & 0xffffu, eq_b = pre >> 16;
-  write_winners(pre_key, i0, prefix, take_eq, 0u, gt_b, eq_b, out_idx, out_val,
-                [&](int j) { return srow[i0 + j]; });  // the score itself (-0 stays -0)
-}
-
 // CTAs per row forced on the cluster kernel (0: the launch chooses); set_topk_cluster_ctas.
 std::atomic<int> g_forced_ctas{0};
-
-bool cta_path_enabled() {
-  static const bool on = !env_switched_off("DSI_TOPK_CTA");
-  return on;
-}
 
 }  // namespace
 
@@ -843,22 +629,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
   if (p.rows == 0 || p.k == 0) return;
   DSI_CHECK(p.k >= 1 && p.k <= kTopkSelectMaxK, "topk: the select kernel takes k <= {}, got {}",
             kTopkSelectMaxK, p.k);
-  if (p.n <= kCtaMaxN && cta_path_enabled()) {
-    const auto kernel = p.n <= 4 * kCtaThreads   ? topk_select_cta_kernel<4>
-                        : p.n <= 8 * kCtaThreads ? topk_select_cta_kernel<8>
-                                                 : topk_select_cta_kernel<12>;
-    for (int64_t r0 = 0; r0 < p.rows; r0 += INT32_MAX) {
-      TopkSelectParams q = p;
-      q.rows = std::min<int64_t>(INT32_MAX, p.rows - r0);
-      q.scores = p.scores + r0 * p.score_stride;
-      q.bounds = p.bounds + r0;
-      q.first_row = p.first_row + r0;
-      q.indices = p.indices + r0 * p.k;
-      if (q.values != nullptr) q.values = p.values + r0 * p.k;
-      launch(kernel, dim3(unsigned(q.rows)), dim3(kCtaThreads), 0, s, q);
-    }
-    return;
-  }
+  if (launch_topk_select_cta(p, s)) return;
   // The dynamic shared memory a CTA may take: the device's opt-in limit less the kernel's static part.
   static const size_t max_smem = [] {
     int dev = 0, optin = 0;
