@@ -39,9 +39,9 @@ void launch_topk_check_bounds(const int32_t* bounds, int64_t rows, int64_t n,
                               unsigned long long* bad, cudaStream_t stream);
 
 // Exact top-k by radix select (sm90_topk_select.cu): one thread-block cluster per row (one CTA for
-// rows of up to 32K scores), the k-th order key found in three digit passes over the row's scores
-// (cached in shared memory), the winners written in position order. Same selection as the sort,
-// bitwise; k <= 2048.
+// rows of up to 12K scores, sm90_topk_select_cta.cu), the k-th order key found in three digit
+// passes over the row's scores (cached in shared memory), the winners written in position order.
+// Same selection as the sort, bitwise; k <= 2048.
 inline constexpr int kTopkSelectMaxK = 2048;
 struct TopkSelectParams {
   const float* scores;    // [rows, n], row stride score_stride
