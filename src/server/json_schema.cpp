@@ -152,6 +152,7 @@ class JsonSchema::Compiler {
     std::map<size_t, std::string> bans;  // names that may not come, and why
     property_names(n, s, path, bans);
     dependencies(n, s, path, bans);
+    n.others = n.additional != nullptr;
     if (const auto req = s.find("required"); req != s.end()) {
       if (!req->is_array()) fail("{}/required: must be an array of names", path);
       for (const Json& name : *req) {
@@ -175,9 +176,11 @@ class JsonSchema::Compiler {
     const auto allowed = int64_t(n.names.size()) - std::popcount(n.banned);
     if (n.additional == nullptr && n.min_props > allowed)
       fail("{}: minProperties is above the {} properties the object may have", path, allowed);
-    // Other keys are not told apart once written: a few names of theirs could only repeat.
-    if (n.additional != nullptr && n.min_props > allowed &&
-        ((n.key_pattern && n.key_pattern->max_left(n.key_pattern->start()) != JsonPattern::kUnbounded) || n.key_max == 0))
+    // Each other key comes at most once: where propertyNames leaves them few names (a pattern with
+    // no loop, or one beside maxLength), they could run out before minProperties.
+    if (n.others && n.min_props > allowed &&
+        (n.key_max == 0 || (n.key_pattern && (n.key_pattern->max_left(n.key_pattern->start()) != JsonPattern::kUnbounded ||
+                                              n.key_max >= 0))))
       fail("{}: minProperties above the declared properties beside a 'propertyNames' that takes few names is not "
            "supported", path);
     if (n.min_props > (1 << 20) || n.max_props > (1 << 20)) fail("{}: a property count above 2^20", path);
@@ -662,6 +665,7 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema, bool c
   Node& any = s->nodes_.emplace_back();
   s->any_ = &any;
   any.additional = &any;
+  any.others = true;
   Compiler c(*s, schema, closed_objects);
   s->root_ = c.compile(schema, "#");
   return s;

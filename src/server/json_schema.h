@@ -86,6 +86,7 @@ class JsonSchema {
     int64_t key_min = 0, key_max = -1;
     bool keys_limited() const { return key_pattern || key_min > 0 || key_max >= 0; }
     const Node* additional = nullptr;  // other keys' values; null: no other keys
+    bool others = false;               // other keys may come (the compiler sets it)
     int64_t min_props = 0, max_props = -1;  // keys in all
     // Arrays.
     std::vector<const Node*> prefix_items;  // the first items' schemas
@@ -184,6 +185,8 @@ class SchemaPrefix {
     bool capture = false;  // kString / kNumber: an item of an array with unique items, kept in item
     std::string item;
     std::shared_ptr<const std::vector<std::string>> items_seen;  // kArray with unique items: theirs
+    std::string key_text;  // kObject in another key: its text so far (escapes read), as UTF-8
+    std::shared_ptr<const std::vector<std::string>> keys_seen;  // kObject: the other keys written (shared)
     void key(std::string& out) const;                 // what of it decides what may follow
   };
   struct Thread {
@@ -206,12 +209,13 @@ class SchemaPrefix {
   static bool other_open(const Node& n, const Frame& f);
   // The key under way (or one about to start: start) can still end as a key that may come.
   static bool key_can_end(const Node& n, const Frame& f, bool start = false);
-  // Another key under way, at propertyNames' state pat after chars code points, the declared names
-  // cand matching its bytes up to byte at (where its character under way began; ranges: what that
-  // character can still be, none at rest), can end as a name propertyNames takes that is not
-  // declared, writing no escape while a declared name still matches.
-  static bool other_ends(const Node& n, int32_t pat, int32_t chars, uint64_t cand, size_t at,
-                         const std::pair<uint32_t, uint32_t>* ranges, size_t k, int depth);
+  // Another key under way, at propertyNames' state pat after chars code points, the names to avoid
+  // (declared ones, other keys written) matching its text up to byte at (where its character under
+  // way began; ranges: what that character can still be, none at rest), can end as a name that
+  // propertyNames takes and that is none of them, writing no escape while a name still matches.
+  static bool other_ends(const Node& n, int32_t pat, int32_t chars, const std::vector<const std::string*>& avoid,
+                         size_t at, const std::pair<uint32_t, uint32_t>* ranges, size_t k, int depth);
+  static bool key_seen(const Frame& f);  // the other key just closed in f was written before
   // Steps the reading t with byte c; what it becomes (none, one or several readings) goes to out.
   void step_top(Thread t, unsigned char c, std::vector<Thread>& out) const;
   // A value of node starting with c, the reading's frames so far in t; hops: references followed.

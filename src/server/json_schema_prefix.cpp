@@ -148,56 +148,81 @@ uint64_t SchemaPrefix::open_names(const Node& n, const Frame& f) {
 }
 
 bool SchemaPrefix::other_open(const Node& n, const Frame& f) {
-  return n.additional != nullptr &&
+  return n.others &&
          (n.max_props < 0 || f.props + 1 + std::popcount(needed(n, f) & ~f.seen) <= n.max_props);
+}
+
+// A code point appended to a key's text as UTF-8.
+static void put_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += char(cp);
+  } else if (cp < 0x800) {
+    out += char(0xC0 | cp >> 6), out += char(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += char(0xE0 | cp >> 12), out += char(0x80 | (cp >> 6 & 0x3F)), out += char(0x80 | (cp & 0x3F));
+  } else {
+    out += char(0xF0 | cp >> 18), out += char(0x80 | (cp >> 12 & 0x3F)), out += char(0x80 | (cp >> 6 & 0x3F)),
+        out += char(0x80 | (cp & 0x3F));
+  }
+}
+
+bool SchemaPrefix::key_seen(const Frame& f) {
+  return f.keys_seen && std::find(f.keys_seen->begin(), f.keys_seen->end(), f.key_text) != f.keys_seen->end();
 }
 
 bool SchemaPrefix::key_can_end(const Node& n, const Frame& f, bool start) {
   const uint64_t declared = n.names.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.names.size()) - 1;
   const uint64_t cand = start ? declared : f.cand;
   if ((cand & open_names(n, f)) != 0) return true;
-  if (!(start ? n.additional != nullptr : f.other) || !other_open(n, f)) return false;
-  if (!n.keys_limited()) return true;  // (a character that no declared name goes on with can come next)
-  if (start) return other_ends(n, n.key_pattern ? n.key_pattern->start() : 0, 0, cand, 0, nullptr, 0, 0);
+  if (!(start ? n.others : f.other) || !other_open(n, f)) return false;
+  // (With no limits, a character that no declared name and no key written goes on with can come
+  // next, and the key can close after it.)
+  if (!n.keys_limited()) return true;
+  // The names the key may not end as: the declared ones it still matches (ending as one of them
+  // is that property, which open_names answered) and the other keys written that it still matches.
+  const std::string_view text = start ? std::string_view() : std::string_view(f.key_text);
+  std::vector<const std::string*> avoid;
+  for (uint64_t c = cand; c != 0; c &= c - 1) avoid.push_back(&n.names[size_t(std::countr_zero(c))]);
+  if (f.keys_seen)
+    for (const std::string& k : *f.keys_seen)
+      if (k.size() >= text.size() && std::string_view(k).substr(0, text.size()) == text) avoid.push_back(&k);
+  if (start) return other_ends(n, n.key_pattern ? n.key_pattern->start() : 0, 0, avoid, 0, nullptr, 0, 0);
   std::pair<uint32_t, uint32_t> ranges[3];
   const size_t k = f.str.at_rest() ? 0 : f.str.pending(ranges);
-  return other_ends(n, f.pat, f.chars, cand, size_t(f.str.at_rest() ? f.count : f.at), f.str.at_rest() ? nullptr : ranges,
-                    k, 0);
+  return other_ends(n, f.pat, f.chars, avoid, text.size(), f.str.at_rest() ? nullptr : ranges, k, 0);
 }
 
-bool SchemaPrefix::other_ends(const Node& n, int32_t pat, int32_t chars, uint64_t cand, size_t at,
-                              const std::pair<uint32_t, uint32_t>* ranges, size_t k, int depth) {
+bool SchemaPrefix::other_ends(const Node& n, int32_t pat, int32_t chars, const std::vector<const std::string*>& avoid,
+                              size_t at, const std::pair<uint32_t, uint32_t>* ranges, size_t k, int depth) {
   const JsonPattern* p = n.key_pattern.get();
-  // With no declared name left to meet, escapes may come: the pattern's reach against the lengths
-  // (as string_byte reads a string's).
+  // With no name left to avoid, escapes may come: the pattern's reach against the lengths (as
+  // string_byte reads a string's).
   auto may_end = [&](int32_t q, int64_t c) {
     const int64_t least = p ? p->min_left(q) : 0, most = p ? p->max_left(q) : JsonPattern::kUnbounded;
     return (n.key_max < 0 || c + least <= n.key_max) && (most == JsonPattern::kUnbounded || c + most >= n.key_min);
   };
-  if (cand == 0) return ranges != nullptr || may_end(pat, chars);  // (half-way: text_byte read its reach)
+  if (avoid.empty()) return ranges != nullptr || may_end(pat, chars);  // (half-way: text_byte read its reach)
   if (depth > 256) return false;
-  if (ranges == nullptr) {  // at rest: it can close here unless that makes a declared name
-    bool declared = false;
-    for (uint64_t c = cand; c != 0; c &= c - 1) declared = declared || n.names[size_t(std::countr_zero(c))].size() == at;
-    if (!declared && (!p || p->accepts(pat)) && chars >= n.key_min && (n.key_max < 0 || chars <= n.key_max)) return true;
+  if (ranges == nullptr) {  // at rest: it can close here unless that makes a name to avoid
+    bool named = false;
+    for (const std::string* name : avoid) named = named || name->size() == at;
+    if (!named && (!p || p->accepts(pat)) && chars >= n.key_min && (n.key_max < 0 || chars <= n.key_max)) return true;
   }
   if (n.key_max >= 0 && chars >= n.key_max && ranges == nullptr) return false;
-  // The characters that go on with a declared name at `at`, and the names each goes on with.
-  std::vector<std::pair<uint32_t, uint64_t>> going_on;
-  for (uint64_t c = cand; c != 0; c &= c - 1) {
-    const auto i = size_t(std::countr_zero(c));
-    const std::string& name = n.names[i];
-    if (name.size() <= at) continue;
+  // The characters that go on with a name to avoid at `at`, and the names each goes on with.
+  std::vector<std::pair<uint32_t, std::vector<const std::string*>>> going_on;
+  for (const std::string* name : avoid) {
+    if (name->size() <= at) continue;
     Utf8Scan utf8;
     uint32_t cp = 0;
-    for (size_t b = at; b < name.size(); ++b)
-      if (utf8.step(static_cast<unsigned char>(name[b])) == Utf8Scan::Step::kChar) {
+    for (size_t b = at; b < name->size(); ++b)
+      if (utf8.step(static_cast<unsigned char>((*name)[b])) == Utf8Scan::Step::kChar) {
         cp = utf8.cp;
         break;
       }
     const auto hit = std::find_if(going_on.begin(), going_on.end(), [cp](const auto& g) { return g.first == cp; });
-    if (hit == going_on.end()) going_on.emplace_back(cp, uint64_t(1) << i);
-    else hit->second |= uint64_t(1) << i;
+    if (hit == going_on.end()) going_on.emplace_back(cp, std::vector<const std::string*>{name});
+    else hit->second.push_back(name);
   }
   const std::pair<uint32_t, uint32_t> everything[1] = {{0, 0x10FFFF}};
   if (ranges == nullptr) ranges = everything, k = 1;
@@ -205,7 +230,7 @@ bool SchemaPrefix::other_ends(const Node& n, int32_t pat, int32_t chars, uint64_
   const int64_t counted = ranges == everything ? next_chars : chars;
   for (size_t r = 0; r < k; ++r) {
     const auto [from, to] = ranges[r];
-    // A character that no declared name goes on with and that needs no escape: the rest is free.
+    // A character that no name to avoid goes on with and that needs no escape: the rest is free.
     auto free_in = [&](uint32_t lo, uint32_t hi) {
       int64_t count = int64_t(hi) - lo + 1;
       auto drop = [&](uint32_t a, uint32_t b) {
@@ -226,14 +251,7 @@ bool SchemaPrefix::other_ends(const Node& n, int32_t pat, int32_t chars, uint64_
       if (q == JsonPattern::kDead) continue;
       if (n.key_max >= 0 && counted > n.key_max) continue;
       std::string bytes;
-      for (uint64_t c = names; c != 0 && bytes.empty(); c &= c - 1) {
-        const std::string& name = n.names[size_t(std::countr_zero(c))];
-        Utf8Scan utf8;
-        for (size_t b = at; b < name.size(); ++b) {
-          bytes += name[b];
-          if (utf8.step(static_cast<unsigned char>(name[b])) == Utf8Scan::Step::kChar) break;
-        }
-      }
+      put_utf8(bytes, cp);
       if (other_ends(n, q, int32_t(counted), names, at + bytes.size(), nullptr, 0, depth + 1)) return true;
     }
   }
@@ -296,18 +314,21 @@ void SchemaPrefix::Frame::key(std::string& out) const {
       break;
     case Kind::kObject:
       put(seen);
+      if (keys_seen)  // the other keys written
+        for (const std::string& k : *keys_seen) out += k + '\0';
       if (node->min_props > 0 || node->max_props >= 0) put(props);
       if (phase == Phase::kInKey) {
         str.key(out);
         put(cand);
         out += char(other);
         put(count);
-        if (node->keys_limited()) {  // propertyNames' state, and the character under way
+        if (node->keys_limited() || keys_seen) {  // propertyNames' state, and the character under way
           put(pat);
           put(chars);
           put(at);
           if (!str.at_rest()) put(str.cp), put(str.hex), put(str.utf8.cp);
         }
+        if (keys_seen && other) out += key_text + '\0';  // (whether it repeats a key written)
       }
       if (phase == Phase::kColon) put(value);
       break;
@@ -539,9 +560,10 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
           }
           if (c != '"' || !key_can_end(n, f, true)) return;
           f.phase = Phase::kInKey;
+          f.key_text.clear();
           f.str = JsonStringScan();
           f.cand = declared;
-          f.other = n.additional != nullptr;
+          f.other = n.others;
           f.count = 0;
           f.pat = n.key_pattern ? n.key_pattern->start() : 0;
           f.chars = 0;
@@ -567,12 +589,19 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
               }
             if (!f.other || !other_open(n, f)) return;
             if ((n.key_pattern && !n.key_pattern->accepts(f.pat)) || f.chars < n.key_min) return;
+            if (key_seen(f)) return;  // each key at most once
+            auto seen = f.keys_seen ? std::make_shared<std::vector<std::string>>(*f.keys_seen)
+                                    : std::make_shared<std::vector<std::string>>();
+            seen->push_back(std::move(f.key_text));
+            f.keys_seen = std::move(seen);
+            f.key_text.clear();
             ++f.props;
             f.value = n.additional;
             f.phase = Phase::kColon;
             return keep();
           }
           if (f.str.char_started()) f.at = f.count;
+          if (f.other && f.str.char_ended()) put_utf8(f.key_text, f.str.code_point());
           if (!escaped && f.cand != 0) {
             uint64_t cand = 0;
             for (size_t i = 0; i < n.names.size(); ++i)
