@@ -144,10 +144,19 @@ inline bool valid(const Json& v, const Json& s, const Json& root) {
     if (s.contains("propertyNames"))
       for (auto it = v.begin(); it != v.end(); ++it)
         if (!valid(Json(it.key()), s["propertyNames"], root)) return false;
+    // Each key's value: against its property's schema, and each patternProperties schema whose
+    // pattern the name matches (an unanchored search); additionalProperties only where neither is.
+    const Json patterns = s.value("patternProperties", Json::object());
     for (auto it = v.begin(); it != v.end(); ++it) {
+      bool matched = false;
+      for (const auto& [pattern, schema] : patterns.items())
+        if (std::regex_search(it.key(), std::regex(pattern, std::regex::ECMAScript))) {
+          matched = true;
+          if (!valid(it.value(), schema, root)) return false;
+        }
       if (props.contains(it.key())) {
         if (!valid(it.value(), props[it.key()], root)) return false;
-      } else if (s.contains("additionalProperties") && !valid(it.value(), s["additionalProperties"], root)) {
+      } else if (!matched && s.contains("additionalProperties") && !valid(it.value(), s["additionalProperties"], root)) {
         return false;
       }
     }

@@ -615,6 +615,73 @@ class PatternBuilder {
       if (p.min_left_[d] >= 0 && p.max_left_[d] < 0) walk(d);
   }
 
+ public:
+  // The automaton of several patterns run side by side (JsonPattern::product).
+  static std::shared_ptr<const JsonPattern> product(const std::vector<const JsonPattern*>& parts,
+                                                    const std::function<bool(uint32_t)>& accept,
+                                                    std::vector<uint32_t>& tags, const std::string& where) {
+    auto out = std::make_shared<JsonPattern>();
+    std::vector<uint32_t> b = {0, 0xD800, 0xE000, kMaxCp + 1};  // (no string holds a surrogate)
+    for (const JsonPattern* p : parts) b.insert(b.end(), p->bounds_.begin(), p->bounds_.end());
+    std::sort(b.begin(), b.end());
+    b.erase(std::unique(b.begin(), b.end()), b.end());
+    while (b.size() > 2 && b.back() > kMaxCp + 1) b.pop_back();
+    const size_t classes = b.size() - 1;
+    std::map<std::vector<int32_t>, int32_t> ids;
+    std::vector<std::vector<int32_t>> states;
+    auto id_of = [&](std::vector<int32_t> s) {
+      const auto [it, fresh] = ids.emplace(s, int32_t(states.size()));
+      if (fresh) {
+        if (states.size() >= JsonPattern::kMaxDfaStates || (states.size() + 1) * classes > (size_t(1) << 22))
+          fail("{}: the patterns together are too complex (over {} automaton states)", where, JsonPattern::kMaxDfaStates);
+        states.push_back(std::move(s));
+      }
+      return it->second;
+    };
+    std::vector<int32_t> first;
+    for (const JsonPattern* p : parts) first.push_back(p->start());
+    id_of(first);
+    tags.clear();
+    for (size_t d = 0; d < states.size(); ++d) {
+      uint32_t bits = 0;
+      for (size_t i = 0; i < parts.size(); ++i)
+        if (states[d][i] >= 0 && parts[i]->accepts(states[d][i])) bits |= uint32_t(1) << i;
+      tags.push_back(bits);
+      out->accept_.push_back(accept(bits) ? 1 : 0);
+      out->next_.resize((d + 1) * classes, JsonPattern::kDead);
+      for (size_t c = 0; c < classes; ++c) {
+        if (b[c] >= 0xD800 && b[c] <= 0xDFFF) continue;
+        std::vector<int32_t> to(parts.size());
+        for (size_t i = 0; i < parts.size(); ++i) to[i] = parts[i]->step(states[d][i], b[c]);
+        out->next_[d * classes + c] = id_of(std::move(to));  // (states may move: d indexes)
+      }
+    }
+    // As determinize: distances to an accepting state; states that reach none die.
+    const size_t n = states.size();
+    std::vector<std::vector<int32_t>> back(n);
+    for (size_t d = 0; d < n; ++d)
+      for (size_t c = 0; c < classes; ++c)
+        if (const int32_t to = out->next_[d * classes + c]; to >= 0) back[size_t(to)].push_back(int32_t(d));
+    out->min_left_.assign(n, -1);
+    std::deque<int32_t> queue;
+    for (size_t d = 0; d < n; ++d)
+      if (out->accept_[d]) out->min_left_[d] = 0, queue.push_back(int32_t(d));
+    while (!queue.empty()) {
+      const int32_t d = queue.front();
+      queue.pop_front();
+      for (int32_t p : back[size_t(d)])
+        if (out->min_left_[size_t(p)] < 0) out->min_left_[size_t(p)] = out->min_left_[size_t(d)] + 1, queue.push_back(p);
+    }
+    if (out->min_left_[0] < 0) return nullptr;
+    for (int32_t& t : out->next_)
+      if (t >= 0 && out->min_left_[size_t(t)] < 0) t = JsonPattern::kDead;
+    out->bounds_ = std::move(b);
+    out->classes_ = classes;
+    longest(*out);
+    return out;
+  }
+
+ private:
   static constexpr size_t kMaxWork = size_t(1) << 22;  // states visited and edges followed
 
   std::string where_;
@@ -650,6 +717,13 @@ std::shared_ptr<const JsonPattern> JsonPattern::any_of(const std::vector<std::st
     alt.kids.push_back(std::move(cat));
   }
   return PatternBuilder(where).build(alt, Match::kWhole);
+}
+
+std::shared_ptr<const JsonPattern> JsonPattern::product(const std::vector<const JsonPattern*>& parts,
+                                                    const std::function<bool(uint32_t)>& accept,
+                                                    std::vector<uint32_t>& tags, const std::string& where) {
+  if (parts.empty() || parts.size() > 31) fail("{}: {} patterns to run together", where, parts.size());
+  return PatternBuilder::product(parts, accept, tags, where);
 }
 
 int32_t JsonPattern::step(int32_t state, uint32_t cp) const {

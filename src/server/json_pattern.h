@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -66,6 +67,13 @@ class JsonPattern {
       if (fn(std::max(bounds_[c], from), std::min(bounds_[c + 1] - 1, to), next_[size_t(state) * classes_ + c])) return true;
     return false;
   }
+  // The patterns of parts run side by side over one string: a state of the product stands for a
+  // state of each part (kDead parts match nothing more); tags (out) has, per state, bit i set where
+  // part i matches, and the product accepts where accept(tags) holds. Null where it accepts no
+  // string; throws dsi::Error naming `where` past kMaxDfaStates.
+  static std::shared_ptr<const JsonPattern> product(const std::vector<const JsonPattern*>& parts,
+                                                    const std::function<bool(uint32_t)>& accept,
+                                                    std::vector<uint32_t>& tags, const std::string& where);
   size_t states() const { return accept_.size(); }
   // Whether the whole string matches (a test's and the enum filter's question).
   bool matches(std::u32string_view text) const;

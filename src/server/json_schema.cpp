@@ -67,7 +67,7 @@ class JsonSchema::Compiler {
   static bool annotation(const std::string& k) { return schema_merge::annotation(k); }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "patternProperties", "contains", "minContains", "maxContains", "not", "if",
+        "contains", "minContains", "maxContains", "not", "if",
         "then", "else", "dependentSchemas",
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
     return kRefused.count(k) > 0;
@@ -132,7 +132,21 @@ class JsonSchema::Compiler {
     bounds(n, s, path);
     strings(n, s, path);
 
-    // Objects.
+    // Objects: patternProperties first, whose values a declared property's meets where its name
+    // matches.
+    std::map<size_t, std::string> bans;  // declared names that may not come, and why
+    std::vector<const Json*> pattern_schemas;
+    std::vector<std::string> pattern_texts;
+    if (const auto pp = s.find("patternProperties"); pp != s.end()) {
+      if (!pp->is_object()) fail("{}/patternProperties: must be an object", path);
+      if (pp->size() > size_t(kMaxPatterns))
+        fail("{}/patternProperties: {} patterns; at most {} are supported", path, pp->size(), kMaxPatterns);
+      for (auto it = pp->begin(); it != pp->end(); ++it) {
+        n.key_patterns.push_back(JsonPattern::compile(it.key(), path + "/patternProperties/" + part(it.key())));
+        pattern_schemas.push_back(&it.value());
+        pattern_texts.push_back(it.key());
+      }
+    }
     const auto props = s.find("properties");
     if (props != s.end()) {
       if (!props->is_object()) fail("{}/properties: must be an object", path);
@@ -143,16 +157,27 @@ class JsonSchema::Compiler {
           if (c < 0x20 || c == '"' || c == '\\')
             fail("{}/properties: the name {} needs escapes, which keys may not have here", path, Json(it.key()).dump());
         n.names.push_back(it.key());
-        n.props.push_back(compile(it.value(), path + "/properties/" + part(it.key())));
+        const std::string at = path + "/properties/" + part(it.key());
+        std::vector<Json> all = {it.value()};
+        for (uint32_t set = matched(n, it.key()); set != 0; set &= set - 1)
+          all.push_back(*pattern_schemas[size_t(std::countr_zero(set))]);
+        if (all.size() > 1 && std::any_of(all.begin() + 1, all.end(), [](const Json& x) { return x == Json(false); })) {
+          n.banned |= uint64_t(1) << (n.names.size() - 1);  // (a pattern it matches takes no value)
+          bans[n.names.size() - 1] = "a 'patternProperties' schema its name matches is false";
+          n.props.push_back(out_.any_);
+          continue;
+        }
+        n.props.push_back(compile(all.size() == 1 ? it.value() : schema_merge::all_of(root_, all, at, merges_), at));
       }
     }
     n.additional = closed_objects_ && props != s.end() ? nullptr : out_.any_;
     if (const auto add = s.find("additionalProperties"); add != s.end())
       n.additional = add->is_boolean() && !add->get<bool>() ? nullptr : compile(*add, path + "/additionalProperties");
-    std::map<size_t, std::string> bans;  // names that may not come, and why
+    pattern_values(n, pattern_schemas, pattern_texts, path);
     property_names(n, s, path, bans);
+    key_automaton(n, path);
     dependencies(n, s, path, bans);
-    n.others = n.additional != nullptr;
+    n.others = n.additional != nullptr || !n.pattern_values.empty();
     if (const auto req = s.find("required"); req != s.end()) {
       if (!req->is_array()) fail("{}/required: must be an array of names", path);
       for (const Json& name : *req) {
@@ -174,7 +199,7 @@ class JsonSchema::Compiler {
     if (n.max_props >= 0 && std::popcount(n.required) > n.max_props)
       fail("{}: more properties are required than maxProperties allows", path);
     const auto allowed = int64_t(n.names.size()) - std::popcount(n.banned);
-    if (n.additional == nullptr && n.min_props > allowed)
+    if (!n.others && n.min_props > allowed)
       fail("{}: minProperties is above the {} properties the object may have", path, allowed);
     // Each other key comes at most once: where propertyNames leaves them few names (a pattern with
     // no loop, or one beside maxLength), they could run out before minProperties.
@@ -217,7 +242,80 @@ class JsonSchema::Compiler {
     if (n.min_items > (1 << 20) || n.max_items > (1 << 20)) fail("{}: an item count above 2^20", path);
   }
 
-  // ---- Objects: propertyNames and dependentRequired.
+  // ---- Objects: patternProperties, propertyNames and dependentRequired.
+
+  static std::u32string decoded(const std::string& text) {  // its code points (valid UTF-8)
+    std::u32string out;
+    Utf8Scan utf8;
+    for (const char c : text)
+      if (utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kChar) out += char32_t(utf8.cp);
+    return out;
+  }
+  // The patternProperties patterns that a name matches (bit i: pattern i).
+  static uint32_t matched(const Node& n, const std::string& name) {
+    uint32_t set = 0;
+    const std::u32string text = n.key_patterns.empty() ? std::u32string() : decoded(name);
+    for (size_t i = 0; i < n.key_patterns.size(); ++i)
+      if (n.key_patterns[i]->matches(text)) set |= uint32_t(1) << i;
+    return set;
+  }
+  // The value of the key `name` where it is not declared; null where it may not come.
+  static const Node* other_value(const Node& n, const std::string& name) {
+    if (!key_fits(n, name)) return nullptr;
+    return n.pattern_values.empty() ? n.additional : n.pattern_values[matched(n, name)];
+  }
+
+  // The value of a key that matches each set of patterns: their schemas merged (as an allOf). A
+  // set whose schemas cannot be merged, or that accepts no value, takes no key.
+  void pattern_values(Node& n, const std::vector<const Json*>& schemas, const std::vector<std::string>& texts,
+                      const std::string& path) {
+    if (schemas.empty()) return;
+    const uint32_t sets = uint32_t(1) << schemas.size();
+    n.pattern_values.assign(sets, nullptr);
+    n.pattern_values[0] = n.additional;
+    for (uint32_t set = 1; set < sets; ++set) {
+      std::vector<Json> all;
+      for (uint32_t s = set; s != 0; s &= s - 1) all.push_back(*schemas[size_t(std::countr_zero(s))]);
+      const std::string at = path + "/patternProperties";
+      if (all.size() == 1) {  // (malformed, or saying what is not supported: refused)
+        if (!(all[0].is_boolean() && !all[0].get<bool>()))
+          n.pattern_values[set] = compile(all[0], at + "/" + part(texts[size_t(std::countr_zero(set))]));
+        continue;
+      }
+      const auto refs = refs_;  // (a failed compile leaves nodes half-filled: none may be found later)
+      const int depth = depth_;
+      try {
+        n.pattern_values[set] = compile(schema_merge::all_of(root_, all, at, merges_), at);
+      } catch (const dsi::Error&) {
+        refs_ = refs;
+        depth_ = depth;
+      }
+    }
+  }
+
+  // The automaton of other keys' names: propertyNames' pattern beside patternProperties', taking
+  // the names propertyNames takes whose set of patterns has a value.
+  static void key_automaton(Node& n, const std::string& path) {
+    if (n.pattern_values.empty()) return;
+    std::vector<const JsonPattern*> parts;
+    const uint32_t named = n.key_pattern ? 1 : 0;
+    if (named) parts.push_back(n.key_pattern.get());
+    for (const auto& p : n.key_patterns) parts.push_back(p.get());
+    std::vector<uint32_t> tags;
+    auto product = JsonPattern::product(
+        parts, [&](uint32_t bits) { return (!named || (bits & 1)) && n.pattern_values[bits >> named] != nullptr; }, tags,
+        path + "/patternProperties");
+    if (!product) {  // no other key may come
+      n.additional = nullptr;
+      n.pattern_values.clear();
+      n.key_pattern = nullptr;
+      n.key_min = 0, n.key_max = -1;
+      return;
+    }
+    for (uint32_t& tag : tags) tag >>= named;
+    n.key_sets = std::move(tags);
+    n.key_pattern = std::move(product);
+  }
 
   static bool needs_escapes(const std::string& name) {
     return std::any_of(name.begin(), name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == '"' || c == '\\'; });
@@ -235,18 +333,19 @@ class JsonSchema::Compiler {
     uint64_t seen = 0, need = n.required;
     for (auto it = v.begin(); it != v.end(); ++it) {
       const auto i = size_t(std::find(n.names.begin(), n.names.end(), it.key()) - n.names.begin());
-      if (i == n.names.size() ? n.additional == nullptr || !key_fits(n, it.key()) : (n.banned >> i & 1)) return false;
+      if (i == n.names.size() ? other_value(n, it.key()) == nullptr : (n.banned >> i & 1)) return false;
       if (i < n.names.size()) seen |= uint64_t(1) << i, need |= n.dependents.empty() ? 0 : n.dependents[i];
     }
     return (need & ~seen) == 0;
   }
   size_t add_name(Node& n, const std::string& name, const std::string& at) {  // (its value: another key's)
+    const Node* value = other_value(n, name);
     if (needs_escapes(name))
       fail("{}: the name {} needs escapes, which keys may not have here", at, Json(name).dump());
     if (n.names.size() >= size_t(kMaxProperties))
       fail("{}: with the names it adds, the object has more than {} properties", at, kMaxProperties);
     n.names.push_back(name);
-    n.props.push_back(n.additional);
+    n.props.push_back(value);
     return n.names.size() - 1;
   }
 
@@ -292,12 +391,14 @@ class JsonSchema::Compiler {
         n.banned |= uint64_t(1) << i;
         bans[i] = "'propertyNames' does not take the name";
       }
-    if (n.additional == nullptr) return;
+    if (n.additional == nullptr && n.pattern_values.empty()) return;
     if (has_list) {  // the listed names that are not declared: declared now, with another key's value
       for (const std::string& name : listed)
-        if (std::find(n.names.begin(), n.names.end(), name) == n.names.end() && !needs_escapes(name))
+        if (std::find(n.names.begin(), n.names.end(), name) == n.names.end() && !needs_escapes(name) &&
+            other_value(n, name) != nullptr)
           add_name(n, name, at);
       n.additional = nullptr;
+      n.pattern_values.clear();
       return;
     }
     std::tie(n.key_min, n.key_max, n.key_pattern) = std::tie(k.min_length, k.max_length, k.pattern);
@@ -328,7 +429,7 @@ class JsonSchema::Compiler {
     }
     if (entries.empty()) return;
     auto index = [&n](const std::string& name) { return std::find(n.names.begin(), n.names.end(), name) - n.names.begin(); };
-    auto other = [&n](const std::string& name) { return n.additional != nullptr && key_fits(n, name); };
+    auto other = [&n](const std::string& name) { return other_value(n, name) != nullptr; };
     std::map<size_t, uint64_t> deps;
     for (const Entry& e : entries) {
       auto a = size_t(index(e.name));
@@ -570,7 +671,7 @@ class JsonSchema::Compiler {
         for (size_t i = 0; i < x.names.size(); ++i) {
           if (!(x.required >> i & 1)) continue;
           const auto at = std::find(y.names.begin(), y.names.end(), x.names[i]);
-          const Node* there = at != y.names.end() ? y.props[size_t(at - y.names.begin())] : y.additional;
+          const Node* there = at != y.names.end() ? y.props[size_t(at - y.names.begin())] : other_value(y, x.names[i]);
           if (there == nullptr || apart(x.props[i], there, depth)) return true;
         }
         return false;
@@ -597,7 +698,7 @@ class JsonSchema::Compiler {
         if ((n.required >> i & 1) && !v.contains(n.names[i])) return false;
       for (auto it = v.begin(); it != v.end(); ++it) {
         const auto at = std::find(n.names.begin(), n.names.end(), it.key());
-        const Node* there = at != n.names.end() ? n.props[size_t(at - n.names.begin())] : n.additional;
+        const Node* there = at != n.names.end() ? n.props[size_t(at - n.names.begin())] : other_value(n, it.key());
         if (there == nullptr || !admits(*there, it.value(), depth)) return false;
       }
     }
@@ -613,10 +714,7 @@ class JsonSchema::Compiler {
 
   // A string enum value within the length limits and matching the pattern.
   static bool fits(const Node& n, const Json& v) {
-    std::u32string text;  // its code points (a parsed string is valid UTF-8)
-    Utf8Scan utf8;
-    for (const char c : v.get_ref<const std::string&>())
-      if (utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kChar) text += char32_t(utf8.cp);
+    const std::u32string text = decoded(v.get_ref<const std::string&>());  // (a parsed string is valid UTF-8)
     const auto length = int64_t(text.size());
     if (length < n.min_length || (n.max_length >= 0 && length > n.max_length)) return false;
     return !n.pattern || n.pattern->matches(text);

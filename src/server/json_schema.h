@@ -9,6 +9,12 @@
 //   one is refused); propertyNames as a string schema of pattern, minLength, maxLength, enum or
 //   const: declared names it refuses are never written (a required one is refused), other keys
 //   are held to it as they are written (enum and const: the names listed, each at most once);
+//   patternProperties (at most kMaxPatterns patterns, read as unanchored searches): another key
+//   whose name matches some of them takes the merge (as allOf) of their schemas, and a set of
+//   patterns whose schemas cannot be merged or have no value in common takes no key; a declared
+//   property's value meets the patterns its name matches (merged; one of them false: the property
+//   never comes); additionalProperties holds only of keys that match none; the patterns run as the
+//   key is written, so that no key starts that only names with no value could end;
 // - arrays: items, prefixItems (draft 7: items as an array, additionalItems), minItems, maxItems,
 //   uniqueItems where the items are scalars (compared as validators do: 1 equals 1.0);
 // - strings: minLength, maxLength (in code points), pattern (json_pattern.h says which readings of
@@ -23,24 +29,27 @@
 //   too); allOf, and $ref beside other keywords (2020-12: both hold), merged into one schema:
 //   types, enum values and bounds of all, required of all, dependentRequired of all (each
 //   property's names from every member), each property's schema from every member (its own,
-//   else that member's additionalProperties), items of all, multipleOf's least common multiple,
-//   alternatives (anyOf / oneOf) paired with the rest; two different patterns, formats or
-//   propertyNames, draft 4's boolean exclusive bounds, or a reference back to itself through the
-//   merge are refused;
+//   else those of its patternProperties that the name matches, else its additionalProperties),
+//   items of all, multipleOf's least common multiple, alternatives (anyOf / oneOf) paired with
+//   the rest, patternProperties of all (a pattern in two members: its schemas merged); two
+//   different patterns, formats or propertyNames, patternProperties beside another member's
+//   additionalProperties (other than true), draft 4's boolean exclusive bounds, or a reference
+//   back to itself through the merge are refused;
 // - format, for a string without a pattern: date, time, date-time (RFC 3339), uuid, ipv4 and
 //   email are written as format checkers accept them; other formats are annotations (as the
 //   standard's default vocabulary has all of them), as are title, description, default,
 //   examples, $schema, $id, $comment, ...
-// Keywords that would constrain values in other ways (not, if, patternProperties,
-// dependentSchemas, schemas as draft 7 dependencies, ...) are refused, with the keyword named: the
-// server never claims a constraint it does not enforce.
+// Keywords that would constrain values in other ways (not, if, contains, dependentSchemas,
+// schemas as draft 7 dependencies, unevaluatedProperties, ...) are refused, with the keyword named:
+// the server never claims a constraint it does not enforce.
 //
 // The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of
-// JsonPrefix), object keys written without escapes, each key at most once; an enum or const value
+// JsonPrefix), object keys written without escapes while they can still be a declared name, each
+// key at most once (other keys compared after their escapes are read); an enum or const value
 // in its compact form (nlohmann::json::dump), e.g. {"a":1} for an object; of a string's enum
 // values, those its length limits and pattern take; of an object's, those whose keys its required,
-// dependentRequired, propertyNames, additionalProperties false and property counts take (the
-// values' own schemas are not checked).
+// dependentRequired, propertyNames, patternProperties, additionalProperties false and property
+// counts take (the values' own schemas are not checked).
 #pragma once
 
 #include <cmath>
@@ -87,6 +96,17 @@ class JsonSchema {
     bool keys_limited() const { return key_pattern || key_min > 0 || key_max >= 0; }
     const Node* additional = nullptr;  // other keys' values; null: no other keys
     bool others = false;               // other keys may come (the compiler sets it)
+    // patternProperties: the patterns (at most kMaxPatterns), and per set of them (bit i: pattern
+    // i) the value of another key that matches exactly that set (set 0: additional); null: such a
+    // key may not come. key_pattern then runs them beside propertyNames' pattern, accepting the
+    // keys that may come; key_sets has, per state of it, the set of patterns matched.
+    std::vector<std::shared_ptr<const JsonPattern>> key_patterns;
+    std::vector<const Node*> pattern_values;
+    std::vector<uint32_t> key_sets;
+    // Another key's value where the name is other_key: its patterns' (or additional).
+    const Node* other_value(int32_t key_state) const {
+      return pattern_values.empty() ? additional : pattern_values[key_sets[size_t(key_state)]];
+    }
     int64_t min_props = 0, max_props = -1;  // keys in all
     // Arrays.
     std::vector<const Node*> prefix_items;  // the first items' schemas
@@ -121,6 +141,7 @@ class JsonSchema {
   const Node* any() const { return any_; }  // the schema `true`
 
   static constexpr int kMaxProperties = 64;  // declared properties of one object
+  static constexpr int kMaxPatterns = 4;     // patternProperties of one object (all their sets merged)
   static constexpr int kMaxBoundedNumber = 32;  // bytes of a number with bounds
   static constexpr double kMaxMultiple = 999999999999999.0;  // multipleOf's values: 15 digits at most
 

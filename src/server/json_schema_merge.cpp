@@ -9,6 +9,8 @@
 #include <set>
 
 #include "dsinfer/error.h"
+#include "server/json_pattern.h"
+#include "server/json_scan.h"
 
 namespace dsi::server::schema_merge {
 
@@ -46,6 +48,14 @@ bool constrains_beside(const Json& s, const char* key) {
 }
 
 namespace {
+
+std::u32string decoded(const std::string& text) {  // its code points (valid UTF-8)
+  std::u32string out;
+  Utf8Scan utf8;
+  for (const char c : text)
+    if (utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kChar) out += char32_t(utf8.cp);
+  return out;
+}
 
 class Merger {
  public:
@@ -121,7 +131,7 @@ class Merger {
     for (auto it = b.begin(); it != b.end(); ++it) {
       const std::string& k = it.key();
       const Json& v = it.value();
-      if (k == "properties" || k == "additionalProperties") continue;  // below, together
+      if (k == "properties" || k == "additionalProperties" || k == "patternProperties") continue;  // below, together
       const auto have = out.find(k);
       if (have == out.end() && k != "enum" && k != "const") {
         out[k] = v;
@@ -179,16 +189,39 @@ class Merger {
         refuse(k);
       }
     }
-    if (b.contains("properties") || b.contains("additionalProperties")) objects(out, b, path, open);
+    if (b.contains("properties") || b.contains("additionalProperties") || b.contains("patternProperties"))
+      objects(out, b, path, open);
     return out;
   }
 
   // The properties of a (in place) and b together: each key's value schema is what each side says
-  // of it (its own property, else its additionalProperties), merged; additionalProperties the
-  // merge of both sides' (false where either is).
+  // of it (its own property; else, where it matches a patternProperties pattern, those patterns',
+  // which stay beside it; else its additionalProperties), merged; additionalProperties the merge
+  // of both sides' (false where either is); patternProperties those of both (merged where both
+  // name one pattern). A side's patterns beside the other side's additionalProperties (other than
+  // true) are refused: a key could then match one side's pattern and be the other's other key.
   void objects(Json& a, const Json& b, const std::string& path, std::vector<std::string>& open) {
     static const Json kAny = true;
     const Json none = Json::object();
+    const Json& qa = a.contains("patternProperties") ? a["patternProperties"] : none;
+    const Json& qb = b.contains("patternProperties") ? b["patternProperties"] : none;
+    if (!qa.is_object() || !qb.is_object()) fail("{}/patternProperties: must be an object", path);
+    const bool a_open = !a.contains("additionalProperties") || trivial(a["additionalProperties"]);
+    const bool b_open = !b.contains("additionalProperties") || trivial(b["additionalProperties"]);
+    if ((!qa.empty() && !b_open) || (!qb.empty() && !a_open))
+      fail("{}: 'patternProperties' in one schema of an allOf beside 'additionalProperties' in another is not "
+           "supported", path);
+    Json patterns = qa;
+    for (auto it = qb.begin(); it != qb.end(); ++it)
+      patterns[it.key()] = patterns.contains(it.key())
+                               ? both_of(patterns[it.key()], it.value(), path + "/patternProperties/" + part(it.key()), open)
+                               : it.value();
+    auto matched = [&](const Json& q, const std::string& name) {
+      for (auto it = q.begin(); it != q.end(); ++it)
+        if (JsonPattern::compile(it.key(), path + "/patternProperties/" + part(it.key()))->matches(decoded(name)))
+          return true;
+      return false;
+    };
     const Json& pa = a.contains("properties") ? a["properties"] : none;
     const Json& pb = b.contains("properties") ? b["properties"] : none;
     if (!pa.is_object() || !pb.is_object()) fail("{}/properties: must be an object", path);
@@ -201,8 +234,8 @@ class Merger {
       for (auto it = p->begin(); it != p->end(); ++it)
         if (std::find(names.begin(), names.end(), it.key()) == names.end()) names.push_back(it.key());
     for (const std::string& name : names) {
-      const Json& sa = pa.contains(name) ? pa[name] : aa;
-      const Json& sb = pb.contains(name) ? pb[name] : ab;
+      const Json& sa = pa.contains(name) ? pa[name] : matched(qa, name) ? kAny : aa;
+      const Json& sb = pb.contains(name) ? pb[name] : matched(qb, name) ? kAny : ab;
       if (closed(sa) || closed(sb)) continue;  // no such key: the side that leaves it out takes no other keys
       const std::string at = path + "/properties/" + part(name);
       props[name] = both_of(sa, sb, at, open);
@@ -212,6 +245,7 @@ class Merger {
     // object with properties as closed).
     const bool said_open = (a.contains("additionalProperties") && aa == kAny) || (b.contains("additionalProperties") && ab == kAny);
     a["properties"] = props;
+    if (!patterns.empty()) a["patternProperties"] = patterns;
     if (additional == kAny && !said_open) a.erase("additionalProperties");
     else a["additionalProperties"] = additional;
   }

@@ -596,7 +596,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
             f.keys_seen = std::move(seen);
             f.key_text.clear();
             ++f.props;
-            f.value = n.additional;
+            f.value = n.other_value(f.pat);
             f.phase = Phase::kColon;
             return keep();
           }
