@@ -6,14 +6,17 @@
 // JSON mode's recognizer (server/constraints.h) takes the text byte by byte: what it accepts
 // whole as a complete object nlohmann::json reads as an object (or refuses only for a number past a
 // double), and a refused byte leaves its state as it was. The schema recognizer
-// (server/json_schema.h) for {"type": "object"} takes the same bytes. The forced tool call's
+// (server/json_schema.h) for {"type": "object"} takes the same bytes, but for the closing quote of
+// a key that an object of the text has already (which JSON mode takes). The forced tool call's
 // recognizer (server/tool_call_prefix.h): what it takes whole and complete, the parser reads back
 // as calls of arguments the schema types, and no content; in auto mode with one call allowed, at
 // most one call.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "fuzz_util.h"
 #include "server/constraints.h"
@@ -26,6 +29,37 @@ using dsi::server::ToolCallParser;
 using dsi::server::ToolFormat;
 
 namespace {
+
+// Whether the last key that a prefix of a JSON text closes repeats one of its object's keys
+// before it (nlohmann::json's SAX events, up to where the prefix ends).
+struct RepeatedKey : nlohmann::json_sax<nlohmann::json> {
+  std::vector<std::vector<std::string>> open;
+  bool repeated = false;
+  bool key(string_t& k) override {
+    if (open.empty()) return false;
+    repeated = std::find(open.back().begin(), open.back().end(), k) != open.back().end();
+    open.back().push_back(k);
+    return true;
+  }
+  bool start_object(std::size_t) override { return open.emplace_back(), true; }
+  bool end_object() override { return open.empty() ? false : (open.pop_back(), true); }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
+};
+
+bool closes_a_repeated_key(std::string_view prefix) {
+  RepeatedKey sax;
+  nlohmann::json::sax_parse(prefix.begin(), prefix.end(), &sax, nlohmann::json::input_format_t::json, false);
+  return sax.repeated && !prefix.empty() && prefix.back() == '"';
+}
 
 struct Reasoned {
   std::string reasoning, content;
@@ -127,7 +161,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (char c : text) {
     const dsi::server::JsonPrefix before = json;
     const bool took = json.push(static_cast<unsigned char>(c));
-    DSI_FUZZ_ASSERT(schema.push(static_cast<unsigned char>(c)) == took);
+    if (took && !schema.push(static_cast<unsigned char>(c))) {  // (each key at most once)
+      DSI_FUZZ_ASSERT(closes_a_repeated_key(text.substr(0, taken + 1)));
+      break;
+    }
+    DSI_FUZZ_ASSERT(took || !schema.push(static_cast<unsigned char>(c)));
     if (!took) {
       DSI_FUZZ_ASSERT(json.complete() == before.complete());
       break;
