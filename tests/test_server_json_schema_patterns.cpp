@@ -102,6 +102,12 @@ TEST(JsonSchemaPatterns, Refusals) {
   refused(R"({"patternProperties":{"^a":{}},"propertyNames":{"pattern":"^a"},"minProperties":1,"additionalProperties":false,
               "maxProperties":0})", "maxProperties is below minProperties");
   EXPECT_EQ(message(R"({"patternProperties":{"^a":false},"additionalProperties":false})"), "");
+  // An object's enum values: those whose keys the patterns take.
+  refused(R"({"type":"object","patternProperties":{"^a":{}},"additionalProperties":false,"enum":[{"b":1}]})",
+          "no value of 'enum' meets");
+  const Json listed = Json::parse(R"({"type":"object","patternProperties":{"^a":{}},"additionalProperties":false,
+                                      "enum":[{"b":1},{"ab":2}]})");
+  EXPECT_EQ(expect_the_validators(listed, {R"({"ab":2})", R"({"b":1})"}), 1);
   // A pattern that every name matches, false: no key can come, declared or not.
   const Json none = Json::parse(R"({"type":"object","properties":{"k":{}},"patternProperties":{"":false},
                                     "additionalProperties":{"type":"integer"}})");

@@ -327,7 +327,8 @@ class JsonSchema::Compiler {
     return fits(limits, Json(name));
   }
   // An object enum value whose keys the object's keywords take (required, dependentRequired,
-  // propertyNames, additionalProperties false, the counts; not the values' own schemas).
+  // propertyNames, patternProperties, additionalProperties false, the counts; not the values' own
+  // schemas).
   static bool keys_fit(const Node& n, const Json& v) {
     if (int64_t(v.size()) < n.min_props || (n.max_props >= 0 && int64_t(v.size()) > n.max_props)) return false;
     uint64_t seen = 0, need = n.required;

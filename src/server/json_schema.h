@@ -90,11 +90,12 @@ class JsonSchema {
     uint64_t required = 0;           // bit i: names[i] must come (with what they depend on)
     std::vector<uint64_t> dependents;  // empty, or per name: the names that must come once it has
     uint64_t banned = 0;             // bit i: names[i] may not come (propertyNames, dependents)
-    // propertyNames for other keys (their code points): a pattern, length limits.
+    // propertyNames for other keys (their code points): a pattern (run beside patternProperties'
+    // where the object has them), length limits.
     std::shared_ptr<const JsonPattern> key_pattern;  // null: none
     int64_t key_min = 0, key_max = -1;
     bool keys_limited() const { return key_pattern || key_min > 0 || key_max >= 0; }
-    const Node* additional = nullptr;  // other keys' values; null: no other keys
+    const Node* additional = nullptr;  // values of other keys that match no pattern; null: no such keys
     bool others = false;               // other keys may come (the compiler sets it)
     // patternProperties: the patterns (at most kMaxPatterns), and per set of them (bit i: pattern
     // i) the value of another key that matches exactly that set (set 0: additional); null: such a
@@ -189,7 +190,7 @@ class SchemaPrefix {
     Kind kind = Kind::kValue;
     Phase phase = Phase::kFirst;
     JsonStringScan str;   // kString, and kObject in a key
-    int32_t pat = 0;      // kString with a pattern: its state; kObject in a key: propertyNames'
+    int32_t pat = 0;      // kString with a pattern: its state; kObject in a key: key_pattern's
     int32_t chars = 0;    // kObject in a key: its code points (propertyNames' lengths)
     int32_t at = 0;       // kObject in a key: the byte where its character under way began
     JsonNumberScan num;   // kNumber
