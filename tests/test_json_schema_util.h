@@ -28,6 +28,12 @@ namespace dsi::server::schema_test {
 
 using Json = nlohmann::json;
 
+// Whether the recognizer takes these bytes as the start of a text (not necessarily a whole one).
+inline bool takes(const Json& schema, const std::string& prefix) {
+  SchemaPrefix p(JsonSchema::compile(schema));
+  return p.push(prefix);
+}
+
 // ---- A validator for the keywords the compiler takes (an independent reading of the standard).
 
 inline size_t code_points(const std::string& s) {

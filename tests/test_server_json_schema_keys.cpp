@@ -16,12 +16,6 @@ namespace {
 
 using namespace schema_test;
 
-// Whether the recognizer takes these bytes as the start of a text (not necessarily a whole one).
-bool takes(const Json& schema, const std::string& prefix) {
-  SchemaPrefix p(JsonSchema::compile(schema));
-  return p.push(prefix);
-}
-
 // An other key equal to one written before is refused at its closing quote (escapes read), so
 // minProperties counts keys as a validator does.
 TEST(JsonSchemaKeys, OtherKeysComeOnce) {

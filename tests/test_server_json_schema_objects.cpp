@@ -16,12 +16,6 @@ namespace {
 
 using namespace schema_test;
 
-// Whether the recognizer takes these bytes as the start of a text (not necessarily a whole one).
-bool takes(const Json& schema, const std::string& prefix) {
-  SchemaPrefix p(JsonSchema::compile(schema));
-  return p.push(prefix);
-}
-
 // Once a property has come, those it lists must come too, and each of those's in turn; the object
 // closes only then.
 TEST(JsonSchemaObjects, DependentRequiredIsTheValidators) {

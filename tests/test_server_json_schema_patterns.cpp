@@ -17,11 +17,6 @@ namespace {
 
 using namespace schema_test;
 
-bool takes(const Json& schema, const std::string& prefix) {
-  SchemaPrefix p(JsonSchema::compile(schema));
-  return p.push(prefix);
-}
-
 // Pydantic's dict[str, int] with keys held to a pattern.
 TEST(JsonSchemaPatterns, PydanticStyleMapIsTheValidators) {
   const Json s = Json::parse(R"({"type":"object","patternProperties":{"^[a-z]+$":{"type":"integer"}},

@@ -558,32 +558,39 @@ class PatternBuilder {
       out->accept_.push_back(ends(*subsets[d], d == 0) ? 1 : 0);
     }
 
-    // Distances to a match, backwards from the accepting states; states that reach none die.
-    const size_t n = subsets.size();
+    if (!finish(*out, std::move(b), classes)) fail("{}: the pattern matches no string that can be written here", where_);
+    return out;
+  }
+
+  // The automaton's last steps, its states and transitions made (next_, accept_): the distances to
+  // a match backwards from the accepting states (min_left), the transitions into states that reach
+  // none cut, the classes' bounds, and max_left. False when the start reaches no match.
+  static bool finish(JsonPattern& out, std::vector<uint32_t> bounds, size_t classes) {
+    const size_t n = out.accept_.size();
     std::vector<std::vector<int32_t>> back(n);
     for (size_t d = 0; d < n; ++d)
       for (size_t c = 0; c < classes; ++c)
-        if (const int32_t t = out->next_[d * classes + c]; t >= 0) back[size_t(t)].push_back(int32_t(d));
-    out->min_left_.assign(n, -1);
+        if (const int32_t t = out.next_[d * classes + c]; t >= 0) back[size_t(t)].push_back(int32_t(d));
+    out.min_left_.assign(n, -1);
     std::deque<int32_t> queue;
     for (size_t d = 0; d < n; ++d)
-      if (out->accept_[d]) out->min_left_[d] = 0, queue.push_back(int32_t(d));
+      if (out.accept_[d]) out.min_left_[d] = 0, queue.push_back(int32_t(d));
     while (!queue.empty()) {
       const int32_t d = queue.front();
       queue.pop_front();
       for (int32_t p : back[size_t(d)])
-        if (out->min_left_[size_t(p)] < 0) {
-          out->min_left_[size_t(p)] = out->min_left_[size_t(d)] + 1;
+        if (out.min_left_[size_t(p)] < 0) {
+          out.min_left_[size_t(p)] = out.min_left_[size_t(d)] + 1;
           queue.push_back(p);
         }
     }
-    if (out->min_left_[0] < 0) fail("{}: the pattern matches no string that can be written here", where_);
-    for (int32_t& t : out->next_)
-      if (t >= 0 && out->min_left_[size_t(t)] < 0) t = JsonPattern::kDead;
-    out->bounds_ = std::move(b);
-    out->classes_ = classes;
-    longest(*out);
-    return out;
+    if (out.min_left_[0] < 0) return false;
+    for (int32_t& t : out.next_)
+      if (t >= 0 && out.min_left_[size_t(t)] < 0) t = JsonPattern::kDead;
+    out.bounds_ = std::move(bounds);
+    out.classes_ = classes;
+    longest(out);
+    return true;
   }
 
   // max_left: the longest way to a match from each live state, by a depth-first walk of the
@@ -656,28 +663,7 @@ class PatternBuilder {
         out->next_[d * classes + c] = id_of(std::move(to));  // (states may move: d indexes)
       }
     }
-    // As determinize: distances to an accepting state; states that reach none die.
-    const size_t n = states.size();
-    std::vector<std::vector<int32_t>> back(n);
-    for (size_t d = 0; d < n; ++d)
-      for (size_t c = 0; c < classes; ++c)
-        if (const int32_t to = out->next_[d * classes + c]; to >= 0) back[size_t(to)].push_back(int32_t(d));
-    out->min_left_.assign(n, -1);
-    std::deque<int32_t> queue;
-    for (size_t d = 0; d < n; ++d)
-      if (out->accept_[d]) out->min_left_[d] = 0, queue.push_back(int32_t(d));
-    while (!queue.empty()) {
-      const int32_t d = queue.front();
-      queue.pop_front();
-      for (int32_t p : back[size_t(d)])
-        if (out->min_left_[size_t(p)] < 0) out->min_left_[size_t(p)] = out->min_left_[size_t(d)] + 1, queue.push_back(p);
-    }
-    if (out->min_left_[0] < 0) return nullptr;
-    for (int32_t& t : out->next_)
-      if (t >= 0 && out->min_left_[size_t(t)] < 0) t = JsonPattern::kDead;
-    out->bounds_ = std::move(b);
-    out->classes_ = classes;
-    longest(*out);
+    if (!finish(*out, std::move(b), classes)) return nullptr;
     return out;
   }
 
