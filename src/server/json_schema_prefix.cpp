@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "server/json_schema.h"
+#include "text/utf8.h"
 
 namespace dsi::server {
 
@@ -152,20 +153,6 @@ bool SchemaPrefix::other_open(const Node& n, const Frame& f) {
          (n.max_props < 0 || f.props + 1 + std::popcount(needed(n, f) & ~f.seen) <= n.max_props);
 }
 
-// A code point appended to a key's text as UTF-8.
-static void put_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += char(cp);
-  } else if (cp < 0x800) {
-    out += char(0xC0 | cp >> 6), out += char(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += char(0xE0 | cp >> 12), out += char(0x80 | (cp >> 6 & 0x3F)), out += char(0x80 | (cp & 0x3F));
-  } else {
-    out += char(0xF0 | cp >> 18), out += char(0x80 | (cp >> 12 & 0x3F)), out += char(0x80 | (cp >> 6 & 0x3F)),
-        out += char(0x80 | (cp & 0x3F));
-  }
-}
-
 bool SchemaPrefix::key_seen(const Frame& f) {
   return f.keys_seen && std::find(f.keys_seen->begin(), f.keys_seen->end(), f.key_text) != f.keys_seen->end();
 }
@@ -251,7 +238,7 @@ bool SchemaPrefix::other_ends(const Node& n, int32_t pat, int32_t chars, const s
       if (q == JsonPattern::kDead) continue;
       if (n.key_max >= 0 && counted > n.key_max) continue;
       std::string bytes;
-      put_utf8(bytes, cp);
+      utf8::append(bytes, cp);
       if (other_ends(n, q, int32_t(counted), names, at + bytes.size(), nullptr, 0, depth + 1)) return true;
     }
   }
@@ -601,7 +588,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
             return keep();
           }
           if (f.str.char_started()) f.at = f.count;
-          if (f.other && f.str.char_ended()) put_utf8(f.key_text, f.str.code_point());
+          if (f.other && f.str.char_ended()) utf8::append(f.key_text, f.str.code_point());
           if (!escaped && f.cand != 0) {
             uint64_t cand = 0;
             for (size_t i = 0; i < n.names.size(); ++i)
