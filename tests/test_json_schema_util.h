@@ -177,6 +177,12 @@ inline bool valid(const Json& v, const Json& s, const Json& root) {
     const Json rest = tuple ? s.value("additionalItems", Json(true)) : s.value("items", Json(true));
     for (size_t i = 0; i < v.size(); ++i)
       if (!valid(v[i], i < prefix.size() ? prefix[i] : rest, root)) return false;
+    // contains: the items valid against it, between minContains (default 1) and maxContains.
+    if (s.contains("contains")) {
+      const auto matched = size_t(std::count_if(v.begin(), v.end(), [&](const Json& x) { return valid(x, s["contains"], root); }));
+      if (matched < s.value("minContains", size_t(1))) return false;
+      if (s.contains("maxContains") && matched > s["maxContains"].get<size_t>()) return false;
+    }
     if (s.value("uniqueItems", false))  // (nlohmann::json's equality: 1 equals 1.0, as the standard has it)
       for (size_t i = 0; i < v.size(); ++i)
         for (size_t j = i + 1; j < v.size(); ++j)

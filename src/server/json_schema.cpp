@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "dsinfer/error.h"
+#include "server/json_schema_contains.h"
 #include "server/json_schema_merge.h"
 
 namespace dsi::server {
@@ -67,8 +68,7 @@ class JsonSchema::Compiler {
   static bool annotation(const std::string& k) { return schema_merge::annotation(k); }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "contains", "minContains", "maxContains", "not", "if",
-        "then", "else", "dependentSchemas",
+        "not", "if", "then", "else", "dependentSchemas",
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
     return kRefused.count(k) > 0;
   }
@@ -238,8 +238,25 @@ class JsonSchema::Compiler {
       if (!u->is_boolean()) fail("{}/uniqueItems: must be a boolean", path);
       if (u->get<bool>()) unique(n, path);
     }
+    contains(n, s, path);
 
     if (n.min_items > (1 << 20) || n.max_items > (1 << 20)) fail("{}: an item count above 2^20", path);
+  }
+
+  // contains (json_schema_contains.cpp): without it minContains and maxContains say nothing, and
+  // minContains 0 without maxContains holds of every array.
+  void contains(Node& n, const Json& s, const std::string& path) {
+    const auto c = s.find("contains");
+    if (c == s.end()) return;
+    const auto lo = s.find("minContains"), hi = s.find("maxContains");
+    const int64_t least = lo == s.end() ? 1 : count_of(*lo, path + "/minContains");
+    const int64_t most = hi == s.end() ? -1 : count_of(*hi, path + "/maxContains");
+    if (most >= 0 && most < least) fail("{}: maxContains is below minContains", path);
+    if (least == 0 && (most < 0 || *c == Json(false))) return;
+    if (*c == Json(false)) fail("{}/contains: false, with minContains above 0, takes no array", path);
+    Node& matching = out_.nodes_.emplace_back();
+    const bool every = *c == Json(true) || *c == Json::object();
+    schema_contains::setup(n, every ? nullptr : compile(*c, path + "/contains"), matching, least, most, path);
   }
 
   // ---- Objects: patternProperties, propertyNames and dependentRequired.

@@ -16,7 +16,13 @@
 //   never comes); additionalProperties holds only of keys that match none; the patterns run as the
 //   key is written, so that no key starts that only names with no value could end;
 // - arrays: items, prefixItems (draft 7: items as an array, additionalItems), minItems, maxItems,
-//   uniqueItems where the items are scalars (compared as validators do: 1 equals 1.0);
+//   uniqueItems where the items are scalars (compared as validators do: 1 equals 1.0); contains
+//   with minContains (default 1) and maxContains, where contains is true, or lists scalars by
+//   const / enum (anyOf of such too; numbers within 2^53): each item that ends equal to one of them
+//   counts, the array closes only with minContains of them, an item is made one of them where
+//   the room left needs it, and none equals one once maxContains are written (refused where items
+//   could then only be written as one of them: a string with maxLength or a pattern, a bounded
+//   number); not beside prefixItems or uniqueItems; minContains 0 without maxContains: ignored;
 // - strings: minLength, maxLength (in code points), pattern (json_pattern.h says which readings of
 //   ECMA-262 it takes);
 // - numbers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or draft 4's booleans),
@@ -39,7 +45,7 @@
 //   email are written as format checkers accept them; other formats are annotations (as the
 //   standard's default vocabulary has all of them), as are title, description, default,
 //   examples, $schema, $id, $comment, ...
-// Keywords that would constrain values in other ways (not, if, contains, dependentSchemas,
+// Keywords that would constrain values in other ways (not, if, contains of other schemas, dependentSchemas,
 // schemas as draft 7 dependencies, unevaluatedProperties, ...) are refused, with the keyword named:
 // the server never claims a constraint it does not enforce.
 //
@@ -116,6 +122,16 @@ class JsonSchema {
     bool unique = false;                     // uniqueItems (items are scalars)
     int64_t distinct = -1;                   // unique: how many distinct items there can be (-1: no end)
     int64_t min_items = 0, max_items = -1;
+    // contains, where its values are scalars listed by const / enum (json_schema_contains.cpp): the
+    // items that equal one of contains_values (canonical texts, sorted) are counted, between
+    // min_contains and max_contains (-1: no end).
+    bool has_contains = false;
+    std::vector<std::string> contains_values;
+    int64_t min_contains = 0, max_contains = -1;
+    const Node* contains_items = nullptr;  // an item that must match: the values items takes; null: none
+    bool contains_avoidable = true;        // an item matching none can be written (where a count is full)
+    // The array, with `items` items of which `matched` match, can still be completed.
+    bool contains_room(int64_t items, int64_t matched) const;
     // Strings.
     int64_t min_length = 0, max_length = -1;
     std::shared_ptr<const JsonPattern> pattern;  // null: none
@@ -139,6 +155,9 @@ class JsonSchema {
   // read after allOf's merge, so an allOf's members add their properties up.
   static std::shared_ptr<const JsonSchema> compile(const nlohmann::json& schema, bool closed_objects = false);
   const Node* root() const { return root_; }
+  // An item as validators compare scalars: a string after its escapes, a number by its value as a
+  // double (1 equals 1.0, -0 equals 0); other texts as they are.
+  static std::string canonical(const std::string& text);
   const Node* any() const { return any_; }  // the schema `true`
 
   static constexpr int kMaxProperties = 64;  // declared properties of one object
@@ -201,6 +220,7 @@ class SchemaPrefix {
     uint64_t cand = 0;    // kObject in a key: declared properties it can still be
     bool other = false;   // kObject in a key: it can still be another key
     int32_t count = 0;    // kArray: items; kString: code points (with limits); kObject: the key's bytes
+    int32_t matched = 0;  // kArray with contains: the items that match it
     int32_t lo = 0, hi = 0;  // kLiteral: the texts that start with what came
     const Node* value = nullptr;  // kObject after a key: its value's schema
     const std::vector<std::string>* texts = nullptr;  // kLiteral
@@ -244,12 +264,19 @@ class SchemaPrefix {
   void value_start(Thread t, const Node* node, unsigned char c, std::vector<Thread>& out, int hops) const;
   static void end_value(Thread& t);
   // The scalar `text` ended an item of the array on top of t: false when the array asks for unique
-  // items and an earlier one equals it.
-  static bool unique_item(Thread& t, const std::string& text);
-  static bool repeats(const Frame& array, const std::string& text);  // an item equal to an earlier one
-  static bool literal_repeats(const Thread& t);  // the literal on top can only repeat an item
-  // The string f (on top of t, or about to be) can only close, repeating an item.
-  static bool closing_repeats(const Thread& t, const Frame& f);
+  // items and an earlier one equals it, or it matches contains where no more may; counts a match.
+  static bool item_ends(Thread& t, const std::string& text);
+  // An item the array may not take next: equal to an earlier one (uniqueItems), or matching
+  // contains where no more may match.
+  static bool barred(const Frame& array, const std::string& text);
+  static bool literal_barred(const Thread& t);  // the literal on top can only be a barred item
+  // The string f (on top of t, or about to be) can only close, as a barred item.
+  static bool closing_barred(const Thread& t, const Frame& f);
+  // The number f (an item of array) can only end as a barred item (an integer's 0 or -0).
+  static bool number_barred(const Frame& array, const Frame& f);
+  // The array a with contains: the next item may match it, may match none of it.
+  static bool may_match(const Node& n, const Frame& a);
+  static bool may_avoid(const Node& n, const Frame& a);
   bool blank(Thread& t) const;
   static void dedupe(std::vector<Thread>& threads);
 

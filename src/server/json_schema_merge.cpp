@@ -132,6 +132,7 @@ class Merger {
       const std::string& k = it.key();
       const Json& v = it.value();
       if (k == "properties" || k == "additionalProperties" || k == "patternProperties") continue;  // below, together
+      if (k == "contains" || k == "minContains" || k == "maxContains") continue;  // below, together
       const auto have = out.find(k);
       if (have == out.end() && k != "enum" && k != "const") {
         out[k] = v;
@@ -191,7 +192,40 @@ class Merger {
     }
     if (b.contains("properties") || b.contains("additionalProperties") || b.contains("patternProperties"))
       objects(out, b, path, open);
+    contains(out, a, b, path);
     return out;
+  }
+
+  // contains with its counts, of a and b together into out: a side's minContains (default 1) and
+  // maxContains hold only of its own contains, so two different contains schemas are refused; one
+  // contains takes the highest minContains and the lowest maxContains of the sides that have it.
+  static void contains(Json& out, const Json& a, const Json& b, const std::string& path) {
+    struct Count { const Json* schema = nullptr; Json least = 1, most; };
+    auto count = [](const Json& x) {
+      Count c;
+      if (const auto it = x.find("contains"); it != x.end()) c.schema = &*it;
+      if (const auto it = x.find("minContains"); it != x.end()) c.least = *it;
+      if (const auto it = x.find("maxContains"); it != x.end()) c.most = *it;
+      // (minContains 0 without maxContains holds of every array.)
+      if (c.least == Json(0) && c.most.is_null()) c.schema = nullptr;
+      return c;
+    };
+    const Count x = count(a), y = count(b);
+    for (const char* k : {"contains", "minContains", "maxContains"}) out.erase(k);
+    if (x.schema && y.schema && *x.schema != *y.schema)
+      fail("{}: 'contains' in two schemas of an allOf (with different values) cannot be merged", path);
+    const Count& c = x.schema ? x : y;
+    if (!c.schema) return;
+    out["contains"] = *c.schema;
+    out["minContains"] = c.least;
+    if (!c.most.is_null()) out["maxContains"] = c.most;
+    if (!x.schema || !y.schema) return;
+    if (x.least.is_number() && y.least.is_number()) out["minContains"] = std::max(x.least, y.least);
+    else if (x.least != y.least) fail("{}/minContains: must be a non-negative integer", path);
+    if (x.most.is_number() && y.most.is_number()) out["maxContains"] = std::min(x.most, y.most);
+    else if (!x.most.is_null() && !y.most.is_null() && x.most != y.most)
+      fail("{}/maxContains: must be a non-negative integer", path);
+    else if (!y.most.is_null()) out["maxContains"] = y.most;
   }
 
   // The properties of a (in place) and b together: each key's value schema is what each side says

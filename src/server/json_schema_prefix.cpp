@@ -72,7 +72,7 @@ bool SchemaPrefix::push_in_place(unsigned char c) {
     case Kind::kString: {
       Frame g = f;
       if (g.str.step(c) != JsonStringScan::Step::kMore || !string_byte(g)) return false;
-      if (g.capture && (g.item += char(c), closing_repeats(t, g))) return false;
+      if (g.capture && (g.item += char(c), closing_barred(t, g))) return false;
       f = std::move(g);
       t.space_run = 0;
       return true;
@@ -81,6 +81,12 @@ bool SchemaPrefix::push_in_place(unsigned char c) {
       if (f.node->bounded()) return false;  // the general path checks the bounds
       JsonNumberScan num = f.num;
       if (num.step(c) != JsonNumberScan::Step::kMore) return false;
+      if (f.capture) {
+        Frame g = f;
+        g.num = num;
+        g.item += char(c);
+        if (t.stack.size() >= 2 && number_barred(t.stack[t.stack.size() - 2], g)) return false;
+      }
       f.num = num;
       if (f.capture) f.item += char(c);
       t.space_run = 0;
@@ -320,7 +326,10 @@ void SchemaPrefix::Frame::key(std::string& out) const {
       if (phase == Phase::kColon) put(value);
       break;
     case Kind::kArray:
-      if (node->min_items > 0 || node->max_items >= 0 || !node->prefix_items.empty() || node->unique) put(count);
+      if (node->min_items > 0 || node->max_items >= 0 || !node->prefix_items.empty() || node->unique ||
+          node->has_contains)
+        put(count);
+      if (node->has_contains) put(matched);
       if (items_seen)
         for (const std::string& item : *items_seen) out += item + '\0';
       break;
@@ -344,7 +353,7 @@ void SchemaPrefix::Frame::key(std::string& out) const {
       put(count);
       break;
   }
-  if (capture) out += item + '\0';  // an item of unique items: whether it repeats one is still to come
+  if (capture) out += item + '\0';  // an item of unique items or beside contains: what it equals is still to come
 }
 
 std::string SchemaPrefix::Thread::key() const {
@@ -396,44 +405,66 @@ void SchemaPrefix::end_value(Thread& t) {
   f.phase = Phase::kAfterValue;
 }
 
-// An item's text as validators compare items: strings after their escapes, numbers by value (1
-// equals 1.0).
-static std::string canonical_item(const std::string& text) {
-  const nlohmann::json v = nlohmann::json::parse(text, nullptr, false);
-  return v.is_number() ? fmt::format("{}", v.get<double>()) : v.is_discarded() ? text : v.dump();
-}
-
 static bool seen_item(const std::vector<std::string>* seen, const std::string& canon) {
   return seen != nullptr && std::find(seen->begin(), seen->end(), canon) != seen->end();
 }
 
-bool SchemaPrefix::repeats(const Frame& array, const std::string& text) {
-  return array.kind == Kind::kArray && array.node->unique && seen_item(array.items_seen.get(), canonical_item(text));
+bool SchemaPrefix::may_match(const Node& n, const Frame& a) {
+  return n.contains_items != nullptr && n.contains_room(int64_t(a.count) + 1, int64_t(a.matched) + 1);
 }
 
-bool SchemaPrefix::closing_repeats(const Thread& t, const Frame& f) {
-  // Only the closing quote can come (the length's or the pattern's end), and the string so made
-  // repeats an item before it.
+bool SchemaPrefix::may_avoid(const Node& n, const Frame& a) {
+  return n.contains_avoidable && n.contains_room(int64_t(a.count) + 1, a.matched);
+}
+
+static bool matches_contains(const JsonSchema::Node& n, const std::string& canon) {
+  return std::binary_search(n.contains_values.begin(), n.contains_values.end(), canon);
+}
+
+bool SchemaPrefix::barred(const Frame& array, const std::string& text) {
+  if (array.kind != Kind::kArray) return false;
+  const Node& n = *array.node;
+  if (!n.unique && !n.has_contains) return false;
+  const std::string canon = JsonSchema::canonical(text);
+  if (n.unique && seen_item(array.items_seen.get(), canon)) return true;
+  return n.has_contains && !may_match(n, array) && matches_contains(n, canon);
+}
+
+bool SchemaPrefix::closing_barred(const Thread& t, const Frame& f) {
+  // Only the closing quote can come (the length's or the pattern's end), and the string so made is
+  // barred.
   const Node& n = *f.node;
   if (t.stack.size() < 2 || !f.str.at_rest()) return false;
   const bool full = (n.max_length >= 0 && f.count >= n.max_length) || (n.pattern && n.pattern->max_left(f.pat) == 0);
-  return full && repeats(t.stack[t.stack.size() - 2], f.item + '"');
+  return full && barred(t.stack[t.stack.size() - 2], f.item + '"');
 }
 
-bool SchemaPrefix::literal_repeats(const Thread& t) {
-  // Every text the literal on top can still become repeats an item before it.
+bool SchemaPrefix::number_barred(const Frame& array, const Frame& f) {
+  // An integer's leading 0 takes nothing more: the item is 0.
+  return f.num.integer && f.num.at == JsonNumberScan::At::kZero && barred(array, f.item);
+}
+
+bool SchemaPrefix::literal_barred(const Thread& t) {
+  // Every text the literal on top can still become is barred.
   if (t.stack.size() < 2) return false;
   const Frame& f = t.stack.back();
   const Frame& array = t.stack[t.stack.size() - 2];
   for (int32_t i = f.lo; i < f.hi; ++i)
-    if (!repeats(array, (*f.texts)[size_t(i)])) return false;
+    if (!barred(array, (*f.texts)[size_t(i)])) return false;
   return true;
 }
 
-bool SchemaPrefix::unique_item(Thread& t, const std::string& text) {
-  if (t.stack.empty() || t.stack.back().kind != Kind::kArray || !t.stack.back().node->unique) return true;
+bool SchemaPrefix::item_ends(Thread& t, const std::string& text) {
+  if (t.stack.empty() || t.stack.back().kind != Kind::kArray) return true;
   Frame& a = t.stack.back();
-  const std::string canon = canonical_item(text);
+  const Node& n = *a.node;
+  if (!n.unique && !n.has_contains) return true;
+  const std::string canon = JsonSchema::canonical(text);
+  if (n.has_contains && matches_contains(n, canon)) {
+    if (!may_match(n, a)) return false;
+    ++a.matched;
+  }
+  if (!n.unique) return true;
   if (seen_item(a.items_seen.get(), canon)) return false;
   auto seen = a.items_seen ? std::make_shared<std::vector<std::string>>(*a.items_seen)
                            : std::make_shared<std::vector<std::string>>();
@@ -454,7 +485,8 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
   t.space_run = 0;
   Frame f;
   f.node = node;
-  if (!t.stack.empty() && t.stack.back().kind == Kind::kArray && t.stack.back().node->unique) {
+  if (!t.stack.empty() && t.stack.back().kind == Kind::kArray &&
+      (t.stack.back().node->unique || !t.stack.back().node->contains_values.empty())) {
     f.capture = true;  // (a literal's text is its own)
     f.item = std::string(1, char(c));
   }
@@ -470,7 +502,7 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
     f.hi = int32_t(hi - texts.begin());
     f.count = 1;
     t.stack.push_back(f);
-    if (literal_repeats(t)) return;
+    if (literal_barred(t)) return;
     out.push_back(std::move(t));
   };
   if (node->has_literals) return literal(node->literals);
@@ -497,6 +529,7 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
       if (!JsonNumberScan::starts(c) || !(ty & (JsonSchema::kInteger | JsonSchema::kNumber))) return;
       f.kind = Kind::kNumber;
       f.num = JsonNumberScan(c, !(ty & JsonSchema::kNumber));
+      if (f.capture && number_barred(t.stack.back(), f)) return;
       if (node->bounded()) {
         f.num_text[0] = char(c);
         f.num_len = 1;
@@ -626,18 +659,23 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
     }
     case Kind::kArray: {
       if (space) return blank_kept();
+      // contains: the next item may match it, or match none of it, where the rest can still be
+      // written after it; where only a match can, the item is one of contains' values.
+      const bool match = n.has_contains && may_match(n, f), avoid = !n.has_contains || may_avoid(n, f);
       if (c == ']') {  // not right after a ','
-        if (f.phase == Phase::kKey || f.count < n.min_items) return;
+        if (f.phase == Phase::kKey || f.count < n.min_items || (n.has_contains && f.matched < n.min_contains)) return;
         return close();
       }
       if (f.phase == Phase::kAfterValue) {
         if (c != ',' || (n.max_items >= 0 && f.count >= n.max_items)) return;
         if (n.distinct >= 0 && f.count >= n.distinct) return;  // no distinct item left to write
+        if (!match && !avoid) return;
         f.phase = Phase::kKey;  // (an array's "a value must come")
         return keep();
       }
-      if (f.phase == Phase::kFirst && n.max_items == 0) return;
+      if (f.phase == Phase::kFirst && (n.max_items == 0 || (!match && !avoid))) return;
       const Node* items = size_t(f.count) < n.prefix_items.size() ? n.prefix_items[size_t(f.count)] : n.items;
+      if (!avoid) items = n.contains_items;
       t.space_run = 0;
       return value_start(std::move(t), items, c, out, 0);
     }
@@ -650,14 +688,14 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
         if (n.pattern && !n.pattern->accepts(f.pat)) return;
         const std::string item = f.capture ? f.item + '"' : std::string();
         t.stack.pop_back();
-        if (!item.empty() && !unique_item(t, item)) return;
+        if (!item.empty() && !item_ends(t, item)) return;
         end_value(t);
         t.space_run = 0;
         out.push_back(std::move(t));
         return;
       }
       if (!string_byte(f)) return;
-      if (f.capture && (f.item += char(c), closing_repeats(t, f))) return;
+      if (f.capture && (f.item += char(c), closing_barred(t, f))) return;
       t.space_run = 0;
       out.push_back(std::move(t));
       return;
@@ -672,13 +710,13 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
             f.num_text[f.num_len++] = char(c);
             if (!may_reach(std::string_view(f.num_text, f.num_len), f.num.integer, n)) return;
           }
-          if (f.capture) f.item += char(c);
+          if (f.capture && (f.item += char(c), number_barred(t.stack[t.stack.size() - 2], f))) return;
           return keep();
         case JsonNumberScan::Step::kEnded: {
           if (n.bounded() && !within_bounds(std::string_view(f.num_text, f.num_len), n)) return;
           const std::string item = f.capture ? f.item : std::string();
           t.stack.pop_back();
-          if (!item.empty() && !unique_item(t, item)) return;
+          if (!item.empty() && !item_ends(t, item)) return;
           end_value(t);
           return step_top(std::move(t), c, out);  // c belongs to what follows the number
         }
@@ -690,7 +728,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
       if (texts[size_t(f.lo)].size() == at) {  // a whole value: c may follow it (another reading)
         Thread ended = t;
         ended.stack.pop_back();
-        if (unique_item(ended, texts[size_t(f.lo)])) {
+        if (item_ends(ended, texts[size_t(f.lo)])) {
           end_value(ended);
           step_top(std::move(ended), c, out);
         }
@@ -703,7 +741,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
       f.lo = lo;
       f.hi = hi;
       ++f.count;
-      if (literal_repeats(t)) return;
+      if (literal_barred(t)) return;
       t.space_run = 0;
       out.push_back(std::move(t));
       return;
