@@ -52,6 +52,12 @@ TEST(JsonSchemaContains, CountsAreTheValidators) {
   EXPECT_FALSE(takes(s, "[1,2,0,0"));
   EXPECT_FALSE(takes(s, "[1,2,0,-0"));
   EXPECT_TRUE(takes(s, "[1,2,0,-1]"));
+  // (uniqueItems bars the same way: an integer's 0 after a 0 is refused at once.)
+  const Json unique = Json::parse(R"({"type":"array","items":{"type":"integer"},"uniqueItems":true})");
+  EXPECT_TRUE(takes(unique, "[0,"));
+  EXPECT_FALSE(takes(unique, "[0,0"));
+  EXPECT_FALSE(takes(unique, "[0,-0"));
+  EXPECT_TRUE(takes(unique, "[0,-1"));
   // maxContains 0: no item may match (minContains 0 beside it).
   const Json none = Json::parse(R"({"type":"array","items":{"type":"string"},"contains":{"const":"x"},
                                     "minContains":0,"maxContains":0})");
