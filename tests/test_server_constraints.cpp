@@ -308,6 +308,161 @@ TEST(JsonMode, RandomWalksEndInObjects) {
   EXPECT_GT(ended, 30);
 }
 
+// Each key at most once per object, escapes read: a key its object has already is refused at its
+// closing quote (nlohmann::json takes such a document, keeping one value); the same key in another
+// object (nested, a sibling, each object of an array) is its own.
+TEST(JsonMode, EachKeyOncePerObject) {
+  const std::vector<std::pair<std::string, size_t>> repeated = {
+      {R"({"a": 1, "a": 2})", 11},
+      {R"({"a": 1, "b": 2, "a": 3})", 19},
+      {R"({"": 1, "": 2})", 9},
+      {R"({"a": 1, "\u0061": 2})", 16},  // escapes read: the same key
+      {R"({"\u0061": 1, "a": 2})", 16},
+      {R"({"a\"b": 1, "a\u0022b": 2})", 21},
+      {"{\"\xC3\xA9\": 1, \"\\u00e9\": 2}", 17},
+      {R"({"\ud83d\ude00": 1, "\uD83D\uDE00": 2})", 33},  // a surrogate pair, hex digits of either case
+      {"{\"x\\n\": 1, \"x\\u000a\": 2}", 19},
+      {R"({"a": {"b": 1, "b": 2}})", 17},  // in a nested object
+      {R"({"a": {"b": 1}, "a": 2})", 18},  // after a nested object: the outer one's keys are kept
+      {R"({"l": [{"a": 1}, {"a": 2, "a": 3}]})", 28},
+      {R"({"a": [{"a": 1}], "a": 2})", 20},
+  };
+  for (const auto& [doc, at] : repeated) {
+    SCOPED_TRACE(doc);
+    EXPECT_EQ(feed(doc).first, at);
+    EXPECT_EQ(doc[at], '"');
+    EXPECT_TRUE(is_object(doc));  // (a parser that keeps one of the values)
+    // Refused only there: the key can go on to another one.
+    JsonPrefix j;
+    ASSERT_TRUE(j.push(doc.substr(0, at)));
+    EXPECT_FALSE(j.push('"'));
+    for (const char* more : {"x\": 0", "\\u0041\": 0", " \": 0"}) {
+      JsonPrefix k = j;
+      EXPECT_TRUE(k.push(more)) << more;
+    }
+  }
+  for (const std::string doc :
+       {R"({"a": 1, "ab": 2, "abc": 3, "b": 4})", R"({"ab": 1, "a": 2, "": 3, " ": 4, "A": 5, "\u0041b": 6})",
+        R"({"a": {"a": 1, "b": {"a": 2, "b": 3}}, "b": {"a": 4}})",  // nested: each object its own
+        R"({"a": {"b": 1}, "b": 2, "c": {"a": 3, "b": 4}})",          // a key after an object that had it closed
+        R"({"l": [{"a": 1, "b": 2}, {"a": 3, "b": 4}, {"b": 5, "a": 6}, {}], "a": [{"l": 7}]})",
+        "{\"\xC3\xA9\": 1, \"e\": 2, \"\\u00e8\": 3}"}) {
+    SCOPED_TRACE(doc);
+    EXPECT_EQ(feed(doc), std::make_pair(doc.size(), true));
+  }
+}
+
+// Deep and wide: 64 nested objects each with the key "k", each one's refused again on the way out;
+// and an object of 3,000 keys, each refused again and any other one taken.
+TEST(JsonMode, KeysOfDeepAndWideObjects) {
+  JsonPrefix deep;
+  ASSERT_TRUE(deep.push("{"));
+  for (int i = 1; i < JsonPrefix::kMaxDepth; ++i) ASSERT_TRUE(deep.push(R"("k": {)")) << i;
+  ASSERT_TRUE(deep.push(R"("k": 1)"));
+  for (int i = JsonPrefix::kMaxDepth; i > 0; --i) {
+    SCOPED_TRACE(i);
+    JsonPrefix again = deep;
+    EXPECT_FALSE(again.push(R"(, "k")"));
+    EXPECT_TRUE(again.push(R"(, "kk": 2)"));
+    EXPECT_FALSE(again.push(R"(, "kk")"));
+    EXPECT_EQ(again.depth(), size_t(i));
+    ASSERT_TRUE(deep.push("}"));
+  }
+  EXPECT_TRUE(deep.complete());
+
+  JsonPrefix wide;
+  ASSERT_TRUE(wide.push("{"));
+  for (int i = 0; i < 3000; ++i) ASSERT_TRUE(wide.push((i > 0 ? ",\"" : "\"") + std::to_string(i * 7) + "\": 0")) << i;
+  for (int i = 0; i < 3000 * 7; ++i) {
+    JsonPrefix next = wide;
+    ASSERT_EQ(next.push(",\"" + std::to_string(i) + "\""), i % 7 != 0) << i;
+  }
+  EXPECT_TRUE(wide.push(R"(,"x": {"0": 1, "7": 2}, "y": 1})"));
+  EXPECT_TRUE(wide.complete());
+}
+
+// The masks know the keys written: a state met again with other keys gets its own mask (the kept
+// masks go by the signature, which holds the keys a token could write again), on a vocabulary whose
+// tokens write whole keys; and the mask inside a key its object has already is each token tried
+// alone, never empty.
+TEST(JsonMode, MasksKnowTheKeysWritten) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (const char* t : {"{", "}", "[", "]", "\"", "a", "b", ":", ",", "1", "\"a\"", "\"b\"", "\"a\":", "\"b\":",
+                        ",\"a\":", ",\"b\":", "1,\"a\":1", "\"}", "\\u0061", "{\"a\":"})
+    vocab[t] = int(vocab.size());
+  const nlohmann::json j = {
+      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"post_processor", nullptr}, {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  const Tokenizer tok = Tokenizer::from_json_text(j.dump(), "keys");
+  const int64_t V = tok.vocab_size() + 1;
+  const int32_t eos = int32_t(V - 1);
+  auto id = [&tok](const char* t) { return *tok.token_to_id(t); };
+  auto has = [](const std::vector<int32_t>& ids, int32_t t) { return std::count(ids.begin(), ids.end(), t) == 1; };
+  JsonConstraint c(tok, {eos}, -1, -1, false);
+  std::vector<int32_t> taken;
+  auto take = [&](const char* t) {
+    c.accept(id(t));
+    taken.push_back(id(t));
+    JsonConstraint fresh(tok, {eos}, -1, -1, false);
+    for (int32_t t2 : taken) fresh.accept(t2);
+    const std::vector<int32_t> ok = allowed(c, V);
+    EXPECT_EQ(ok, allowed(fresh, V)) << "after " << t;
+    test::expect_mask_is_each_token(c, tok, V, eos, t);
+    return ok;
+  };
+  std::vector<int32_t> ok = take("{\"a\":");
+  ok = take("1");
+  EXPECT_FALSE(has(ok, id(",\"a\":")));
+  EXPECT_TRUE(has(ok, id(",\"b\":")));
+  ok = take(",\"b\":");
+  ok = take("1");  // where the text was two tokens ago, but with both keys
+  EXPECT_FALSE(has(ok, id(",\"a\":")));
+  EXPECT_FALSE(has(ok, id(",\"b\":")));
+  ok = take(",");
+  EXPECT_FALSE(has(ok, id("\"a\":")));
+  EXPECT_FALSE(has(ok, id("\"b\"")));
+  EXPECT_TRUE(has(ok, id("\"")));
+  ok = take("\"");
+  EXPECT_TRUE(has(ok, id("\\u0061")));  // (it may become "ab")
+  ok = take("a");  // "a" written again: it can go on, but not close
+  EXPECT_FALSE(has(ok, id("\"")));
+  EXPECT_TRUE(has(ok, id("a")));
+  EXPECT_TRUE(has(ok, id("b")));
+  ok = take("b");
+  EXPECT_TRUE(has(ok, id("\"")));
+  ok = take("\"");
+  ok = take(":");
+  ok = take("{\"a\":");  // a nested object: its own keys
+  ok = take("1");
+  EXPECT_FALSE(has(ok, id(",\"a\":")));
+  EXPECT_TRUE(has(ok, id(",\"b\":")));
+  ok = take("}");  // the outer object again: its keys kept
+  EXPECT_FALSE(has(ok, id(",\"a\":")));
+  EXPECT_FALSE(has(ok, id(",\"b\":")));
+  ok = take(",");
+  ok = take("\"");
+  ok = take("b");
+  ok = take("b");
+  ok = take("\"");
+  ok = take(":");
+  ok = take("[");
+  EXPECT_TRUE(has(ok, id("{\"a\":")));  // an array's objects: each its own keys
+  ok = take("{\"a\":");
+  EXPECT_FALSE(has(ok, id("1,\"a\":1")));
+  ok = take("1");
+  ok = take("}");
+  ok = take(",");
+  EXPECT_TRUE(has(ok, id("{\"a\":")));
+  ok = take("{\"a\":");
+  ok = take("1");
+  ok = take("}");
+  ok = take("]");
+  ok = take("}");
+  EXPECT_EQ(ok, std::vector<int32_t>{eos});
+}
+
 // A reasoning model: unconstrained inside the think block (the prompt opened it, or the answer's
 // first token does), constrained after </think>.
 TEST(JsonMode, ThinkingComesFirst) {

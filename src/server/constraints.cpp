@@ -3,8 +3,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+
+#include "text/utf8.h"
 
 namespace dsi::server {
+
+namespace {
+// A key's place in its object's tree: by hash (a spread of the keys, whatever order they come in,
+// so the tree is as deep as a random one), then by text.
+bool key_before(uint64_t hash, std::string_view key, uint64_t node_hash, std::string_view node_key) {
+  return hash != node_hash ? hash < node_hash : key < node_key;
+}
+}  // namespace
 
 bool JsonPrefix::push(unsigned char c) {
   const JsonPrefix saved = *this;
@@ -28,6 +39,7 @@ bool JsonPrefix::advance(std::string_view bytes) {
 
 std::string JsonPrefix::signature(size_t max_bytes) const {
   std::string k;
+  auto put = [&k](uint32_t v) { k.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
   const char lit = lit_ == nullptr ? '\0' : lit_[0];
   for (uint8_t b : {uint8_t(mode_), uint8_t(key_), uint8_t(lit), lit_at_, space_run_}) k += char(b);
   if (mode_ == Mode::kString) str_.key(k);  // the scans' states matter only inside them
@@ -38,10 +50,69 @@ std::string JsonPrefix::signature(size_t max_bytes) const {
   const bool exact = depth <= max_bytes || depth + max_bytes >= size_t(kMaxDepth);
   k += exact ? char(depth) : char(-1);
   k.append(stack_, depth - std::min(depth, max_bytes), std::string::npos);
+  // Inside a key: its text (which keys it may still end as), and the character under way.
+  const bool in_key = mode_ == Mode::kString && key_;
+  if (in_key) {
+    put(uint32_t(key_text_.size()));
+    k += key_text_;
+    if (!str_.at_rest()) put(str_.cp), put(str_.hex), put(str_.utf8.cp);
+  }
+  // The keys written that so short a text could write again: those of the objects it can reach
+  // (the containers above), no longer than it (a character of a key takes a byte at least), or in
+  // the key under way no longer than its text and the bytes. In their tree's order, which the
+  // keys decide, not the order they came in.
+  std::vector<const KeyNode*> path;
+  for (const Keys* o = keys_.get(); o != nullptr && o->depth + std::min(depth, max_bytes) > depth; o = o->outer.get()) {
+    k += char(depth - o->depth);
+    const size_t longest = max_bytes + (in_key && o->depth == depth ? key_text_.size() : 0);
+    for (const KeyNode* n = o->root.get(); n != nullptr || !path.empty(); n = n->right.get()) {
+      for (; n != nullptr; n = n->left.get()) path.push_back(n);
+      n = path.back();
+      path.pop_back();
+      if (n->key.size() > longest) continue;
+      put(uint32_t(n->key.size()));
+      k += n->key;
+    }
+    put(UINT32_MAX);
+  }
   return k;
 }
 
 void JsonPrefix::end_value() { mode_ = stack_.empty() ? Mode::kDone : Mode::kAfterValue; }
+
+void JsonPrefix::close() {
+  if (keys_ != nullptr && keys_->depth == stack_.size()) keys_ = keys_->outer;  // (only an object has some)
+  stack_.pop_back();
+  end_value();
+}
+
+const JsonPrefix::KeyNode* JsonPrefix::object_keys() const {
+  return keys_ != nullptr && keys_->depth == stack_.size() ? keys_->root.get() : nullptr;
+}
+
+bool JsonPrefix::take_key() {
+  const uint64_t hash = std::hash<std::string_view>()(key_text_);
+  // The path from the root to where the key goes: it is there already, or it goes below the path's
+  // last node, and the path is copied bottom-up onto it.
+  std::vector<const KeyNode*> path;
+  for (const KeyNode* n = object_keys(); n != nullptr;) {
+    if (n->hash == hash && n->key == key_text_) return false;
+    path.push_back(n);
+    n = key_before(hash, key_text_, n->hash, n->key) ? n->left.get() : n->right.get();
+  }
+  auto node = std::make_shared<const KeyNode>(KeyNode{hash, std::move(key_text_), nullptr, nullptr});
+  key_text_.clear();
+  const std::string& key = node->key;  // (the new leaf's, which the copies hold)
+  for (size_t i = path.size(); i-- > 0;) {
+    const KeyNode& p = *path[i];
+    const bool left = key_before(hash, key, p.hash, p.key);
+    node = std::make_shared<const KeyNode>(KeyNode{p.hash, p.key, left ? std::move(node) : p.left,
+                                                   left ? p.right : std::move(node)});
+  }
+  const bool has_keys = object_keys() != nullptr;
+  keys_ = std::make_shared<const Keys>(Keys{has_keys ? keys_->outer : keys_, std::move(node), uint32_t(stack_.size())});
+  return true;
+}
 
 bool JsonPrefix::value_start(unsigned char c) {
   if (json_space(c)) return true;
@@ -90,8 +161,7 @@ bool JsonPrefix::step_json(unsigned char c) {
       return true;
     case Mode::kValueOrEnd:
       if (c == ']') {  // an empty array
-        stack_.pop_back();
-        end_value();
+        close();
         return true;
       }
       return value_start(c);
@@ -104,11 +174,11 @@ bool JsonPrefix::step_json(unsigned char c) {
         mode_ = Mode::kString;
         key_ = true;
         str_ = JsonStringScan();
+        key_text_.clear();
         return true;
       }
       if (c == '}' && mode_ == Mode::kKeyOrEnd) {
-        stack_.pop_back();
-        end_value();
+        close();
         return true;
       }
       return false;
@@ -124,8 +194,7 @@ bool JsonPrefix::step_json(unsigned char c) {
         return true;
       }
       if (c == (stack_.back() == '{' ? '}' : ']')) {
-        stack_.pop_back();
-        end_value();
+        close();
         return true;
       }
       return false;
@@ -134,10 +203,14 @@ bool JsonPrefix::step_json(unsigned char c) {
         case JsonStringScan::Step::kReject:
           return false;
         case JsonStringScan::Step::kMore:
+          if (key_ && str_.char_ended()) utf8::append(key_text_, str_.code_point());
           return true;
         case JsonStringScan::Step::kClosed:
-          if (key_) mode_ = Mode::kColon;
-          else end_value();
+          // A key its object has already: refused at its closing quote, so a key that only
+          // begins as one ("ab" after "a") can still be written; any key can go on to a new one.
+          if (!key_) end_value();
+          else if (take_key()) mode_ = Mode::kColon;
+          else return false;
           return true;
       }
       return false;

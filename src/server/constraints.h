@@ -28,7 +28,10 @@
 
 namespace dsi::server {
 
-// A byte-at-a-time recognizer of one JSON object (and whitespace between its parts, within limits).
+// A byte-at-a-time recognizer of one JSON object (and whitespace between its parts, within limits),
+// each key at most once in its object (escapes read: "a" and "\u0061" are one key), as the schema
+// recognizer has them: names SHOULD be unique (RFC 8259), and parsers read a repeated one
+// differently (the last value, the first, an error).
 class JsonPrefix {
  public:
   // Takes byte c; false (and the state unchanged) when no JSON object starts with the bytes so
@@ -43,7 +46,9 @@ class JsonPrefix {
   bool takes_string_text() const { return mode_ == Mode::kString && str_.at_rest(); }
   // What decides whether a text of at most max_bytes bytes fits: two states with equal signatures
   // take exactly the same such texts. It holds the state less the containers that so short a
-  // text cannot close, and the depth only where so short a text could reach the root or the limit.
+  // text cannot close, and the depth only where so short a text could reach the root or the limit;
+  // of the keys written, those so short a text could write again (a state met again with another
+  // key written has its own).
   std::string signature(size_t max_bytes) const;
 
   static constexpr int kMaxDepth = 64;  // nesting beyond this is refused
@@ -65,10 +70,31 @@ class JsonPrefix {
     kLiteral,     // inside true / false / null (lit_ and lit_at_)
     kDone,        // the object is closed
   };
+  // The keys written in an object, a binary search tree by their hash (then text) that is never
+  // changed, only copied along the path to a new key: a key is found and added in O(log n) steps
+  // expected however many the object has, and copies of the state share the tree.
+  struct KeyNode {
+    uint64_t hash;
+    std::string key;
+    std::shared_ptr<const KeyNode> left, right;
+  };
+  // The keys of each open object that has any, innermost first. A JsonPrefix is copied for every
+  // byte it takes (push) and every byte of a mask's walk of the vocabulary, and a constraint for
+  // each of the engine's drafts: a copy costs one shared pointer, however many keys there are
+  // (and the text of a key under way, kept in place while it is short).
+  // Closing an object drops its keys.
+  struct Keys {
+    std::shared_ptr<const Keys> outer;  // the enclosing objects' keys
+    std::shared_ptr<const KeyNode> root;
+    uint32_t depth;  // the object's: stack_.size() while it is the innermost container
+  };
   bool step(unsigned char c);  // with the whitespace rules
   bool step_json(unsigned char c);
   bool value_start(unsigned char c);
   void end_value();  // a value is complete: after it, in its container or at the root
+  void close();      // the innermost container closes (and an object's keys go)
+  const KeyNode* object_keys() const;  // the innermost object's keys (null: none yet)
+  bool take_key();   // the key closes: false where its object has it already
 
   Mode mode_ = Mode::kStart;
   bool key_ = false;  // kString: an object key
@@ -78,6 +104,8 @@ class JsonPrefix {
   uint8_t lit_at_ = 0;
   std::string stack_;         // open containers, '{' or '['
   uint8_t space_run_ = 0;     // whitespace bytes in a row outside strings
+  std::string key_text_;      // kString in a key: its characters so far, escapes read, as UTF-8
+  std::shared_ptr<const Keys> keys_;  // null: no open object has a key
 };
 
 // Plain UTF-8 text that a pattern matches whole (structured outputs' regex and choice), a byte at
