@@ -5,12 +5,12 @@
 // picks the format and whether the answer starts in a think block, the second where to cut.
 // JSON mode's recognizer (server/constraints.h) takes the text byte by byte: what it accepts
 // whole as a complete object nlohmann::json reads as an object (or refuses only for a number past a
-// double), and a refused byte leaves its state as it was. The schema recognizer
-// (server/json_schema.h) for {"type": "object"} takes the same bytes, but for the closing quote of
-// a key that an object of the text has already (which JSON mode takes). The forced tool call's
-// recognizer (server/tool_call_prefix.h): what it takes whole and complete, the parser reads back
-// as calls of arguments the schema types, and no content; in auto mode with one call allowed, at
-// most one call.
+// double), a refused byte leaves its state as it was, and the closing quote of a key that its
+// object has already is refused, no other key's (nlohmann::json's SAX events say which key repeats
+// one). The schema recognizer (server/json_schema.h) for {"type": "object"} takes the same bytes.
+// The forced tool call's recognizer (server/tool_call_prefix.h): what it takes whole and complete,
+// the parser reads back as calls of arguments the schema types, and no content; in auto mode with
+// one call allowed, at most one call.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -30,13 +30,16 @@ using dsi::server::ToolFormat;
 
 namespace {
 
-// Whether the last key that a prefix of a JSON text closes repeats one of its object's keys
-// before it (nlohmann::json's SAX events, up to where the prefix ends).
-struct RepeatedKey : nlohmann::json_sax<nlohmann::json> {
+// Whether the last byte of a prefix of a JSON text closes a key (nlohmann::json's SAX events up to
+// where the prefix ends have one key more than those before that byte), and whether that key
+// repeats one of its object's keys before it.
+struct KeyEvents : nlohmann::json_sax<nlohmann::json> {
   std::vector<std::vector<std::string>> open;
-  bool repeated = false;
+  size_t keys = 0;
+  bool repeated = false;  // the last key
   bool key(string_t& k) override {
     if (open.empty()) return false;
+    ++keys;
     repeated = std::find(open.back().begin(), open.back().end(), k) != open.back().end();
     open.back().push_back(k);
     return true;
@@ -55,10 +58,17 @@ struct RepeatedKey : nlohmann::json_sax<nlohmann::json> {
   bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override { return false; }
 };
 
-bool closes_a_repeated_key(std::string_view prefix) {
-  RepeatedKey sax;
-  nlohmann::json::sax_parse(prefix.begin(), prefix.end(), &sax, nlohmann::json::input_format_t::json, false);
-  return sax.repeated && !prefix.empty() && prefix.back() == '"';
+struct ClosedKey {
+  bool key = false, repeated = false;
+};
+
+ClosedKey closed_key(std::string_view prefix) {
+  if (prefix.empty()) return {};
+  KeyEvents with, before;
+  nlohmann::json::sax_parse(prefix.begin(), prefix.end(), &with, nlohmann::json::input_format_t::json, false);
+  nlohmann::json::sax_parse(prefix.begin(), prefix.end() - 1, &before, nlohmann::json::input_format_t::json, false);
+  const bool key = with.keys == before.keys + 1;
+  return {key, key && with.repeated};
 }
 
 struct Reasoned {
@@ -153,7 +163,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   // JSON mode's recognizer, and the schema recognizer for {"type": "object"} with its whitespace
-  // limit beside it: the same bytes taken, the same completeness after each.
+  // limit beside it: the same bytes taken, the same completeness after each. Each key at most once
+  // in its object: a quote that closes a key repeating one is refused, and one taken closes none.
   static const auto any_object = dsi::server::JsonSchema::compile(nlohmann::json::parse(R"({"type":"object"})"));
   dsi::server::JsonPrefix json;
   dsi::server::SchemaPrefix schema(any_object, dsi::server::JsonPrefix::kMaxSpaceRun);
@@ -161,11 +172,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (char c : text) {
     const dsi::server::JsonPrefix before = json;
     const bool took = json.push(static_cast<unsigned char>(c));
-    if (took && !schema.push(static_cast<unsigned char>(c))) {  // (each key at most once)
-      DSI_FUZZ_ASSERT(closes_a_repeated_key(text.substr(0, taken + 1)));
-      break;
+    DSI_FUZZ_ASSERT(took == schema.push(static_cast<unsigned char>(c)));
+    if (c == '"') {
+      const ClosedKey k = closed_key(text.substr(0, taken + 1));
+      if (k.key) DSI_FUZZ_ASSERT(took == !k.repeated);
     }
-    DSI_FUZZ_ASSERT(took || !schema.push(static_cast<unsigned char>(c)));
     if (!took) {
       DSI_FUZZ_ASSERT(json.complete() == before.complete());
       break;
