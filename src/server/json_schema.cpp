@@ -14,6 +14,7 @@
 #include "dsinfer/error.h"
 #include "server/json_schema_contains.h"
 #include "server/json_schema_merge.h"
+#include "server/json_schema_values.h"
 
 namespace dsi::server {
 
@@ -59,6 +60,7 @@ class JsonSchema::Compiler {
     if (!s.is_object()) fail("{}: a schema must be an object or a boolean", path);
     if (++depth_ > 64) fail("{}: the schema nests too deeply", path);
     Node& n = out_.nodes_.emplace_back();
+    const Filling filling(filling_, &n);
     fill(n, s, path);
     --depth_;
     return &n;
@@ -209,21 +211,6 @@ class JsonSchema::Compiler {
       fail("{}: minProperties above the declared properties beside a 'propertyNames' that takes few names is not "
            "supported", path);
     if (n.min_props > (1 << 20) || n.max_props > (1 << 20)) fail("{}: a property count above 2^20", path);
-    // enum / const: the values that the keywords above take.
-    if (s.contains("enum") || s.contains("const")) {
-      if (s.contains("enum") && s.contains("const")) fail("{}: both 'enum' and 'const'", path);
-      const Json values = s.contains("const") ? Json::array({s.at("const")}) : s.at("enum");
-      if (!values.is_array() || values.empty()) fail("{}/enum: must be a non-empty array", path);
-      n.has_literals = true;
-      for (const Json& v : values)
-        if ((n.types & type_of(v)) && (!v.is_number() || n.within(v.get<double>())) && (!v.is_string() || fits(n, v)) &&
-            (!v.is_object() || keys_fit(n, v)))
-          n.literals.push_back(v.dump());
-      std::sort(n.literals.begin(), n.literals.end());
-      n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
-      if (n.literals.empty()) fail("{}: no value of 'enum' meets the schema's other keywords", path);
-    }
-
     // Arrays.
     items(n, s, path);
     if (const auto m = s.find("minItems"); m != s.end()) n.min_items = count_of(*m, path + "/minItems");
@@ -241,6 +228,30 @@ class JsonSchema::Compiler {
     contains(n, s, path);
 
     if (n.min_items > (1 << 20) || n.max_items > (1 << 20)) fail("{}: an item count above 2^20", path);
+    literals(n, s, path);
+  }
+
+  // enum / const: the values that every other keyword of the schema takes, as a validator applies
+  // them all (json_schema_values.cpp). A value whose items or properties lead back to this node
+  // is read against the values kept so far, until no more go.
+  void literals(Node& n, const Json& s, const std::string& path) {
+    if (!s.contains("enum") && !s.contains("const")) return;
+    if (s.contains("enum") && s.contains("const")) fail("{}: both 'enum' and 'const'", path);
+    const Json values = s.contains("const") ? Json::array({s.at("const")}) : s.at("enum");
+    if (!values.is_array() || values.empty()) fail("{}/enum: must be a non-empty array", path);
+    n.has_literals = true;
+    for (const Json& v : values) n.literals.push_back(v.dump());
+    std::sort(n.literals.begin(), n.literals.end());
+    n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
+    const std::function<bool(const Node*)> busy = [&](const Node* x) { return x != &n && filling_.count(x) > 0; };
+    for (size_t before = 0; before != n.literals.size();) {  // (the list is read while filtered: a copy)
+      before = n.literals.size();
+      std::vector<std::string> kept;
+      for (const std::string& t : n.literals)
+        if (schema_values::validates(&n, Json::parse(t), busy, false)) kept.push_back(t);
+      n.literals = std::move(kept);
+    }
+    if (n.literals.empty()) fail("{}: no value of 'enum' meets the schema's other keywords", path);
   }
 
   // contains (json_schema_contains.cpp): without it minContains and maxContains say nothing, and
@@ -342,19 +353,6 @@ class JsonSchema::Compiler {
     Node limits;
     std::tie(limits.min_length, limits.max_length, limits.pattern) = std::tie(n.key_min, n.key_max, n.key_pattern);
     return fits(limits, Json(name));
-  }
-  // An object enum value whose keys the object's keywords take (required, dependentRequired,
-  // propertyNames, patternProperties, additionalProperties false, the counts; not the values' own
-  // schemas).
-  static bool keys_fit(const Node& n, const Json& v) {
-    if (int64_t(v.size()) < n.min_props || (n.max_props >= 0 && int64_t(v.size()) > n.max_props)) return false;
-    uint64_t seen = 0, need = n.required;
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      const auto i = size_t(std::find(n.names.begin(), n.names.end(), it.key()) - n.names.begin());
-      if (i == n.names.size() ? other_value(n, it.key()) == nullptr : (n.banned >> i & 1)) return false;
-      if (i < n.names.size()) seen |= uint64_t(1) << i, need |= n.dependents.empty() ? 0 : n.dependents[i];
-    }
-    return (need & ~seen) == 0;
   }
   size_t add_name(Node& n, const std::string& name, const std::string& at) {  // (its value: another key's)
     const Node* value = other_value(n, name);
@@ -588,7 +586,7 @@ class JsonSchema::Compiler {
       if (item == nullptr || !scalar(item, 0))
         fail("{}/uniqueItems: supported where every item is a scalar (null, boolean, number or string)", path);
     n.unique = true;
-    if (n.prefix_items.empty() && n.items != nullptr) n.distinct = distinct(n.items, 0);
+    if (n.prefix_items.empty() && n.items != nullptr) n.distinct = schema_values::distinct(n.items, kMaxDistinct);
     if (n.distinct >= 0 && n.min_items > n.distinct)
       fail("{}: minItems is above the {} distinct items there can be", path, n.distinct);
   }
@@ -601,23 +599,6 @@ class JsonSchema::Compiler {
       return std::none_of(n->literals.begin(), n->literals.end(), [](const std::string& t) { return t[0] == '{' || t[0] == '['; });
     return (n->types & (kObject | kArray)) == 0;
   }
-  static int64_t distinct(const Node* n, int depth) {  // -1: no end
-    n = unwrap(n);
-    if (depth > 16) return -1;
-    if (!n->any_of.empty()) {
-      int64_t sum = 0;
-      for (const Node* a : n->any_of) {
-        const int64_t d = distinct(a, depth + 1);
-        if (d < 0) return -1;
-        sum += d;  // (an upper bound where alternatives share values)
-      }
-      return sum;
-    }
-    if (n->has_literals) return int64_t(n->literals.size());
-    if ((n->types & ~(kNull | kBoolean)) != 0) return -1;
-    return ((n->types & kNull) ? 1 : 0) + ((n->types & kBoolean) ? 2 : 0);
-  }
-
   // minLength, maxLength (code points) and pattern.
   static void strings(Node& n, const Json& s, const std::string& path) {
     if (const auto m = s.find("minLength"); m != s.end()) n.min_length = count_of(*m, path + "/minLength");
@@ -762,6 +743,7 @@ class JsonSchema::Compiler {
     } else {
       if (!target.is_object()) fail("{}: {} is not a schema", path, Json(r).dump());
       if (++depth_ > 64) fail("{}: the schema nests too deeply", path);
+      const Filling filling(filling_, &n);
       fill(n, target, part(r));
       --depth_;
     }
@@ -772,6 +754,14 @@ class JsonSchema::Compiler {
   const Json& root_;
   const bool closed_objects_;
   std::map<std::string, const Node*> refs_;
+  // The nodes being filled (enum values that reach one through a reference are not kept).
+  struct Filling {
+    std::set<const Node*>& nodes;
+    const Node* n;
+    Filling(std::set<const Node*>& s, const Node* x) : nodes(s), n(x) { nodes.insert(n); }
+    ~Filling() { nodes.erase(n); }
+  };
+  std::set<const Node*> filling_;
   int depth_ = 0;
   int merges_ = 0;  // pairs of schemas merged (schema_merge bounds them)
 };

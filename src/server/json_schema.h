@@ -16,7 +16,11 @@
 //   never comes); additionalProperties holds only of keys that match none; the patterns run as the
 //   key is written, so that no key starts that only names with no value could end;
 // - arrays: items, prefixItems (draft 7: items as an array, additionalItems), minItems, maxItems,
-//   uniqueItems where the items are scalars (compared as validators do: 1 equals 1.0); contains
+//   uniqueItems where the items are scalars (compared as validators do: 1 equals 1.0; an item
+//   starts, and goes on, only while it can still end as a value not written yet: counted where
+//   its values lie apart (enum values, null, booleans, bounded integers and multiples, strings of
+//   a pattern or maxLength with few completions left), and minItems above the distinct values
+//   there can be is refused where they are at most kMaxDistinct); contains
 //   with minContains (default 1) and maxContains, where contains is true, or lists scalars by
 //   const / enum (anyOf of such too; numbers within 2^53): each item that ends equal to one of them
 //   counts, the array closes only with minContains of them, an item is made one of them where
@@ -52,10 +56,10 @@
 // The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of
 // JsonPrefix), object keys written without escapes while they can still be a declared name, each
 // key at most once (other keys compared after their escapes are read); an enum or const value
-// in its compact form (nlohmann::json::dump), e.g. {"a":1} for an object; of a string's enum
-// values, those its length limits and pattern take; of an object's, those whose keys its required,
-// dependentRequired, propertyNames, patternProperties, additionalProperties false and property
-// counts take (the values' own schemas are not checked).
+// in its compact form (nlohmann::json::dump), e.g. {"a":1} for an object, kept only where every
+// other keyword of its schema takes it, as a validator applies them all (lengths, pattern, bounds,
+// items, counts, uniqueItems, contains, the keys' and the values' own schemas); a value that
+// reaches a schema still being compiled through a reference (other than its own) is not kept.
 #pragma once
 
 #include <cmath>
@@ -120,7 +124,7 @@ class JsonSchema {
     const Node* items = nullptr;             // the items after them; null: any value
     bool more_items = true;                  // false: no item after the prefix
     bool unique = false;                     // uniqueItems (items are scalars)
-    int64_t distinct = -1;                   // unique: how many distinct items there can be (-1: no end)
+    int64_t distinct = -1;                   // unique: how many distinct items there can be (-1: more than kMaxDistinct)
     int64_t min_items = 0, max_items = -1;
     // contains, where its values are scalars listed by const / enum (json_schema_contains.cpp): the
     // items that equal one of contains_values (canonical texts, sorted) are counted, between
@@ -164,6 +168,7 @@ class JsonSchema {
   static constexpr int kMaxPatterns = 4;     // patternProperties of one object (all their sets merged)
   static constexpr int kMaxBoundedNumber = 32;  // bytes of a number with bounds
   static constexpr double kMaxMultiple = 999999999999999.0;  // multipleOf's values: 15 digits at most
+  static constexpr int64_t kMaxDistinct = 1024;  // uniqueItems: the items' values counted at compile time
 
  private:
   class Compiler;
@@ -270,9 +275,12 @@ class SchemaPrefix {
   // contains where no more may match.
   static bool barred(const Frame& array, const std::string& text);
   static bool literal_barred(const Thread& t);  // the literal on top can only be a barred item
-  // The string f (on top of t, or about to be) can only close, as a barred item.
+  // The string f (on top of t) can only end as a barred item: with unique items, every string it
+  // can still become was written; beside contains, only its closing quote can come.
   static bool closing_barred(const Thread& t, const Frame& f);
-  // The number f (an item of array) can only end as a barred item (an integer's 0 or -0).
+  static bool string_barred(const Frame& array, const Frame& f);  // f an item of array (or about to be)
+  // The number f (an item of array) can only end as a barred item: with unique items, every number
+  // it can still become was written; beside contains, an integer's 0 or -0.
   static bool number_barred(const Frame& array, const Frame& f);
   // The array a with contains: the next item may match it, may match none of it.
   static bool may_match(const Node& n, const Frame& a);

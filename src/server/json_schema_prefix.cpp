@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "server/json_schema.h"
+#include "server/json_schema_values.h"
 #include "text/utf8.h"
 
 namespace dsi::server {
@@ -431,15 +432,25 @@ bool SchemaPrefix::barred(const Frame& array, const std::string& text) {
 }
 
 bool SchemaPrefix::closing_barred(const Thread& t, const Frame& f) {
-  // Only the closing quote can come (the length's or the pattern's end), and the string so made is
-  // barred.
+  if (t.stack.size() < 2) return false;
+  return string_barred(t.stack[t.stack.size() - 2], f);
+}
+
+bool SchemaPrefix::string_barred(const Frame& array, const Frame& f) {
   const Node& n = *f.node;
-  if (t.stack.size() < 2 || !f.str.at_rest()) return false;
+  // Unique items: every string it can still end as was written (json_schema_values.cpp).
+  if (array.kind == Kind::kArray && array.node->unique)
+    return array.items_seen && !schema_values::string_unused(n, std::string_view(f.item).substr(1), *array.items_seen);
+  // contains: only the closing quote can come (the length's or the pattern's end), and the string
+  // so made is barred.
+  if (!f.str.at_rest()) return false;
   const bool full = (n.max_length >= 0 && f.count >= n.max_length) || (n.pattern && n.pattern->max_left(f.pat) == 0);
-  return full && barred(t.stack[t.stack.size() - 2], f.item + '"');
+  return full && barred(array, f.item + '"');
 }
 
 bool SchemaPrefix::number_barred(const Frame& array, const Frame& f) {
+  if (array.kind == Kind::kArray && array.node->unique)  // every number it can still become was written
+    return array.items_seen && !schema_values::number_unused(*f.node, f.item, f.num.integer, *array.items_seen);
   // An integer's leading 0 takes nothing more: the item is 0.
   return f.num.integer && f.num.at == JsonNumberScan::At::kZero && barred(array, f.item);
 }
@@ -517,6 +528,7 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
     case '"':
       if (!(ty & JsonSchema::kString)) return;
       f.kind = Kind::kString;
+      if (f.capture && string_barred(t.stack.back(), f)) return;
       break;
     case 't':
     case 'f':
@@ -669,6 +681,10 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
       if (f.phase == Phase::kAfterValue) {
         if (c != ',' || (n.max_items >= 0 && f.count >= n.max_items)) return;
         if (n.distinct >= 0 && f.count >= n.distinct) return;  // no distinct item left to write
+        if (n.unique && f.items_seen &&
+            !schema_values::some_unused(size_t(f.count) < n.prefix_items.size() ? n.prefix_items[size_t(f.count)] : n.items,
+                                        *f.items_seen))
+          return;  // (the next item could only repeat one)
         if (!match && !avoid) return;
         f.phase = Phase::kKey;  // (an array's "a value must come")
         return keep();
