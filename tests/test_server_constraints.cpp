@@ -7,8 +7,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -379,6 +382,114 @@ TEST(JsonMode, KeysOfDeepAndWideObjects) {
   }
   EXPECT_TRUE(wide.push(R"(,"x": {"0": 1, "7": 2}, "y": 1})"));
   EXPECT_TRUE(wide.complete());
+}
+
+// Keys written in ascending order of std::hash (a prompt can ask for any order): a tree ordered
+// by that hash alone would be a list of them, each key's lookup a walk of all the others and its
+// destruction as deep as there are keys. 100,000 of them, a copy taken halfway, each refused again
+// at the end, then all dropped.
+TEST(JsonMode, KeysInTheOrderOfTheirHash) {
+  constexpr int kKeys = 100000;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kKeys; ++i) keys.push_back(std::string("k").append(std::to_string(i)));
+  std::sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
+    return std::hash<std::string>()(a) < std::hash<std::string>()(b);
+  });
+  auto j = std::make_unique<JsonPrefix>();
+  ASSERT_TRUE(j->push("{"));
+  std::unique_ptr<JsonPrefix> half;
+  for (int i = 0; i < kKeys; ++i) {
+    if (i == kKeys / 2) half = std::make_unique<JsonPrefix>(*j);
+    ASSERT_TRUE(j->advance((i > 0 ? ",\"" : "\"") + keys[size_t(i)] + "\":0")) << i;
+  }
+  for (int i = 0; i < kKeys; i += 997) {
+    JsonPrefix again = *j;
+    EXPECT_FALSE(again.push(",\"" + keys[size_t(i)] + "\"")) << i;
+    JsonPrefix before = *half;
+    EXPECT_EQ(before.push(",\"" + keys[size_t(i)] + "\""), i >= kKeys / 2) << i;
+  }
+  EXPECT_TRUE(j->push(",\"k\":0}"));
+  EXPECT_TRUE(j->complete());
+  half.reset();
+  j.reset();
+}
+
+// The key set alone, against std::set: keys that begin one another (and the empty one), added in
+// orders of text, reversed, shuffled, with priorities all equal (a plain search tree: ties go
+// below), rising, falling, random and its own; each added once, found, listed in order of text;
+// a copy goes on alone.
+TEST(JsonMode, KeySetHasEachKeyOnce) {
+  std::vector<std::string> keys = {"", "a", "ab", "abc", "b", "\xC3\xA9", std::string(1, '\0'), std::string("a\0", 2)};
+  for (int i = 0; i < 600; ++i) keys.push_back(std::to_string(i * 37 % 1000));
+  std::mt19937 rng(7);
+  for (int order = 0; order < 3; ++order) {
+    std::vector<std::string> in = keys;
+    if (order == 0) std::sort(in.begin(), in.end());
+    if (order == 1) std::sort(in.rbegin(), in.rend());
+    if (order == 2) std::shuffle(in.begin(), in.end(), rng);
+    for (int rule = 0; rule < 5; ++rule) {
+      SCOPED_TRACE(testing::Message() << "order " << order << ", priorities " << rule);
+      KeySet set, half;
+      std::set<std::string> want;
+      for (size_t i = 0; i < in.size(); ++i) {
+        if (i == in.size() / 2) half = set;
+        const uint64_t priority = rule == 0 ? 7 : rule == 1 ? i : rule == 2 ? in.size() - i : rng();
+        std::string key = in[i];
+        const bool added = rule == 4 ? set.insert(std::move(key)) : set.insert(std::move(key), priority);
+        EXPECT_EQ(added, want.insert(in[i]).second) << i;
+        if (!added) {
+          EXPECT_EQ(key, in[i]);  // (not moved from)
+        }
+        std::string again = in[i];
+        EXPECT_FALSE(set.insert(std::move(again), priority ^ 1));
+      }
+      std::vector<std::string> listed, short_ones;
+      set.for_each([&](std::string_view k) { listed.emplace_back(k); });
+      set.for_each([&](std::string_view k) { short_ones.emplace_back(k); }, 2);
+      EXPECT_EQ(listed, std::vector<std::string>(want.begin(), want.end()));
+      std::vector<std::string> want_short;
+      for (const std::string& k : want)
+        if (k.size() <= 2) want_short.push_back(k);
+      EXPECT_EQ(short_ones, want_short);
+      for (const std::string& k : keys) EXPECT_TRUE(set.contains(k)) << k;
+      for (const char* k : {"abcd", "c", "1000", "-1"}) EXPECT_FALSE(set.contains(k)) << k;
+      std::set<std::string> first(in.begin(), in.begin() + ptrdiff_t(in.size() / 2));
+      for (const std::string& k : keys) EXPECT_EQ(half.contains(k), first.count(k) == 1) << k;
+    }
+  }
+}
+
+// Keys in the order of their std::hash, as the JSON recognizer's tree once held them (by that
+// hash, then text: 100,000 of them made it a list 100,000 deep): with random priorities the tree
+// is as deep as a random one. And a tree made a list on purpose (priorities rising with the keys,
+// 300,000 of them) goes without a destructor inside another's.
+TEST(JsonMode, KeySetStaysShallowAndGoesFlat) {
+  constexpr int kKeys = 100000;
+  std::vector<std::string> keys;
+  for (int i = 0; i < kKeys; ++i) keys.push_back(std::string("k").append(std::to_string(i)));
+  std::sort(keys.begin(), keys.end(), [](const std::string& a, const std::string& b) {
+    return std::hash<std::string>()(a) < std::hash<std::string>()(b);
+  });
+  KeySet set;
+  for (std::string& k : keys) ASSERT_TRUE(set.insert(std::string(k)));
+  EXPECT_LE(set.height(), 4 * 17u);  // 4 log2(n): a random tree's is about 2.6 log2(n)
+  std::sort(keys.begin(), keys.end());
+  KeySet sorted;
+  for (std::string& k : keys) ASSERT_TRUE(sorted.insert(std::string(k)));
+  EXPECT_LE(sorted.height(), 4 * 17u);
+
+  auto list = std::make_unique<KeySet>();
+  constexpr int kList = 300000;
+  for (int i = 0; i < kList; ++i) {
+    char key[16];
+    snprintf(key, sizeof(key), "%08d", i);
+    ASSERT_TRUE(list->insert(key, uint64_t(i)));
+  }
+  EXPECT_EQ(list->height(), size_t(kList));
+  KeySet copy = *list;
+  EXPECT_TRUE(copy.insert("x", 0));
+  list.reset();
+  EXPECT_TRUE(copy.contains("00000000"));
 }
 
 // The masks know the keys written: a state met again with other keys gets its own mask (the kept

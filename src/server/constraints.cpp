@@ -2,20 +2,119 @@
 #include "server/constraints.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
-#include <functional>
+#include <random>
 
 #include "text/utf8.h"
 
 namespace dsi::server {
 
 namespace {
-// A key's place in its object's tree: by hash (a spread of the keys, whatever order they come in,
-// so the tree is as deep as a random one), then by text.
-bool key_before(uint64_t hash, std::string_view key, uint64_t node_hash, std::string_view node_key) {
-  return hash != node_hash ? hash < node_hash : key < node_key;
+// Seeds a thread's generator of priorities: std::random_device (the time and a stack address where
+// it has no source, which a prompt can guess no better).
+uint64_t entropy() {
+  try {
+    std::random_device device;
+    return uint64_t(device()) << 32 ^ device();
+  } catch (...) {
+    const int here = 0;
+    return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           uint64_t(reinterpret_cast<uintptr_t>(&here));
+  }
 }
 }  // namespace
+
+uint64_t KeySet::random_priority() {
+  // splitmix64: a generator per thread (the constraints step on the engine's threads, their
+  // copies on others), seeded at its first key.
+  thread_local uint64_t state = entropy();
+  uint64_t z = state += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+KeySet::Node::~Node() {
+  // The subtrees that only nodes being dropped hold are taken out of them before they go, so each
+  // node's destructor finds its children gone or still held elsewhere (then it only lets go of
+  // them): no destructor runs inside another's. (Nodes are made non-const, so taking out of them is
+  // allowed; a count of 1 is this thread's own reference, and the fence orders the other owners'
+  // reads of the node before the taking, as the count's last decrement does.)
+  std::vector<Ptr> last;
+  auto take = [&last](Ptr& p) {
+    if (p != nullptr && p.use_count() == 1) last.push_back(std::move(p));
+  };
+  take(left);
+  take(right);
+  while (!last.empty()) {
+    Ptr p = std::move(last.back());
+    last.pop_back();
+    std::atomic_thread_fence(std::memory_order_acquire);
+    Node& n = const_cast<Node&>(*p);
+    take(n.left);
+    take(n.right);
+  }
+}
+
+bool KeySet::contains(std::string_view key) const {
+  for (const Node* n = root_.get(); n != nullptr;) {
+    const int c = key.compare(*n->key);
+    if (c == 0) return true;
+    n = c < 0 ? n->left.get() : n->right.get();
+  }
+  return false;
+}
+
+bool KeySet::insert(std::string&& key, uint64_t priority) {
+  // The new node goes where the path to the key first meets a lower priority (or ends): the nodes
+  // above keep their places (copied down to it), and the subtree there is split by the key, its
+  // nodes less than it to the new node's left, the others to its right (each side a path of that
+  // subtree, copied). The key met on either walk is there already, and nothing is made.
+  std::vector<std::pair<const Node*, bool>> above;  // and whether the key goes to its left
+  const Node* n = root_.get();
+  for (; n != nullptr && n->priority >= priority; n = above.back().second ? n->left.get() : n->right.get()) {
+    const int c = std::string_view(key).compare(*n->key);
+    if (c == 0) return false;
+    above.emplace_back(n, c < 0);
+  }
+  std::vector<const Node*> less, more;  // the split's two paths, top down
+  for (const Node* m = n; m != nullptr;) {
+    const int c = std::string_view(key).compare(*m->key);
+    if (c == 0) return false;
+    if (c > 0) less.push_back(m), m = m->right.get();
+    else more.push_back(m), m = m->left.get();
+  }
+  Ptr left, right;
+  for (size_t i = less.size(); i-- > 0;)
+    left = std::make_shared<Node>(less[i]->key, less[i]->priority, less[i]->left, std::move(left));
+  for (size_t i = more.size(); i-- > 0;)
+    right = std::make_shared<Node>(more[i]->key, more[i]->priority, std::move(right), more[i]->right);
+  Ptr node = std::make_shared<Node>(std::make_shared<const std::string>(std::move(key)), priority, std::move(left),
+                                    std::move(right));
+  for (size_t i = above.size(); i-- > 0;) {
+    const auto [p, to_left] = above[i];
+    node = std::make_shared<Node>(p->key, p->priority, to_left ? std::move(node) : p->left,
+                                  to_left ? p->right : std::move(node));
+  }
+  root_ = std::move(node);
+  return true;
+}
+
+size_t KeySet::height() const {
+  size_t height = 0;
+  std::vector<std::pair<const Node*, size_t>> todo;
+  if (root_ != nullptr) todo.emplace_back(root_.get(), 1);
+  while (!todo.empty()) {
+    const auto [n, depth] = todo.back();
+    todo.pop_back();
+    height = std::max(height, depth);
+    for (const Node* c : {n->left.get(), n->right.get()})
+      if (c != nullptr) todo.emplace_back(c, depth + 1);
+  }
+  return height;
+}
 
 bool JsonPrefix::push(unsigned char c) {
   const JsonPrefix saved = *this;
@@ -61,18 +160,13 @@ std::string JsonPrefix::signature(size_t max_bytes) const {
   // (the containers above), no longer than it (a character of a key takes a byte at least), or in
   // the key under way no longer than its text and the bytes. In their tree's order, which the
   // keys decide, not the order they came in.
-  std::vector<const KeyNode*> path;
   for (const Keys* o = keys_.get(); o != nullptr && o->depth + std::min(depth, max_bytes) > depth; o = o->outer.get()) {
     k += char(depth - o->depth);
     const size_t longest = max_bytes + (in_key && o->depth == depth ? key_text_.size() : 0);
-    for (const KeyNode* n = o->root.get(); n != nullptr || !path.empty(); n = n->right.get()) {
-      for (; n != nullptr; n = n->left.get()) path.push_back(n);
-      n = path.back();
-      path.pop_back();
-      if (n->key.size() > longest) continue;
-      put(uint32_t(n->key.size()));
-      k += n->key;
-    }
+    o->keys.for_each([&](std::string_view key) {
+      put(uint32_t(key.size()));
+      k += key;
+    }, longest);
     put(UINT32_MAX);
   }
   return k;
@@ -86,31 +180,16 @@ void JsonPrefix::close() {
   end_value();
 }
 
-const JsonPrefix::KeyNode* JsonPrefix::object_keys() const {
-  return keys_ != nullptr && keys_->depth == stack_.size() ? keys_->root.get() : nullptr;
+const KeySet* JsonPrefix::object_keys() const {
+  return keys_ != nullptr && keys_->depth == stack_.size() ? &keys_->keys : nullptr;
 }
 
 bool JsonPrefix::take_key() {
-  const uint64_t hash = std::hash<std::string_view>()(key_text_);
-  // The path from the root to where the key goes: it is there already, or it goes below the path's
-  // last node, and the path is copied bottom-up onto it.
-  std::vector<const KeyNode*> path;
-  for (const KeyNode* n = object_keys(); n != nullptr;) {
-    if (n->hash == hash && n->key == key_text_) return false;
-    path.push_back(n);
-    n = key_before(hash, key_text_, n->hash, n->key) ? n->left.get() : n->right.get();
-  }
-  auto node = std::make_shared<const KeyNode>(KeyNode{hash, std::move(key_text_), nullptr, nullptr});
+  const KeySet* keys = object_keys();
+  KeySet next = keys != nullptr ? *keys : KeySet();
+  if (!next.insert(std::move(key_text_))) return false;
   key_text_.clear();
-  const std::string& key = node->key;  // (the new leaf's, which the copies hold)
-  for (size_t i = path.size(); i-- > 0;) {
-    const KeyNode& p = *path[i];
-    const bool left = key_before(hash, key, p.hash, p.key);
-    node = std::make_shared<const KeyNode>(KeyNode{p.hash, p.key, left ? std::move(node) : p.left,
-                                                   left ? p.right : std::move(node)});
-  }
-  const bool has_keys = object_keys() != nullptr;
-  keys_ = std::make_shared<const Keys>(Keys{has_keys ? keys_->outer : keys_, std::move(node), uint32_t(stack_.size())});
+  keys_ = std::make_shared<const Keys>(Keys{keys != nullptr ? keys_->outer : keys_, std::move(next), uint32_t(stack_.size())});
   return true;
 }
 

@@ -28,6 +28,59 @@
 
 namespace dsi::server {
 
+// The keys written in a JSON object: a set of strings that is never changed in place, only copied
+// along the path to a new key (a persistent treap), so a copy costs one shared pointer and copies
+// share all but the paths they wrote since. Ordered by text (no unseeded hash for a prompt to
+// aim at: keys asked for in the order of std::hash made a tree by it a list), and heap-ordered by
+// a priority drawn at random for each key as it comes (a generator per thread, seeded from
+// std::random_device), none of the key's text: however the keys are chosen and ordered, the tree
+// is as deep as a random one, O(log n) with high probability, so a key is found or added in
+// O(log n) comparisons, each at most its length. A node's text is shared by its copies: a new
+// path copies pointers, where a long key near the root copied with every later key would cost the
+// square of the answer's length.
+class KeySet {
+ public:
+  bool empty() const { return root_ == nullptr; }
+  bool contains(std::string_view key) const;
+  // Adds key: false (and the set unchanged) where it has it already. The priority decides the
+  // key's place in the heap (the highest is the root); equal ones are allowed (tests).
+  // (key is moved from only where it is added.)
+  bool insert(std::string&& key) { return insert(std::move(key), random_priority()); }
+  bool insert(std::string&& key, uint64_t priority);
+  // f(key) for each key in order of text (the order the keys decide, not the one they came in),
+  // skipping those longer than max_size.
+  template <class F>
+  void for_each(F&& f, size_t max_size = SIZE_MAX) const;
+  size_t height() const;  // the nodes on the longest path from the root (tests)
+
+ private:
+  struct Node;
+  using Ptr = std::shared_ptr<const Node>;
+  struct Node {
+    Node(std::shared_ptr<const std::string> k, uint64_t p, Ptr l, Ptr r)
+        : key(std::move(k)), priority(p), left(std::move(l)), right(std::move(r)) {}
+    std::shared_ptr<const std::string> key;
+    uint64_t priority;
+    Ptr left, right;
+    // Drops the subtrees this node held last without recursion: a tree is as deep as its keys'
+    // priorities make it, and its destruction must never be what runs the stack out.
+    ~Node();
+  };
+  static uint64_t random_priority();
+  Ptr root_;
+};
+
+template <class F>
+void KeySet::for_each(F&& f, size_t max_size) const {
+  std::vector<const Node*> path;
+  for (const Node* n = root_.get(); n != nullptr || !path.empty(); n = n->right.get()) {
+    for (; n != nullptr; n = n->left.get()) path.push_back(n);
+    n = path.back();
+    path.pop_back();
+    if (n->key->size() <= max_size) f(std::string_view(*n->key));
+  }
+}
+
 // A byte-at-a-time recognizer of one JSON object (and whitespace between its parts, within limits),
 // each key at most once in its object (escapes read: "a" and "\u0061" are one key), as the schema
 // recognizer has them: names SHOULD be unique (RFC 8259), and parsers read a repeated one
@@ -70,14 +123,6 @@ class JsonPrefix {
     kLiteral,     // inside true / false / null (lit_ and lit_at_)
     kDone,        // the object is closed
   };
-  // The keys written in an object, a binary search tree by their hash (then text) that is never
-  // changed, only copied along the path to a new key: a key is found and added in O(log n) steps
-  // expected however many the object has, and copies of the state share the tree.
-  struct KeyNode {
-    uint64_t hash;
-    std::string key;
-    std::shared_ptr<const KeyNode> left, right;
-  };
   // The keys of each open object that has any, innermost first. A JsonPrefix is copied for every
   // byte it takes (push) and every byte of a mask's walk of the vocabulary, and a constraint for
   // each of the engine's drafts: a copy costs one shared pointer, however many keys there are
@@ -85,7 +130,7 @@ class JsonPrefix {
   // Closing an object drops its keys.
   struct Keys {
     std::shared_ptr<const Keys> outer;  // the enclosing objects' keys
-    std::shared_ptr<const KeyNode> root;
+    KeySet keys;
     uint32_t depth;  // the object's: stack_.size() while it is the innermost container
   };
   bool step(unsigned char c);  // with the whitespace rules
@@ -93,7 +138,7 @@ class JsonPrefix {
   bool value_start(unsigned char c);
   void end_value();  // a value is complete: after it, in its container or at the root
   void close();      // the innermost container closes (and an object's keys go)
-  const KeyNode* object_keys() const;  // the innermost object's keys (null: none yet)
+  const KeySet* object_keys() const;  // the innermost object's keys (null: none yet)
   bool take_key();   // the key closes: false where its object has it already
 
   Mode mode_ = Mode::kStart;
