@@ -445,7 +445,9 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       if (tid < kMaxCluster) s_cgt[tid] = s_ceq[tid] = 0u;
       for (uint32_t i = tid; i < n_cand; i += kSelThreads) atomicAdd(&hist1[(cand_at(i) >> 8) & 0xfffu], 1u);
       __syncthreads();
+      trace_mark(p.trace, 9);
       const BlockPick p2 = block_pick<kSelThreads, kBins / kSelThreads>(hist1, kBins, need, false, temp.scan);
+      trace_mark(p.trace, 10);
       for (int i = tid; i < 256; i += kSelThreads) hist0[i] = 0;
       __syncthreads();
       for (uint32_t i = tid; i < n_cand; i += kSelThreads) {
@@ -454,6 +456,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       }
       __syncthreads();
       const BlockPick p3 = block_pick<kSelThreads, 1>(hist0, 256, need - p2.above, false, temp.scan);
+      trace_mark(p.trace, 11);
       const uint32_t thr20 = (p2.bin << 8) | p3.bin;
       const uint32_t take_eq = need - p2.above - p3.above;  // keys == T to take, lowest positions first
       for (uint32_t i = tid; i < n_cand; i += kSelThreads) {
@@ -462,6 +465,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
         else if (low == thr20) atomicAdd(&s_ceq[w >> 20], 1u);
       }
       __syncthreads();
+      trace_mark(p.trace, 12);
       if (tid < 32) {  // lane q: CTA q's place
         const unsigned q = unsigned(tid);
         const uint32_t cgt = q < n_ctas ? mail.counts[q][0] + s_cgt[q] : 0u, ceq = q < n_ctas ? s_ceq[q] : 0u;
@@ -475,13 +479,13 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
           mbarrier_arrive_remote(&s_bars[1], q);
         }
       }
-      trace_mark(p.trace, 9);
+      trace_mark(p.trace, 13);
     }
     // Every CTA has ended its remote accesses (to CTA 0; to the crossing slice of the pick) before
     // its arrival at CTA 0, which sends the places only after them all: past this wait no shared
     // memory is touched remotely.
     mbarrier_wait_cluster(&s_bars[1], 0u);
-    trace_mark(p.trace, 10);
+    trace_mark(p.trace, 14);
     thr = mail.place[0];
     win_before = mail.place[1];
     my_take = mail.place[2];
@@ -603,7 +607,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
     run_eq += agg >> 16;
     __syncthreads();  // temp.scan is reused by the next tile
   }
-  trace_mark(p.trace, 11);
+  trace_mark(p.trace, 15);
 }
 
 // CTAs per row forced on the cluster kernel (0: the launch chooses); set_topk_cluster_ctas.

@@ -62,7 +62,7 @@ struct TopkSelectParams {
   unsigned long long* trace;
 };
 inline constexpr int kTopkTraceRanks = 16;  // the largest cluster
-inline constexpr int kTopkTraceSlots = 12;
+inline constexpr int kTopkTraceSlots = 16;
 inline constexpr const char* kTopkTraceMarks[] = {"entry",
                                                    "past the wait",
                                                    "pass 1 (read, histogram)",
@@ -72,9 +72,14 @@ inline constexpr const char* kTopkTraceMarks[] = {"entry",
                                                    "candidates found",
                                                    "candidates sent",
                                                    "CTA 0: every candidate in",
+                                                   "CTA 0: second digit counted",
+                                                   "CTA 0: second digit picked",
+                                                   "CTA 0: third digit picked",
+                                                   "CTA 0: every CTA's share",
                                                    "CTA 0: places sent",
                                                    "place in",
                                                    "done"};
+static_assert(sizeof(kTopkTraceMarks) / sizeof(kTopkTraceMarks[0]) == kTopkTraceSlots);
 // True when the select kernel handles (n, k) on the current device (sm_90+: clusters).
 bool topk_select_supported(int64_t n, int k);
 void launch_topk_select(const TopkSelectParams& p, cudaStream_t stream);
