@@ -74,6 +74,7 @@
 
 #include "server/json_pattern.h"
 #include "server/json_scan.h"
+#include "server/key_set.h"
 
 namespace dsi::server {
 
@@ -233,7 +234,7 @@ class SchemaPrefix {
     std::string item;
     std::shared_ptr<const std::vector<std::string>> items_seen;  // kArray with unique items: theirs
     std::string key_text;  // kObject in another key: its text so far (escapes read), as UTF-8
-    std::shared_ptr<const std::vector<std::string>> keys_seen;  // kObject: the other keys written (shared)
+    KeySet keys_seen;  // kObject: the other keys written (a persistent set: copies share it)
     void key(std::string& out) const;                 // what of it decides what may follow
   };
   struct Thread {
@@ -262,7 +263,6 @@ class SchemaPrefix {
   // propertyNames takes and that is none of them, writing no escape while a name still matches.
   static bool other_ends(const Node& n, int32_t pat, int32_t chars, const std::vector<const std::string*>& avoid,
                          size_t at, const std::pair<uint32_t, uint32_t>* ranges, size_t k, int depth);
-  static bool key_seen(const Frame& f);  // the other key just closed in f was written before
   // Steps the reading t with byte c; what it becomes (none, one or several readings) goes to out.
   void step_top(Thread t, unsigned char c, std::vector<Thread>& out) const;
   // A value of node starting with c, the reading's frames so far in t; hops: references followed.

@@ -160,10 +160,6 @@ bool SchemaPrefix::other_open(const Node& n, const Frame& f) {
          (n.max_props < 0 || f.props + 1 + std::popcount(needed(n, f) & ~f.seen) <= n.max_props);
 }
 
-bool SchemaPrefix::key_seen(const Frame& f) {
-  return f.keys_seen && std::find(f.keys_seen->begin(), f.keys_seen->end(), f.key_text) != f.keys_seen->end();
-}
-
 bool SchemaPrefix::key_can_end(const Node& n, const Frame& f, bool start) {
   const uint64_t declared = n.names.size() == 64 ? ~uint64_t(0) : (uint64_t(1) << n.names.size()) - 1;
   const uint64_t cand = start ? declared : f.cand;
@@ -177,9 +173,7 @@ bool SchemaPrefix::key_can_end(const Node& n, const Frame& f, bool start) {
   const std::string_view text = start ? std::string_view() : std::string_view(f.key_text);
   std::vector<const std::string*> avoid;
   for (uint64_t c = cand; c != 0; c &= c - 1) avoid.push_back(&n.names[size_t(std::countr_zero(c))]);
-  if (f.keys_seen)
-    for (const std::string& k : *f.keys_seen)
-      if (k.size() >= text.size() && std::string_view(k).substr(0, text.size()) == text) avoid.push_back(&k);
+  f.keys_seen.for_each_prefixed(text, [&avoid](const std::string& k) { avoid.push_back(&k); });
   if (start) return other_ends(n, n.key_pattern ? n.key_pattern->start() : 0, 0, avoid, 0, nullptr, 0, 0);
   std::pair<uint32_t, uint32_t> ranges[3];
   const size_t k = f.str.at_rest() ? 0 : f.str.pending(ranges);
@@ -308,21 +302,29 @@ void SchemaPrefix::Frame::key(std::string& out) const {
       break;
     case Kind::kObject:
       put(seen);
-      if (keys_seen)  // the other keys written
-        for (const std::string& k : *keys_seen) out += k + '\0';
+      // The other keys written, in order of text (the set decides it, not the order they came in),
+      // each after its length.
+      keys_seen.for_each([&](std::string_view k) {
+        put(uint32_t(k.size()));
+        out += k;
+      });
+      put(UINT32_MAX);
       if (node->min_props > 0 || node->max_props >= 0) put(props);
       if (phase == Phase::kInKey) {
         str.key(out);
         put(cand);
         out += char(other);
         put(count);
-        if (node->keys_limited() || keys_seen) {  // propertyNames' state, and the character under way
+        if (node->keys_limited() || !keys_seen.empty()) {  // propertyNames' state, and the character under way
           put(pat);
           put(chars);
           put(at);
           if (!str.at_rest()) put(str.cp), put(str.hex), put(str.utf8.cp);
         }
-        if (keys_seen && other) out += key_text + '\0';  // (whether it repeats a key written)
+        if (!keys_seen.empty() && other) {  // (whether it repeats a key written)
+          put(uint32_t(key_text.size()));
+          out += key_text;
+        }
       }
       if (phase == Phase::kColon) put(value);
       break;
@@ -621,11 +623,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
               }
             if (!f.other || !other_open(n, f)) return;
             if ((n.key_pattern && !n.key_pattern->accepts(f.pat)) || f.chars < n.key_min) return;
-            if (key_seen(f)) return;  // each key at most once
-            auto seen = f.keys_seen ? std::make_shared<std::vector<std::string>>(*f.keys_seen)
-                                    : std::make_shared<std::vector<std::string>>();
-            seen->push_back(std::move(f.key_text));
-            f.keys_seen = std::move(seen);
+            if (!f.keys_seen.insert(std::move(f.key_text))) return;  // each key at most once (escapes read)
             f.key_text.clear();
             ++f.props;
             f.value = n.other_value(f.pat);
