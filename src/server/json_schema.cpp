@@ -47,6 +47,23 @@ bool JsonSchema::meets(double a, double b, bool integer, double lo, bool lo_open
 // ---------------------------------------------------------------------------------------------
 // The compiler.
 
+std::u32string JsonSchema::code_points(const std::string& text) {
+  std::u32string out;
+  Utf8Scan utf8;
+  for (const char c : text)
+    if (utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kChar) out += char32_t(utf8.cp);
+  return out;
+}
+
+uint8_t JsonSchema::type_of(const Json& v) {
+  if (v.is_null()) return kNull;
+  if (v.is_boolean()) return kBoolean;
+  if (v.is_number_integer()) return kInteger;
+  if (v.is_number()) return v.get<double>() == std::floor(v.get<double>()) ? kInteger : kNumber;
+  if (v.is_string()) return kString;
+  return v.is_array() ? kArray : kObject;
+}
+
 class JsonSchema::Compiler {
  public:
   Compiler(JsonSchema& out, const Json& root, bool closed_objects)
@@ -272,17 +289,10 @@ class JsonSchema::Compiler {
 
   // ---- Objects: patternProperties, propertyNames and dependentRequired.
 
-  static std::u32string decoded(const std::string& text) {  // its code points (valid UTF-8)
-    std::u32string out;
-    Utf8Scan utf8;
-    for (const char c : text)
-      if (utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kChar) out += char32_t(utf8.cp);
-    return out;
-  }
   // The patternProperties patterns that a name matches (bit i: pattern i).
   static uint32_t matched(const Node& n, const std::string& name) {
     uint32_t set = 0;
-    const std::u32string text = n.key_patterns.empty() ? std::u32string() : decoded(name);
+    const std::u32string text = n.key_patterns.empty() ? std::u32string() : code_points(name);
     for (size_t i = 0; i < n.key_patterns.size(); ++i)
       if (n.key_patterns[i]->matches(text)) set |= uint32_t(1) << i;
     return set;
@@ -713,19 +723,10 @@ class JsonSchema::Compiler {
 
   // A string enum value within the length limits and matching the pattern.
   static bool fits(const Node& n, const Json& v) {
-    const std::u32string text = decoded(v.get_ref<const std::string&>());  // (a parsed string is valid UTF-8)
+    const std::u32string text = code_points(v.get_ref<const std::string&>());  // (a parsed string is valid UTF-8)
     const auto length = int64_t(text.size());
     if (length < n.min_length || (n.max_length >= 0 && length > n.max_length)) return false;
     return !n.pattern || n.pattern->matches(text);
-  }
-
-  static uint8_t type_of(const Json& v) {
-    if (v.is_null()) return kNull;
-    if (v.is_boolean()) return kBoolean;
-    if (v.is_number_integer()) return kInteger;
-    if (v.is_number()) return v.get<double>() == double(int64_t(v.get<double>())) ? kInteger : kNumber;
-    if (v.is_string()) return kString;
-    return v.is_array() ? kArray : kObject;
   }
 
   // "#", "#/$defs/Name", "#/definitions/Name" (JSON pointer escapes ~0 and ~1 decoded).

@@ -153,6 +153,10 @@ class JsonSchema {
   // recognizer's question about number bounds.
   static bool meets(double a, double b, bool integer, double lo, bool lo_open, double hi, bool hi_open,
                     double step = 0);
+  // The code points of a parsed string (valid UTF-8), as patterns and lengths read it.
+  static std::u32string code_points(const std::string& text);
+  // A value's type bit: a number without a fraction is an integer, as validators read it.
+  static uint8_t type_of(const nlohmann::json& v);
 
   // Throws dsi::Error with the keyword's path for a schema that is malformed or says what is not
   // supported. closed_objects: an object schema with `properties` that says nothing of other keys

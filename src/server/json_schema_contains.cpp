@@ -12,7 +12,6 @@
 #include <fmt/format.h>
 
 #include "dsinfer/error.h"
-#include "server/json_scan.h"
 
 namespace dsi::server {
 
@@ -42,27 +41,10 @@ namespace {
 
 using Node = JsonSchema::Node;
 
-std::u32string decoded(const std::string& text) {  // its code points (valid UTF-8)
-  std::u32string out;
-  Utf8Scan utf8;
-  for (const char c : text)
-    if (utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kChar) out += char32_t(utf8.cp);
-  return out;
-}
-
-uint8_t type_of(const Json& v) {
-  if (v.is_null()) return JsonSchema::kNull;
-  if (v.is_boolean()) return JsonSchema::kBoolean;
-  if (v.is_number())
-    return v.is_number_integer() || v.get<double>() == std::floor(v.get<double>()) ? JsonSchema::kInteger
-                                                                                  : JsonSchema::kNumber;
-  if (v.is_string()) return JsonSchema::kString;
-  return v.is_array() ? JsonSchema::kArray : JsonSchema::kObject;
-}
 
 // A string within a node's length limits and pattern.
 bool string_fits(const Node& n, const Json& v) {
-  const std::u32string text = decoded(v.get_ref<const std::string&>());
+  const std::u32string text = JsonSchema::code_points(v.get_ref<const std::string&>());
   const auto length = int64_t(text.size());
   if (length < n.min_length || (n.max_length >= 0 && length > n.max_length)) return false;
   return !n.pattern || n.pattern->matches(text);
@@ -85,7 +67,7 @@ bool takes(const Node* n, const Json& v, int depth) {
   if (n->has_literals)
     return std::any_of(n->literals.begin(), n->literals.end(),
                        [&](const std::string& t) { return JsonSchema::canonical(t) == canon; });
-  if (!(n->types & type_of(v))) return false;
+  if (!(n->types & JsonSchema::type_of(v))) return false;
   if (v.is_number() && !n->within(v.get<double>())) return false;
   return !v.is_string() || string_fits(*n, v);
 }
@@ -129,7 +111,7 @@ bool avoidable(const Node* n, const std::vector<Json>& values, const std::vector
       return !std::binary_search(canon.begin(), canon.end(), JsonSchema::canonical(t));
     });
   for (const Json& v : values) {
-    if (!(n->types & type_of(v))) continue;
+    if (!(n->types & JsonSchema::type_of(v))) continue;
     if (v.is_string() && (n->pattern || n->max_length >= 0) && string_fits(*n, v)) unsteered = true;
     if (v.is_number() && n->bounded() && n->within(v.get<double>())) unsteered = true;
   }

@@ -10,7 +10,7 @@
 
 #include "dsinfer/error.h"
 #include "server/json_pattern.h"
-#include "server/json_scan.h"
+#include "server/json_schema.h"
 
 namespace dsi::server::schema_merge {
 
@@ -48,14 +48,6 @@ bool constrains_beside(const Json& s, const char* key) {
 }
 
 namespace {
-
-std::u32string decoded(const std::string& text) {  // its code points (valid UTF-8)
-  std::u32string out;
-  Utf8Scan utf8;
-  for (const char c : text)
-    if (utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kChar) out += char32_t(utf8.cp);
-  return out;
-}
 
 class Merger {
  public:
@@ -251,9 +243,9 @@ class Merger {
                                ? both_of(patterns[it.key()], it.value(), path + "/patternProperties/" + part(it.key()), open)
                                : it.value();
     auto matched = [&](const Json& q, const std::string& name) {
+      const std::u32string text = JsonSchema::code_points(name);
       for (auto it = q.begin(); it != q.end(); ++it)
-        if (JsonPattern::compile(it.key(), path + "/patternProperties/" + part(it.key()))->matches(decoded(name)))
-          return true;
+        if (JsonPattern::compile(it.key(), path + "/patternProperties/" + part(it.key()))->matches(text)) return true;
       return false;
     };
     const Json& pa = a.contains("properties") ? a["properties"] : none;

@@ -20,22 +20,6 @@ using Json = nlohmann::json;
 using Node = JsonSchema::Node;
 using Range = std::pair<uint32_t, uint32_t>;
 
-std::u32string decoded(const std::string& text) {  // its code points (valid UTF-8)
-  std::u32string out;
-  Utf8Scan utf8;
-  for (const char c : text)
-    if (utf8.step(static_cast<unsigned char>(c)) == Utf8Scan::Step::kChar) out += char32_t(utf8.cp);
-  return out;
-}
-
-uint8_t type_of(const Json& v) {
-  if (v.is_null()) return JsonSchema::kNull;
-  if (v.is_boolean()) return JsonSchema::kBoolean;
-  if (v.is_number_integer()) return JsonSchema::kInteger;
-  if (v.is_number()) return v.get<double>() == std::floor(v.get<double>()) ? JsonSchema::kInteger : JsonSchema::kNumber;
-  if (v.is_string()) return JsonSchema::kString;
-  return v.is_array() ? JsonSchema::kArray : JsonSchema::kObject;
-}
 
 bool has(const std::vector<std::string>& seen, const std::string& canon) {
   return std::find(seen.begin(), seen.end(), canon) != seen.end();
@@ -55,7 +39,7 @@ double parse_double(std::string_view text) {  // locale-independent; "12." reads
 // Another key's value (undeclared), as the recognizer reads it; null where the key may not come.
 const Node* other_value(const Node& n, const std::string& name) {
   if (!n.others) return nullptr;
-  const std::u32string text = decoded(name);
+  const std::u32string text = JsonSchema::code_points(name);
   const auto length = int64_t(text.size());
   if (length < n.key_min || (n.key_max >= 0 && length > n.key_max)) return nullptr;
   if (n.pattern_values.empty()) return !n.key_pattern || n.key_pattern->matches(text) ? n.additional : nullptr;
@@ -75,10 +59,10 @@ struct Validator {
       return std::any_of(n->any_of.begin(), n->any_of.end(), [&](const Node* a) { return check(a, v, true, depth); });
     if (literals && n->has_literals)  // (a list already filtered by the rest of its schema)
       return std::any_of(n->literals.begin(), n->literals.end(), [&](const std::string& t) { return Json::parse(t) == v; });
-    if (!(n->types & type_of(v))) return false;
+    if (!(n->types & JsonSchema::type_of(v))) return false;
     if (v.is_number()) return n->within(v.get<double>());
     if (v.is_string()) {
-      const std::u32string text = decoded(v.get_ref<const std::string&>());
+      const std::u32string text = JsonSchema::code_points(v.get_ref<const std::string&>());
       const auto length = int64_t(text.size());
       if (length < n->min_length || (n->max_length >= 0 && length > n->max_length)) return false;
       return !n->pattern || n->pattern->matches(text);
