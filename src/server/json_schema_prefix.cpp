@@ -3,7 +3,6 @@
 // every reading and keeps those it fits, some of them forked (a value's alternatives).
 #include <algorithm>
 #include <bit>
-#include <charconv>
 #include <cmath>
 #include <set>
 
@@ -19,38 +18,21 @@ namespace {
 const std::vector<std::string> kBooleans = {"false", "true"};
 const std::vector<std::string> kNulls = {"null"};
 
-double parse_double(std::string_view text) {  // locale-independent; "12." reads as 12
-  if (!text.empty() && text.back() == '.') text.remove_suffix(1);
-  double v = 0.0;
-  std::from_chars(text.data(), text.data() + text.size(), v);
-  return v;
-}
-
-// Whether a number that began as `text` (no exponent) can still end within the node's bounds: its
-// magnitude lies in [d 10^k, (d + 1) 10^k) for some k (digits d, no dot yet), or in [v, v + 10^-f)
-// (a dot and f digits after it: v), checked against the bounds (mirrored for a minus sign).
+// Whether a number that began as `text` (no exponent) can still end within the node's bounds: the
+// magnitudes it can reach (schema_values::magnitudes) against them, mirrored for a minus sign.
 bool may_reach(std::string_view text, bool integer, const JsonSchema::Node& n) {
   const bool neg = !text.empty() && text[0] == '-';
   const std::string_view body = text.substr(neg ? 1 : 0);
   const double lo = neg ? -n.hi : n.lo, hi = neg ? -n.lo : n.hi;
   const bool lo_open = neg ? n.hi_open : n.lo_open, hi_open = neg ? n.lo_open : n.hi_open;
-  auto reach = [&](double a, double b) {
+  return schema_values::magnitudes(body, hi, [&](double a, double b) {
     return JsonSchema::meets(a, b, integer, lo, lo_open, hi, hi_open, n.multiple_of);
-  };
-  if (body.empty()) return reach(0.0, HUGE_VAL);
-  const size_t dot = body.find('.');
-  if (dot == std::string_view::npos) {
-    if (body == "0") return reach(0.0, 1.0);  // nothing but a fraction can follow a leading 0
-    const double d = parse_double(body);
-    for (double scale = 1.0; d * scale <= hi && std::isfinite(d * scale); scale *= 10.0)
-      if (reach(d * scale, (d + 1.0) * scale)) return true;
-    return false;
-  }
-  const double v = parse_double(body);
-  return reach(v, v + std::pow(10.0, -double(body.size() - dot - 1)));
+  });
 }
 
-bool within_bounds(std::string_view text, const JsonSchema::Node& n) { return n.within(parse_double(text)); }
+bool within_bounds(std::string_view text, const JsonSchema::Node& n) {
+  return n.within(schema_values::parse_number_text(text));
+}
 }  // namespace
 
 SchemaPrefix::SchemaPrefix(std::shared_ptr<const JsonSchema> schema, int space_run)

@@ -27,13 +27,6 @@ bool has(const std::vector<std::string>& seen, const std::string& canon) {
 
 std::string number_text(double v) { return fmt::format("{}", v + 0.0); }  // as JsonSchema::canonical has it
 
-double parse_double(std::string_view text) {  // locale-independent; "12." reads as 12
-  if (!text.empty() && text.back() == '.') text.remove_suffix(1);
-  double v = 0.0;
-  std::from_chars(text.data(), text.data() + text.size(), v);
-  return v;
-}
-
 // ---- Validation.
 
 // Another key's value (undeclared), as the recognizer reads it; null where the key may not come.
@@ -184,21 +177,10 @@ template <class F>
 bool reachable(const Node& n, bool neg, std::string_view body, F&& fn) {
   const double lo = neg ? -n.hi : n.lo, hi = neg ? -n.lo : n.hi;
   const bool lo_open = neg ? n.hi_open : n.lo_open, hi_open = neg ? n.lo_open : n.hi_open;
-  auto meet = [&](double a, double b) {  // [a, b) within [lo, hi]
+  return magnitudes(body, hi, [&](double a, double b) {  // [a, b) within [lo, hi]
     const double l = std::max(a, lo), u = std::min(b, hi);
     return fn(l, u, lo >= a && lo_open, hi < b ? hi_open : true);
-  };
-  if (body.empty()) return meet(0.0, HUGE_VAL);
-  const size_t dot = body.find('.');
-  if (dot == std::string_view::npos) {
-    if (body == "0") return meet(0.0, 1.0);  // nothing but a fraction can follow a leading 0
-    const double d = parse_double(body);
-    for (double scale = 1.0; d * scale <= hi && std::isfinite(d * scale); scale *= 10.0)
-      if (meet(d * scale, (d + 1.0) * scale)) return true;
-    return false;
-  }
-  const double v = parse_double(body);
-  return meet(v, v + std::pow(10.0, -double(body.size() - dot - 1)));
+  });
 }
 
 // The values of n (one sign) a text can still become: some not in seen.
@@ -230,6 +212,13 @@ bool side_unused(const Node& n, bool neg, std::string_view body, bool integer, c
 
 }  // namespace
 
+double parse_number_text(std::string_view text) {
+  if (!text.empty() && text.back() == '.') text.remove_suffix(1);
+  double v = 0.0;
+  std::from_chars(text.data(), text.data() + text.size(), v);
+  return v;
+}
+
 bool validates(const Node* n, const Json& v, const std::function<bool(const Node*)>& busy, bool literals) {
   return Validator{busy}.check(n, v, literals, 0);
 }
@@ -240,7 +229,7 @@ bool number_unused(const Node& n, std::string_view text, bool integer, const std
   const std::string_view body = text.substr(neg ? 1 : 0);
   if (text.empty()) return side_unused(n, false, body, integer, seen) || side_unused(n, true, body, integer, seen);
   if (const size_t e = body.find_first_of("eE"); e != std::string_view::npos)  // (only unbounded numbers)
-    return parse_double(body.substr(0, e)) != 0 || !has(seen, "0");  // 0 times any power is 0
+    return parse_number_text(body.substr(0, e)) != 0 || !has(seen, "0");  // 0 times any power is 0
   return side_unused(n, neg, body, integer, seen);
 }
 

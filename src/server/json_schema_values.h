@@ -5,6 +5,7 @@
 // written yet (json_schema_values.cpp).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -27,6 +28,30 @@ bool validates(const JsonSchema::Node* n, const nlohmann::json& v, const std::fu
 // The distinct scalars (compared as validators do: 1 equals 1.0) that a value of n can be, where
 // they are at most cap; -1 where there are more, or no end.
 int64_t distinct(const JsonSchema::Node* n, int64_t cap);
+
+// A number's text as far as it is written (digits and a dot, no exponent; "12." reads as 12),
+// locale-independent.
+double parse_number_text(std::string_view text);
+
+// The magnitudes that a number whose text began as `body` (digits and a dot, no sign, no exponent)
+// can still end as, up to hi: fn(a, b) for each interval [a, b) of them, until it returns true.
+// They lie in [d 10^k, (d + 1) 10^k) for some k (digits d, no dot yet), or in [v, v + 10^-f) (a dot
+// and f digits after it: v); all of [0, inf) before a digit. The recognizer's bounds check
+// (json_schema_prefix.cpp) and the unique items' count of numbers left both read them.
+template <class F>
+bool magnitudes(std::string_view body, double hi, F&& fn) {
+  if (body.empty()) return fn(0.0, HUGE_VAL);
+  const size_t dot = body.find('.');
+  if (dot == std::string_view::npos) {
+    if (body == "0") return fn(0.0, 1.0);  // nothing but a fraction can follow a leading 0
+    const double d = parse_number_text(body);
+    for (double scale = 1.0; d * scale <= hi && std::isfinite(d * scale); scale *= 10.0)
+      if (fn(d * scale, (d + 1.0) * scale)) return true;
+    return false;
+  }
+  const double v = parse_number_text(body);
+  return fn(v, v + std::pow(10.0, -double(body.size() - dot - 1)));
+}
 
 // The canonical texts of the items written so far (JsonSchema::canonical), and an item to come:
 // - some value of n (alternatives included) is none of them;
