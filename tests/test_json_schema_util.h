@@ -272,6 +272,12 @@ inline std::string message(const char* schema) {
   return std::string();
 }
 
+// The compiler refuses the schema with a message that holds part.
+inline void expect_refused(const char* schema, const std::string& part) {
+  const std::string m = message(schema);
+  EXPECT_NE(m.find(part), std::string::npos) << schema << "\n" << m;
+}
+
 // Seeded walks through the schema's mask: each step's mask is each token tried alone and its text
 // a prefix the recognizer takes; returns how many walks wrote a whole value, each of which the
 // validator must accept.

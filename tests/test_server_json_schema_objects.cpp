@@ -201,19 +201,15 @@ TEST(JsonSchemaObjects, EnumValuesMeetTheKeyKeywords) {
 }
 
 TEST(JsonSchemaObjects, PropertyNamesRefusals) {
-  auto refused = [](const char* schema, const char* part) {
-    const std::string m = message(schema);
-    EXPECT_NE(m.find(part), std::string::npos) << schema << ": " << m;
-  };
-  refused(R"({"type":"object","propertyNames":{"format":"email"}})", "#/propertyNames: 'format' is not supported there");
-  refused(R"({"type":"object","propertyNames":{"anyOf":[{"maxLength":1}]}})", "#/propertyNames: 'anyOf' is not supported");
-  refused(R"({"type":"object","propertyNames":{"type":"integer"}})", "#/propertyNames/type: only \"string\"");
-  refused(R"x({"type":"object","propertyNames":{"pattern":"(?=a)"}})x", "#/propertyNames/pattern");
-  refused(R"({"type":"object","propertyNames":{"minLength":3,"maxLength":2}})", "maxLength is below minLength");
-  refused(R"({"type":"object","propertyNames":3})", "#/propertyNames: must be a schema");
-  refused(R"({"type":"object","propertyNames":{"pattern":"^[ab]$"},"minProperties":3})",
+  expect_refused(R"({"type":"object","propertyNames":{"format":"email"}})", "#/propertyNames: 'format' is not supported there");
+  expect_refused(R"({"type":"object","propertyNames":{"anyOf":[{"maxLength":1}]}})", "#/propertyNames: 'anyOf' is not supported");
+  expect_refused(R"({"type":"object","propertyNames":{"type":"integer"}})", "#/propertyNames/type: only \"string\"");
+  expect_refused(R"x({"type":"object","propertyNames":{"pattern":"(?=a)"}})x", "#/propertyNames/pattern");
+  expect_refused(R"({"type":"object","propertyNames":{"minLength":3,"maxLength":2}})", "maxLength is below minLength");
+  expect_refused(R"({"type":"object","propertyNames":3})", "#/propertyNames: must be a schema");
+  expect_refused(R"({"type":"object","propertyNames":{"pattern":"^[ab]$"},"minProperties":3})",
           "beside a 'propertyNames' that takes few names");
-  refused(R"({"properties":{"a":{}},"propertyNames":{"maxLength":1},"allOf":[{"propertyNames":{"maxLength":2}}]})",
+  expect_refused(R"({"properties":{"a":{}},"propertyNames":{"maxLength":1},"allOf":[{"propertyNames":{"maxLength":2}}]})",
           "'propertyNames' in two schemas of an allOf");
   EXPECT_EQ(message(R"({"type":"object","propertyNames":{"type":"string","title":"t","maxLength":4}})"), "");
 }
