@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -141,6 +142,19 @@ TEST(JsonMode, TheMaskLetsAnObjectBeWrittenAndEnded) {
   for (int32_t id : allowed(c, V)) EXPECT_EQ(tok.token_bytes(id)->front(), '{') << *tok.token_bytes(id);
 }
 
+// A byte-level BPE tokenizer with these tokens and no merges (ids in order), for masks over a
+// vocabulary whose tokens write several JSON parts at once.
+Tokenizer tokens_of(std::initializer_list<const char*> tokens, const char* name) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (const char* t : tokens) vocab[t] = int(vocab.size());
+  const nlohmann::json j = {
+      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"post_processor", nullptr}, {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  return Tokenizer::from_json_text(j.dump(), name);
+}
+
 // Seeded walks through a constraint's masks that go deep (up to the depth limit) and back out,
 // each step's mask checked against that of a new constraint fed the same tokens, which has kept
 // nothing. Returns the deepest nesting reached; `checked` counts the steps.
@@ -194,17 +208,11 @@ TEST(JsonMode, KeptMasksAreTheFreshOnes) {
   EXPECT_GE(walk_kept_masks(kjv_tokenizer(), 11, 6, checked), size_t(JsonPrefix::kMaxDepth) - 4);
   EXPECT_GT(checked, 1000);
 
-  nlohmann::json vocab = nlohmann::json::object();
-  for (const char* t : {"{", "[", "]", "}", "\"", "a", ":", ",", "1", "]]", "]}", "}]", "}}", "[[", "[{", "{\"",
-                        "\"a\":", "\"a\":[", "\"a\":{", "]]]]", "}}}}", "]}]}", "}]}]", "[[[[", "[{\"a\":[", "1]]",
-                        "1}", "\"]}", "true", ",1", "]}]"})
-    vocab[t] = int(vocab.size());
-  const nlohmann::json j = {
-      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"post_processor", nullptr}, {"decoder", {{"type", "ByteLevel"}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
-  const Tokenizer brackets = Tokenizer::from_json_text(j.dump(), "brackets");
+  const Tokenizer brackets =
+      tokens_of({"{", "[", "]", "}", "\"", "a", ":", ",", "1", "]]", "]}", "}]", "}}", "[[", "[{", "{\"", "\"a\":",
+                 "\"a\":[", "\"a\":{", "]]]]", "}}}}", "]}]}", "}]}]", "[[[[", "[{\"a\":[", "1]]", "1}", "\"]}", "true",
+                 ",1", "]}]"},
+                "brackets");
   checked = 0;
   EXPECT_EQ(walk_kept_masks(brackets, 3, 8, checked), size_t(JsonPrefix::kMaxDepth));
   EXPECT_GT(checked, 1000);
@@ -497,16 +505,9 @@ TEST(JsonMode, KeySetStaysShallowAndGoesFlat) {
 // tokens write whole keys; and the mask inside a key its object has already is each token tried
 // alone, never empty.
 TEST(JsonMode, MasksKnowTheKeysWritten) {
-  nlohmann::json vocab = nlohmann::json::object();
-  for (const char* t : {"{", "}", "[", "]", "\"", "a", "b", ":", ",", "1", "\"a\"", "\"b\"", "\"a\":", "\"b\":",
-                        ",\"a\":", ",\"b\":", "1,\"a\":1", "\"}", "\\u0061", "{\"a\":"})
-    vocab[t] = int(vocab.size());
-  const nlohmann::json j = {
-      {"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"normalizer", nullptr},
-      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}}},
-      {"post_processor", nullptr}, {"decoder", {{"type", "ByteLevel"}}},
-      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
-  const Tokenizer tok = Tokenizer::from_json_text(j.dump(), "keys");
+  const Tokenizer tok = tokens_of({"{", "}", "[", "]", "\"", "a", "b", ":", ",", "1", "\"a\"", "\"b\"", "\"a\":",
+                                   "\"b\":", ",\"a\":", ",\"b\":", "1,\"a\":1", "\"}", "\\u0061", "{\"a\":"},
+                                  "keys");
   const int64_t V = tok.vocab_size() + 1;
   const int32_t eos = int32_t(V - 1);
   auto id = [&tok](const char* t) { return *tok.token_to_id(t); };
