@@ -110,6 +110,8 @@ inline bool valid(const Json& v, const Json& s, const Json& root) {
     const std::string r = s["$ref"];
     if (!valid(v, root.at(Json::json_pointer(r.substr(1))), root)) return false;
   }
+  // not: its schema must not hold (checked before anyOf, which returns at once).
+  if (s.contains("not") && valid(v, s["not"], root)) return false;
   if (s.contains("anyOf")) {
     for (const Json& alt : s["anyOf"])
       if (valid(v, alt, root)) return true;
