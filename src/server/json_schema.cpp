@@ -87,11 +87,26 @@ class JsonSchema::Compiler {
   static bool annotation(const std::string& k) { return schema_merge::annotation(k); }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "not", "if", "then", "else", "dependentSchemas",
+        "if", "then", "else", "dependentSchemas",
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
     return kRefused.count(k) > 0;
   }
   static std::string part(const std::string& name) { return schema_merge::part(name); }
+  // A `type` keyword's value (a name or a list of names) as type bits ("number" takes integers too).
+  static uint8_t type_bits(const Json& t, const std::string& path) {
+    const Json names = t.is_array() ? t : Json::array({t});
+    if (names.empty()) fail("{}: an empty list of types", path);
+    uint8_t bits = 0;
+    for (const Json& name : names) {
+      static const std::map<std::string, uint8_t> kTypes = {
+          {"null", kNull},     {"boolean", kBoolean}, {"integer", kInteger}, {"number", kNumber | kInteger},
+          {"string", kString}, {"array", kArray},     {"object", kObject}};
+      const auto k = name.is_string() ? kTypes.find(name.get<std::string>()) : kTypes.end();
+      if (k == kTypes.end()) fail("{}: unknown type {}", path, name.dump());
+      bits |= k->second;
+    }
+    return bits;
+  }
   static int64_t count_of(const Json& v, const std::string& path) {
     if (!v.is_number_integer() || v.get<int64_t>() < 0) fail("{}: must be a non-negative integer", path);
     return v.get<int64_t>();
@@ -134,19 +149,8 @@ class JsonSchema::Compiler {
     for (auto it = s.begin(); it != s.end(); ++it)
       if (refused(it.key())) fail("{}: '{}' is not supported", path, it.key());
 
-    if (const auto t = s.find("type"); t != s.end()) {
-      n.types = 0;
-      const Json names = t->is_array() ? *t : Json::array({*t});
-      if (names.empty()) fail("{}/type: an empty list of types", path);
-      for (const Json& name : names) {
-        static const std::map<std::string, uint8_t> kTypes = {
-            {"null", kNull},     {"boolean", kBoolean}, {"integer", kInteger}, {"number", kNumber | kInteger},
-            {"string", kString}, {"array", kArray},     {"object", kObject}};
-        const auto k = name.is_string() ? kTypes.find(name.get<std::string>()) : kTypes.end();
-        if (k == kTypes.end()) fail("{}/type: unknown type {}", path, name.dump());
-        n.types |= k->second;
-      }
-    }
+    if (const auto t = s.find("type"); t != s.end()) n.types = type_bits(*t, path + "/type");
+    negation(n, s, path);
     // Numbers and strings (before enum, whose values out of bounds are dropped).
     bounds(n, s, path);
     strings(n, s, path);
@@ -246,6 +250,67 @@ class JsonSchema::Compiler {
 
     if (n.min_items > (1 << 20) || n.max_items > (1 << 20)) fail("{}: an item count above 2^20", path);
     literals(n, s, path);
+    if (!n.excluded.empty() && !n.has_literals && !schema_values::some_unused(&n, {}))
+      fail("{}/not: it excludes every value the schema's other keywords take", path);
+  }
+
+  // not: what its schema names (a type, const / enum scalars, both, or an anyOf of such) is taken
+  // out of n: types from n.types, scalars into n.excluded (each alternative of an anyOf excluded
+  // too: not (A or B) is (not A) and (not B)).
+  void negation(Node& n, const Json& s, const std::string& path) {
+    const auto it = s.find("not");
+    if (it == s.end()) return;
+    const std::string at = path + "/not";
+    auto unsupported = [&](const std::string& why) {
+      fail("{}: {}; 'not' is supported where its schema is a 'type', a 'const' or 'enum' of scalars, both, or an "
+           "'anyOf' of such", at, why);
+    };
+    std::vector<const Json*> alts = {&*it};
+    if (it->is_object() && it->contains("anyOf")) {
+      const Json& any = it->at("anyOf");
+      if (!any.is_array() || any.empty()) fail("{}/anyOf: must be a non-empty array of schemas", at);
+      for (auto k = it->begin(); k != it->end(); ++k)
+        if (k.key() != "anyOf" && !annotation(k.key())) unsupported("'" + part(k.key()) + "' beside its 'anyOf'");
+      alts.clear();
+      for (const Json& a : any) alts.push_back(&a);
+    }
+    for (const Json* a : alts) {
+      if (a->is_boolean()) {
+        if (a->get<bool>()) fail("{}: the schema true takes every value, so 'not' of it takes none", at);
+        continue;  // (not false: any value)
+      }
+      if (!a->is_object()) fail("{}: a schema must be an object or a boolean", at);
+      uint8_t named = kAnyType;
+      bool listed = false, said = false;
+      for (auto k = a->begin(); k != a->end(); ++k) {
+        if (annotation(k.key())) continue;
+        if (k.key() != "type" && k.key() != "const" && k.key() != "enum") unsupported("'" + part(k.key()) + "' in it");
+        said = true;
+      }
+      if (!said) fail("{}: its schema takes every value, so 'not' of it takes none", at);
+      if (const auto t = a->find("type"); t != a->end()) named = type_bits(*t, at + "/type");
+      if (a->contains("enum") && a->contains("const")) fail("{}: both 'enum' and 'const'", at);
+      if (a->contains("enum") || a->contains("const")) {
+        const Json values = a->contains("const") ? Json::array({a->at("const")}) : a->at("enum");
+        if (!values.is_array()) fail("{}/enum: must be an array", at);
+        listed = true;
+        for (const Json& v : values) {
+          // (Not of both: only the values of its types. An object or array only where n takes one.)
+          if (!(type_of(v) & named) || !(type_of(v) & n.types)) continue;
+          if (v.is_structured()) unsupported("an object or array value in it");
+          n.excluded.push_back(canonical(v.dump()));
+        }
+      }
+      if (listed) continue;
+      // A type taken out. Integers alone, where numbers with a fraction stay, would leave the
+      // numbers whose value has a fraction: not a set this recognizer writes.
+      if ((named & kInteger) && !(named & kNumber) && (n.types & kNumber))
+        unsupported("'integer' where other numbers are allowed");
+      n.types &= uint8_t(~named);
+    }
+    std::sort(n.excluded.begin(), n.excluded.end());
+    n.excluded.erase(std::unique(n.excluded.begin(), n.excluded.end()), n.excluded.end());
+    if (n.types == 0) fail("{}: it excludes every type the schema allows", at);
   }
 
   // enum / const: the values that every other keyword of the schema takes, as a validator applies

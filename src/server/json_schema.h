@@ -49,7 +49,13 @@
 //   email are written as format checkers accept them; other formats are annotations (as the
 //   standard's default vocabulary has all of them), as are title, description, default,
 //   examples, $schema, $id, $comment, ...
-// Keywords that would constrain values in other ways (not, if, contains of other schemas, dependentSchemas,
+// - not, where its schema is a type, a const or enum of scalars, both (the listed values of those
+//   types), or an anyOf of such: the types it names are taken out (integer only where numbers
+//   with a fraction are not allowed), and a value never ends equal to a listed one (compared as
+//   validators do, 1 equal to 1.0); a string or number goes on only while it can still end as
+//   another value (as with unique items), so no text dead-ends on it. In an allOf, the `not`s of
+//   the members hold together.
+// Keywords that would constrain values in other ways (not of other schemas, if, contains of other schemas, dependentSchemas,
 // schemas as draft 7 dependencies, unevaluatedProperties, ...) are refused, with the keyword named:
 // the server never claims a constraint it does not enforce.
 //
@@ -94,6 +100,8 @@ class JsonSchema {
     uint8_t types = kAnyType;
     bool has_literals = false;          // enum / const: the value is one of literals
     std::vector<std::string> literals;  // compact texts, sorted
+    // not (of const / enum scalars): the values a value may not equal (canonical texts, sorted).
+    std::vector<std::string> excluded;
     std::vector<const Node*> any_of;    // when not empty: one of these (and nothing else)
     // Objects.
     std::vector<std::string> names;  // declared properties
@@ -234,7 +242,9 @@ class SchemaPrefix {
     int32_t lo = 0, hi = 0;  // kLiteral: the texts that start with what came
     const Node* value = nullptr;  // kObject after a key: its value's schema
     const std::vector<std::string>* texts = nullptr;  // kLiteral
-    bool capture = false;  // kString / kNumber: an item of an array with unique items, kept in item
+    // kString / kNumber: its text so far, kept in item: an item of an array with unique items or
+    // beside contains, or a value of a node with `not`.
+    bool capture = false;
     std::string item;
     std::shared_ptr<const std::vector<std::string>> items_seen;  // kArray with unique items: theirs
     std::string key_text;  // kObject in another key: its text so far (escapes read), as UTF-8
@@ -278,14 +288,23 @@ class SchemaPrefix {
   // An item the array may not take next: equal to an earlier one (uniqueItems), or matching
   // contains where no more may match.
   static bool barred(const Frame& array, const std::string& text);
-  static bool literal_barred(const Thread& t);  // the literal on top can only be a barred item
-  // The string f (on top of t) can only end as a barred item: with unique items, every string it
-  // can still become was written; beside contains, only its closing quote can come.
+  // The literal on top can only be a barred item, or a value its node's `not` excludes.
+  static bool literal_barred(const Thread& t);
+  static const Frame* below_top(const Thread& t);  // the frame under the top one; null: none
+  // The values a scalar of node n (an item of array, or about to be; array null: none) may not
+  // end as: the items written of an array with unique items (then unique), and what n's `not`
+  // excludes; both holds them where there are both. Null: none such.
+  static const std::vector<std::string>* avoided(const Frame* array, const Node& n, std::vector<std::string>& both,
+                                                 bool& unique);
+  // The string f (on top of t) can only end as a barred item or an excluded value: every string
+  // it can still become was written (unique items) or is excluded (not); beside contains, only
+  // its closing quote can come.
   static bool closing_barred(const Thread& t, const Frame& f);
-  static bool string_barred(const Frame& array, const Frame& f);  // f an item of array (or about to be)
-  // The number f (an item of array) can only end as a barred item: with unique items, every number
-  // it can still become was written; beside contains, an integer's 0 or -0.
-  static bool number_barred(const Frame& array, const Frame& f);
+  static bool string_barred(const Frame* array, const Frame& f);  // f an item of array (or about to be; null: none)
+  // The number f (an item of array; null: none) can only end as a barred item or an excluded
+  // value: every number it can still become was written (unique items) or is excluded (not);
+  // beside contains, an integer's 0 or -0.
+  static bool number_barred(const Frame* array, const Frame& f);
   // The array a with contains: the next item may match it, may match none of it.
   static bool may_match(const Node& n, const Frame& a);
   static bool may_avoid(const Node& n, const Frame& a);

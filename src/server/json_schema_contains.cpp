@@ -68,6 +68,7 @@ bool takes(const Node* n, const Json& v, int depth) {
     return std::any_of(n->literals.begin(), n->literals.end(),
                        [&](const std::string& t) { return JsonSchema::canonical(t) == canon; });
   if (!(n->types & JsonSchema::type_of(v))) return false;
+  if (std::binary_search(n->excluded.begin(), n->excluded.end(), canon)) return false;  // (not)
   if (v.is_number() && !n->within(v.get<double>())) return false;
   return !v.is_string() || string_fits(*n, v);
 }
@@ -120,7 +121,11 @@ bool avoidable(const Node* n, const std::vector<Json>& values, const std::vector
   if (n->types & (JsonSchema::kObject | JsonSchema::kArray | JsonSchema::kString | JsonSchema::kNumber |
                   JsonSchema::kInteger))
     return true;
-  auto free = [&](const char* text) { return !std::binary_search(canon.begin(), canon.end(), std::string(text)); };
+  auto free = [&](const char* text) {  // (a value not excludes is not written either)
+    const std::string t(text);
+    return !std::binary_search(canon.begin(), canon.end(), t) &&
+           !std::binary_search(n->excluded.begin(), n->excluded.end(), t);
+  };
   if ((n->types & JsonSchema::kBoolean) && (free("true") || free("false"))) return true;
   return (n->types & JsonSchema::kNull) && free("null");
 }

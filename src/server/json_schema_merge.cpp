@@ -166,6 +166,14 @@ class Merger {
           for (const Json& name : *d)
             if (std::find(mine->begin(), mine->end(), name) == mine->end()) mine->push_back(name);
         }
+      } else if (k == "not") {  // (not A) and (not B): not (A or B)
+        Json alts = Json::array();
+        for (const Json* x : {static_cast<const Json*>(&*have), &v}) {
+          bool any = x->is_object() && x->contains("anyOf") && (*x)["anyOf"].is_array();  // (beside annotations)
+          for (auto it = x->begin(); any && it != x->end(); ++it) any = it.key() == "anyOf" || annotation(it.key());
+          for (const Json& alt : any ? (*x)["anyOf"] : Json::array({*x})) alts.push_back(alt);
+        }
+        out[k] = Json{{"anyOf", alts}};
       } else if (k == "uniqueItems" && have->is_boolean() && v.is_boolean()) {
         out[k] = have->get<bool>() || v.get<bool>();
       } else if (k == "multipleOf" && have->is_number_integer() && v.is_number_integer() && have->get<int64_t>() > 0 &&

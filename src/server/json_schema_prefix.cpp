@@ -17,6 +17,12 @@ namespace dsi::server {
 namespace {
 const std::vector<std::string> kBooleans = {"false", "true"};
 const std::vector<std::string> kNulls = {"null"};
+const std::vector<std::string> kNoItems;
+
+// The value `text` (a scalar's JSON text) is one that the node's `not` excludes.
+bool excluded(const JsonSchema::Node& n, const std::string& text) {
+  return !n.excluded.empty() && std::binary_search(n.excluded.begin(), n.excluded.end(), JsonSchema::canonical(text));
+}
 
 // Whether a number that began as `text` (no exponent) can still end within the node's bounds: the
 // magnitudes it can reach (schema_values::magnitudes) against them, mirrored for a minus sign.
@@ -68,7 +74,7 @@ bool SchemaPrefix::push_in_place(unsigned char c) {
         Frame g = f;
         g.num = num;
         g.item += char(c);
-        if (t.stack.size() >= 2 && number_barred(t.stack[t.stack.size() - 2], g)) return false;
+        if (number_barred(below_top(t), g)) return false;
       }
       f.num = num;
       if (f.capture) f.item += char(c);
@@ -267,9 +273,12 @@ bool SchemaPrefix::complete() const {
     const Frame& f = t.stack[0];
     // A root scalar that ends with the text: a number, an enum value that is whole.
     if (f.kind == Kind::kNumber && f.num.whole() &&
-        (!f.node->bounded() || within_bounds(std::string_view(f.num_text, f.num_len), *f.node)))
+        (!f.node->bounded() || within_bounds(std::string_view(f.num_text, f.num_len), *f.node)) &&
+        !excluded(*f.node, f.item))
       return true;
-    if (f.kind == Kind::kLiteral && (*f.texts)[size_t(f.lo)].size() == size_t(f.count)) return true;
+    if (f.kind == Kind::kLiteral && (*f.texts)[size_t(f.lo)].size() == size_t(f.count) &&
+        !excluded(*f.node, (*f.texts)[size_t(f.lo)]))
+      return true;
   }
   return false;
 }
@@ -415,37 +424,59 @@ bool SchemaPrefix::barred(const Frame& array, const std::string& text) {
   return n.has_contains && !may_match(n, array) && matches_contains(n, canon);
 }
 
-bool SchemaPrefix::closing_barred(const Thread& t, const Frame& f) {
-  if (t.stack.size() < 2) return false;
-  return string_barred(t.stack[t.stack.size() - 2], f);
+const SchemaPrefix::Frame* SchemaPrefix::below_top(const Thread& t) {
+  return t.stack.size() >= 2 ? &t.stack[t.stack.size() - 2] : nullptr;
 }
 
-bool SchemaPrefix::string_barred(const Frame& array, const Frame& f) {
+bool SchemaPrefix::closing_barred(const Thread& t, const Frame& f) { return string_barred(below_top(t), f); }
+
+const std::vector<std::string>* SchemaPrefix::avoided(const Frame* array, const Node& n, std::vector<std::string>& both,
+                                                      bool& unique) {
+  unique = array != nullptr && array->node->unique;
+  const std::vector<std::string>& items = unique && array->items_seen ? *array->items_seen : kNoItems;
+  const std::vector<std::string>& seen = schema_values::avoided(n, items, both);
+  return seen.empty() ? nullptr : &seen;
+}
+
+bool SchemaPrefix::string_barred(const Frame* array, const Frame& f) {
   const Node& n = *f.node;
-  // Unique items: every string it can still end as was written (json_schema_values.cpp).
-  if (array.kind == Kind::kArray && array.node->unique)
-    return array.items_seen && !schema_values::string_unused(n, std::string_view(f.item).substr(1), *array.items_seen);
+  if (array != nullptr && array->kind != Kind::kArray) array = nullptr;
+  // Unique items and not: every string it can still end as is one of them (json_schema_values.cpp).
+  std::vector<std::string> both;
+  bool unique = false;
+  if (const auto* seen = avoided(array, n, both, unique);
+      seen != nullptr && !schema_values::string_unused(n, std::string_view(f.item).substr(1), *seen))
+    return true;
+  if (unique || array == nullptr) return false;  // (contains is never beside unique items)
   // contains: only the closing quote can come (the length's or the pattern's end), and the string
   // so made is barred.
   if (!f.str.at_rest()) return false;
   const bool full = (n.max_length >= 0 && f.count >= n.max_length) || (n.pattern && n.pattern->max_left(f.pat) == 0);
-  return full && barred(array, f.item + '"');
+  return full && barred(*array, f.item + '"');
 }
 
-bool SchemaPrefix::number_barred(const Frame& array, const Frame& f) {
-  if (array.kind == Kind::kArray && array.node->unique)  // every number it can still become was written
-    return array.items_seen && !schema_values::number_unused(*f.node, f.item, f.num.integer, *array.items_seen);
+bool SchemaPrefix::number_barred(const Frame* array, const Frame& f) {
+  if (array != nullptr && array->kind != Kind::kArray) array = nullptr;
+  // Unique items and not: every number it can still become is one of them.
+  std::vector<std::string> both;
+  bool unique = false;
+  if (const auto* seen = avoided(array, *f.node, both, unique);
+      seen != nullptr && !schema_values::number_unused(*f.node, f.item, f.num.integer, *seen))
+    return true;
+  if (unique || array == nullptr) return false;
   // An integer's leading 0 takes nothing more: the item is 0.
-  return f.num.integer && f.num.at == JsonNumberScan::At::kZero && barred(array, f.item);
+  return f.num.integer && f.num.at == JsonNumberScan::At::kZero && barred(*array, f.item);
 }
 
 bool SchemaPrefix::literal_barred(const Thread& t) {
-  // Every text the literal on top can still become is barred.
-  if (t.stack.size() < 2) return false;
+  // Every text the literal on top can still become is barred (by the array it is an item of) or
+  // excluded (by its node's not).
   const Frame& f = t.stack.back();
-  const Frame& array = t.stack[t.stack.size() - 2];
-  for (int32_t i = f.lo; i < f.hi; ++i)
-    if (!barred(array, (*f.texts)[size_t(i)])) return false;
+  const Frame* array = below_top(t);
+  for (int32_t i = f.lo; i < f.hi; ++i) {
+    const std::string& text = (*f.texts)[size_t(i)];
+    if (!(array != nullptr && barred(*array, text)) && !excluded(*f.node, text)) return false;
+  }
   return true;
 }
 
@@ -480,8 +511,10 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
   t.space_run = 0;
   Frame f;
   f.node = node;
-  if (!t.stack.empty() && t.stack.back().kind == Kind::kArray &&
-      (t.stack.back().node->unique || !t.stack.back().node->contains_values.empty())) {
+  const Frame* parent = t.stack.empty() ? nullptr : &t.stack.back();
+  if ((parent != nullptr && parent->kind == Kind::kArray &&
+       (parent->node->unique || !parent->node->contains_values.empty())) ||
+      !node->excluded.empty()) {
     f.capture = true;  // (a literal's text is its own)
     f.item = std::string(1, char(c));
   }
@@ -512,7 +545,7 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
     case '"':
       if (!(ty & JsonSchema::kString)) return;
       f.kind = Kind::kString;
-      if (f.capture && string_barred(t.stack.back(), f)) return;
+      if (f.capture && string_barred(parent, f)) return;
       break;
     case 't':
     case 'f':
@@ -525,7 +558,7 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
       if (!JsonNumberScan::starts(c) || !(ty & (JsonSchema::kInteger | JsonSchema::kNumber))) return;
       f.kind = Kind::kNumber;
       f.num = JsonNumberScan(c, !(ty & JsonSchema::kNumber));
-      if (f.capture && number_barred(t.stack.back(), f)) return;
+      if (f.capture && number_barred(parent, f)) return;
       if (node->bounded()) {
         f.num_text[0] = char(c);
         f.num_len = 1;
@@ -684,7 +717,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
         if (n.pattern && !n.pattern->accepts(f.pat)) return;
         const std::string item = f.capture ? f.item + '"' : std::string();
         t.stack.pop_back();
-        if (!item.empty() && !item_ends(t, item)) return;
+        if (!item.empty() && (excluded(n, item) || !item_ends(t, item))) return;
         end_value(t);
         t.space_run = 0;
         out.push_back(std::move(t));
@@ -706,13 +739,13 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
             f.num_text[f.num_len++] = char(c);
             if (!may_reach(std::string_view(f.num_text, f.num_len), f.num.integer, n)) return;
           }
-          if (f.capture && (f.item += char(c), number_barred(t.stack[t.stack.size() - 2], f))) return;
+          if (f.capture && (f.item += char(c), number_barred(below_top(t), f))) return;
           return keep();
         case JsonNumberScan::Step::kEnded: {
           if (n.bounded() && !within_bounds(std::string_view(f.num_text, f.num_len), n)) return;
           const std::string item = f.capture ? f.item : std::string();
           t.stack.pop_back();
-          if (!item.empty() && !item_ends(t, item)) return;
+          if (!item.empty() && (excluded(n, item) || !item_ends(t, item))) return;
           end_value(t);
           return step_top(std::move(t), c, out);  // c belongs to what follows the number
         }
@@ -724,7 +757,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
       if (texts[size_t(f.lo)].size() == at) {  // a whole value: c may follow it (another reading)
         Thread ended = t;
         ended.stack.pop_back();
-        if (item_ends(ended, texts[size_t(f.lo)])) {
+        if (!excluded(n, texts[size_t(f.lo)]) && item_ends(ended, texts[size_t(f.lo)])) {
           end_value(ended);
           step_top(std::move(ended), c, out);
         }

@@ -53,6 +53,9 @@ struct Validator {
     if (literals && n->has_literals)  // (a list already filtered by the rest of its schema)
       return std::any_of(n->literals.begin(), n->literals.end(), [&](const std::string& t) { return Json::parse(t) == v; });
     if (!(n->types & JsonSchema::type_of(v))) return false;
+    if (!n->excluded.empty() && !v.is_structured() &&
+        std::binary_search(n->excluded.begin(), n->excluded.end(), JsonSchema::canonical(v.dump())))
+      return false;
     if (v.is_number()) return n->within(v.get<double>());
     if (v.is_string()) {
       const std::u32string text = JsonSchema::code_points(v.get_ref<const std::string&>());
@@ -267,14 +270,26 @@ bool string_unused(const Node& n, std::string_view raw, const std::vector<std::s
   return walk.go(q, chars, k == 0 && scan.at_rest() ? nullptr : ranges, k) != 0;
 }
 
-bool some_unused(const Node* n, const std::vector<std::string>& seen) {
-  if (n == nullptr || seen.empty()) return true;
+const std::vector<std::string>& avoided(const Node& n, const std::vector<std::string>& items,
+                                        std::vector<std::string>& both) {
+  if (n.excluded.empty()) return items;
+  if (items.empty()) return n.excluded;
+  both = items;
+  both.insert(both.end(), n.excluded.begin(), n.excluded.end());
+  return both;
+}
+
+bool some_unused(const Node* n, const std::vector<std::string>& items) {
+  if (n == nullptr) return true;
   for (int hops = 0; n->any_of.size() == 1 && hops < 64; ++hops) n = n->any_of[0];
   if (!n->any_of.empty())
-    return std::any_of(n->any_of.begin(), n->any_of.end(), [&](const Node* a) { return some_unused(a, seen); });
-  if (n->has_literals)
+    return std::any_of(n->any_of.begin(), n->any_of.end(), [&](const Node* a) { return some_unused(a, items); });
+  if (n->has_literals)  // (a list without the values not excludes)
     return std::any_of(n->literals.begin(), n->literals.end(),
-                       [&](const std::string& t) { return !has(seen, JsonSchema::canonical(t)); });
+                       [&](const std::string& t) { return !has(items, JsonSchema::canonical(t)); });
+  std::vector<std::string> both;
+  const std::vector<std::string>& seen = avoided(*n, items, both);
+  if (seen.empty()) return true;
   const uint8_t t = n->types;
   if (t & (JsonSchema::kObject | JsonSchema::kArray)) return true;
   if ((t & JsonSchema::kNull) && !has(seen, "null")) return true;
@@ -289,6 +304,16 @@ int64_t distinct(const Node* n, int64_t cap) {
   const auto most = size_t(cap);
   std::function<bool(const Node*, int)> collect = [&](const Node* x, int depth) {  // false: too many
     if (x == nullptr || ++depth > 64) return false;
+    if (!x->excluded.empty() && !x->has_literals) {  // its own values, less what not excludes
+      std::set<std::string> others;
+      others.swap(values);
+      Node plain = *x;
+      plain.excluded.clear();
+      const bool few = collect(&plain, depth);
+      for (const std::string& e : x->excluded) values.erase(e);
+      values.insert(others.begin(), others.end());
+      return few && values.size() <= most;
+    }
     if (!x->any_of.empty())
       return std::all_of(x->any_of.begin(), x->any_of.end(), [&](const Node* a) { return collect(a, depth); });
     if (x->has_literals) {

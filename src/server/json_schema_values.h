@@ -53,6 +53,11 @@ bool magnitudes(std::string_view body, double hi, F&& fn) {
   return fn(v, v + std::pow(10.0, -double(body.size() - dot - 1)));
 }
 
+// The values an item of n may not end as: the items written so far (canonical texts) and those
+// n's `not` excludes; `both` holds them where there are both.
+const std::vector<std::string>& avoided(const JsonSchema::Node& n, const std::vector<std::string>& items,
+                                        std::vector<std::string>& both);
+
 // The canonical texts of the items written so far (JsonSchema::canonical), and an item to come:
 // - some value of n (alternatives included) is none of them;
 bool some_unused(const JsonSchema::Node* n, const std::vector<std::string>& seen);
