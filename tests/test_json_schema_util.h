@@ -112,6 +112,12 @@ inline bool valid(const Json& v, const Json& s, const Json& root) {
   }
   // not: its schema must not hold (checked before anyOf, which returns at once).
   if (s.contains("not") && valid(v, s["not"], root)) return false;
+  // if / then / else: then where the value takes if, else where it does not; neither without if.
+  if (s.contains("if")) {
+    const bool took = valid(v, s["if"], root);
+    if (took && s.contains("then") && !valid(v, s["then"], root)) return false;
+    if (!took && s.contains("else") && !valid(v, s["else"], root)) return false;
+  }
   if (s.contains("anyOf")) {
     for (const Json& alt : s["anyOf"])
       if (valid(v, alt, root)) return true;

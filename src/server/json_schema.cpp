@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -87,7 +88,7 @@ class JsonSchema::Compiler {
   static bool annotation(const std::string& k) { return schema_merge::annotation(k); }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "if", "then", "else", "dependentSchemas",
+        "dependentSchemas",
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
     return kRefused.count(k) > 0;
   }
@@ -122,6 +123,11 @@ class JsonSchema::Compiler {
         return;
       }
     }
+    // if / then / else: rewritten as alternatives (json_schema_merge.cpp), then compiled.
+    if (s.contains("if") || s.contains("then") || s.contains("else")) {
+      n.any_of.push_back(compile(schema_merge::merge(root_, s, path, merges_), path));
+      return;
+    }
     if (s.contains("$ref") && schema_merge::constrains_beside(s, "$ref")) {
       n.any_of.push_back(compile(schema_merge::merge(root_, s, path, merges_), path));
       return;
@@ -141,7 +147,19 @@ class JsonSchema::Compiler {
         n.any_of.push_back(compile(v[0], at + "/0"));
       } else {
         if (!v.is_array() || v.empty()) fail("{}: must be a non-empty array of schemas", at);
-        for (size_t i = 0; i < v.size(); ++i) n.any_of.push_back(compile(v[i], at + "/" + std::to_string(i)));
+        std::optional<schema_merge::EmptySchema> none;  // (an alternative that takes no value is left out)
+        for (size_t i = 0; i < v.size(); ++i) {
+          const auto refs = refs_;  // (a failed compile leaves nodes half-filled: none may be found later)
+          const int depth = depth_;
+          try {
+            n.any_of.push_back(compile(v[i], at + "/" + std::to_string(i)));
+          } catch (const schema_merge::EmptySchema& e) {
+            refs_ = refs;
+            depth_ = depth;
+            if (!none) none = e;
+          }
+        }
+        if (n.any_of.empty()) throw *none;
         if (std::string(alone) == "oneOf") exclusive(n.any_of, at);
       }
       return;
@@ -184,9 +202,10 @@ class JsonSchema::Compiler {
         std::vector<Json> all = {it.value()};
         for (uint32_t set = matched(n, it.key()); set != 0; set &= set - 1)
           all.push_back(*pattern_schemas[size_t(std::countr_zero(set))]);
-        if (all.size() > 1 && std::any_of(all.begin() + 1, all.end(), [](const Json& x) { return x == Json(false); })) {
-          n.banned |= uint64_t(1) << (n.names.size() - 1);  // (a pattern it matches takes no value)
-          bans[n.names.size() - 1] = "a 'patternProperties' schema its name matches is false";
+        if (std::any_of(all.begin(), all.end(), [](const Json& x) { return x == Json(false); })) {
+          n.banned |= uint64_t(1) << (n.names.size() - 1);  // (the key takes no value: it never comes)
+          bans[n.names.size() - 1] = it.value() == Json(false) ? "its schema is false"
+                                                                 : "a 'patternProperties' schema its name matches is false";
           n.props.push_back(out_.any_);
           continue;
         }
@@ -214,16 +233,16 @@ class JsonSchema::Compiler {
       if (!n.dependents.empty()) n.required |= n.dependents[size_t(std::countr_zero(r))];
     if (const uint64_t never = n.required & n.banned; never != 0) {
       const auto i = size_t(std::countr_zero(never));
-      fail("{}/required: {} is required (or needed by a required property), but {}", path, Json(n.names[i]).dump(), bans[i]);
+      schema_merge::fail_empty("{}/required: {} is required (or needed by a required property), but {}", path, Json(n.names[i]).dump(), bans[i]);
     }
     if (const auto m = s.find("minProperties"); m != s.end()) n.min_props = count_of(*m, path + "/minProperties");
     if (const auto m = s.find("maxProperties"); m != s.end()) n.max_props = count_of(*m, path + "/maxProperties");
-    if (n.max_props >= 0 && n.max_props < n.min_props) fail("{}: maxProperties is below minProperties", path);
+    if (n.max_props >= 0 && n.max_props < n.min_props) schema_merge::fail_empty("{}: maxProperties is below minProperties", path);
     if (n.max_props >= 0 && std::popcount(n.required) > n.max_props)
       fail("{}: more properties are required than maxProperties allows", path);
     const auto allowed = int64_t(n.names.size()) - std::popcount(n.banned);
     if (!n.others && n.min_props > allowed)
-      fail("{}: minProperties is above the {} properties the object may have", path, allowed);
+      schema_merge::fail_empty("{}: minProperties is above the {} properties the object may have", path, allowed);
     // Each other key comes at most once: where propertyNames leaves them few names (a pattern with
     // no loop, or one beside maxLength), they could run out before minProperties.
     if (n.others && n.min_props > allowed &&
@@ -238,10 +257,10 @@ class JsonSchema::Compiler {
     if (const auto m = s.find("maxItems"); m != s.end()) n.max_items = count_of(*m, path + "/maxItems");
     if (!n.more_items) {  // no item past the prefix
       const auto most = int64_t(n.prefix_items.size());
-      if (n.min_items > most) fail("{}: minItems is above the {} items the array may have", path, most);
+      if (n.min_items > most) schema_merge::fail_empty("{}: minItems is above the {} items the array may have", path, most);
       n.max_items = n.max_items < 0 ? most : std::min(n.max_items, most);
     }
-    if (n.max_items >= 0 && n.max_items < n.min_items) fail("{}: maxItems is below minItems", path);
+    if (n.max_items >= 0 && n.max_items < n.min_items) schema_merge::fail_empty("{}: maxItems is below minItems", path);
     if (const auto u = s.find("uniqueItems"); u != s.end()) {
       if (!u->is_boolean()) fail("{}/uniqueItems: must be a boolean", path);
       if (u->get<bool>()) unique(n, path);
@@ -251,7 +270,7 @@ class JsonSchema::Compiler {
     if (n.min_items > (1 << 20) || n.max_items > (1 << 20)) fail("{}: an item count above 2^20", path);
     literals(n, s, path);
     if (!n.excluded.empty() && !n.has_literals && !schema_values::some_unused(&n, {}))
-      fail("{}/not: it excludes every value the schema's other keywords take", path);
+      schema_merge::fail_empty("{}/not: it excludes every value the schema's other keywords take", path);
   }
 
   // not: what its schema names (a type, const / enum scalars, both, or an anyOf of such) is taken
@@ -270,7 +289,7 @@ class JsonSchema::Compiler {
       const Json& any = it->at("anyOf");
       if (!any.is_array() || any.empty()) fail("{}/anyOf: must be a non-empty array of schemas", at);
       for (auto k = it->begin(); k != it->end(); ++k)
-        if (k.key() != "anyOf" && !annotation(k.key())) unsupported("'" + part(k.key()) + "' beside its 'anyOf'");
+        if (k.key() != "anyOf" && !annotation(k.key())) unsupported(fmt::format("'{}' beside its 'anyOf'", part(k.key())));
       alts.clear();
       for (const Json& a : any) alts.push_back(&a);
     }
@@ -284,7 +303,7 @@ class JsonSchema::Compiler {
       bool listed = false, said = false;
       for (auto k = a->begin(); k != a->end(); ++k) {
         if (annotation(k.key())) continue;
-        if (k.key() != "type" && k.key() != "const" && k.key() != "enum") unsupported("'" + part(k.key()) + "' in it");
+        if (k.key() != "type" && k.key() != "const" && k.key() != "enum") unsupported(fmt::format("'{}' in it", part(k.key())));
         said = true;
       }
       if (!said) fail("{}: its schema takes every value, so 'not' of it takes none", at);
@@ -310,7 +329,7 @@ class JsonSchema::Compiler {
     }
     std::sort(n.excluded.begin(), n.excluded.end());
     n.excluded.erase(std::unique(n.excluded.begin(), n.excluded.end()), n.excluded.end());
-    if (n.types == 0) fail("{}: it excludes every type the schema allows", at);
+    if (n.types == 0) schema_merge::fail_empty("{}: it excludes every type the schema allows", at);
   }
 
   // enum / const: the values that every other keyword of the schema takes, as a validator applies
@@ -333,7 +352,7 @@ class JsonSchema::Compiler {
         if (schema_values::validates(&n, Json::parse(t), busy, false)) kept.push_back(t);
       n.literals = std::move(kept);
     }
-    if (n.literals.empty()) fail("{}: no value of 'enum' meets the schema's other keywords", path);
+    if (n.literals.empty()) schema_merge::fail_empty("{}: no value of 'enum' meets the schema's other keywords", path);
   }
 
   // contains (json_schema_contains.cpp): without it minContains and maxContains say nothing, and
@@ -597,7 +616,7 @@ class JsonSchema::Compiler {
     };
     if (!some(false)) n.types &= uint8_t(~(kNumber | kInteger));
     else if (!some(true) && !(n.types & kNumber)) n.types &= uint8_t(~kInteger);
-    if (n.types == 0) fail("{}: no value of the schema's type lies within its bounds", path);
+    if (n.types == 0) schema_merge::fail_empty("{}: no value of the schema's type lies within its bounds", path);
   }
 
   // A format's strings as a pattern of the whole string (RFC 3339 dates and times, without leap
@@ -663,7 +682,7 @@ class JsonSchema::Compiler {
     n.unique = true;
     if (n.prefix_items.empty() && n.items != nullptr) n.distinct = schema_values::distinct(n.items, kMaxDistinct);
     if (n.distinct >= 0 && n.min_items > n.distinct)
-      fail("{}: minItems is above the {} distinct items there can be", path, n.distinct);
+      schema_merge::fail_empty("{}: minItems is above the {} distinct items there can be", path, n.distinct);
   }
   static bool scalar(const Node* n, int depth) {
     n = unwrap(n);
@@ -678,7 +697,7 @@ class JsonSchema::Compiler {
   static void strings(Node& n, const Json& s, const std::string& path) {
     if (const auto m = s.find("minLength"); m != s.end()) n.min_length = count_of(*m, path + "/minLength");
     if (const auto m = s.find("maxLength"); m != s.end()) n.max_length = count_of(*m, path + "/maxLength");
-    if (n.max_length >= 0 && n.max_length < n.min_length) fail("{}: maxLength is below minLength", path);
+    if (n.max_length >= 0 && n.max_length < n.min_length) schema_merge::fail_empty("{}: maxLength is below minLength", path);
     if (n.min_length > (1 << 20) || n.max_length > (1 << 20)) fail("{}: a length above 2^20", path);
     const auto p = s.find("pattern");
     if (p != s.end()) {
@@ -692,7 +711,7 @@ class JsonSchema::Compiler {
     if (n.max_length >= 0 && shortest > n.max_length && (n.types & kString))
       fail("{}: the pattern takes at least {} characters, above maxLength", path, shortest);
     if (longest != JsonPattern::kUnbounded && longest < n.min_length && (n.types & kString))
-      fail("{}: the pattern takes at most {} characters, below minLength", path, longest);
+      schema_merge::fail_empty("{}: the pattern takes at most {} characters, below minLength", path, longest);
   }
 
   // oneOf is read as anyOf where no value can match two of its alternatives, as far as the

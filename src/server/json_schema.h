@@ -54,8 +54,16 @@
 //   with a fraction are not allowed), and a value never ends equal to a listed one (compared as
 //   validators do, 1 equal to 1.0); a string or number goes on only while it can still end as
 //   another value (as with unique items), so no text dead-ends on it. In an allOf, the `not`s of
-//   the members hold together.
-// Keywords that would constrain values in other ways (not of other schemas, if, contains of other schemas, dependentSchemas,
+//   the members hold together;
+// - if / then / else, where if is what not takes, or an object's properties of such with required
+//   (type object or none): rewritten (json_schema_merge.cpp) as the rest and an anyOf of (if and
+//   then) and (not-if and else), not-if spelled as an object with one of those properties
+//   excluded or one of the required names absent (those the rest requires anyway left out), or
+//   no object; then and else without if say nothing;
+// - a property whose schema is false: the key never comes (a required one is refused);
+// - an alternative (anyOf, oneOf, a branch of if) that takes no value, alone or merged with an
+//   allOf's other members, is left out where others remain (schema_merge::EmptySchema).
+// Keywords that would constrain values in other ways (not or if of other schemas, contains of other schemas, dependentSchemas,
 // schemas as draft 7 dependencies, unevaluatedProperties, ...) are refused, with the keyword named:
 // the server never claims a constraint it does not enforce.
 //

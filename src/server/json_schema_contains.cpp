@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "dsinfer/error.h"
+#include "server/json_schema_merge.h"
 
 namespace dsi::server {
 
@@ -147,13 +148,13 @@ void setup(Node& n, const Node* contains, Node& matching, int64_t min_contains, 
       if (t[0] != '[' || (count >= min_contains && (max_contains < 0 || count <= max_contains))) kept.push_back(t);
     }
     n.literals = std::move(kept);
-    if (n.literals.empty()) fail("{}: no value of 'enum' meets the schema's other keywords", path);
+    if (n.literals.empty()) schema_merge::fail_empty("{}: no value of 'enum' meets the schema's other keywords", path);
   };
   if (contains == nullptr) {  // true: every item matches, and the counts bound the items
     n.min_items = std::max(n.min_items, min_contains);
     if (max_contains >= 0) n.max_items = n.max_items < 0 ? max_contains : std::min(n.max_items, max_contains);
     if (n.max_items >= 0 && n.max_items < n.min_items)
-      fail("{}: no array has between minContains and maxContains items within minItems and maxItems", path);
+      schema_merge::fail_empty("{}: no array has between minContains and maxContains items within minItems and maxItems", path);
     return keep_literals([](const Json&) { return true; });
   }
   if (!n.prefix_items.empty())
@@ -191,7 +192,7 @@ void setup(Node& n, const Node* contains, Node& matching, int64_t min_contains, 
   if ((n.types & JsonSchema::kArray) && !n.contains_room(0, 0)) {
     n.types &= uint8_t(~JsonSchema::kArray);
     if (n.types == 0)
-      fail("{}: no array has between minContains ({}) and maxContains items matching 'contains' within its "
+      schema_merge::fail_empty("{}: no array has between minContains ({}) and maxContains items matching 'contains' within its "
            "other keywords", path, min_contains);
   }
   keep_literals([&](const Json& item) {

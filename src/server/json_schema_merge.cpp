@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <set>
 
 #include "dsinfer/error.h"
@@ -57,6 +58,7 @@ class Merger {
     if (open.size() > 64) fail("{}: allOf and $ref nest too deeply", path);
     if (s.is_boolean()) return s;
     if (!s.is_object()) fail("{}: a schema must be an object or a boolean", path);
+    if (s.contains("if") || s.contains("then") || s.contains("else")) return merged(conditional(s, path, open), path, open);
     Json out = Json::object();  // the keywords beside allOf and $ref
     for (auto it = s.begin(); it != s.end(); ++it)
       if (it.key() != "allOf" && it.key() != "$ref" && !annotation(it.key())) out[it.key()] = it.value();
@@ -81,6 +83,84 @@ class Merger {
   }
 
   static bool trivial(const Json& x) { return (x.is_boolean() && x.get<bool>()) || (x.is_object() && x.empty()); }
+
+  // if / then / else: a value takes `then` where it takes `if`, and `else` where it does not. As
+  // {"allOf": [the rest, {"anyOf": [{"allOf": [if, then]}, {"allOf": [not if, else]}]}]}, with
+  // not-if in keywords the compiler takes (negated); a branch that takes no value is left out.
+  // then and else without if say nothing.
+  Json conditional(const Json& s, const std::string& path, std::vector<std::string>& open) {
+    Json rest = s;
+    for (const char* k : {"if", "then", "else"}) rest.erase(k);
+    const auto c = s.find("if");
+    if (c == s.end()) return rest;
+    Json alts = Json::array();
+    auto branch = [&](const Json& a, const Json& b) {
+      if ((a.is_boolean() && !a.get<bool>()) || (b.is_boolean() && !b.get<bool>())) return;
+      alts.push_back(Json{{"allOf", Json::array({a, b})}});
+    };
+    // Names the rest requires anyway: not-if never lacks them.
+    const Json flat = merged(rest, path, open);
+    const Json required = flat.is_object() ? flat.value("required", Json::array()) : Json::array();
+    branch(*c, s.value("then", Json(true)));
+    branch(negated(*c, required, path + "/if"), s.value("else", Json(true)));
+    if (alts.empty()) fail("{}: no value takes 'if' and 'then', or 'else' without 'if'", path);
+    Json out = Json::object();
+    out["allOf"] = Json::array({rest, alts.size() == 1 ? alts[0] : Json{{"anyOf", alts}}});
+    return out;
+  }
+
+  // What takes exactly the values c does not, in keywords the compiler takes: c a type, const or
+  // enum of scalars (or an anyOf of such): {"not": c}; c an object's properties of such and
+  // required (with type object or none): an object with one of the properties not as c says,
+  // or without one of the required names (other than those in `required`, which it always has),
+  // or (type object) no object at all.
+  static Json negated(const Json& c, const Json& required, const std::string& path) {
+    if (c.is_boolean()) return Json(!c.get<bool>());
+    if (!c.is_object()) fail("{}: a schema must be an object or a boolean", path);
+    auto unsupported = [&](const std::string& what) {
+      fail("{}: {}; 'if' is supported where its schema is a 'type', a 'const' or 'enum' of scalars (or an 'anyOf' of "
+           "such), or an object's 'properties' of such with 'required'", path, what);
+    };
+    static const std::set<std::string> kScalar = {"type", "const", "enum", "anyOf"};
+    static const std::set<std::string> kObject = {"type", "properties", "required"};
+    bool scalar = true, object = true, says = false;
+    for (auto it = c.begin(); it != c.end(); ++it) {
+      if (annotation(it.key())) continue;
+      says = true;
+      scalar = scalar && kScalar.count(it.key()) > 0;
+      object = object && kObject.count(it.key()) > 0;
+      if (!scalar && !object) unsupported(fmt::format("'{}' in it", part(it.key())));
+    }
+    if (!says) return Json(false);  // (it takes every value)
+    if (scalar) return Json{{"not", c}};
+    if (c.contains("type") && c["type"] != "object") unsupported("a 'type' other than \"object\" beside 'properties'");
+    Json alts = Json::array();
+    if (c.contains("type")) alts.push_back(Json{{"not", {{"type", "object"}}}});
+    const Json props = c.value("properties", Json::object());
+    if (!props.is_object()) fail("{}/properties: must be an object", path);
+    for (auto it = props.begin(); it != props.end(); ++it) {
+      const Json& p = it.value();
+      if (trivial(p)) continue;
+      Json alt = {{"type", "object"}, {"required", Json::array({it.key()})}};
+      if (!p.is_boolean()) {
+        if (!p.is_object()) fail("{}/properties/{}: a schema must be an object or a boolean", path, part(it.key()));
+        for (auto k = p.begin(); k != p.end(); ++k)
+          if (!annotation(k.key()) && !kScalar.count(k.key()))
+            unsupported(fmt::format("'{}' in its property {}", part(k.key()), Json(it.key()).dump()));
+        alt["properties"] = Json{{it.key(), Json{{"not", p}}}};
+      }
+      alts.push_back(alt);
+    }
+    const Json names = c.value("required", Json::array());
+    if (!names.is_array()) fail("{}/required: must be an array of names", path);
+    for (const Json& name : names) {
+      if (!name.is_string()) fail("{}/required: must be an array of names", path);
+      if (required.is_array() && std::find(required.begin(), required.end(), name) != required.end()) continue;
+      alts.push_back(Json{{"type", "object"}, {"properties", Json{{name.get<std::string>(), false}}}});
+    }
+    if (alts.empty()) return Json(false);
+    return alts.size() == 1 ? alts[0] : Json{{"anyOf", alts}};
+  }
   // What two schemas of the tree both accept; a side that accepts anything leaves the other as it
   // is (its references unfollowed: a recursive property stays a reference).
   Json both_of(const Json& a, const Json& b, const std::string& path, std::vector<std::string>& open) {
@@ -99,7 +179,7 @@ class Merger {
         if (x->contains(k) && (*x)[k].is_boolean())
           fail("{}: draft 4's boolean '{}' inside an allOf is not supported", path, k);
     if ((a.is_boolean() && !a.get<bool>()) || (b.is_boolean() && !b.get<bool>()))
-      fail("{}: an allOf with the schema false accepts no value", path);
+      fail_empty("{}: an allOf with the schema false accepts no value", path);
     // An alternative on either side: each alternative with the other side (anyOf stays anyOf, and
     // oneOf oneOf: the compiler checks that its alternatives still exclude each other).
     for (const auto& [x, y] : {std::pair<const Json&, const Json&>(a, b), std::pair<const Json&, const Json&>(b, a)})
@@ -109,10 +189,18 @@ class Merger {
         if (!alts->is_array() || alts->empty()) fail("{}/{}: must be a non-empty array of schemas", path, k);
         if (x.size() > 1) fail("{}: '{}' beside other keywords inside an allOf is not supported", path, k);
         Json out = Json::array();
+        std::optional<EmptySchema> none;  // (an alternative that takes no value with y is left out)
         for (size_t i = 0; i < alts->size(); ++i) {
           const std::string at = path + "/" + k + "/" + std::to_string(i);
-          out.push_back(both(merged((*alts)[i], at, open), y, at, open));
+          const size_t depth = open.size();
+          try {
+            out.push_back(both(merged((*alts)[i], at, open), y, at, open));
+          } catch (const EmptySchema& e) {
+            open.resize(depth);
+            if (!none) none = e;
+          }
         }
+        if (out.empty()) throw *none;
         if (out.size() > 64) fail("{}: an allOf of alternatives makes more than 64 of them", path);
         return Json{{k, out}};
       }
@@ -145,7 +233,7 @@ class Merger {
         for (const Json& x : theirs)
           if (mine.is_null() || (mine.is_array() && std::find(mine.begin(), mine.end(), x) != mine.end()))
             kept.push_back(x);
-        if (kept.empty()) fail("{}: the enum values of an allOf's schemas have none in common", path);
+        if (kept.empty()) fail_empty("{}: the enum values of an allOf's schemas have none in common", path);
         out.erase("const");
         out["enum"] = kept;
       } else if ((kLowest.count(k) || kHighest.count(k)) && have->is_number() && v.is_number()) {
@@ -270,7 +358,10 @@ class Merger {
     for (const std::string& name : names) {
       const Json& sa = pa.contains(name) ? pa[name] : matched(qa, name) ? kAny : aa;
       const Json& sb = pb.contains(name) ? pb[name] : matched(qb, name) ? kAny : ab;
-      if (closed(sa) || closed(sb)) continue;  // no such key: the side that leaves it out takes no other keys
+      if (closed(sa) || closed(sb)) {  // no such key (a side's false, or its additionalProperties false)
+        props[name] = false;
+        continue;
+      }
       const std::string at = path + "/properties/" + part(name);
       props[name] = both_of(sa, sb, at, open);
     }
@@ -301,7 +392,7 @@ class Merger {
       else if (t == "integer" && y.count("number")) out.push_back(t);
       else if (t == "number" && y.count("integer") && !x.count("integer")) out.push_back("integer");
     }
-    if (out.empty()) fail("{}: the types of an allOf's schemas have none in common", path);
+    if (out.empty()) fail_empty("{}: the types of an allOf's schemas have none in common", path);
     return out.size() == 1 ? out[0] : out;
   }
 

@@ -7,7 +7,22 @@
 
 #include <nlohmann/json.hpp>
 
+#include "dsinfer/error.h"
+
 namespace dsi::server::schema_merge {
+
+// What the compiler and the merge throw for a schema that is well-formed but takes no value (types
+// or enum values with none in common, a required name that may not come, counts or bounds that do
+// not meet): an alternative (of anyOf, oneOf, or if's branches) that takes none is left out, where
+// others remain. Any other error (malformed, or saying what is not supported) is the schema's.
+class EmptySchema : public dsi::Error {
+ public:
+  using dsi::Error::Error;
+};
+template <typename... Args>
+[[noreturn]] void fail_empty(fmt::format_string<Args...> f, Args&&... args) {
+  throw EmptySchema(fmt::format(f, std::forward<Args>(args)...));
+}
 
 // A keyword that says nothing of which values are accepted (title, description, $defs, ...).
 bool annotation(const std::string& k);

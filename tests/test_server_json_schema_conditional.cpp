@@ -1,0 +1,136 @@
+// Structured outputs (server/json_schema.h): if / then / else, where if is a type, const or enum
+// of scalars (or an anyOf of such), or an object's properties of such with required; and a
+// property whose schema is false (the key never comes). Against the validator
+// (test_json_schema_util.h, which reads if / then / else as the standard does), with the
+// compiler's messages, and walked through the mask.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "test_json_schema_util.h"
+
+namespace dsi::server {
+namespace {
+
+using namespace schema_test;
+
+// A scalar if: strings take then, other values else.
+TEST(JsonSchemaConditional, ScalarIf) {
+  const Json s = Json::parse(
+      R"({"type":["string","integer"],"if":{"type":"string"},"then":{"maxLength":2},"else":{"minimum":10}})");
+  EXPECT_EQ(expect_the_validators(s, {R"("ab")", R"("abc")", R"("")", "12", "5", "10"}), 4);
+  EXPECT_FALSE(takes(s, R"("abc)"));
+  EXPECT_TRUE(takes(s, "5"));  // (it can still become 50)
+  for (uint64_t seed : {1, 2, 3}) EXPECT_GT(walks_that_end(s, seed, 20), 0);
+  // A const if: the value 0 takes then (false: never), others else.
+  const Json zero = Json::parse(R"({"type":"integer","minimum":0,"maximum":3,"if":{"const":0},"then":false})");
+  EXPECT_EQ(expect_the_validators(zero, {"0", "1", "3"}), 2);
+  EXPECT_FALSE(takes(zero, "0"));
+}
+
+// The discriminated union of JSON Schema's documents: kind says which other property is required.
+TEST(JsonSchemaConditional, Discriminator) {
+  const Json s = Json::parse(R"({
+    "type":"object",
+    "properties":{"kind":{"enum":["circle","square"]},"r":{"type":"number"},"side":{"type":"number"}},
+    "required":["kind"],"additionalProperties":false,
+    "if":{"properties":{"kind":{"const":"circle"}}},
+    "then":{"required":["r"]},
+    "else":{"required":["side"]}})");
+  EXPECT_EQ(expect_the_validators(s, {R"({"kind":"circle","r":1})", R"({"kind":"circle"})", R"({"kind":"square","side":2})",
+                                      R"({"kind":"square","r":1})", R"({"kind":"square","side":1,"r":2})",
+                                      R"({"r":1,"kind":"circle"})", R"({"side":1,"kind":"circle","r":0})",
+                                      R"({"side":1})"}),
+            5);
+  EXPECT_FALSE(takes(s, R"({"kind":"circle"})"));  // (r must come first)
+  EXPECT_TRUE(takes(s, R"({"kind":"circle",)"));
+  EXPECT_FALSE(takes(s, R"({"kind":"square","r":1})"));
+  EXPECT_TRUE(takes(s, R"({"side":1,"kind":"circle")"));  // (then r can still come)
+  for (uint64_t seed : {4, 5, 6}) EXPECT_GT(walks_that_end(s, seed, 20), 0);
+  // The same with kind required in if too: the rest requires it anyway, so not-if never lacks it.
+  Json both = s;
+  both["if"]["required"] = Json::array({"kind"});
+  EXPECT_EQ(message(both.dump().c_str()), "");
+  EXPECT_EQ(expect_the_validators(both, {R"({"kind":"circle","r":1})", R"({"kind":"circle"})", R"({"kind":"square","side":2})"}),
+            2);
+}
+
+// An if of required names: where a is written, b must be too.
+TEST(JsonSchemaConditional, RequiredIf) {
+  const Json s = Json::parse(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},
+    "additionalProperties":false,"if":{"required":["a"]},"then":{"required":["b"]}})");
+  EXPECT_EQ(expect_the_validators(s, {"{}", R"({"a":1})", R"({"a":1,"b":2})", R"({"b":2})", R"({"b":2,"a":1})"}), 4);
+  EXPECT_FALSE(takes(s, R"({"a":1})"));
+  for (uint64_t seed : {7, 8}) EXPECT_GT(walks_that_end(s, seed, 20), 0);
+  // With type object in if: values that are no object take else.
+  const Json typed = Json::parse(R"({"type":["object","integer"],"properties":{"a":{"type":"integer"}},
+    "if":{"type":"object","required":["a"]},"then":{"maxProperties":1},"else":{"type":"object"}})");
+  EXPECT_EQ(expect_the_validators(typed, {"{}", R"({"a":1})", R"({"a":1,"b":2})", "3"}), 2);
+}
+
+// if true / false, and then / else without if (they say nothing).
+TEST(JsonSchemaConditional, ConstantIf) {
+  EXPECT_EQ(expect_the_validators(Json::parse(R"({"if":true,"then":{"type":"string"},"else":{"type":"integer"}})"),
+                                  {R"("a")", "1"}),
+            1);
+  EXPECT_EQ(expect_the_validators(Json::parse(R"({"if":false,"then":{"type":"string"},"else":{"type":"integer"}})"),
+                                  {R"("a")", "1"}),
+            1);
+  EXPECT_EQ(expect_the_validators(Json::parse(R"({"type":"integer","then":{"minimum":5},"else":{"maximum":0}})"), {"1"}), 1);
+}
+
+// Inside allOf, a property's schema and a recursive definition.
+TEST(JsonSchemaConditional, Nested) {
+  const Json s = Json::parse(R"({
+    "type":"object","required":["items"],"additionalProperties":false,
+    "properties":{"items":{"type":"array","maxItems":3,"items":{"$ref":"#/$defs/item"}}},
+    "$defs":{"item":{"allOf":[
+      {"type":"object","properties":{"t":{"enum":["n","s"]},"v":{}},"required":["t","v"],"additionalProperties":false},
+      {"if":{"properties":{"t":{"const":"n"}}},"then":{"properties":{"v":{"type":"integer"}}},
+       "else":{"properties":{"v":{"type":"string","maxLength":3}}}}]}}})");
+  EXPECT_EQ(expect_the_validators(s, {R"({"items":[{"t":"n","v":1},{"t":"s","v":"ab"}]})", R"({"items":[{"t":"n","v":"1"}]})",
+                                      R"({"items":[{"t":"s","v":2}]})", R"({"items":[]})"}),
+            2);
+  EXPECT_FALSE(takes(s, R"({"items":[{"t":"n","v":")"));
+  EXPECT_FALSE(takes(s, R"({"items":[{"t":"s","v":1)"));
+  for (uint64_t seed : {9, 10}) EXPECT_GT(walks_that_end(s, seed, 20), 0);
+}
+
+// A property whose schema is false never comes (alone, and through an allOf's member).
+TEST(JsonSchemaConditional, FalseProperty) {
+  const Json s = Json::parse(R"({"type":"object","properties":{"x":false,"y":{"type":"integer"}}})");
+  EXPECT_EQ(expect_the_validators(s, {"{}", R"({"y":1})", R"({"x":1})", R"({"z":null})"}), 3);
+  EXPECT_FALSE(takes(s, R"({"x")"));
+  const Json merged = Json::parse(R"({"allOf":[{"properties":{"x":false}},{"properties":{"x":{"type":"integer"}}}]})");
+  EXPECT_EQ(expect_the_validators(merged, {"{}", R"({"x":1})"}), 1);
+  EXPECT_NE(message(R"({"properties":{"x":false},"required":["x"]})").find("its schema is false"), std::string::npos);
+}
+
+// An alternative that takes no value (alone, or merged with an allOf's other members) is left
+// out where others remain, as if's branches are; where none remains the schema is refused.
+TEST(JsonSchemaConditional, EmptyAlternativesLeftOut) {
+  const Json merged = Json::parse(R"({"allOf":[{"type":"string"},{"anyOf":[{"type":"string","maxLength":1},{"type":"integer"}]}]})");
+  EXPECT_EQ(expect_the_validators(merged, {R"("a")", R"("ab")", "1"}), 1);
+  const Json alone = Json::parse(R"({"anyOf":[{"type":"string","enum":[1]},{"type":"integer","maximum":2,"minimum":1}]})");
+  EXPECT_EQ(expect_the_validators(alone, {"1", "2", R"("1")"}), 2);
+  const Json one_of = Json::parse(R"({"oneOf":[{"type":"integer","minimum":3,"maximum":1},{"type":"null"}]})");
+  EXPECT_EQ(expect_the_validators(one_of, {"null", "2"}), 1);
+  expect_refused(R"({"anyOf":[{"type":"string","enum":[1]},{"type":"integer","minimum":3,"maximum":1}]})",
+                 "#/anyOf/0: no value of 'enum' meets");
+  // (Malformed alternatives are still the schema's error.)
+  expect_refused(R"({"anyOf":[{"type":"strin"},{"type":"integer"}]})", "unknown type");
+}
+
+TEST(JsonSchemaConditional, Refusals) {
+  expect_refused(R"({"if":{"minimum":1},"then":{}})", "'minimum' in it");
+  expect_refused(R"({"if":{"properties":{"a":{"minimum":1}}},"then":{"required":["a"]}})", "'minimum' in its property \"a\"");
+  expect_refused(R"({"if":{"type":"string","properties":{}},"then":{}})", "a 'type' other than \"object\"");
+  expect_refused(R"({"type":"string","if":{"type":"string"},"then":false,"else":false})", "no value takes");
+  expect_refused(R"({"if":{"const":[1]},"then":{}})", "an object or array value");
+}
+
+}  // namespace
+}  // namespace dsi::server
