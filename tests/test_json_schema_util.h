@@ -154,6 +154,13 @@ inline bool valid(const Json& v, const Json& s, const Json& root) {
           for (const Json& other : needs)
             if (!v.contains(other.get<std::string>())) return false;
     }
+    // dependentSchemas (draft 7: dependencies whose values are schemas): a key that is there puts
+    // the whole object to its schema.
+    for (const char* k : {"dependentSchemas", "dependencies"}) {
+      const Json deps = s.value(k, Json::object());
+      for (const auto& [name, schema] : deps.items())
+        if (v.contains(name) && !schema.is_array() && !valid(v, schema, root)) return false;
+    }
     // propertyNames: each key, as a string, valid against its schema.
     if (s.contains("propertyNames"))
       for (auto it = v.begin(); it != v.end(); ++it)

@@ -99,6 +99,28 @@ TEST(JsonSchemaConditional, Nested) {
   for (uint64_t seed : {9, 10}) EXPECT_GT(walks_that_end(s, seed, 20), 0);
 }
 
+// dependentSchemas (draft 7: dependencies whose values are schemas): where its key is written, the
+// object takes its schema too, as an if of that required name.
+TEST(JsonSchemaConditional, DependentSchemas) {
+  const Json s = Json::parse(R"({"type":"object","additionalProperties":false,
+    "properties":{"card":{"type":"string","maxLength":4},"billing":{"type":"string","maxLength":4},"cvc":{"type":"integer"}},
+    "dependentSchemas":{"card":{"required":["billing"],"properties":{"cvc":{"minimum":100,"maximum":999}}}}})");
+  EXPECT_EQ(expect_the_validators(s, {"{}", R"({"card":"1"})", R"({"card":"1","billing":"x"})", R"({"billing":"x"})",
+                                      R"({"card":"1","billing":"x","cvc":5})", R"({"cvc":5})", R"({"cvc":123,"card":"1","billing":"y"})"}),
+            5);
+  EXPECT_FALSE(takes(s, R"({"card":"1"})"));
+  EXPECT_FALSE(takes(s, R"({"card":"1","cvc":1000)"));  // (past 999 once card is written)
+  EXPECT_TRUE(takes(s, R"({"cvc":1000)"));
+  EXPECT_FALSE(takes(s, R"({"cvc":1000,"card")"));
+  for (uint64_t seed : {12, 13, 14}) EXPECT_GT(walks_that_end(s, seed, 20), 0);
+  // Draft 7's spelling, beside a list of names; and a dependency on a name the object requires anyway.
+  const Json draft7 = Json::parse(R"({"type":"object","properties":{"a":{},"b":{},"c":{"type":"integer"}},"required":["a"],
+    "dependencies":{"a":{"properties":{"c":{"maximum":1}}},"b":["c"]}})");
+  EXPECT_EQ(expect_the_validators(draft7, {R"({"a":1})", R"({"a":1,"c":2})", R"({"a":1,"c":0})", R"({"a":1,"b":1})",
+                                           R"({"a":1,"b":1,"c":1})", R"({"b":1,"c":1})"}),
+            3);
+}
+
 // A property whose schema is false never comes (alone, and through an allOf's member).
 TEST(JsonSchemaConditional, FalseProperty) {
   const Json s = Json::parse(R"({"type":"object","properties":{"x":false,"y":{"type":"integer"}}})");

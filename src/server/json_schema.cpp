@@ -88,7 +88,6 @@ class JsonSchema::Compiler {
   static bool annotation(const std::string& k) { return schema_merge::annotation(k); }
   static bool refused(const std::string& k) {
     static const std::set<std::string> kRefused = {
-        "dependentSchemas",
         "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
     return kRefused.count(k) > 0;
   }
@@ -123,8 +122,9 @@ class JsonSchema::Compiler {
         return;
       }
     }
-    // if / then / else: rewritten as alternatives (json_schema_merge.cpp), then compiled.
-    if (s.contains("if") || s.contains("then") || s.contains("else")) {
+    // if / then / else and dependentSchemas: rewritten as alternatives (json_schema_merge.cpp), then
+    // compiled.
+    if (schema_merge::conditional(s)) {
       n.any_of.push_back(compile(schema_merge::merge(root_, s, path, merges_), path));
       return;
     }

@@ -59,12 +59,13 @@
 //   (type object or none): rewritten (json_schema_merge.cpp) as the rest and an anyOf of (if and
 //   then) and (not-if and else), not-if spelled as an object with one of those properties
 //   excluded or one of the required names absent (those the rest requires anyway left out), or
-//   no object; then and else without if say nothing;
+//   no object; then and else without if say nothing; dependentSchemas (draft 7: dependencies
+//   whose values are schemas) as an if of each name required, then its schema;
 // - a property whose schema is false: the key never comes (a required one is refused);
 // - an alternative (anyOf, oneOf, a branch of if) that takes no value, alone or merged with an
 //   allOf's other members, is left out where others remain (schema_merge::EmptySchema).
-// Keywords that would constrain values in other ways (not or if of other schemas, contains of other schemas, dependentSchemas,
-// schemas as draft 7 dependencies, unevaluatedProperties, ...) are refused, with the keyword named:
+// Keywords that would constrain values in other ways (not or if of other schemas, contains of other schemas,
+// unevaluatedProperties, ...) are refused, with the keyword named:
 // the server never claims a constraint it does not enforce.
 //
 // The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of

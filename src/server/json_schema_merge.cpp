@@ -42,6 +42,13 @@ const Json& target(const Json& root, const std::string& r, const std::string& pa
   fail("{}: {} points at nothing", path, Json(r).dump());
 }
 
+bool conditional(const Json& s) {
+  if (!s.is_object()) return false;
+  if (s.contains("if") || s.contains("then") || s.contains("else") || s.contains("dependentSchemas")) return true;
+  const auto d = s.find("dependencies");
+  return d != s.end() && d->is_object() && std::any_of(d->begin(), d->end(), [](const Json& x) { return !x.is_array(); });
+}
+
 bool constrains_beside(const Json& s, const char* key) {
   for (auto it = s.begin(); it != s.end(); ++it)
     if (it.key() != key && !annotation(it.key())) return true;
@@ -58,7 +65,7 @@ class Merger {
     if (open.size() > 64) fail("{}: allOf and $ref nest too deeply", path);
     if (s.is_boolean()) return s;
     if (!s.is_object()) fail("{}: a schema must be an object or a boolean", path);
-    if (s.contains("if") || s.contains("then") || s.contains("else")) return merged(conditional(s, path, open), path, open);
+    if (schema_merge::conditional(s)) return merged(conditional(s, path, open), path, open);
     Json out = Json::object();  // the keywords beside allOf and $ref
     for (auto it = s.begin(); it != s.end(); ++it)
       if (it.key() != "allOf" && it.key() != "$ref" && !annotation(it.key())) out[it.key()] = it.value();
@@ -91,6 +98,38 @@ class Merger {
   Json conditional(const Json& s, const std::string& path, std::vector<std::string>& open) {
     Json rest = s;
     for (const char* k : {"if", "then", "else"}) rest.erase(k);
+    // dependentSchemas (and draft 7's schema dependencies): one if / then each, beside the rest.
+    Json all = Json::array();
+    for (const char* key : {"dependentSchemas", "dependencies"}) {
+      const auto d = s.find(key);
+      if (d == s.end()) continue;
+      if (!d->is_object()) fail("{}/{}: must be an object", path, key);
+      Json names = Json::object();  // (draft 7's lists of names stay where they are)
+      for (auto it = d->begin(); it != d->end(); ++it) {
+        if (it->is_array() && std::string(key) == "dependencies") {
+          names[it.key()] = *it;
+          continue;
+        }
+        Json one = Json::object();
+        one["if"] = Json{{"required", Json::array({it.key()})}};
+        one["then"] = *it;
+        all.push_back(one);
+      }
+      rest.erase(key);
+      if (!names.empty()) rest[key] = names;
+    }
+    if (!all.empty()) {
+      if (const auto c = s.find("if"); c != s.end()) {  // (its own if / then / else too)
+        Json own = Json::object();
+        for (const char* k : {"if", "then", "else"})
+          if (s.contains(k)) own[k] = s[k];
+        all.push_back(own);
+      }
+      all.insert(all.begin(), rest);
+      Json out = Json::object();
+      out["allOf"] = all;
+      return out;
+    }
     const auto c = s.find("if");
     if (c == s.end()) return rest;
     Json alts = Json::array();

@@ -33,6 +33,11 @@ const nlohmann::json& target(const nlohmann::json& root, const std::string& ref,
 // s has a keyword beside `key` that constrains values (not an annotation).
 bool constrains_beside(const nlohmann::json& s, const char* key);
 
+// s says what merge() rewrites into keywords the compiler takes: if / then / else, and
+// dependentSchemas (draft 7: dependencies whose values are schemas), each of which is
+// {"if": {"required": [name]}, "then": schema}.
+bool conditional(const nlohmann::json& s);
+
 // The schema s with its allOf and $ref taken in: one schema without either at its top (its
 // keywords, or an anyOf / oneOf of such) that accepts what s accepts. References are followed
 // where they are merged with something; one that leads back to itself there is refused (the merge
