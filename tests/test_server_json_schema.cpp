@@ -482,17 +482,17 @@ TEST(JsonSchema, TuplesAndPropertyCountsAreTheValidators) {
   EXPECT_TRUE(q.push(std::string(R"({"point":[1,2],"set":[7,)")));
   EXPECT_FALSE(q.push('7'));
   EXPECT_TRUE(q.push('"'));
-  EXPECT_NE(message(R"({"prefixItems":[{}],"items":false,"minItems":2})").find("above the 1 items"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"array","prefixItems":[{}],"items":false,"minItems":2})").find("above the 1 items"), std::string::npos);
   EXPECT_NE(message(R"({"prefixItems":[{}],"items":[{}]})").find("beside 'prefixItems'"), std::string::npos);
   EXPECT_NE(message(R"({"prefixItems":{}})").find("#/prefixItems: must be an array"), std::string::npos);
-  EXPECT_NE(message(R"({"properties":{"a":{}},"additionalProperties":false,"minProperties":2})").find("above the 1 properties"),
+  EXPECT_NE(message(R"({"type":"object","properties":{"a":{}},"additionalProperties":false,"minProperties":2})").find("above the 1 properties"),
             std::string::npos);
-  EXPECT_NE(message(R"({"properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1})").find("more properties are required"),
+  EXPECT_NE(message(R"({"type":"object","properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1})").find("more properties are required"),
             std::string::npos);
-  EXPECT_NE(message(R"({"minProperties":3,"maxProperties":2})").find("maxProperties is below"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"object","minProperties":3,"maxProperties":2})").find("maxProperties is below"), std::string::npos);
   EXPECT_NE(message(R"({"items":{"type":"object"},"uniqueItems":true})").find("every item is a scalar"), std::string::npos);
   EXPECT_NE(message(R"({"type":"array","uniqueItems":true})").find("every item is a scalar"), std::string::npos);
-  EXPECT_NE(message(R"({"items":{"type":"boolean"},"uniqueItems":true,"minItems":3})").find("above the 2 distinct"),
+  EXPECT_NE(message(R"({"type":"array","items":{"type":"boolean"},"uniqueItems":true,"minItems":3})").find("above the 2 distinct"),
             std::string::npos);
   EXPECT_EQ(message(R"({"type":"array","uniqueItems":false})"), "");
 }

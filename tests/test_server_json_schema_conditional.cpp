@@ -128,7 +128,7 @@ TEST(JsonSchemaConditional, FalseProperty) {
   EXPECT_FALSE(takes(s, R"({"x")"));
   const Json merged = Json::parse(R"({"allOf":[{"properties":{"x":false}},{"properties":{"x":{"type":"integer"}}}]})");
   EXPECT_EQ(expect_the_validators(merged, {"{}", R"({"x":1})"}), 1);
-  EXPECT_NE(message(R"({"properties":{"x":false},"required":["x"]})").find("its schema is false"), std::string::npos);
+  EXPECT_NE(message(R"({"type":"object","properties":{"x":false},"required":["x"]})").find("its schema is false"), std::string::npos);
 }
 
 // An alternative that takes no value (alone, or merged with an allOf's other members) is left
@@ -140,6 +140,15 @@ TEST(JsonSchemaConditional, EmptyAlternativesLeftOut) {
   EXPECT_EQ(expect_the_validators(alone, {"1", "2", R"("1")"}), 2);
   const Json one_of = Json::parse(R"({"oneOf":[{"type":"integer","minimum":3,"maximum":1},{"type":"null"}]})");
   EXPECT_EQ(expect_the_validators(one_of, {"null", "2"}), 1);
+  // Items that take no value leave the empty array: the alternative is kept (dropping it would let
+  // [] match one alternative only), so this oneOf's alternatives overlap on [] and it is refused.
+  expect_refused(R"({"oneOf":[{"type":"array"},{"type":"array","items":{"type":"string","enum":[1]}}]})",
+                 "may both match a value");
+  const Json no_items = Json::parse(R"({"type":"array","items":{"type":"string","enum":[1]}})");
+  EXPECT_EQ(expect_the_validators(no_items, {"[]", "[1]", R"(["1"])"}), 1);
+  // Values of one type ruled out leave the others (untyped: objects only).
+  const Json untyped = Json::parse(R"({"anyOf":[{"minProperties":2,"maxProperties":1},{"type":"object","properties":{"a":{}},"required":["a"]}]})");
+  EXPECT_EQ(expect_the_validators(untyped, {"{}", R"({"a":1})", "1", R"("s")"}), 3);
   expect_refused(R"({"anyOf":[{"type":"string","enum":[1]},{"type":"integer","minimum":3,"maximum":1}]})",
                  "#/anyOf/0: no value of 'enum' meets");
   // (Malformed alternatives are still the schema's error.)

@@ -77,7 +77,7 @@ TEST(JsonSchemaObjects, DependentsTheObjectMayNotHave) {
   const Json one_left = Json::parse(R"({"type":"object","properties":{"a":{}},"required":["a"],"maxProperties":1})");
   EXPECT_FALSE(takes(one_left, R"({"z)"));
   EXPECT_EQ(expect_the_validators(one_left, {R"({"a":1})", R"({"z":1})", R"({"a":1,"z":1})"}), 1);
-  EXPECT_NE(message(R"({"properties":{"a":{},"b":{},"c":{}},"required":["a"],"maxProperties":2,
+  EXPECT_NE(message(R"({"type":"object","properties":{"a":{},"b":{},"c":{}},"required":["a"],"maxProperties":2,
                         "dependentRequired":{"a":["b","c"]}})")
                 .find("more properties are required than maxProperties allows"),
             std::string::npos);
@@ -139,7 +139,7 @@ TEST(JsonSchemaObjects, PropertyNamesAreTheValidators) {
   EXPECT_FALSE(takes(s, R"({"abcdef)"));
   EXPECT_TRUE(takes(s, R"({"abcde)"));
   EXPECT_FALSE(takes(s, R"({"a")"));  // too short
-  EXPECT_NE(message(R"({"properties":{"Bad":{}},"required":["Bad"],"propertyNames":{"pattern":"^[a-z]+$"}})")
+  EXPECT_NE(message(R"({"type":"object","properties":{"Bad":{}},"required":["Bad"],"propertyNames":{"pattern":"^[a-z]+$"}})")
                 .find("#/required: \"Bad\" is required (or needed by a required property), but 'propertyNames' does not "
                       "take the name"),
             std::string::npos);

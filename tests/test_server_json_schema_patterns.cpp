@@ -91,10 +91,10 @@ TEST(JsonSchemaPatterns, Refusals) {
   refused(R"({"patternProperties":{"^a":{"not":{}}}})", "#/patternProperties/^a/not: its schema takes every value");
   refused(R"({"patternProperties":{"^a":{"type":"integer"}},"properties":{"ab":{"type":"string"}}})",
           "#/properties/ab");
-  refused(R"({"patternProperties":{"b":false},"properties":{"ab":{}},"required":["ab"]})",
+  refused(R"({"type":"object","patternProperties":{"b":false},"properties":{"ab":{}},"required":["ab"]})",
           "#/required: \"ab\" is required (or needed by a required property), but a 'patternProperties' schema its name "
           "matches is false");
-  refused(R"({"patternProperties":{"^a":{}},"propertyNames":{"pattern":"^a"},"minProperties":1,"additionalProperties":false,
+  refused(R"({"type":"object","patternProperties":{"^a":{}},"propertyNames":{"pattern":"^a"},"minProperties":1,"additionalProperties":false,
               "maxProperties":0})", "maxProperties is below minProperties");
   EXPECT_EQ(message(R"({"patternProperties":{"^a":false},"additionalProperties":false})"), "");
   // An object's enum values: those whose keys the patterns take.

@@ -56,6 +56,11 @@ std::u32string JsonSchema::code_points(const std::string& text) {
   return out;
 }
 
+void JsonSchema::no_values_of(Node& n, uint8_t types, const std::string& why) {
+  n.types &= uint8_t(~types);
+  if (n.types == 0) schema_merge::fail_empty("{}", why);
+}
+
 uint8_t JsonSchema::type_of(const Json& v) {
   if (v.is_null()) return kNull;
   if (v.is_boolean()) return kBoolean;
@@ -92,6 +97,27 @@ class JsonSchema::Compiler {
     return kRefused.count(k) > 0;
   }
   static std::string part(const std::string& name) { return schema_merge::part(name); }
+
+  // s compiled; null where it takes no value (false, or what its own keywords say: EmptySchema,
+  // whose message goes to why where it is empty), with the compiler's state as before the try.
+  // For the parts of a schema where that means "no such value": an anyOf's alternative, a
+  // property's value (the key never comes), other keys' values, items.
+  const Node* compile_part(const Json& s, const std::string& path, std::string& why) {
+    if (s.is_boolean() && !s.get<bool>()) {
+      if (why.empty()) why = path + ": the schema false accepts no value";
+      return nullptr;
+    }
+    const auto refs = refs_;  // (a failed compile leaves nodes half-filled: none may be found later)
+    const int depth = depth_;
+    try {
+      return compile(s, path);
+    } catch (const schema_merge::EmptySchema& e) {
+      refs_ = refs;
+      depth_ = depth;
+      if (why.empty()) why = e.what();
+      return nullptr;
+    }
+  }
   // A `type` keyword's value (a name or a list of names) as type bits ("number" takes integers too).
   static uint8_t type_bits(const Json& t, const std::string& path) {
     const Json names = t.is_array() ? t : Json::array({t});
@@ -147,19 +173,11 @@ class JsonSchema::Compiler {
         n.any_of.push_back(compile(v[0], at + "/0"));
       } else {
         if (!v.is_array() || v.empty()) fail("{}: must be a non-empty array of schemas", at);
-        std::optional<schema_merge::EmptySchema> none;  // (an alternative that takes no value is left out)
-        for (size_t i = 0; i < v.size(); ++i) {
-          const auto refs = refs_;  // (a failed compile leaves nodes half-filled: none may be found later)
-          const int depth = depth_;
-          try {
-            n.any_of.push_back(compile(v[i], at + "/" + std::to_string(i)));
-          } catch (const schema_merge::EmptySchema& e) {
-            refs_ = refs;
-            depth_ = depth;
-            if (!none) none = e;
-          }
-        }
-        if (n.any_of.empty()) throw *none;
+        // An alternative that takes no value (EmptySchema: none of any type) is left out.
+        std::string why;
+        for (size_t i = 0; i < v.size(); ++i)
+          if (const Node* alt = compile_part(v[i], at + "/" + std::to_string(i), why)) n.any_of.push_back(alt);
+        if (n.any_of.empty()) schema_merge::fail_empty("{}", why);
         if (std::string(alone) == "oneOf") exclusive(n.any_of, at);
       }
       return;
@@ -209,12 +227,20 @@ class JsonSchema::Compiler {
           n.props.push_back(out_.any_);
           continue;
         }
-        n.props.push_back(compile(all.size() == 1 ? it.value() : schema_merge::all_of(root_, all, at, merges_), at));
+        std::string why;
+        const Node* value = compile_part(all.size() == 1 ? it.value() : schema_merge::all_of(root_, all, at, merges_), at, why);
+        if (value == nullptr) {  // (its schema takes no value: the key never comes)
+          n.banned |= uint64_t(1) << (n.names.size() - 1);
+          bans[n.names.size() - 1] = "its schema takes no value (" + why + ")";
+        }
+        n.props.push_back(value != nullptr ? value : out_.any_);
       }
     }
     n.additional = closed_objects_ && props != s.end() ? nullptr : out_.any_;
-    if (const auto add = s.find("additionalProperties"); add != s.end())
-      n.additional = add->is_boolean() && !add->get<bool>() ? nullptr : compile(*add, path + "/additionalProperties");
+    if (const auto add = s.find("additionalProperties"); add != s.end()) {
+      std::string why;
+      n.additional = compile_part(*add, path + "/additionalProperties", why);  // (null: no other keys)
+    }
     pattern_values(n, pattern_schemas, pattern_texts, path);
     property_names(n, s, path, bans);
     key_automaton(n, path);
@@ -233,19 +259,21 @@ class JsonSchema::Compiler {
       if (!n.dependents.empty()) n.required |= n.dependents[size_t(std::countr_zero(r))];
     if (const uint64_t never = n.required & n.banned; never != 0) {
       const auto i = size_t(std::countr_zero(never));
-      schema_merge::fail_empty("{}/required: {} is required (or needed by a required property), but {}", path, Json(n.names[i]).dump(), bans[i]);
+      no_values_of(n, kObject, fmt::format("{}/required: {} is required (or needed by a required property), but {}", path,
+                                           Json(n.names[i]).dump(), bans[i]));
     }
     if (const auto m = s.find("minProperties"); m != s.end()) n.min_props = count_of(*m, path + "/minProperties");
     if (const auto m = s.find("maxProperties"); m != s.end()) n.max_props = count_of(*m, path + "/maxProperties");
-    if (n.max_props >= 0 && n.max_props < n.min_props) schema_merge::fail_empty("{}: maxProperties is below minProperties", path);
+    if (n.max_props >= 0 && n.max_props < n.min_props)
+      no_values_of(n, kObject, fmt::format("{}: maxProperties is below minProperties", path));
     if (n.max_props >= 0 && std::popcount(n.required) > n.max_props)
-      fail("{}: more properties are required than maxProperties allows", path);
+      no_values_of(n, kObject, fmt::format("{}: more properties are required than maxProperties allows", path));
     const auto allowed = int64_t(n.names.size()) - std::popcount(n.banned);
     if (!n.others && n.min_props > allowed)
-      schema_merge::fail_empty("{}: minProperties is above the {} properties the object may have", path, allowed);
+      no_values_of(n, kObject, fmt::format("{}: minProperties is above the {} properties the object may have", path, allowed));
     // Each other key comes at most once: where propertyNames leaves them few names (a pattern with
     // no loop, or one beside maxLength), they could run out before minProperties.
-    if (n.others && n.min_props > allowed &&
+    if ((n.types & kObject) && n.others && n.min_props > allowed &&
         (n.key_max == 0 || (n.key_pattern && (n.key_pattern->max_left(n.key_pattern->start()) != JsonPattern::kUnbounded ||
                                               n.key_max >= 0))))
       fail("{}: minProperties above the declared properties beside a 'propertyNames' that takes few names is not "
@@ -257,10 +285,11 @@ class JsonSchema::Compiler {
     if (const auto m = s.find("maxItems"); m != s.end()) n.max_items = count_of(*m, path + "/maxItems");
     if (!n.more_items) {  // no item past the prefix
       const auto most = int64_t(n.prefix_items.size());
-      if (n.min_items > most) schema_merge::fail_empty("{}: minItems is above the {} items the array may have", path, most);
+      if (n.min_items > most)
+        no_values_of(n, kArray, fmt::format("{}: minItems is above the {} items the array may have", path, most));
       n.max_items = n.max_items < 0 ? most : std::min(n.max_items, most);
     }
-    if (n.max_items >= 0 && n.max_items < n.min_items) schema_merge::fail_empty("{}: maxItems is below minItems", path);
+    if (n.max_items >= 0 && n.max_items < n.min_items) no_values_of(n, kArray, fmt::format("{}: maxItems is below minItems", path));
     if (const auto u = s.find("uniqueItems"); u != s.end()) {
       if (!u->is_boolean()) fail("{}/uniqueItems: must be a boolean", path);
       if (u->get<bool>()) unique(n, path);
@@ -368,7 +397,11 @@ class JsonSchema::Compiler {
     if (*c == Json(false)) fail("{}/contains: false, with minContains above 0, takes no array", path);
     Node& matching = out_.nodes_.emplace_back();
     const bool every = *c == Json(true) || *c == Json::object();
-    schema_contains::setup(n, every ? nullptr : compile(*c, path + "/contains"), matching, least, most, path);
+    std::string why;
+    const Node* matches = every ? nullptr : compile_part(*c, path + "/contains", why);
+    if (!every && matches == nullptr)
+      fail("{}/contains: it takes no value, so no array has {} items of it ({})", path, least, why);
+    schema_contains::setup(n, matches, matching, least, most, path);
   }
 
   // ---- Objects: patternProperties, propertyNames and dependentRequired.
@@ -400,8 +433,8 @@ class JsonSchema::Compiler {
       for (uint32_t s = set; s != 0; s &= s - 1) all.push_back(*schemas[size_t(std::countr_zero(s))]);
       const std::string at = path + "/patternProperties";
       if (all.size() == 1) {  // (malformed, or saying what is not supported: refused)
-        if (!(all[0].is_boolean() && !all[0].get<bool>()))
-          n.pattern_values[set] = compile(all[0], at + "/" + part(texts[size_t(std::countr_zero(set))]));
+        std::string why;  // (null: a key that matches takes no value, so none comes)
+        n.pattern_values[set] = compile_part(all[0], at + "/" + part(texts[size_t(std::countr_zero(set))]), why);
         continue;
       }
       const auto refs = refs_;  // (a failed compile leaves nodes half-filled: none may be found later)
@@ -651,21 +684,31 @@ class JsonSchema::Compiler {
   // Items: 2020-12's prefixItems (the first items, one schema each) and items (the rest; false:
   // none); draft 7's items as an array (the first items) and additionalItems (the rest).
   void items(Node& n, const Json& s, const std::string& path) {
+    // A part that takes no value (false, or empty) ends the array before it.
+    std::string why;
     auto rest = [&](const Json& v, const std::string& at) {
-      if (v.is_boolean() && !v.get<bool>()) n.more_items = false;
-      else n.items = compile(v, at);
+      n.items = compile_part(v, at, why);
+      if (n.items == nullptr) n.more_items = false;
     };
     auto prefix = [&](const Json& v, const std::string& at) {
       if (!v.is_array()) fail("{}: must be an array of schemas", at);
-      for (size_t i = 0; i < v.size(); ++i) n.prefix_items.push_back(compile(v[i], at + "/" + std::to_string(i)));
+      for (size_t i = 0; i < v.size(); ++i) {
+        const Node* item = compile_part(v[i], at + "/" + std::to_string(i), why);
+        if (item == nullptr) {
+          n.more_items = false;  // (items after it never come either)
+          return false;
+        }
+        n.prefix_items.push_back(item);
+      }
+      return true;
     };
     const auto items = s.find("items");
     if (const auto p = s.find("prefixItems"); p != s.end()) {
       if (items != s.end() && items->is_array()) fail("{}: 'items' as an array beside 'prefixItems'", path);
-      prefix(*p, path + "/prefixItems");
+      if (!prefix(*p, path + "/prefixItems")) return;
     }
     if (items != s.end() && items->is_array()) {
-      prefix(*items, path + "/items");
+      if (!prefix(*items, path + "/items")) return;
       if (const auto a = s.find("additionalItems"); a != s.end()) rest(*a, path + "/additionalItems");
     } else if (items != s.end()) {
       rest(*items, path + "/items");
@@ -682,7 +725,7 @@ class JsonSchema::Compiler {
     n.unique = true;
     if (n.prefix_items.empty() && n.items != nullptr) n.distinct = schema_values::distinct(n.items, kMaxDistinct);
     if (n.distinct >= 0 && n.min_items > n.distinct)
-      schema_merge::fail_empty("{}: minItems is above the {} distinct items there can be", path, n.distinct);
+      no_values_of(n, kArray, fmt::format("{}: minItems is above the {} distinct items there can be", path, n.distinct));
   }
   static bool scalar(const Node* n, int depth) {
     n = unwrap(n);
@@ -697,7 +740,8 @@ class JsonSchema::Compiler {
   static void strings(Node& n, const Json& s, const std::string& path) {
     if (const auto m = s.find("minLength"); m != s.end()) n.min_length = count_of(*m, path + "/minLength");
     if (const auto m = s.find("maxLength"); m != s.end()) n.max_length = count_of(*m, path + "/maxLength");
-    if (n.max_length >= 0 && n.max_length < n.min_length) schema_merge::fail_empty("{}: maxLength is below minLength", path);
+    if (n.max_length >= 0 && n.max_length < n.min_length)
+      no_values_of(n, kString, fmt::format("{}: maxLength is below minLength", path));
     if (n.min_length > (1 << 20) || n.max_length > (1 << 20)) fail("{}: a length above 2^20", path);
     const auto p = s.find("pattern");
     if (p != s.end()) {
@@ -709,9 +753,9 @@ class JsonSchema::Compiler {
     if (!n.pattern) return;
     const int64_t shortest = n.pattern->min_left(n.pattern->start()), longest = n.pattern->max_left(n.pattern->start());
     if (n.max_length >= 0 && shortest > n.max_length && (n.types & kString))
-      fail("{}: the pattern takes at least {} characters, above maxLength", path, shortest);
+      no_values_of(n, kString, fmt::format("{}: the pattern takes at least {} characters, above maxLength", path, shortest));
     if (longest != JsonPattern::kUnbounded && longest < n.min_length && (n.types & kString))
-      schema_merge::fail_empty("{}: the pattern takes at most {} characters, below minLength", path, longest);
+      no_values_of(n, kString, fmt::format("{}: the pattern takes at most {} characters, below minLength", path, longest));
   }
 
   // oneOf is read as anyOf where no value can match two of its alternatives, as far as the

@@ -61,9 +61,12 @@
 //   excluded or one of the required names absent (those the rest requires anyway left out), or
 //   no object; then and else without if say nothing; dependentSchemas (draft 7: dependencies
 //   whose values are schemas) as an if of each name required, then its schema;
-// - a property whose schema is false: the key never comes (a required one is refused);
-// - an alternative (anyOf, oneOf, a branch of if) that takes no value, alone or merged with an
-//   allOf's other members, is left out where others remain (schema_merge::EmptySchema).
+// - a property whose schema is false or takes no value: the key never comes (a required one rules
+//   out objects); items or a prefix item that take none: the array ends before them; keywords that
+//   rule out a type's values (an object's counts that do not meet, an array's, a string's lengths)
+//   take that type out of the schema's, as validators read them (they hold of that type only);
+// - an alternative (anyOf, oneOf, a branch of if) that takes no value of any type, alone or
+//   merged with an allOf's other members, is left out where others remain (schema_merge::EmptySchema).
 // Keywords that would constrain values in other ways (not or if of other schemas, contains of other schemas,
 // unevaluatedProperties, ...) are refused, with the keyword named:
 // the server never claims a constraint it does not enforce.
@@ -174,6 +177,9 @@ class JsonSchema {
   static std::u32string code_points(const std::string& text);
   // A value's type bit: a number without a fraction is an integer, as validators read it.
   static uint8_t type_of(const nlohmann::json& v);
+  // Values of these types are impossible in n (why): taken out of its types; where none is left,
+  // n takes no value (schema_merge::EmptySchema with why).
+  static void no_values_of(Node& n, uint8_t types, const std::string& why);
 
   // Throws dsi::Error with the keyword's path for a schema that is malformed or says what is not
   // supported. closed_objects: an object schema with `properties` that says nothing of other keys

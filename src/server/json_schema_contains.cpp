@@ -154,7 +154,9 @@ void setup(Node& n, const Node* contains, Node& matching, int64_t min_contains, 
     n.min_items = std::max(n.min_items, min_contains);
     if (max_contains >= 0) n.max_items = n.max_items < 0 ? max_contains : std::min(n.max_items, max_contains);
     if (n.max_items >= 0 && n.max_items < n.min_items)
-      schema_merge::fail_empty("{}: no array has between minContains and maxContains items within minItems and maxItems", path);
+      JsonSchema::no_values_of(
+          n, JsonSchema::kArray,
+          fmt::format("{}: no array has between minContains and maxContains items within minItems and maxItems", path));
     return keep_literals([](const Json&) { return true; });
   }
   if (!n.prefix_items.empty())

@@ -200,6 +200,18 @@ class Merger {
     if (alts.empty()) return Json(false);
     return alts.size() == 1 ? alts[0] : Json{{"anyOf", alts}};
   }
+  // What a and b both accept as a part of a schema (a property's value, other keys', items): false
+  // where they take no value in common (then no such key or item comes).
+  Json both_part(const Json& a, const Json& b, const std::string& path, std::vector<std::string>& open) {
+    const size_t depth = open.size();
+    try {
+      return both_of(a, b, path, open);
+    } catch (const EmptySchema&) {
+      open.resize(depth);
+      return Json(false);
+    }
+  }
+
   // What two schemas of the tree both accept; a side that accepts anything leaves the other as it
   // is (its references unfollowed: a recursive property stays a reference).
   Json both_of(const Json& a, const Json& b, const std::string& path, std::vector<std::string>& open) {
@@ -227,8 +239,9 @@ class Merger {
         if (alts == x.end()) continue;
         if (!alts->is_array() || alts->empty()) fail("{}/{}: must be a non-empty array of schemas", path, k);
         if (x.size() > 1) fail("{}: '{}' beside other keywords inside an allOf is not supported", path, k);
+        // An alternative that takes no value with y is left out.
         Json out = Json::array();
-        std::optional<EmptySchema> none;  // (an alternative that takes no value with y is left out)
+        std::optional<EmptySchema> none;
         for (size_t i = 0; i < alts->size(); ++i) {
           const std::string at = path + "/" + k + "/" + std::to_string(i);
           const size_t depth = open.size();
@@ -307,11 +320,11 @@ class Merger {
                  v.get<int64_t>() > 0) {
         out[k] = std::lcm(have->get<int64_t>(), v.get<int64_t>());
       } else if ((k == "items" || k == "additionalItems") && !have->is_array() && !v.is_array()) {
-        out[k] = both_of(*have, v, path + "/" + k, open);
+        out[k] = both_part(*have, v, path + "/" + k, open);
       } else if (k == "prefixItems" && have->is_array() && v.is_array() && have->size() == v.size()) {
         for (size_t i = 0; i < v.size(); ++i) {
           const std::string at = path + "/prefixItems/" + std::to_string(i);
-          (*have)[i] = both_of((*have)[i], v[i], at, open);
+          (*have)[i] = both_part((*have)[i], v[i], at, open);
         }
       } else {
         refuse(k);
@@ -375,7 +388,7 @@ class Merger {
     Json patterns = qa;
     for (auto it = qb.begin(); it != qb.end(); ++it)
       patterns[it.key()] = patterns.contains(it.key())
-                               ? both_of(patterns[it.key()], it.value(), path + "/patternProperties/" + part(it.key()), open)
+                               ? both_part(patterns[it.key()], it.value(), path + "/patternProperties/" + part(it.key()), open)
                                : it.value();
     auto matched = [&](const Json& q, const std::string& name) {
       const std::u32string text = JsonSchema::code_points(name);
@@ -402,9 +415,9 @@ class Merger {
         continue;
       }
       const std::string at = path + "/properties/" + part(name);
-      props[name] = both_of(sa, sb, at, open);
+      props[name] = both_part(sa, sb, at, open);
     }
-    Json additional = closed(aa) || closed(ab) ? Json(false) : both_of(aa, ab, path + "/additionalProperties", open);
+    Json additional = closed(aa) || closed(ab) ? Json(false) : both_part(aa, ab, path + "/additionalProperties", open);
     // Other keys open on both sides: said so where a side says it (closed_objects reads a silent
     // object with properties as closed).
     const bool said_open = (a.contains("additionalProperties") && aa == kAny) || (b.contains("additionalProperties") && ab == kAny);

@@ -11,10 +11,12 @@
 
 namespace dsi::server::schema_merge {
 
-// What the compiler and the merge throw for a schema that is well-formed but takes no value (types
-// or enum values with none in common, a required name that may not come, counts or bounds that do
-// not meet): an alternative (of anyOf, oneOf, or if's branches) that takes none is left out, where
-// others remain. Any other error (malformed, or saying what is not supported) is the schema's.
+// What the compiler and the merge throw for a schema that is well-formed but takes no value of any
+// type (types or enum values with none in common; each type's values ruled out, e.g. objects by a
+// required name that may not come: JsonSchema::no_values_of). An alternative (of anyOf, oneOf, or
+// if's branches) that takes none is left out, where others remain; a property's value that takes
+// none means the key never comes, items' that no such item comes. Any other error (malformed, or
+// saying what is not supported) is the schema's.
 class EmptySchema : public dsi::Error {
  public:
   using dsi::Error::Error;
