@@ -119,6 +119,9 @@ TEST(JsonSchemaConditional, DependentSchemas) {
   EXPECT_EQ(expect_the_validators(draft7, {R"({"a":1})", R"({"a":1,"c":2})", R"({"a":1,"c":0})", R"({"a":1,"b":1})",
                                            R"({"a":1,"b":1,"c":1})", R"({"b":1,"c":1})"}),
             3);
+  // A dependency holds of objects only: other values take none, even a false one.
+  const Json untyped = Json::parse(R"({"dependentSchemas":{"a":false},"properties":{"a":{},"b":{}}})");
+  EXPECT_EQ(expect_the_validators(untyped, {"1", R"("s")", "{}", R"({"a":1})", R"({"b":1})"}), 4);
 }
 
 // A property whose schema is false never comes (alone, and through an allOf's member).
@@ -161,6 +164,11 @@ TEST(JsonSchemaConditional, Refusals) {
   expect_refused(R"({"if":{"type":"string","properties":{}},"then":{}})", "a 'type' other than \"object\"");
   expect_refused(R"({"type":"string","if":{"type":"string"},"then":false,"else":false})", "no value takes");
   expect_refused(R"({"if":{"const":[1]},"then":{}})", "an object or array value");
+  // A then that refers back to the whole schema merges without end: refused, with a message of
+  // bounded length (the end of its path, and why).
+  const std::string m = message(R"({"if":{"type":"integer"},"then":{"$ref":"#"}})");
+  EXPECT_FALSE(m.empty());
+  EXPECT_LE(m.size(), 1003u);
 }
 
 }  // namespace

@@ -902,7 +902,13 @@ std::shared_ptr<const JsonSchema> JsonSchema::compile(const Json& schema, bool c
   any.additional = &any;
   any.others = true;
   Compiler c(*s, schema, closed_objects);
-  s->root_ = c.compile(schema, "#");
+  try {
+    s->root_ = c.compile(schema, "#");
+  } catch (const dsi::Error& e) {  // (a path through deep merges can be long: its end is kept)
+    const std::string m = e.what();
+    if (m.size() <= 1000) throw;
+    throw dsi::Error("..." + m.substr(m.size() - 1000));
+  }
   return s;
 }
 

@@ -110,8 +110,9 @@ class Merger {
           names[it.key()] = *it;
           continue;
         }
+        // (An object with the key: other values take no dependency.)
         Json one = Json::object();
-        one["if"] = Json{{"required", Json::array({it.key()})}};
+        one["if"] = Json{{"type", "object"}, {"required", Json::array({it.key()})}};
         one["then"] = *it;
         all.push_back(one);
       }

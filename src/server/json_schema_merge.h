@@ -37,7 +37,7 @@ bool constrains_beside(const nlohmann::json& s, const char* key);
 
 // s says what merge() rewrites into keywords the compiler takes: if / then / else, and
 // dependentSchemas (draft 7: dependencies whose values are schemas), each of which is
-// {"if": {"required": [name]}, "then": schema}.
+// {"if": {"type": "object", "required": [name]}, "then": schema}.
 bool conditional(const nlohmann::json& s);
 
 // The schema s with its allOf and $ref taken in: one schema without either at its top (its
