@@ -449,5 +449,18 @@ TEST(JsonSchemaNot, AllOfMergesAnAnnotatedAnyOf) {
   EXPECT_EQ(expect_the_validators(merged, {R"("a")", R"("b")", R"("c")"}), 1);
 }
 
+// A number whose negative exponent has taken it below the smallest double is 0, whatever digits
+// follow: under not 0 it goes no further (before, 1e-400 was taken and then nothing could end it).
+TEST(JsonSchemaNot, ExponentsPastTheSmallestDouble) {
+  const Json s = Json::parse(R"({"type":"number","not":{"const":0}})");
+  EXPECT_TRUE(takes(s, "1e-40"));
+  EXPECT_TRUE(accepts(s, "1e-40"));
+  EXPECT_FALSE(takes(s, "1e-400"));
+  EXPECT_TRUE(takes(s, "1e-3"));  // (1e-30 and 1e-3 are not 0)
+  const Json unique = Json::parse(R"({"type":"array","items":{"type":"number"},"uniqueItems":true})");
+  EXPECT_FALSE(takes(unique, "[0,1e-400"));
+  EXPECT_TRUE(takes(unique, "[0,1e-40"));
+}
+
 }  // namespace
 }  // namespace dsi::server

@@ -231,8 +231,18 @@ bool number_unused(const Node& n, std::string_view text, bool integer, const std
   const bool neg = !text.empty() && text[0] == '-';
   const std::string_view body = text.substr(neg ? 1 : 0);
   if (text.empty()) return side_unused(n, false, body, integer, seen) || side_unused(n, true, body, integer, seen);
-  if (const size_t e = body.find_first_of("eE"); e != std::string_view::npos)  // (only unbounded numbers)
-    return parse_number_text(body.substr(0, e)) != 0 || !has(seen, "0");  // 0 times any power is 0
+  if (const size_t e = body.find_first_of("eE"); e != std::string_view::npos) {  // (only unbounded numbers)
+    // 0 times any power is 0; a negative exponent whose value is already below the smallest
+    // double is 0 too, and more of its digits only make it smaller.
+    const std::string_view exp = body.substr(e + 1);
+    bool under = false;
+    if (exp.size() > 1 && exp[0] == '-') {
+      double v = 1.0;
+      const auto r = std::from_chars(text.data(), text.data() + text.size(), v);  // (locale-independent)
+      under = r.ec == std::errc::result_out_of_range || v == 0.0;
+    }
+    return (parse_number_text(body.substr(0, e)) != 0 && !under) || !has(seen, "0");
+  }
   return side_unused(n, neg, body, integer, seen);
 }
 
