@@ -462,5 +462,30 @@ TEST(JsonSchemaNot, ExponentsPastTheSmallestDouble) {
   EXPECT_TRUE(takes(unique, "[0,1e-40"));
 }
 
+// A string under not keeps its text only while an excluded value still starts like it: then its
+// states share their signatures (so the masks kept for them) as any other string's do.
+TEST(JsonSchemaNot, StringsLetGoOfTheirTextOnceNoExcludedValueIsNear) {
+  const auto nonempty = JsonSchema::compile(Json::parse(R"({"type":"string","not":{"const":""}})"));
+  SchemaPrefix a(nonempty), b(nonempty);
+  ASSERT_TRUE(a.push("\"abc"));
+  ASSERT_TRUE(b.push("\"xyz"));
+  EXPECT_EQ(a.signature(), b.signature());
+  const auto near = JsonSchema::compile(Json::parse(R"({"type":"string","not":{"enum":["abcd","a\"b"]}})"));
+  SchemaPrefix c(near), d(near), e(near);
+  ASSERT_TRUE(c.push("\"abc"));
+  ASSERT_TRUE(d.push("\"abx"));
+  ASSERT_TRUE(e.push("\"aby"));
+  EXPECT_NE(c.signature(), d.signature());  // (abc can still become abcd)
+  EXPECT_EQ(d.signature(), e.signature());
+  EXPECT_FALSE(c.push("d\""));
+  EXPECT_TRUE(c.push("e\""));
+  SchemaPrefix f(near);
+  EXPECT_TRUE(f.push("\"a\\\""));    // (an escape keeps the text: a\"b is still near)
+  EXPECT_FALSE(f.push("b\""));
+  EXPECT_EQ(expect_the_validators(Json::parse(R"({"type":"string","not":{"enum":["abcd","a\"b"]}})"),
+                                  {R"("abcd")", R"("abce")", R"("a\"b")", R"("a\u0022b")", R"("ab")"}),
+            2);
+}
+
 }  // namespace
 }  // namespace dsi::server

@@ -324,7 +324,7 @@ class JsonSchema::Compiler {
     }
     for (const Json* a : alts) {
       if (a->is_boolean()) {
-        if (a->get<bool>()) fail("{}: the schema true takes every value, so 'not' of it takes none", at);
+        if (a->get<bool>()) schema_merge::fail_empty("{}: the schema true takes every value, so 'not' of it takes none", at);
         continue;  // (not false: any value)
       }
       if (!a->is_object()) fail("{}: a schema must be an object or a boolean", at);
@@ -335,7 +335,7 @@ class JsonSchema::Compiler {
         if (k.key() != "type" && k.key() != "const" && k.key() != "enum") unsupported(fmt::format("'{}' in it", part(k.key())));
         said = true;
       }
-      if (!said) fail("{}: its schema takes every value, so 'not' of it takes none", at);
+      if (!said) schema_merge::fail_empty("{}: its schema takes every value, so 'not' of it takes none", at);
       if (const auto t = a->find("type"); t != a->end()) named = type_bits(*t, at + "/type");
       if (a->contains("enum") && a->contains("const")) fail("{}: both 'enum' and 'const'", at);
       if (a->contains("enum") || a->contains("const")) {

@@ -315,6 +315,10 @@ class SchemaPrefix {
   // it can still become was written (unique items) or is excluded (not); beside contains, only
   // its closing quote can come.
   static bool closing_barred(const Thread& t, const Frame& f);
+  // A string f (under way, its text captured for its node's `not` only) that no excluded value
+  // starts like any more stops keeping its text: it can end as none of them, and its states then
+  // share their signatures (and masks) as other strings' do.
+  static void release(const Frame* parent, Frame& f);
   static bool string_barred(const Frame* array, const Frame& f);  // f an item of array (or about to be; null: none)
   // The number f (an item of array; null: none) can only end as a barred item or an excluded
   // value: every number it can still become was written (unique items) or is excluded (not);

@@ -63,6 +63,14 @@ class Merger {
 
   Json merged(const Json& s, const std::string& path, std::vector<std::string>& open) {
     if (open.size() > 64) fail("{}: allOf and $ref nest too deeply", path);
+    // (A reference back into the schema through an alternative's branch is merged again at each
+    // level, past the references the open list still holds: the nesting bounds it.)
+    struct Nest {
+      int& depth;
+      explicit Nest(int& d) : depth(d) { ++depth; }
+      ~Nest() { --depth; }
+    } nest(depth_);
+    if (depth_ > kMaxDepth) fail("{}: allOf, $ref and if nest more than {} deep", path.substr(0, 200), kMaxDepth);
     if (s.is_boolean()) return s;
     if (!s.is_object()) fail("{}: a schema must be an object or a boolean", path);
     if (schema_merge::conditional(s)) return merged(conditional(s, path, open), path, open);
@@ -132,7 +140,7 @@ class Merger {
       return out;
     }
     const auto c = s.find("if");
-    if (c == s.end()) return rest;
+    if (c == s.end() || (!s.contains("then") && !s.contains("else"))) return rest;  // (then nothing follows from if)
     Json alts = Json::array();
     auto branch = [&](const Json& a, const Json& b) {
       if ((a.is_boolean() && !a.get<bool>()) || (b.is_boolean() && !b.get<bool>())) return;
@@ -143,7 +151,7 @@ class Merger {
     const Json required = flat.is_object() ? flat.value("required", Json::array()) : Json::array();
     branch(*c, s.value("then", Json(true)));
     branch(negated(*c, required, path + "/if"), s.value("else", Json(true)));
-    if (alts.empty()) fail("{}: no value takes 'if' and 'then', or 'else' without 'if'", path);
+    if (alts.empty()) fail_empty("{}: no value takes 'if' and 'then', or 'else' without 'if'", path);
     Json out = Json::object();
     out["allOf"] = Json::array({rest, alts.size() == 1 ? alts[0] : Json{{"anyOf", alts}}});
     return out;
@@ -180,7 +188,7 @@ class Merger {
     if (!props.is_object()) fail("{}/properties: must be an object", path);
     for (auto it = props.begin(); it != props.end(); ++it) {
       const Json& p = it.value();
-      if (trivial(p)) continue;
+      if (trivial(p) || (p.is_object() && !constrains_beside(p, ""))) continue;  // (annotations only: every value)
       Json alt = {{"type", "object"}, {"required", Json::array({it.key()})}};
       if (!p.is_boolean()) {
         if (!p.is_object()) fail("{}/properties/{}: a schema must be an object or a boolean", path, part(it.key()));
@@ -433,7 +441,8 @@ class Merger {
     auto names = [&](const Json& t) {
       std::set<std::string> out;
       for (const Json& x : t.is_array() ? t : Json::array({t})) {
-        if (!x.is_string()) fail("{}/type: unknown type {}", path, x.dump());
+        static const std::set<std::string> kTypes = {"null", "boolean", "integer", "number", "string", "array", "object"};
+        if (!x.is_string() || !kTypes.count(x.get<std::string>())) fail("{}/type: unknown type {}", path, x.dump());
         out.insert(x.get<std::string>());
       }
       return out;
@@ -453,6 +462,8 @@ class Merger {
   static constexpr int kMaxMerges = 4096;  // (alternatives inside allOf pair up: a bound on the work)
   const Json& root_;
   int& merges_;
+  static constexpr int kMaxDepth = 64;  // merged() inside merged()
+  int depth_ = 0;
 };
 
 }  // namespace

@@ -63,6 +63,7 @@ bool SchemaPrefix::push_in_place(unsigned char c) {
       if (g.str.step(c) != JsonStringScan::Step::kMore || !string_byte(g)) return false;
       if (g.capture && (g.item += char(c), closing_barred(t, g))) return false;
       f = std::move(g);
+      if (f.capture) release(below_top(t), f);
       t.space_run = 0;
       return true;
     }
@@ -430,6 +431,19 @@ const SchemaPrefix::Frame* SchemaPrefix::below_top(const Thread& t) {
 
 bool SchemaPrefix::closing_barred(const Thread& t, const Frame& f) { return string_barred(below_top(t), f); }
 
+void SchemaPrefix::release(const Frame* parent, Frame& f) {
+  if (parent != nullptr && parent->kind == Kind::kArray &&
+      (parent->node->unique || !parent->node->contains_values.empty()))
+    return;  // (the array compares its items)
+  // Its text so far, without escapes, is its canonical form so far: where no excluded value
+  // starts with it, none can end it.
+  if (f.item.find('\\') != std::string::npos) return;
+  for (const std::string& e : f.node->excluded)
+    if (e.compare(0, f.item.size(), f.item) == 0) return;
+  f.capture = false;
+  f.item.clear();
+}
+
 const std::vector<std::string>* SchemaPrefix::avoided(const Frame* array, const Node& n, std::vector<std::string>& both,
                                                       bool& unique) {
   unique = array != nullptr && array->node->unique;
@@ -725,6 +739,7 @@ void SchemaPrefix::step_top(Thread t, unsigned char c, std::vector<Thread>& out)
       }
       if (!string_byte(f)) return;
       if (f.capture && (f.item += char(c), closing_barred(t, f))) return;
+      if (f.capture) release(below_top(t), f);
       t.space_run = 0;
       out.push_back(std::move(t));
       return;
