@@ -487,5 +487,17 @@ TEST(JsonSchemaNot, StringsLetGoOfTheirTextOnceNoExcludedValueIsNear) {
             2);
 }
 
+// Bounded numbers past about 16 digits: v + 10^-f rounds back to v in doubles, and the digits
+// still to come reach the doubles just above it. So 1.0000000000000002 is written, and under not 1
+// the prefix 1.000000000000000 is no dead end.
+TEST(JsonSchemaNot, BoundedNumbersPastSixteenDigits) {
+  const Json bounded = Json::parse(R"({"type":"number","minimum":0,"maximum":2})");
+  EXPECT_EQ(expect_the_validators(bounded, {"1.0000000000000002", "1.00000000000000000", "2.0000000000000004"}), 2);
+  const Json s = Json::parse(R"({"type":"number","minimum":0,"maximum":2,"not":{"const":1}})");
+  EXPECT_TRUE(takes(s, "1.000000000000000"));
+  EXPECT_TRUE(accepts(s, "1.0000000000000002"));
+  EXPECT_FALSE(accepts(s, "1.0000000000000000"));
+}
+
 }  // namespace
 }  // namespace dsi::server

@@ -36,7 +36,7 @@ double parse_number_text(std::string_view text);
 // The magnitudes that a number whose text began as `body` (digits and a dot, no sign, no exponent)
 // can still end as, up to hi: fn(a, b) for each interval [a, b) of them, until it returns true.
 // They lie in [d 10^k, (d + 1) 10^k) for some k (digits d, no dot yet), or in [v, v + 10^-f) (a dot
-// and f digits after it: v); all of [0, inf) before a digit. The recognizer's bounds check
+// and f digits after it: v; at least [v, the next double)); all of [0, inf) before a digit. The recognizer's bounds check
 // (json_schema_prefix.cpp) and the unique items' count of numbers left both read them.
 template <class F>
 bool magnitudes(std::string_view body, double hi, F&& fn) {
@@ -49,8 +49,10 @@ bool magnitudes(std::string_view body, double hi, F&& fn) {
       if (fn(d * scale, (d + 1.0) * scale)) return true;
     return false;
   }
+  // (At least up to the next double: past about 16 digits v + 10^-f rounds back to v, and the
+  // digits still to come reach v and the doubles just above it.)
   const double v = parse_number_text(body);
-  return fn(v, v + std::pow(10.0, -double(body.size() - dot - 1)));
+  return fn(v, std::max(v + std::pow(10.0, -double(body.size() - dot - 1)), std::nextafter(v, HUGE_VAL)));
 }
 
 // The values an item of n may not end as: the items written so far (canonical texts) and those
