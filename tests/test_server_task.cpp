@@ -317,8 +317,8 @@ TEST(ServerTask, StructuredOutputs) {
                "structured_outputs", "non-empty array of strings");
   expect_error(parse_completion_request(R"({"prompt": "x", "guided_choice": ["a", 1]})"), 400, "guided_choice",
                "non-empty array of strings");
-  expect_error(parse_completion_request(R"({"prompt": "x", "structured_outputs": {"json": {"type": "integer", "not": {}}}})"),
-               400, "structured_outputs", "'structured_outputs.json' #: 'not' is not supported");
+  expect_error(parse_completion_request(R"({"prompt": "x", "structured_outputs": {"json": {"type": "integer", "not": {"minimum": 1}}}})"),
+               400, "structured_outputs", "'structured_outputs.json' #/not: 'minimum' in it");
   expect_error(parse_completion_request(R"({"prompt": "x", "guided_json": "{"})"), 400, "guided_json", "not valid JSON");
   expect_error(parse_completion_request(R"({"prompt": "x", "structured_outputs": {"grammar": "root ::= \"a\""}})"), 400,
                "structured_outputs", "'structured_outputs.grammar' is not supported", "unsupported");
