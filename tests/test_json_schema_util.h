@@ -14,6 +14,7 @@
 #include <cmath>
 #include <random>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,50 @@ inline bool valid_type(const Json& v, const std::string& t) {
   return false;
 }
 
+// The keys of object v (the positions of array v's items) that s evaluates, v valid against s:
+// 2020-12's annotations of properties, patternProperties, additionalProperties, prefixItems,
+// items, contains and the unevaluated keywords, taken through $ref, allOf, the alternatives of
+// anyOf and oneOf that v is valid against, if with then (else where v is not valid against if),
+// and dependentSchemas of the keys there. (not keeps none.)
+inline void evaluated(const Json& v, const Json& s, const Json& root, std::set<std::string>& keys,
+                      std::vector<bool>& items) {
+  if (!s.is_object()) return;
+  if (s.contains("$ref")) {
+    const std::string r = s["$ref"];
+    evaluated(v, root.at(Json::json_pointer(r.substr(1))), root, keys, items);
+  }
+  for (const char* k : {"allOf", "anyOf", "oneOf"})
+    for (const Json& alt : s.value(k, Json::array()))
+      if (valid(v, alt, root)) evaluated(v, alt, root, keys, items);
+  if (s.contains("if")) {
+    const bool took = valid(v, s["if"], root);
+    if (took) evaluated(v, s["if"], root, keys, items);
+    if (s.contains(took ? "then" : "else")) evaluated(v, s[took ? "then" : "else"], root, keys, items);
+  }
+  if (v.is_object()) {
+    for (const char* k : {"dependentSchemas", "dependencies"}) {
+      const Json deps = s.value(k, Json::object());
+      for (const auto& [name, schema] : deps.items())
+        if (v.contains(name) && !schema.is_array()) evaluated(v, schema, root, keys, items);
+    }
+    const bool all = s.contains("additionalProperties") || s.contains("unevaluatedProperties");
+    const Json props = s.value("properties", Json::object()), patterns = s.value("patternProperties", Json::object());
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      bool mine = all || props.contains(it.key());
+      for (const auto& [pattern, schema] : patterns.items())
+        mine = mine || std::regex_search(it.key(), std::regex(pattern, std::regex::ECMAScript));
+      if (mine) keys.insert(it.key());
+    }
+  }
+  if (v.is_array()) {
+    const bool tuple = s.contains("items") && s["items"].is_array();
+    const size_t prefix = s.contains("prefixItems") ? s["prefixItems"].size() : tuple ? s["items"].size() : 0;
+    const bool rest = (tuple ? s.contains("additionalItems") : s.contains("items")) || s.contains("unevaluatedItems");
+    for (size_t i = 0; i < v.size(); ++i)
+      if (i < prefix || rest || (s.contains("contains") && valid(v[i], s["contains"], root))) items[i] = true;
+  }
+}
+
 inline bool valid(const Json& v, const Json& s, const Json& root) {
   if (s.is_boolean()) return s.get<bool>();
   if (s.contains("$ref")) {  // (2020-12: beside other keywords, both hold)
@@ -118,16 +163,12 @@ inline bool valid(const Json& v, const Json& s, const Json& root) {
     if (took && s.contains("then") && !valid(v, s["then"], root)) return false;
     if (!took && s.contains("else") && !valid(v, s["else"], root)) return false;
   }
-  if (s.contains("anyOf")) {
-    for (const Json& alt : s["anyOf"])
-      if (valid(v, alt, root)) return true;
+  if (s.contains("anyOf") &&
+      std::none_of(s["anyOf"].begin(), s["anyOf"].end(), [&](const Json& alt) { return valid(v, alt, root); }))
     return false;
-  }
-  if (s.contains("oneOf")) {
-    int matched = 0;
-    for (const Json& alt : s["oneOf"]) matched += valid(v, alt, root);
-    return matched == 1;
-  }
+  if (s.contains("oneOf") &&
+      std::count_if(s["oneOf"].begin(), s["oneOf"].end(), [&](const Json& alt) { return valid(v, alt, root); }) != 1)
+    return false;
   if (s.contains("allOf")) {
     for (const Json& alt : s["allOf"])
       if (!valid(v, alt, root)) return false;
@@ -219,6 +260,21 @@ inline bool valid(const Json& v, const Json& s, const Json& root) {
       const double q = x / s["multipleOf"].get<double>();
       if (q != std::floor(q)) return false;
     }
+  }
+  // unevaluatedProperties / unevaluatedItems: the keys (items) that no other keyword evaluated,
+  // here or in the schemas applied in place, against their schema.
+  if ((v.is_object() && s.contains("unevaluatedProperties")) || (v.is_array() && s.contains("unevaluatedItems"))) {
+    Json others = s;
+    others.erase("unevaluatedProperties");
+    others.erase("unevaluatedItems");
+    std::set<std::string> keys;
+    std::vector<bool> items(v.is_array() ? v.size() : 0, false);
+    evaluated(v, others, root, keys, items);
+    if (v.is_object())
+      for (auto it = v.begin(); it != v.end(); ++it)
+        if (!keys.count(it.key()) && !valid(it.value(), s["unevaluatedProperties"], root)) return false;
+    for (size_t i = 0; i < items.size(); ++i)
+      if (!items[i] && !valid(v[i], s["unevaluatedItems"], root)) return false;
   }
   if (v.is_string()) {
     const size_t n = code_points(v.get<std::string>());

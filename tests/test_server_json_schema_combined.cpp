@@ -138,6 +138,43 @@ TEST(JsonSchema, AllOfIsEverySchemaAtOnce) {
   EXPECT_NE(message(R"({"allOf": []})").find("non-empty array"), std::string::npos);
 }
 
+// anyOf / oneOf beside other keywords: both hold, each alternative read with the rest (an object
+// of declared properties that must have one of two keys; a oneOf whose alternatives exclude each
+// other only once the rest's properties are in them).
+TEST(JsonSchema, AlternativesBesideOtherKeywords) {
+  const Json one_of_two = Json::parse(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},
+                                          "additionalProperties":false,"anyOf":[{"required":["a"]},{"required":["b"]}]})");
+  EXPECT_EQ(expect_the_validators(one_of_two, {R"({"a":1})", R"({"b":"x"})", R"({"a":1,"b":"x"})", "{}", R"({"c":1})",
+                                               R"({"a":"x"})"}),
+            3);
+  EXPECT_FALSE(takes(one_of_two, "{}"));
+  for (uint64_t seed : {71, 72}) EXPECT_GT(walks_that_end(one_of_two, seed, 20), 10);
+  const Json kinds = Json::parse(R"({"type":"object","properties":{"kind":{"type":"string"},"n":{"type":"integer"}},
+                                     "required":["kind"],
+                                     "oneOf":[{"properties":{"kind":{"const":"one"}}},{"properties":{"kind":{"const":"two"}},"required":["n"]}]})");
+  EXPECT_EQ(expect_the_validators(kinds, {R"({"kind":"one"})", R"({"kind":"two","n":2})", R"({"kind":"two"})", R"({"kind":"three"})",
+                                          R"({"n":1})", R"({"kind":"one","n":"x"})"}),
+            2);
+  // Scalars: a string alternative with the rest's minLength, and the number alternative untouched
+  // by it.
+  EXPECT_EQ(expect_the_validators(Json::parse(R"({"anyOf":[{"type":"string"},{"type":"integer"}],"minLength":2,"maximum":5})"),
+                                  {R"("ab")", R"("a")", "5", "6", "null"}),
+            2);
+  // Alternatives the rest leaves no value in are left out; none left: no value.
+  EXPECT_EQ(expect_the_validators(Json::parse(R"({"type":"string","anyOf":[{"type":"integer"},{"maxLength":1}]})"),
+                                  {R"("a")", R"("ab")", "1"}),
+            1);
+  EXPECT_NE(message(R"({"type":"string","anyOf":[{"type":"integer"},{"type":"null"}]})").find("none in common"), std::string::npos);
+  // Both beside other keywords.
+  EXPECT_EQ(expect_the_validators(Json::parse(R"({"type":["string","integer"],"anyOf":[{"minLength":2},{"minimum":0}],
+                                                "oneOf":[{"type":"string"},{"type":"integer","maximum":10}]})"),
+                                  {R"("ab")", R"("a")", "5", "11", "-1", "null"}),
+            4);
+  // A oneOf whose alternatives still overlap with the rest is refused, as alone.
+  EXPECT_NE(message(R"({"type":"object","oneOf":[{"required":["a"]},{"required":["b"]}]})").find("may both match"),
+            std::string::npos);
+}
+
 TEST(JsonSchema, WalksThroughMergedAllOfEndInValidValues) { EXPECT_GT(walks_that_end(named_thing(), 31, 30), 20); }
 
 }  // namespace

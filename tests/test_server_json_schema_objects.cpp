@@ -1,5 +1,6 @@
-// Structured outputs (server/json_schema.h): what objects say of their keys beside properties and
-// required: dependentRequired (draft 7's dependencies as lists of names) and propertyNames; each
+// Structured outputs (server/json_schema.h): what objects say of their keys beside properties:
+// required names properties does not declare, dependentRequired (draft 7's dependencies as lists
+// of names) and propertyNames; each
 // against the validator (test_json_schema_util.h), with the compiler's messages, and walked
 // through the mask.
 #include <gtest/gtest.h>
@@ -233,6 +234,52 @@ TEST(JsonSchemaObjects, WalksThroughPropertyNamesEndInValidValues) {
                                        "propertyNames":{"pattern":"^[ab]{1,2}$"},"additionalProperties":{"type":"null"},
                                        "dependentRequired":{"bb":["ba"]},"maxProperties":5})");
   EXPECT_GT(walks_that_end(crowded, 53, 30), 20);
+}
+
+// A required name that properties does not declare is another key: it must come, with the value
+// patternProperties or additionalProperties give it; where no such key may come, no object.
+TEST(JsonSchemaObjects, RequiredNamesOutsideProperties) {
+  const Json s = Json::parse(R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a","b"],
+                                 "additionalProperties":{"type":"string"}})");
+  EXPECT_EQ(expect_the_validators(s, {R"({"a":1,"b":"x"})", R"({"b":"x","a":1})", R"({"a":1})", R"({"b":"x"})",
+                                      R"({"a":1,"b":2})", R"({"a":1,"b":"x","c":"y"})", R"({"a":1,"c":"y"})"}),
+            3);
+  EXPECT_FALSE(takes(s, R"({"a":1})"));
+  EXPECT_FALSE(takes(s, R"({"a":1,"b":2)"));
+  EXPECT_TRUE(takes(s, R"({"a":1,"c":"y",)"));  // (b can still come)
+  // (Walks: where other keys may be any name, a walk seldom writes b before its steps run out; with
+  // propertyNames leaving b the only other name, they end.)
+  Json named = s;
+  named["propertyNames"] = Json::parse(R"({"pattern":"^[ab]$"})");
+  for (uint64_t seed : {61, 62, 63}) EXPECT_GT(walks_that_end(named, seed, 20), 10);
+  // No properties at all, and a name that patternProperties holds to its schema.
+  const Json bare = Json::parse(R"({"required":["id"],"patternProperties":{"^i":{"type":"integer"}},"maxProperties":2})");
+  EXPECT_EQ(expect_the_validators(bare, {R"({"id":3})", R"({"id":"3"})", R"({})", R"({"x":1,"id":2})", R"({"x":1,"y":2})",
+                                         "3", R"("id")"}),
+            4);
+  EXPECT_FALSE(takes(bare, R"({"x":1,"y")"));  // (then id could not come)
+  Json bare_named = bare;
+  bare_named["propertyNames"] = Json::parse(R"({"enum":["id","x"]})");
+  for (uint64_t seed : {64, 65}) EXPECT_GT(walks_that_end(bare_named, seed, 20), 10);
+  // Where the name may not come, objects are ruled out (the schema's other types stay).
+  const Json closed = Json::parse(R"({"type":["object","null"],"properties":{"a":{}},"required":["b"],
+                                      "additionalProperties":false})");
+  EXPECT_EQ(expect_the_validators(closed, {"null", R"({"a":1})", R"({"b":1})", "{}"}), 1);
+  expect_refused(R"({"type":"object","properties":{"a":{}},"required":["b"],"additionalProperties":false})",
+                 "#/required: \"b\" is required, but the object may not have it");
+  expect_refused(R"({"type":"object","required":["bb"],"propertyNames":{"maxLength":1}})", "may not have it");
+  expect_refused(R"({"type":"object","required":[1]})", "#/required: 1 is not a name");
+  expect_refused(R"({"type":"object","required":["a\"b"]})", "needs escapes");
+  // Closed objects (strict tool parameters): only declared names, so an undeclared required one
+  // leaves no object.
+  EXPECT_THROW(JsonSchema::compile(Json::parse(R"({"type":"object","properties":{"a":{}},"required":["b"]})"),
+                                   /*closed_objects=*/true),
+               dsi::Error);
+  EXPECT_NE(JsonSchema::compile(Json::parse(R"({"type":"object","properties":{"a":{}},"required":["b"]})")), nullptr);
+  // In an if: a required name that properties do not declare (else: the object without it).
+  const Json cond = Json::parse(R"({"type":"object","properties":{"a":{"type":"integer"}},
+                                    "if":{"required":["b"]},"then":{"required":["a"]},"else":{"maxProperties":1}})");
+  EXPECT_EQ(expect_the_validators(cond, {R"({"b":1,"a":2})", R"({"b":1})", R"({"a":2})", R"({"a":2,"c":3})", "{}"}), 3);
 }
 
 }  // namespace

@@ -265,8 +265,8 @@ TEST(ServerTask, UnsupportedFeatures) {
       "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "string",
       "pattern": "(a)\\1"}}}})"), 400, "response_format", "#/pattern: the pattern's back-reference");
   expect_error(parse_completion_request(R"({"prompt": "x", "response_format": {"type": "json_schema",
-      "json_schema": {"schema": {"type": "object", "required": ["a"]}}}})"), 400, "response_format",
-               "#/required: \"a\" is not in 'properties'");
+      "json_schema": {"schema": {"type": "object", "required": ["a"], "additionalProperties": false}}}})"), 400,
+               "response_format", "#/required: \"a\" is required, but the object may not have it");
   const ParsedRequest schema = ok_chat(R"({"messages": [{"role": "user", "content": "x"}],
       "response_format": {"type": "json_schema", "json_schema": {"name": "a", "strict": true,
       "schema": {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}}}})");

@@ -15,6 +15,7 @@
 #include "dsinfer/error.h"
 #include "server/json_schema_contains.h"
 #include "server/json_schema_merge.h"
+#include "server/json_schema_oneof.h"
 #include "server/json_schema_values.h"
 
 namespace dsi::server {
@@ -24,6 +25,41 @@ using Json = nlohmann::json;
 bool JsonSchema::Node::within(double v) const {
   return (v > lo || (v == lo && !lo_open)) && (v < hi || (v == hi && !hi_open)) &&
          (multiple_of == 0 || std::fmod(v, multiple_of) == 0);
+}
+
+bool JsonSchema::Node::string_fits(const std::string& text) const {
+  const std::u32string cps = code_points(text);
+  const auto length = int64_t(cps.size());
+  if (length < min_length || (max_length >= 0 && length > max_length)) return false;
+  return !pattern || pattern->matches(cps);
+}
+
+uint32_t JsonSchema::Node::matched(const std::string& name) const {
+  uint32_t set = 0;
+  const std::u32string text = key_patterns.empty() ? std::u32string() : code_points(name);
+  for (size_t i = 0; i < key_patterns.size(); ++i)
+    if (key_patterns[i]->matches(text)) set |= uint32_t(1) << i;
+  return set;
+}
+
+const JsonSchema::Node* JsonSchema::Node::other_value(const std::string& name) const {
+  if (keys_limited()) {  // propertyNames' limits
+    const std::u32string cps = code_points(name);
+    const auto length = int64_t(cps.size());
+    if (length < key_min || (key_max >= 0 && length > key_max) || (key_pattern && !key_pattern->matches(cps)))
+      return nullptr;
+  }
+  return pattern_values.empty() ? additional : pattern_values[matched(name)];
+}
+
+const JsonSchema::Node* JsonSchema::Node::value_of(const std::string& name) const {
+  const auto at = std::find(names.begin(), names.end(), name);
+  return at != names.end() ? props[size_t(at - names.begin())] : other_value(name);
+}
+
+const JsonSchema::Node* JsonSchema::unwrap(const Node* n) {
+  for (int hops = 0; n != nullptr && n->any_of.size() == 1 && hops < 64; ++hops) n = n->any_of[0];
+  return n;
 }
 
 bool JsonSchema::meets(double a, double b, bool integer, double lo, bool lo_open, double hi, bool hi_open,
@@ -92,8 +128,7 @@ class JsonSchema::Compiler {
  private:
   static bool annotation(const std::string& k) { return schema_merge::annotation(k); }
   static bool refused(const std::string& k) {
-    static const std::set<std::string> kRefused = {
-        "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef"};
+    static const std::set<std::string> kRefused = {"$dynamicRef", "$recursiveRef"};
     return kRefused.count(k) > 0;
   }
   static std::string part(const std::string& name) { return schema_merge::part(name); }
@@ -139,6 +174,12 @@ class JsonSchema::Compiler {
   }
 
   void fill(Node& n, const Json& s, const std::string& path) {
+    // unevaluatedProperties and unevaluatedItems: read at their level, after its allOf and $ref are
+    // merged in (json_schema_merge.cpp), as additionalProperties and items.
+    if (s.contains("unevaluatedProperties") || s.contains("unevaluatedItems")) {
+      n.any_of.push_back(compile(schema_merge::merge(root_, s, path, merges_), path));
+      return;
+    }
     // allOf of several schemas, or beside other keywords, and $ref beside other keywords (what
     // 2020-12 reads as both): the schemas merged into one (json_schema_merge.cpp), then compiled.
     if (const auto all = s.find("allOf"); all != s.end()) {
@@ -154,7 +195,9 @@ class JsonSchema::Compiler {
       n.any_of.push_back(compile(schema_merge::merge(root_, s, path, merges_), path));
       return;
     }
-    if (s.contains("$ref") && schema_merge::constrains_beside(s, "$ref")) {
+    if ((s.contains("$ref") && schema_merge::constrains_beside(s, "$ref")) ||
+        (s.contains("anyOf") && schema_merge::constrains_beside(s, "anyOf")) ||
+        (s.contains("oneOf") && schema_merge::constrains_beside(s, "oneOf"))) {
       n.any_of.push_back(compile(schema_merge::merge(root_, s, path, merges_), path));
       return;
     }
@@ -178,7 +221,7 @@ class JsonSchema::Compiler {
         for (size_t i = 0; i < v.size(); ++i)
           if (const Node* alt = compile_part(v[i], at + "/" + std::to_string(i), why)) n.any_of.push_back(alt);
         if (n.any_of.empty()) schema_merge::fail_empty("{}", why);
-        if (std::string(alone) == "oneOf") exclusive(n.any_of, at);
+        if (std::string(alone) == "oneOf") schema_oneof::exclusive(n.any_of, at);
       }
       return;
     }
@@ -218,7 +261,7 @@ class JsonSchema::Compiler {
         n.names.push_back(it.key());
         const std::string at = path + "/properties/" + part(it.key());
         std::vector<Json> all = {it.value()};
-        for (uint32_t set = matched(n, it.key()); set != 0; set &= set - 1)
+        for (uint32_t set = n.matched(it.key()); set != 0; set &= set - 1)
           all.push_back(*pattern_schemas[size_t(std::countr_zero(set))]);
         if (std::any_of(all.begin(), all.end(), [](const Json& x) { return x == Json(false); })) {
           n.banned |= uint64_t(1) << (n.names.size() - 1);  // (the key takes no value: it never comes)
@@ -244,17 +287,28 @@ class JsonSchema::Compiler {
     pattern_values(n, pattern_schemas, pattern_texts, path);
     property_names(n, s, path, bans);
     key_automaton(n, path);
-    dependencies(n, s, path, bans);
-    n.others = n.additional != nullptr || !n.pattern_values.empty();
+    // required: a name not in properties is another key's, declared (with another key's value) so
+    // that its coming is seen; where no such key may come, no object is written.
+    std::vector<std::string> required;
     if (const auto req = s.find("required"); req != s.end()) {
       if (!req->is_array()) fail("{}/required: must be an array of names", path);
       for (const Json& name : *req) {
-        const auto at = name.is_string() ? std::find(n.names.begin(), n.names.end(), name.get<std::string>())
-                                         : n.names.end();
-        if (at == n.names.end()) fail("{}/required: {} is not in 'properties'", path, name.dump());
-        n.required |= uint64_t(1) << (at - n.names.begin());
+        if (!name.is_string()) fail("{}/required: {} is not a name", path, name.dump());
+        required.push_back(name.get<std::string>());
+        if (std::find(n.names.begin(), n.names.end(), required.back()) != n.names.end()) continue;
+        if (n.other_value(required.back()) == nullptr) {
+          no_values_of(n, kObject, fmt::format("{}/required: {} is required, but the object may not have it", path,
+                                               name.dump()));
+          required.pop_back();
+          continue;
+        }
+        add_name(n, required.back(), path + "/required");
       }
     }
+    dependencies(n, s, path, bans);
+    n.others = n.additional != nullptr || !n.pattern_values.empty();
+    for (const std::string& name : required)
+      n.required |= uint64_t(1) << (std::find(n.names.begin(), n.names.end(), name) - n.names.begin());
     for (uint64_t r = n.required; r != 0; r &= r - 1)
       if (!n.dependents.empty()) n.required |= n.dependents[size_t(std::countr_zero(r))];
     if (const uint64_t never = n.required & n.banned; never != 0) {
@@ -406,20 +460,6 @@ class JsonSchema::Compiler {
 
   // ---- Objects: patternProperties, propertyNames and dependentRequired.
 
-  // The patternProperties patterns that a name matches (bit i: pattern i).
-  static uint32_t matched(const Node& n, const std::string& name) {
-    uint32_t set = 0;
-    const std::u32string text = n.key_patterns.empty() ? std::u32string() : code_points(name);
-    for (size_t i = 0; i < n.key_patterns.size(); ++i)
-      if (n.key_patterns[i]->matches(text)) set |= uint32_t(1) << i;
-    return set;
-  }
-  // The value of the key `name` where it is not declared; null where it may not come.
-  static const Node* other_value(const Node& n, const std::string& name) {
-    if (!key_fits(n, name)) return nullptr;
-    return n.pattern_values.empty() ? n.additional : n.pattern_values[matched(n, name)];
-  }
-
   // The value of a key that matches each set of patterns: their schemas merged (as an allOf). A
   // set whose schemas cannot be merged, or that accepts no value, takes no key.
   void pattern_values(Node& n, const std::vector<const Json*>& schemas, const std::vector<std::string>& texts,
@@ -475,14 +515,8 @@ class JsonSchema::Compiler {
   static bool needs_escapes(const std::string& name) {
     return std::any_of(name.begin(), name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == '"' || c == '\\'; });
   }
-  // Another key's name within the node's propertyNames limits (pattern, length).
-  static bool key_fits(const Node& n, const std::string& name) {
-    Node limits;
-    std::tie(limits.min_length, limits.max_length, limits.pattern) = std::tie(n.key_min, n.key_max, n.key_pattern);
-    return fits(limits, Json(name));
-  }
   size_t add_name(Node& n, const std::string& name, const std::string& at) {  // (its value: another key's)
-    const Node* value = other_value(n, name);
+    const Node* value = n.other_value(name);
     if (needs_escapes(name))
       fail("{}: the name {} needs escapes, which keys may not have here", at, Json(name).dump());
     if (n.names.size() >= size_t(kMaxProperties))
@@ -520,14 +554,14 @@ class JsonSchema::Compiler {
         const Json values = pn->contains("const") ? Json::array({pn->at("const")}) : pn->at("enum");
         if (!values.is_array() || values.empty()) fail("{}/enum: must be a non-empty array", at);
         for (const Json& v : values)  // (values that are not strings name no key)
-          if (v.is_string() && fits(k, v)) listed.push_back(v.get<std::string>());
+          if (v.is_string() && k.string_fits(v.get_ref<const std::string&>())) listed.push_back(v.get<std::string>());
       }
     } else {  // false: no key at all
       if (!pn->is_boolean()) fail("{}: must be a schema", at);
       has_list = true;
     }
     auto taken = [&](const std::string& name) {
-      return has_list ? std::find(listed.begin(), listed.end(), name) != listed.end() : fits(k, Json(name));
+      return has_list ? std::find(listed.begin(), listed.end(), name) != listed.end() : k.string_fits(name);
     };
     for (size_t i = 0; i < n.names.size(); ++i)
       if (!taken(n.names[i])) {
@@ -538,7 +572,7 @@ class JsonSchema::Compiler {
     if (has_list) {  // the listed names that are not declared: declared now, with another key's value
       for (const std::string& name : listed)
         if (std::find(n.names.begin(), n.names.end(), name) == n.names.end() && !needs_escapes(name) &&
-            other_value(n, name) != nullptr)
+            n.other_value(name) != nullptr)
           add_name(n, name, at);
       n.additional = nullptr;
       n.pattern_values.clear();
@@ -572,7 +606,7 @@ class JsonSchema::Compiler {
     }
     if (entries.empty()) return;
     auto index = [&n](const std::string& name) { return std::find(n.names.begin(), n.names.end(), name) - n.names.begin(); };
-    auto other = [&n](const std::string& name) { return other_value(n, name) != nullptr; };
+    auto other = [&n](const std::string& name) { return n.other_value(name) != nullptr; };
     std::map<size_t, uint64_t> deps;
     for (const Entry& e : entries) {
       auto a = size_t(index(e.name));
@@ -756,105 +790,6 @@ class JsonSchema::Compiler {
       no_values_of(n, kString, fmt::format("{}: the pattern takes at least {} characters, above maxLength", path, shortest));
     if (longest != JsonPattern::kUnbounded && longest < n.min_length && (n.types & kString))
       no_values_of(n, kString, fmt::format("{}: the pattern takes at most {} characters, below minLength", path, longest));
-  }
-
-  // oneOf is read as anyOf where no value can match two of its alternatives, as far as the
-  // schemas show it: other types, other enum values, number bounds that do not meet, objects with
-  // a required property whose values exclude each other (a discriminator). Else it is refused.
-  static void exclusive(const std::vector<const Node*>& alts, const std::string& at) {
-    for (size_t i = 0; i < alts.size(); ++i)
-      for (size_t j = i + 1; j < alts.size(); ++j)
-        if (!apart(alts[i], alts[j], 0))
-          fail("{}: alternatives {} and {} may both match a value; a oneOf is supported where its alternatives "
-               "exclude each other (other types, other enum values, bounds that do not meet, a required property "
-               "whose values differ)", at, i, j);
-  }
-
-  static const Node* unwrap(const Node* n) {  // references and one-schema combinations
-    for (int hops = 0; n->any_of.size() == 1 && hops < 64; ++hops) n = n->any_of[0];
-    return n;
-  }
-
-  // No value matches both a and b (false: it may). A node still being filled (a reference back
-  // into a schema under way) is any value.
-  static bool apart(const Node* a, const Node* b, int depth) {
-    if (++depth > 16) return false;
-    a = unwrap(a);
-    b = unwrap(b);
-    for (const auto& [x, y] : {std::pair(a, b), std::pair(b, a)}) {
-      if (x->any_of.empty()) continue;
-      for (const Node* alt : x->any_of)
-        if (!apart(alt, y, depth)) return false;
-      return true;
-    }
-    if (a->has_literals || b->has_literals) {
-      const Node* lit = a->has_literals ? a : b;
-      const Node* other = lit == a ? b : a;
-      for (const std::string& text : lit->literals)
-        if (admits(*other, Json::parse(text), depth)) return false;
-      return true;
-    }
-    const uint8_t both = a->types & b->types;
-    if (both & (kNull | kBoolean | kString | kArray)) return false;
-    if (both & (kInteger | kNumber)) {
-      auto below = [](double hi, bool hi_open, double lo, bool lo_open) {
-        return hi < lo || (hi == lo && (hi_open || lo_open));
-      };
-      if (!below(a->hi, a->hi_open, b->lo, b->lo_open) && !below(b->hi, b->hi_open, a->lo, a->lo_open)) return false;
-    }
-    if (both & kObject) {
-      // A property one requires whose value the other cannot take there.
-      auto keyed = [depth](const Node& x, const Node& y) {
-        for (size_t i = 0; i < x.names.size(); ++i) {
-          if (!(x.required >> i & 1)) continue;
-          const auto at = std::find(y.names.begin(), y.names.end(), x.names[i]);
-          const Node* there = at != y.names.end() ? y.props[size_t(at - y.names.begin())] : other_value(y, x.names[i]);
-          if (there == nullptr || apart(x.props[i], there, depth)) return true;
-        }
-        return false;
-      };
-      if (!keyed(*a, *b) && !keyed(*b, *a)) return false;
-    }
-    return true;
-  }
-
-  // Whether value v may match node n (false only where the schema shows it cannot).
-  static bool admits(const Node& n, const Json& v, int depth) {
-    if (++depth > 16) return true;
-    if (!n.any_of.empty())
-      return std::any_of(n.any_of.begin(), n.any_of.end(), [&](const Node* alt) { return admits(*alt, v, depth); });
-    if (!(n.types & type_of(v))) return false;
-    if (n.has_literals)
-      return std::any_of(n.literals.begin(), n.literals.end(),
-                         [&](const std::string& t) { return Json::parse(t) == v; });
-    if (v.is_number() && !n.within(v.get<double>())) return false;
-    if (v.is_string() && !fits(n, v)) return false;
-    if (v.is_object()) {
-      if (int64_t(v.size()) < n.min_props || (n.max_props >= 0 && int64_t(v.size()) > n.max_props)) return false;
-      for (size_t i = 0; i < n.names.size(); ++i)
-        if ((n.required >> i & 1) && !v.contains(n.names[i])) return false;
-      for (auto it = v.begin(); it != v.end(); ++it) {
-        const auto at = std::find(n.names.begin(), n.names.end(), it.key());
-        const Node* there = at != n.names.end() ? n.props[size_t(at - n.names.begin())] : other_value(n, it.key());
-        if (there == nullptr || !admits(*there, it.value(), depth)) return false;
-      }
-    }
-    if (v.is_array()) {
-      if (int64_t(v.size()) < n.min_items || (n.max_items >= 0 && int64_t(v.size()) > n.max_items)) return false;
-      for (size_t i = 0; i < v.size(); ++i) {
-        const Node* item = i < n.prefix_items.size() ? n.prefix_items[i] : n.items;
-        if (item != nullptr && !admits(*item, v[i], depth)) return false;
-      }
-    }
-    return true;
-  }
-
-  // A string enum value within the length limits and matching the pattern.
-  static bool fits(const Node& n, const Json& v) {
-    const std::u32string text = code_points(v.get_ref<const std::string&>());  // (a parsed string is valid UTF-8)
-    const auto length = int64_t(text.size());
-    if (length < n.min_length || (n.max_length >= 0 && length > n.max_length)) return false;
-    return !n.pattern || n.pattern->matches(text);
   }
 
   // "#", "#/$defs/Name", "#/definitions/Name" (JSON pointer escapes ~0 and ~1 decoded).

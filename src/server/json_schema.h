@@ -3,9 +3,11 @@
 //
 // What a schema may say (JSON Schema 2020-12 and draft 7 spellings):
 // - type (a name or a list of names), enum, const;
-// - objects: properties, required, additionalProperties (default true, as the standard says),
-//   minProperties, maxProperties; dependentRequired (draft 7: dependencies whose values are lists
-//   of names): a property that needs a name the object may not have is never written (a required
+// - objects: properties, required (a name not in properties is another key, its value held to
+//   patternProperties / additionalProperties, and where no such key may come objects are ruled
+//   out), additionalProperties (default true, as the standard says), minProperties,
+//   maxProperties; dependentRequired (draft 7: dependencies whose values are lists of names): a
+//   property that needs a name the object may not have is never written (a required
 //   one is refused); propertyNames as a string schema of pattern, minLength, maxLength, enum or
 //   const: declared names it refuses are never written (a required one is refused), other keys
 //   are held to it as they are written (enum and const: the names listed, each at most once);
@@ -35,12 +37,14 @@
 //   at most 15 digits, which validators read exactly);
 // - anyOf; oneOf whose alternatives exclude each other as the schemas show it (other types, other
 //   enum values, bounds that do not meet, a required property whose values differ: a
-//   discriminator), read as anyOf; $ref to "#", "#/$defs/..." or "#/definitions/..." (recursion
-//   too); allOf, and $ref beside other keywords (2020-12: both hold), merged into one schema:
+//   discriminator), read as anyOf (json_schema_oneof.cpp); either beside other keywords: each
+//   alternative merged with them (as an allOf of both); $ref to "#", "#/$defs/..." or
+//   "#/definitions/..." (recursion too); allOf, and $ref beside other keywords (2020-12: both hold), merged into one schema:
 //   types, enum values and bounds of all, required of all, dependentRequired of all (each
 //   property's names from every member), each property's schema from every member (its own,
 //   else those of its patternProperties that the name matches, else its additionalProperties),
-//   items of all, multipleOf's least common multiple, alternatives (anyOf / oneOf) paired with
+//   items of all position by position (a member's items past its prefix also hold at another's
+//   prefix positions), multipleOf's least common multiple, alternatives (anyOf / oneOf) paired with
 //   the rest, patternProperties of all (a pattern in two members: its schemas merged); two
 //   different patterns, formats or propertyNames, patternProperties beside another member's
 //   additionalProperties (other than true), draft 4's boolean exclusive bounds, or a reference
@@ -66,9 +70,14 @@
 //   rule out a type's values (an object's counts that do not meet, an array's, a string's lengths)
 //   take that type out of the schema's, as validators read them (they hold of that type only);
 // - an alternative (anyOf, oneOf, a branch of if) that takes no value of any type, alone or
-//   merged with an allOf's other members, is left out where others remain (schema_merge::EmptySchema).
-// Keywords that would constrain values in other ways (not or if of other schemas, contains of other schemas,
-// unevaluatedProperties, ...) are refused, with the keyword named:
+//   merged with an allOf's other members, is left out where others remain (schema_merge::EmptySchema);
+// - unevaluatedProperties / unevaluatedItems: read at their level once its allOf and $ref are merged
+//   in, as the additionalProperties (the items past every prefix) of the merge; nothing where a
+//   schema in place evaluates every key (additionalProperties) or item (items); refused beside an
+//   alternative in place (anyOf, oneOf, if, dependentSchemas; for items also contains), whose
+//   evaluated keys would depend on the branch taken.
+// Keywords that would constrain values in other ways (not or if of other schemas, contains of other
+// schemas, $dynamicRef, ...) are refused, with the keyword named:
 // the server never claims a constraint it does not enforce.
 //
 // The generated text: values as RFC 8259 JSON (whitespace between tokens within the limits of
@@ -139,6 +148,12 @@ class JsonSchema {
     const Node* other_value(int32_t key_state) const {
       return pattern_values.empty() ? additional : pattern_values[key_sets[size_t(key_state)]];
     }
+    // The same for the name itself (not declared): null where it may not come (propertyNames'
+    // limits, or no such key); matched: the patterns it matches (bit i: key_patterns[i]).
+    const Node* other_value(const std::string& name) const;
+    uint32_t matched(const std::string& name) const;
+    // The value of the key `name`, declared or not; null where it may not come.
+    const Node* value_of(const std::string& name) const;
     int64_t min_props = 0, max_props = -1;  // keys in all
     // Arrays.
     std::vector<const Node*> prefix_items;  // the first items' schemas
@@ -165,6 +180,8 @@ class JsonSchema {
     bool lo_open = false, hi_open = false;
     double multiple_of = 0;  // > 0: a multiple of this whole number (then |x| < 10^15)
     bool bounded() const { return lo > -HUGE_VAL || hi < HUGE_VAL; }
+    // The string `text` (parsed: valid UTF-8) is within minLength, maxLength and the pattern.
+    bool string_fits(const std::string& text) const;
     // v lies within the bounds (and is a multiple), read as validators read JSON numbers.
     bool within(double v) const;
   };
@@ -173,6 +190,9 @@ class JsonSchema {
   // recognizer's question about number bounds.
   static bool meets(double a, double b, bool integer, double lo, bool lo_open, double hi, bool hi_open,
                     double step = 0);
+  // References and one-schema combinations (an any_of of one) followed to the node they stand
+  // for (null stays null).
+  static const Node* unwrap(const Node* n);
   // The code points of a parsed string (valid UTF-8), as patterns and lengths read it.
   static std::u32string code_points(const std::string& text);
   // A value's type bit: a number without a fraction is an integer, as validators read it.

@@ -42,24 +42,10 @@ namespace {
 
 using Node = JsonSchema::Node;
 
-
-// A string within a node's length limits and pattern.
-bool string_fits(const Node& n, const Json& v) {
-  const std::u32string text = JsonSchema::code_points(v.get_ref<const std::string&>());
-  const auto length = int64_t(text.size());
-  if (length < n.min_length || (n.max_length >= 0 && length > n.max_length)) return false;
-  return !n.pattern || n.pattern->matches(text);
-}
-
-const Node* unwrap(const Node* n) {
-  for (int hops = 0; n != nullptr && n->any_of.size() == 1 && hops < 64; ++hops) n = n->any_of[0];
-  return n;
-}
-
 // Whether the scalar v is a value of n, exactly (false where that would take more than the
 // depth allows: such a value is then not written as a match).
 bool takes(const Node* n, const Json& v, int depth) {
-  n = unwrap(n);
+  n = JsonSchema::unwrap(n);
   if (n == nullptr) return true;  // any value
   if (++depth > 16) return false;
   if (!n->any_of.empty())
@@ -71,13 +57,13 @@ bool takes(const Node* n, const Json& v, int depth) {
   if (!(n->types & JsonSchema::type_of(v))) return false;
   if (std::binary_search(n->excluded.begin(), n->excluded.end(), canon)) return false;  // (not)
   if (v.is_number() && !n->within(v.get<double>())) return false;
-  return !v.is_string() || string_fits(*n, v);
+  return !v.is_string() || n->string_fits(v.get_ref<const std::string&>());
 }
 
 // The literal texts of a contains schema (a const or enum, or an anyOf of such); false for any
 // other schema, or a value that is not a scalar.
 bool listed(const Node* n, std::vector<std::string>& out, int depth) {
-  n = unwrap(n);
+  n = JsonSchema::unwrap(n);
   if (n == nullptr || ++depth > 16) return false;
   if (!n->any_of.empty()) {
     for (const Node* a : n->any_of)
@@ -97,7 +83,7 @@ bool listed(const Node* n, std::vector<std::string>& out, int depth) {
 // cannot steer by (a string's maxLength or pattern, a number's bounds): then `unsteered`.
 bool avoidable(const Node* n, const std::vector<Json>& values, const std::vector<std::string>& canon,
                bool& unsteered, int depth) {
-  n = unwrap(n);
+  n = JsonSchema::unwrap(n);
   if (n == nullptr) return true;
   if (++depth > 16) {
     unsteered = true;
@@ -114,7 +100,7 @@ bool avoidable(const Node* n, const std::vector<Json>& values, const std::vector
     });
   for (const Json& v : values) {
     if (!(n->types & JsonSchema::type_of(v))) continue;
-    if (v.is_string() && (n->pattern || n->max_length >= 0) && string_fits(*n, v)) unsteered = true;
+    if (v.is_string() && (n->pattern || n->max_length >= 0) && n->string_fits(v.get_ref<const std::string&>())) unsteered = true;
     if (v.is_number() && n->bounded() && n->within(v.get<double>())) unsteered = true;
   }
   // Objects and arrays equal no scalar; strings and numbers that could equal a value are either

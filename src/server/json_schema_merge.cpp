@@ -8,6 +8,7 @@
 #include <numeric>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "dsinfer/error.h"
 #include "server/json_pattern.h"
@@ -73,10 +74,21 @@ class Merger {
     if (depth_ > kMaxDepth) fail("{}: allOf, $ref and if nest more than {} deep", path.substr(0, 200), kMaxDepth);
     if (s.is_boolean()) return s;
     if (!s.is_object()) fail("{}: a schema must be an object or a boolean", path);
+    if (s.contains("unevaluatedProperties") || s.contains("unevaluatedItems")) return settled(s, path, open);
     if (schema_merge::conditional(s)) return merged(conditional(s, path, open), path, open);
     Json out = Json::object();  // the keywords beside allOf and $ref
     for (auto it = s.begin(); it != s.end(); ++it)
       if (it.key() != "allOf" && it.key() != "$ref" && !annotation(it.key())) out[it.key()] = it.value();
+    // anyOf / oneOf beside other keywords: each alternative with the rest (as an allOf of both).
+    if (out.size() > 1 && (out.contains("anyOf") || out.contains("oneOf"))) {
+      std::vector<Json> alts;
+      for (const char* k : {"anyOf", "oneOf"})
+        if (out.contains(k)) {
+          alts.push_back(Json{{k, out[k]}});
+          out.erase(k);
+        }
+      for (const Json& a : alts) out = both(out, a, path, open);
+    }
     if (const auto r = s.find("$ref"); r != s.end()) {
       if (!r->is_string()) fail("{}/$ref: must be a string", path);
       const std::string ref = r->get<std::string>();
@@ -98,6 +110,65 @@ class Merger {
   }
 
   static bool trivial(const Json& x) { return (x.is_boolean() && x.get<bool>()) || (x.is_object() && x.empty()); }
+
+  // unevaluatedProperties / unevaluatedItems: the keys (items) that no keyword of the schema, or of
+  // the schemas it takes in place (allOf, $ref), has evaluated take its schema. Where one of them
+  // evaluates every key (additionalProperties, its own unevaluatedProperties) or every item (items
+  // past a prefix, additionalItems after one, unevaluatedItems), it says nothing more. Otherwise
+  // the schemas are merged (their properties and patterns all declared) and it becomes the
+  // merge's additionalProperties (items past the longest prefix). Where an alternative in place
+  // (anyOf, oneOf, if, dependentSchemas; for items also contains) could evaluate more, it is
+  // refused.
+  Json settled(const Json& s, const std::string& path, std::vector<std::string>& open) {
+    Json rest = s;
+    const Json keys = s.value("unevaluatedProperties", Json()), items = s.value("unevaluatedItems", Json());
+    rest.erase("unevaluatedProperties");
+    rest.erase("unevaluatedItems");
+    Evaluated e;
+    in_place(rest, path, 0, e);
+    if (!keys.is_null() && !e.all_keys && !e.branch.empty())
+      fail("{}: 'unevaluatedProperties' beside '{}' (at {}), whose alternatives may evaluate other keys, is not supported",
+           path, e.branch, e.branch_at);
+    if (!items.is_null() && !e.all_items && (!e.branch.empty() || !e.contains_at.empty()))
+      fail("{}: 'unevaluatedItems' beside '{}' (at {}), which may evaluate other items, is not supported", path,
+           e.branch.empty() ? "contains" : e.branch, e.branch.empty() ? e.contains_at : e.branch_at);
+    Json out = merged(rest, path, open);
+    if (out.is_boolean() && !out.get<bool>()) return out;
+    if (out.is_boolean()) out = Json::object();
+    if (!keys.is_null() && !e.all_keys) out["additionalProperties"] = keys;
+    if (!items.is_null() && !e.all_items) {
+      if (out.contains("items") && out["items"].is_array()) out["additionalItems"] = items;
+      else out["items"] = items;
+    }
+    return out;
+  }
+  struct Evaluated {
+    bool all_keys = false, all_items = false;
+    std::string branch, branch_at;  // the first alternative's keyword in place, and where; empty: none
+    std::string contains_at;        // where contains is in place; empty: nowhere
+  };
+  // What s and the schemas it takes in place evaluate.
+  void in_place(const Json& s, const std::string& path, int depth, Evaluated& e) {
+    if (!s.is_object()) return;
+    if (depth > 16) fail("{}: allOf and $ref nest too deeply around 'unevaluatedProperties' or 'unevaluatedItems'", path);
+    if (s.contains("additionalProperties") || s.contains("unevaluatedProperties")) e.all_keys = true;
+    const auto items = s.find("items");
+    if ((items != s.end() && (!items->is_array() || s.contains("additionalItems"))) || s.contains("unevaluatedItems"))
+      e.all_items = true;
+    for (const char* k : {"anyOf", "oneOf", "if", "dependentSchemas", "dependencies"}) {
+      const auto b = s.find(k);
+      if (b == s.end() || !e.branch.empty()) continue;
+      if (std::string(k) == "dependencies" &&
+          !(b->is_object() && std::any_of(b->begin(), b->end(), [](const Json& x) { return !x.is_array(); })))
+        continue;  // (lists of names evaluate nothing)
+      std::tie(e.branch, e.branch_at) = std::tuple(std::string(k), path);
+    }
+    if (s.contains("contains") && e.contains_at.empty()) e.contains_at = path;
+    if (const auto r = s.find("$ref"); r != s.end() && r->is_string())
+      in_place(target(root_, r->get<std::string>(), path + "/$ref"), path + "/$ref", depth + 1, e);
+    if (const auto all = s.find("allOf"); all != s.end() && all->is_array())
+      for (size_t i = 0; i < all->size(); ++i) in_place((*all)[i], path + "/allOf/" + std::to_string(i), depth + 1, e);
+  }
 
   // if / then / else: a value takes `then` where it takes `if`, and `else` where it does not. As
   // {"allOf": [the rest, {"anyOf": [{"allOf": [if, then]}, {"allOf": [not if, else]}]}]}, with
@@ -274,6 +345,7 @@ class Merger {
       const Json& v = it.value();
       if (k == "properties" || k == "additionalProperties" || k == "patternProperties") continue;  // below, together
       if (k == "contains" || k == "minContains" || k == "maxContains") continue;  // below, together
+      if (k == "prefixItems" || k == "items" || k == "additionalItems") continue;  // below, together
       const auto have = out.find(k);
       if (have == out.end() && k != "enum" && k != "const") {
         out[k] = v;
@@ -328,21 +400,50 @@ class Merger {
       } else if (k == "multipleOf" && have->is_number_integer() && v.is_number_integer() && have->get<int64_t>() > 0 &&
                  v.get<int64_t>() > 0) {
         out[k] = std::lcm(have->get<int64_t>(), v.get<int64_t>());
-      } else if ((k == "items" || k == "additionalItems") && !have->is_array() && !v.is_array()) {
-        out[k] = both_part(*have, v, path + "/" + k, open);
-      } else if (k == "prefixItems" && have->is_array() && v.is_array() && have->size() == v.size()) {
-        for (size_t i = 0; i < v.size(); ++i) {
-          const std::string at = path + "/prefixItems/" + std::to_string(i);
-          (*have)[i] = both_part((*have)[i], v[i], at, open);
-        }
       } else {
         refuse(k);
       }
     }
     if (b.contains("properties") || b.contains("additionalProperties") || b.contains("patternProperties"))
       objects(out, b, path, open);
+    if (b.contains("prefixItems") || b.contains("items") || b.contains("additionalItems")) arrays(out, b, path, open);
     contains(out, a, b, path);
     return out;
+  }
+
+  // The items of a (in place) and b together. Each side is its first items' schemas (prefixItems,
+  // or draft 7's items as an array) and the rest's (items, or draft 7's additionalItems after such
+  // an array; any where it says none): the item at each position takes both sides' schemas there,
+  // and the items past both prefixes both rests. Written as prefixItems and items.
+  void arrays(Json& a, const Json& b, const std::string& path, std::vector<std::string>& open) {
+    struct Side {
+      Json prefix = Json::array(), rest = true;
+      const Json& at(size_t i) const { return i < prefix.size() ? prefix[i] : rest; }
+    };
+    auto read = [&path](const Json& x) {
+      Side side;
+      const auto items = x.find("items");
+      if (const auto p = x.find("prefixItems"); p != x.end()) {
+        if (!p->is_array()) fail("{}/prefixItems: must be an array of schemas", path);
+        if (items != x.end() && items->is_array()) fail("{}: 'items' as an array beside 'prefixItems'", path);
+        side.prefix = *p;
+      }
+      if (items != x.end() && items->is_array()) {
+        side.prefix = *items;
+        if (const auto r = x.find("additionalItems"); r != x.end()) side.rest = *r;
+      } else if (items != x.end()) {
+        side.rest = *items;
+      }
+      return side;
+    };
+    const Side x = read(a), y = read(b);
+    for (const char* k : {"prefixItems", "items", "additionalItems"}) a.erase(k);
+    Json prefix = Json::array();
+    for (size_t i = 0; i < std::max(x.prefix.size(), y.prefix.size()); ++i)
+      prefix.push_back(both_part(x.at(i), y.at(i), path + "/prefixItems/" + std::to_string(i), open));
+    if (!prefix.empty()) a["prefixItems"] = prefix;
+    const Json rest = both_part(x.rest, y.rest, path + "/items", open);
+    if (!trivial(rest)) a["items"] = rest;
   }
 
   // contains with its counts, of a and b together into out: a side's minContains (default 1) and

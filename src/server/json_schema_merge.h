@@ -40,7 +40,8 @@ bool constrains_beside(const nlohmann::json& s, const char* key);
 // {"if": {"type": "object", "required": [name]}, "then": schema}.
 bool conditional(const nlohmann::json& s);
 
-// The schema s with its allOf and $ref taken in: one schema without either at its top (its
+// The schema s with its allOf and $ref taken in (and with them its unevaluatedProperties and
+// unevaluatedItems read as additionalProperties and items): one schema without either at its top (its
 // keywords, or an anyOf / oneOf of such) that accepts what s accepts. References are followed
 // where they are merged with something; one that leads back to itself there is refused (the merge
 // would not end). Keywords that cannot be merged (two patterns, two formats) are refused, with the
