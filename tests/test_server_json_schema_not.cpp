@@ -499,5 +499,37 @@ TEST(JsonSchemaNot, BoundedNumbersPastSixteenDigits) {
   EXPECT_FALSE(accepts(s, "1.0000000000000000"));
 }
 
+// not of an object's properties (of types, consts, enums) and required, as if takes them: an object
+// that lacks one of the names or has one of the properties otherwise, and no value of another type
+// unless the schema says type object (a non-object holds properties and required).
+TEST(JsonSchemaNot, ObjectsPropertiesAndRequired) {
+  const Json pair = Json::parse(R"({"type":"object","properties":{"a":{},"b":{}},"not":{"required":["a","b"]}})");
+  EXPECT_EQ(expect_the_validators(pair, {"{}", R"({"a":1})", R"({"b":1})", R"({"a":1,"b":2})", R"({"b":1,"c":2})"}), 4);
+  EXPECT_FALSE(takes(pair, R"({"a":1,"b")"));
+  Json closed = pair;  // (walks: other keys would take most of their steps)
+  closed["additionalProperties"] = false;
+  for (uint64_t seed : {81, 82}) EXPECT_GT(walks_that_end(closed, seed, 20), 10);
+  const Json absent = Json::parse(R"({"not":{"required":["x"]}})");
+  EXPECT_EQ(expect_the_validators(absent, {"{}", R"({"x":1})", "1", R"("s")", R"({"y":1})", "null"}), 2);
+  const Json typed = Json::parse(R"({"type":["object","null"],
+                                     "not":{"type":"object","properties":{"kind":{"const":"bad"}},"required":["kind"]}})");
+  EXPECT_EQ(expect_the_validators(typed, {"null", R"({"kind":"bad"})", R"({"kind":"ok"})", "{}", R"({"kind":1})"}), 4);
+  const Json kind = Json::parse(R"({"not":{"properties":{"n":{"type":"string"}},"required":["n"]}})");
+  EXPECT_EQ(expect_the_validators(kind, {R"({"n":1})", R"({"n":"s"})", "{}", "5"}), 2);
+  // An anyOf of both forms: not (A or B) is (not A) and (not B).
+  const Json mixed = Json::parse(R"({"type":["object","string"],"not":{"anyOf":[{"required":["a"]},{"const":""}]}})");
+  EXPECT_EQ(expect_the_validators(mixed, {"{}", R"({"a":1})", R"("x")", R"("")"}), 1);
+  // Beside an allOf's other nots, and inside a property.
+  const Json merged = Json::parse(R"({"allOf":[{"not":{"required":["a"]}},{"not":{"required":["b"]}}],"type":"object"})");
+  EXPECT_EQ(expect_the_validators(merged, {"{}", R"({"a":1})", R"({"b":1})", R"({"c":1})"}), 2);
+  const Json inner = Json::parse(R"({"type":"object","properties":{"p":{"type":"object","not":{"required":["q"]}}}})");
+  EXPECT_EQ(expect_the_validators(inner, {R"({"p":{}})", R"({"p":{"q":1}})", R"({"p":{"r":1}})"}), 2);
+  // What it does not take is refused with the keyword named.
+  expect_refused(R"({"not":{"properties":{"n":{"minimum":0}}}})",
+                 "#/not: 'minimum' in its property \"n\"; 'not' is supported where its schema is");
+  expect_refused(R"({"not":{"required":["a"],"minProperties":1}})", "#/not: 'minProperties' in it");
+  EXPECT_NE(message(R"({"type":"object","required":["a"],"not":{"required":["a"]}})"), "");  // (no value left)
+}
+
 }  // namespace
 }  // namespace dsi::server

@@ -74,18 +74,38 @@ TEST(JsonSchemaUnevaluated, Items) {
   EXPECT_EQ(expect_the_validators(said, {"[1,2]", "[]", R"(["a"])"}), 2);
 }
 
+// Alternatives in place that evaluate no keys (required, types, bounds) leave every branch the same
+// keys evaluated: it holds in each.
+TEST(JsonSchemaUnevaluated, BesideAlternativesThatEvaluateNothing) {
+  const Json s = Json::parse(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},
+                                 "anyOf":[{"required":["a"]},{"required":["b"]}],"not":{"required":["a","b"]},
+                                 "unevaluatedProperties":false})");
+  EXPECT_EQ(expect_the_validators(s, {R"({"a":1})", R"({"b":"x"})", R"({"a":1,"b":"x"})", "{}", R"({"a":1,"c":2})",
+                                      R"({"c":2})"}),
+            2);
+  for (uint64_t seed : {11, 12}) EXPECT_GT(walks_that_end(s, seed, 20), 10);
+  const Json nullable = Json::parse(R"({"properties":{"p":{"properties":{"q":{}},"unevaluatedProperties":false,
+                                        "oneOf":[{"type":"object"},{"type":"null"}]}}})");
+  EXPECT_EQ(expect_the_validators(nullable, {R"({"p":null})", R"({"p":{"q":1}})", R"({"p":{"r":1}})", R"({"p":1})"}), 2);
+  const Json conditional = Json::parse(R"({"type":"object","properties":{"a":{},"b":{}},"if":{"required":["a"]},
+                                           "then":{"required":["b"]},"unevaluatedProperties":{"type":"integer"}})");
+  EXPECT_EQ(expect_the_validators(conditional, {R"({"a":1,"b":2})", R"({"a":1})", R"({"c":1})", R"({"c":"x"})", "{}"}), 3);
+}
+
 // Where an alternative in place could evaluate more, it is refused (a 400 naming it), unless
 // something evaluates every key (item) anyway.
 TEST(JsonSchemaUnevaluated, Refusals) {
   expect_refused(R"({"anyOf":[{"properties":{"a":{}}},{"properties":{"b":{}}}],"unevaluatedProperties":false})",
                  "#: 'unevaluatedProperties' beside 'anyOf' (at #)");
-  expect_refused(R"({"allOf":[{"$ref":"#/$defs/x"}],"unevaluatedProperties":false,"$defs":{"x":{"oneOf":[{"type":"object"},{"type":"string"}]}}})",
+  expect_refused(R"({"allOf":[{"$ref":"#/$defs/x"}],"unevaluatedProperties":false,"$defs":{"x":{"oneOf":[{"type":"object","properties":{"k":{}}},{"type":"string"}]}}})",
                  "beside 'oneOf' (at #/allOf/0/$ref)");
   expect_refused(R"({"type":"object","if":{"required":["a"]},"then":{"properties":{"b":{}}},"unevaluatedProperties":false})",
                  "beside 'if'");
   expect_refused(R"({"contains":{"const":1},"unevaluatedItems":false})", "'unevaluatedItems' beside 'contains'");
-  expect_refused(R"({"properties":{"a":{"unevaluatedProperties":false,"anyOf":[{"type":"object"},{"type":"null"}]}}})",
+  expect_refused(R"({"properties":{"a":{"unevaluatedProperties":false,"anyOf":[{"properties":{"x":{}}},{"type":"null"}]}}})",
                  "#/properties/a: 'unevaluatedProperties' beside 'anyOf'");
+  expect_refused(R"({"properties":{"a":{}},"not":{"properties":{"b":{"const":1}},"required":["b"]},"unevaluatedProperties":false})",
+                 "'unevaluatedProperties' beside 'not'");
   // Every key is evaluated by additionalProperties: the alternatives add nothing to it.
   const Json open = Json::parse(R"({"additionalProperties":{"type":"integer"},"anyOf":[{"required":["a"]},{"required":["b"]}],
                                     "unevaluatedProperties":false})");

@@ -605,7 +605,7 @@ TEST_F(ServerRoutes, ForcedToolCalls) {
   }
   start(kjv_like(), glm_like);
   Json bad_tools = tools;
-  bad_tools[1]["function"]["parameters"] = Json::parse(R"({"type": "object", "not": {"required": ["x"]}})");
+  bad_tools[1]["function"]["parameters"] = Json::parse(R"({"type": "object", "not": {"minProperties": 1}})");
   expect_error(call("POST", "/v1/chat/completions",
                     Json({{"messages", messages}, {"tools", bad_tools}, {"tool_choice", "required"}}).dump()),
                400, "get_time", "tools");

@@ -365,7 +365,7 @@ class JsonSchema::Compiler {
     const std::string at = path + "/not";
     auto unsupported = [&](const std::string& why) {
       fail("{}: {}; 'not' is supported where its schema is a 'type', a 'const' or 'enum' of scalars, both, or an "
-           "'anyOf' of such", at, why);
+           "'anyOf' of such, or an object's 'properties' of such with 'required'", at, why);
     };
     std::vector<const Json*> alts = {&*it};
     if (it->is_object() && it->contains("anyOf")) {

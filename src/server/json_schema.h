@@ -54,7 +54,8 @@
 //   standard's default vocabulary has all of them), as are title, description, default,
 //   examples, $schema, $id, $comment, ...
 // - not, where its schema is a type, a const or enum of scalars, both (the listed values of those
-//   types), or an anyOf of such: the types it names are taken out (integer only where numbers
+//   types), or an anyOf of such (an object's properties of such with required too, rewritten as
+//   if's not-if is, json_schema_merge.cpp): the types it names are taken out (integer only where numbers
 //   with a fraction are not allowed), and a value never ends equal to a listed one (compared as
 //   validators do, 1 equal to 1.0); a string or number goes on only while it can still end as
 //   another value (as with unique items), so no text dead-ends on it. In an allOf, the `not`s of
@@ -73,9 +74,10 @@
 //   merged with an allOf's other members, is left out where others remain (schema_merge::EmptySchema);
 // - unevaluatedProperties / unevaluatedItems: read at their level once its allOf and $ref are merged
 //   in, as the additionalProperties (the items past every prefix) of the merge; nothing where a
-//   schema in place evaluates every key (additionalProperties) or item (items); refused beside an
-//   alternative in place (anyOf, oneOf, if, dependentSchemas; for items also contains), whose
-//   evaluated keys would depend on the branch taken.
+//   schema in place evaluates every key (additionalProperties) or item (items); held in each
+//   branch of alternatives in place that evaluate none (required, types, bounds); refused beside
+//   alternatives (anyOf, oneOf, if, dependentSchemas, an object's not; for items also contains)
+//   whose evaluated keys (items) would depend on the branch taken.
 // Keywords that would constrain values in other ways (not or if of other schemas, contains of other
 // schemas, $dynamicRef, ...) are refused, with the keyword named:
 // the server never claims a constraint it does not enforce.

@@ -43,9 +43,32 @@ const Json& target(const Json& root, const std::string& r, const std::string& pa
   fail("{}: {} points at nothing", path, Json(r).dump());
 }
 
+namespace {
+
+// The schemas a not's schema is the anyOf of (itself where it is no anyOf beside annotations).
+std::vector<Json> not_alternatives(const Json& c) {
+  if (!c.is_object() || !c.contains("anyOf") || !c["anyOf"].is_array() || constrains_beside(c, "anyOf")) return {c};
+  return std::vector<Json>(c["anyOf"].begin(), c["anyOf"].end());
+}
+
+// An object's properties and required (with type or none): what the merge writes the negation of
+// (Merger::negated), where the compiler takes scalars' only (a type, const, enum).
+bool object_form(const Json& c) {
+  if (!c.is_object() || !(c.contains("properties") || c.contains("required"))) return false;
+  for (auto it = c.begin(); it != c.end(); ++it)
+    if (it.key() != "type" && it.key() != "properties" && it.key() != "required" && !annotation(it.key())) return false;
+  return true;
+}
+
+}  // namespace
+
 bool conditional(const Json& s) {
   if (!s.is_object()) return false;
   if (s.contains("if") || s.contains("then") || s.contains("else") || s.contains("dependentSchemas")) return true;
+  if (const auto n = s.find("not"); n != s.end()) {
+    const std::vector<Json> alts = not_alternatives(*n);
+    if (std::any_of(alts.begin(), alts.end(), object_form)) return true;
+  }
   const auto d = s.find("dependencies");
   return d != s.end() && d->is_object() && std::any_of(d->begin(), d->end(), [](const Json& x) { return !x.is_array(); });
 }
@@ -124,50 +147,91 @@ class Merger {
     const Json keys = s.value("unevaluatedProperties", Json()), items = s.value("unevaluatedItems", Json());
     rest.erase("unevaluatedProperties");
     rest.erase("unevaluatedItems");
-    Evaluated e;
-    in_place(rest, path, 0, e);
-    if (!keys.is_null() && !e.all_keys && !e.branch.empty())
-      fail("{}: 'unevaluatedProperties' beside '{}' (at {}), whose alternatives may evaluate other keys, is not supported",
-           path, e.branch, e.branch_at);
-    if (!items.is_null() && !e.all_items && (!e.branch.empty() || !e.contains_at.empty()))
-      fail("{}: 'unevaluatedItems' beside '{}' (at {}), which may evaluate other items, is not supported", path,
-           e.branch.empty() ? "contains" : e.branch, e.branch.empty() ? e.contains_at : e.branch_at);
+    Evaluated k, i;
+    if (!keys.is_null()) in_place(rest, false, path, 0, k);
+    if (!items.is_null()) in_place(rest, true, path, 0, i);
+    for (const auto& [e, name] : {std::pair(&k, "unevaluatedProperties"), std::pair(&i, "unevaluatedItems")})
+      if (!e->all && !e->branch.empty())
+        fail("{}: '{}' beside '{}' (at {}), whose alternatives may evaluate some {} and not others, is not supported",
+             path, name, e->branch, e->at, e == &k ? "keys" : "items");
     Json out = merged(rest, path, open);
-    if (out.is_boolean() && !out.get<bool>()) return out;
-    if (out.is_boolean()) out = Json::object();
-    if (!keys.is_null() && !e.all_keys) out["additionalProperties"] = keys;
-    if (!items.is_null() && !e.all_items) {
-      if (out.contains("items") && out["items"].is_array()) out["additionalItems"] = items;
-      else out["items"] = items;
-    }
+    close(out, k.all ? Json() : keys, i.all ? Json() : items);
     return out;
   }
+  // The merge x takes keys (null: as it is) as additionalProperties and items past its prefix;
+  // each alternative of x in its own place (alternatives that evaluate none leave every
+  // alternative the same keys: merged beside the alternatives, these keywords would hold of each
+  // one's properties too).
+  static void close(Json& x, const Json& keys, const Json& items) {
+    if (x.is_boolean() && !x.get<bool>()) return;
+    if (x.is_boolean()) x = Json::object();
+    for (const char* k : {"anyOf", "oneOf"})
+      if (x.contains(k) && x.size() == 1) {
+        for (Json& alt : x[k]) close(alt, keys, items);
+        return;
+      }
+    if (!keys.is_null()) x["additionalProperties"] = keys;
+    if (!items.is_null()) x[x.contains("items") && x["items"].is_array() ? "additionalItems" : "items"] = items;
+  }
   struct Evaluated {
-    bool all_keys = false, all_items = false;
-    std::string branch, branch_at;  // the first alternative's keyword in place, and where; empty: none
-    std::string contains_at;        // where contains is in place; empty: nowhere
+    bool all = false;         // a schema in place evaluates every key (item)
+    std::string branch, at;  // an alternative in place that may evaluate some: its keyword, and where
   };
-  // What s and the schemas it takes in place evaluate.
-  void in_place(const Json& s, const std::string& path, int depth, Evaluated& e) {
+  // The subschemas of s's alternatives (anyOf, oneOf, if / then / else, dependentSchemas and draft
+  // 7's schema dependencies), each with its keyword.
+  static std::vector<std::pair<const char*, const Json*>> alternatives(const Json& s) {
+    std::vector<std::pair<const char*, const Json*>> out;
+    for (const char* k : {"anyOf", "oneOf"})
+      if (const auto a = s.find(k); a != s.end() && a->is_array())
+        for (const Json& x : *a) out.emplace_back(k, &x);
+    if (s.contains("if"))
+      for (const char* k : {"if", "then", "else"})
+        if (const auto a = s.find(k); a != s.end()) out.emplace_back("if", &*a);
+    for (const char* k : {"dependentSchemas", "dependencies"})
+      if (const auto d = s.find(k); d != s.end() && d->is_object())
+        for (const Json& x : *d)
+          if (!x.is_array()) out.emplace_back(k, &x);
+    return out;
+  }
+  // What s and the schemas it takes in place (allOf, $ref) evaluate of an object's keys (items:
+  // of an array's items).
+  void in_place(const Json& s, bool items, const std::string& path, int depth, Evaluated& e) {
     if (!s.is_object()) return;
     if (depth > 16) fail("{}: allOf and $ref nest too deeply around 'unevaluatedProperties' or 'unevaluatedItems'", path);
-    if (s.contains("additionalProperties") || s.contains("unevaluatedProperties")) e.all_keys = true;
-    const auto items = s.find("items");
-    if ((items != s.end() && (!items->is_array() || s.contains("additionalItems"))) || s.contains("unevaluatedItems"))
-      e.all_items = true;
-    for (const char* k : {"anyOf", "oneOf", "if", "dependentSchemas", "dependencies"}) {
-      const auto b = s.find(k);
-      if (b == s.end() || !e.branch.empty()) continue;
-      if (std::string(k) == "dependencies" &&
-          !(b->is_object() && std::any_of(b->begin(), b->end(), [](const Json& x) { return !x.is_array(); })))
-        continue;  // (lists of names evaluate nothing)
-      std::tie(e.branch, e.branch_at) = std::tuple(std::string(k), path);
-    }
-    if (s.contains("contains") && e.contains_at.empty()) e.contains_at = path;
+    const auto it = s.find("items");
+    if (items ? (it != s.end() && (!it->is_array() || s.contains("additionalItems"))) || s.contains("unevaluatedItems")
+              : s.contains("additionalProperties") || s.contains("unevaluatedProperties"))
+      e.all = true;
+    if (e.branch.empty() && items && s.contains("contains")) std::tie(e.branch, e.at) = std::tuple("contains", path);
+    // (not evaluates nothing, but the merge writes an object's not with the properties it names.)
+    if (e.branch.empty() && !items && s.contains("not") && evaluates(s["not"], false, path, depth + 1))
+      std::tie(e.branch, e.at) = std::tuple("not", path);
+    for (const auto& [k, x] : alternatives(s))
+      if (e.branch.empty() && evaluates(*x, items, path, depth + 1)) std::tie(e.branch, e.at) = std::tuple(k, path);
     if (const auto r = s.find("$ref"); r != s.end() && r->is_string())
-      in_place(target(root_, r->get<std::string>(), path + "/$ref"), path + "/$ref", depth + 1, e);
+      in_place(target(root_, r->get<std::string>(), path + "/$ref"), items, path + "/$ref", depth + 1, e);
     if (const auto all = s.find("allOf"); all != s.end() && all->is_array())
-      for (size_t i = 0; i < all->size(); ++i) in_place((*all)[i], path + "/allOf/" + std::to_string(i), depth + 1, e);
+      for (size_t n = 0; n < all->size(); ++n) in_place((*all)[n], items, path + "/allOf/" + std::to_string(n), depth + 1, e);
+  }
+  // Whether x, or a schema it takes in place or as an alternative, has a keyword that evaluates
+  // some keys (items); past the depth bound, that it may.
+  bool evaluates(const Json& x, bool items, const std::string& path, int depth) {
+    if (!x.is_object()) return false;
+    if (depth > 16) return true;
+    static const std::set<std::string> kKeys = {"properties", "patternProperties", "additionalProperties",
+                                                "unevaluatedProperties"};
+    static const std::set<std::string> kItems = {"prefixItems", "items", "additionalItems", "contains", "unevaluatedItems"};
+    for (auto k = x.begin(); k != x.end(); ++k)
+      if ((items ? kItems : kKeys).count(k.key())) return true;
+    if (const auto r = x.find("$ref"); r != x.end() && r->is_string() &&
+                                       evaluates(target(root_, r->get<std::string>(), path + "/$ref"), items, path, depth + 1))
+      return true;
+    if (const auto all = x.find("allOf"); all != x.end() && all->is_array())
+      for (const Json& m : *all)
+        if (evaluates(m, items, path, depth + 1)) return true;
+    for (const auto& alt : alternatives(x))
+      if (evaluates(*alt.second, items, path, depth + 1)) return true;
+    return false;
   }
 
   // if / then / else: a value takes `then` where it takes `if`, and `else` where it does not. As
@@ -175,6 +239,20 @@ class Merger {
   // not-if in keywords the compiler takes (negated); a branch that takes no value is left out.
   // then and else without if say nothing.
   Json conditional(const Json& s, const std::string& path, std::vector<std::string>& open) {
+    // not of an object's properties and required (or an anyOf with such): not (A or B) as (not A)
+    // and (not B), each object's negation written out (negated), the scalars' left to the compiler.
+    if (const auto n = s.find("not"); n != s.end()) {
+      const std::vector<Json> alts = not_alternatives(*n);
+      if (std::any_of(alts.begin(), alts.end(), object_form)) {
+        Json rest = s;
+        rest.erase("not");
+        Json all = Json::array({rest});
+        for (const Json& alt : alts)
+          all.push_back(object_form(alt) ? negated(alt, rest.value("required", Json::array()), path + "/not", "not")
+                                         : Json{{"not", alt}});
+        return Json{{"allOf", all}};
+      }
+    }
     Json rest = s;
     for (const char* k : {"if", "then", "else"}) rest.erase(k);
     // dependentSchemas (and draft 7's schema dependencies): one if / then each, beside the rest.
@@ -221,7 +299,7 @@ class Merger {
     const Json flat = merged(rest, path, open);
     const Json required = flat.is_object() ? flat.value("required", Json::array()) : Json::array();
     branch(*c, s.value("then", Json(true)));
-    branch(negated(*c, required, path + "/if"), s.value("else", Json(true)));
+    branch(negated(*c, required, path + "/if", "if"), s.value("else", Json(true)));
     if (alts.empty()) fail_empty("{}: no value takes 'if' and 'then', or 'else' without 'if'", path);
     Json out = Json::object();
     out["allOf"] = Json::array({rest, alts.size() == 1 ? alts[0] : Json{{"anyOf", alts}}});
@@ -233,12 +311,12 @@ class Merger {
   // required (with type object or none): an object with one of the properties not as c says,
   // or without one of the required names (other than those in `required`, which it always has),
   // or (type object) no object at all.
-  static Json negated(const Json& c, const Json& required, const std::string& path) {
+  static Json negated(const Json& c, const Json& required, const std::string& path, const char* keyword) {
     if (c.is_boolean()) return Json(!c.get<bool>());
     if (!c.is_object()) fail("{}: a schema must be an object or a boolean", path);
     auto unsupported = [&](const std::string& what) {
-      fail("{}: {}; 'if' is supported where its schema is a 'type', a 'const' or 'enum' of scalars (or an 'anyOf' of "
-           "such), or an object's 'properties' of such with 'required'", path, what);
+      fail("{}: {}; '{}' is supported where its schema is a 'type', a 'const' or 'enum' of scalars (or an 'anyOf' of "
+           "such), or an object's 'properties' of such with 'required'", path, what, keyword);
     };
     static const std::set<std::string> kScalar = {"type", "const", "enum", "anyOf"};
     static const std::set<std::string> kObject = {"type", "properties", "required"};

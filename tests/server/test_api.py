@@ -512,7 +512,7 @@ def test_forced_tool_calls(server):
     e = error_of(httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
         "messages": [{"role": "user", "content": "x"}], "tool_choice": "required",
         "tools": [{"type": "function", "function": {"name": "odd", "parameters": {
-            "type": "object", "not": {"required": ["a"]}}}}]}), 400)
+            "type": "object", "not": {"minProperties": 1}}}}]}), 400)
     assert e["param"] == "tools" and "odd" in e["message"], e["message"]
 
 
