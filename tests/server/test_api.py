@@ -411,6 +411,16 @@ VERSE_SCHEMA = {
     "additionalProperties": False,
 }
 
+COMPOSED_SCHEMA = {
+    "$defs": {"base": {"type": "object", "properties": {"book": {"enum": ["Genesis", "Exodus"]}}, "required": ["book"]}},
+    "allOf": [{"$ref": "#/$defs/base"}],
+    "properties": {"chapter": {"type": "integer", "minimum": 1, "maximum": 50},
+                   "verse": {"type": "integer", "minimum": 1, "maximum": 30}},
+    "anyOf": [{"required": ["chapter"]}, {"required": ["verse"]}],
+    "not": {"required": ["chapter", "verse"]},
+    "unevaluatedProperties": False,
+}
+
 
 def test_json_schema(server):
     # response_format json_schema (structured outputs): a value the schema accepts, as the
@@ -436,6 +446,17 @@ def test_json_schema(server):
     if chat.choices[0].finish_reason == "stop":
         jsonschema.validate(json.loads(chat.choices[0].message.content), VERSE_SCHEMA,
                             format_checker=jsonschema.FormatChecker())
+    # A composed schema: a $ref'd base through allOf, anyOf beside properties, not of required and
+    # unevaluatedProperties (2020-12, as jsonschema's Draft202012Validator reads them).
+    stopped = 0
+    for seed in range(3):
+        r = httpx.post(server.url + "/v1/completions", timeout=600, json={
+            "model": MODEL, "prompt": "And God said", "max_tokens": 120, "temperature": 0.8, "seed": seed,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": COMPOSED_SCHEMA}}}).json()
+        if r["choices"][0]["finish_reason"] == "stop":
+            stopped += 1
+            jsonschema.Draft202012Validator(COMPOSED_SCHEMA).validate(json.loads(r["choices"][0]["text"]))
+    assert stopped >= 1
     e = error_of(httpx.post(server.url + "/v1/completions", timeout=60, json={
         "prompt": "x", "response_format": {"type": "json_schema", "json_schema": {
             "name": "n", "schema": {"type": "array", "items": {"not": {"minimum": 1}}}}}}), 400)
