@@ -139,9 +139,10 @@ class Merger {
   // evaluates every key (additionalProperties, its own unevaluatedProperties) or every item (items
   // past a prefix, additionalItems after one, unevaluatedItems), it says nothing more. Otherwise
   // the schemas are merged (their properties and patterns all declared) and it becomes the
-  // merge's additionalProperties (items past the longest prefix). Where an alternative in place
-  // (anyOf, oneOf, if, dependentSchemas; for items also contains) could evaluate more, it is
-  // refused.
+  // merge's additionalProperties (items past the longest prefix), in each branch of alternatives
+  // in place that evaluate nothing themselves (anyOf of required, say). Where a branch's own
+  // keywords would evaluate some (anyOf, oneOf, if, dependentSchemas, an object's not written out;
+  // for items also contains), it is refused.
   Json settled(const Json& s, const std::string& path, std::vector<std::string>& open) {
     Json rest = s;
     const Json keys = s.value("unevaluatedProperties", Json()), items = s.value("unevaluatedItems", Json());
@@ -223,6 +224,7 @@ class Merger {
     static const std::set<std::string> kItems = {"prefixItems", "items", "additionalItems", "contains", "unevaluatedItems"};
     for (auto k = x.begin(); k != x.end(); ++k)
       if ((items ? kItems : kKeys).count(k.key())) return true;
+    if (!items && x.contains("not") && evaluates(x["not"], items, path, depth + 1)) return true;  // (see in_place)
     if (const auto r = x.find("$ref"); r != x.end() && r->is_string() &&
                                        evaluates(target(root_, r->get<std::string>(), path + "/$ref"), items, path, depth + 1))
       return true;
