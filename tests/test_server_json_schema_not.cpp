@@ -529,6 +529,10 @@ TEST(JsonSchemaNot, ObjectsPropertiesAndRequired) {
                  "#/not: 'minimum' in its property \"n\"; 'not' is supported where its schema is");
   expect_refused(R"({"not":{"required":["a"],"minProperties":1}})", "#/not: 'minProperties' in it");
   EXPECT_NE(message(R"({"type":"object","required":["a"],"not":{"required":["a"]}})"), "");  // (no value left)
+  // A oneOf of a schema and its not: exclusive (a key required on one side may not come on the other).
+  const Json either = Json::parse(R"({"type":"object","properties":{"a":{"type":"integer"}},
+                                      "oneOf":[{"required":["a"]},{"not":{"required":["a"]}}]})");
+  EXPECT_EQ(expect_the_validators(either, {"{}", R"({"a":1})", R"({"b":1})", R"({"a":"x"})"}), 3);
 }
 
 }  // namespace

@@ -54,7 +54,9 @@ const JsonSchema::Node* JsonSchema::Node::other_value(const std::string& name) c
 
 const JsonSchema::Node* JsonSchema::Node::value_of(const std::string& name) const {
   const auto at = std::find(names.begin(), names.end(), name);
-  return at != names.end() ? props[size_t(at - names.begin())] : other_value(name);
+  if (at == names.end()) return other_value(name);
+  const auto i = size_t(at - names.begin());
+  return banned >> i & 1 ? nullptr : props[i];
 }
 
 const JsonSchema::Node* JsonSchema::unwrap(const Node* n) {
