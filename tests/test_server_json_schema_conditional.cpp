@@ -182,5 +182,16 @@ TEST(JsonSchemaConditional, Refusals) {
   expect_refused(R"({"anyOf":[{"type":"string"},{"allOf":[{"type":"integer"},{"type":"intger"}]}]})", "unknown type");
 }
 
+// An error inside what the merge rewrites names a path of the rewrite, and says where the
+// rewritten keywords are.
+TEST(JsonSchemaConditional, ErrorsSayWhereTheRewriteIs) {
+  expect_refused(R"({"type":"object","properties":{"p":{"if":{"required":["a"]},"then":{"type":"strin"}}}})",
+                 "unknown type \"strin\" (the path is in the rewrite of the 'if' / 'then' / 'else', 'dependentSchemas' or "
+                 "object's 'not' at #/properties/p)");
+  expect_refused(R"({"dependentSchemas":{"a":{"properties":{"b":{"minLength":"x"}}}}})",
+                 "must be a non-negative integer (the path is in the rewrite of the 'if' / 'then' / 'else', "
+                 "'dependentSchemas' or object's 'not' at #)");
+}
+
 }  // namespace
 }  // namespace dsi::server

@@ -134,6 +134,7 @@ class JsonSchema::Compiler {
     return kRefused.count(k) > 0;
   }
   static std::string part(const std::string& name) { return schema_merge::part(name); }
+  static constexpr const char* kRewritten = "the path is in the rewrite of";
 
   // s compiled; null where it takes no value (false, or what its own keywords say: EmptySchema,
   // whose message goes to why where it is empty), with the compiler's state as before the try.
@@ -194,7 +195,16 @@ class JsonSchema::Compiler {
     // if / then / else and dependentSchemas: rewritten as alternatives (json_schema_merge.cpp), then
     // compiled.
     if (schema_merge::conditional(s)) {
-      n.any_of.push_back(compile(schema_merge::merge(root_, s, path, merges_), path));
+      // (Paths in the rewrite are its own: a message says where the rewritten keywords are.)
+      try {
+        n.any_of.push_back(compile(schema_merge::merge(root_, s, path, merges_), path));
+      } catch (const schema_merge::EmptySchema&) {
+        throw;
+      } catch (const dsi::Error& e) {
+        const std::string m = e.what();
+        if (m.find(kRewritten) != std::string::npos) throw;
+        fail("{} ({} the 'if' / 'then' / 'else', 'dependentSchemas' or object's 'not' at {})", m, kRewritten, path);
+      }
       return;
     }
     if ((s.contains("$ref") && schema_merge::constrains_beside(s, "$ref")) ||
