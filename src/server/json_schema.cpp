@@ -192,8 +192,8 @@ class JsonSchema::Compiler {
         return;
       }
     }
-    // if / then / else and dependentSchemas: rewritten as alternatives (json_schema_merge.cpp), then
-    // compiled.
+    // if / then / else, dependentSchemas and an object's not: rewritten as alternatives
+    // (json_schema_merge.cpp), then compiled.
     if (schema_merge::conditional(s)) {
       // (Paths in the rewrite are its own: a message says where the rewritten keywords are.)
       try {
@@ -207,6 +207,7 @@ class JsonSchema::Compiler {
       }
       return;
     }
+    // $ref, anyOf or oneOf beside other keywords: merged with them.
     if ((s.contains("$ref") && schema_merge::constrains_beside(s, "$ref")) ||
         (s.contains("anyOf") && schema_merge::constrains_beside(s, "anyOf")) ||
         (s.contains("oneOf") && schema_merge::constrains_beside(s, "oneOf"))) {
