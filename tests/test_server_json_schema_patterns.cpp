@@ -65,6 +65,13 @@ TEST(JsonSchemaPatterns, SetsWithNoValueTakeNoKey) {
                                      "propertyNames":{"maxLength":3},"additionalProperties":{"type":"null"}})");
   EXPECT_EQ(expect_the_validators(named, {R"({"x":1,"xyz":2,"q":null})", R"({"xyzw":1})", R"({"x":null})"}), 1);
   EXPECT_GT(walks_that_end(named, 83, 30), 20);
+  // A declared property whose schema has no value in common with a pattern its name matches: the
+  // key never comes (the object stays), also where an anyOf beside reads each alternative with it.
+  const Json clash = Json::parse(R"({"patternProperties":{"^a":{"type":"integer"}},"properties":{"ab":{"type":"string"}}})");
+  EXPECT_EQ(expect_the_validators(clash, {"{}", R"({"ab":"x"})", R"({"ab":1})", R"({"a":1})", R"({"c":"x"})"}), 3);
+  const Json beside = Json::parse(R"({"patternProperties":{"^a":{"type":"integer"}},
+                                      "anyOf":[{"properties":{"ab":{"type":"string"}}},{"required":["b"]}]})");
+  EXPECT_EQ(expect_the_validators(beside, {"{}", R"({"a":1})", R"({"b":1})", R"({"ab":"x","b":1})"}), 3);
 }
 
 TEST(JsonSchemaPatterns, AllOfMergesPatterns) {
@@ -90,8 +97,9 @@ TEST(JsonSchemaPatterns, Refusals) {
   refused(R"x({"patternProperties":{"(?=a)":{}}})x", "#/patternProperties/(?=a)");
   EXPECT_EQ(message(R"({"patternProperties":{"^a":{"not":{}}}})"), "");  // (a key matching ^a takes no value: none comes)
   EXPECT_EQ(expect_the_validators(Json::parse(R"({"patternProperties":{"^a":{"not":{}}}})"), {R"({"ab":1})", R"({"b":1})"}), 1);
-  refused(R"({"patternProperties":{"^a":{"type":"integer"}},"properties":{"ab":{"type":"string"}}})",
-          "#/properties/ab");
+  refused(R"({"type":"object","patternProperties":{"^a":{"type":"integer"}},"properties":{"ab":{"type":"string"}},
+              "required":["ab"]})",
+          "\"ab\" is required (or needed by a required property), but its schema takes no value (#/properties/ab/allOf/1: the types");
   refused(R"({"type":"object","patternProperties":{"b":false},"properties":{"ab":{}},"required":["ab"]})",
           "#/required: \"ab\" is required (or needed by a required property), but a 'patternProperties' schema its name "
           "matches is false");

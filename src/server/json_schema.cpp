@@ -284,7 +284,16 @@ class JsonSchema::Compiler {
           continue;
         }
         std::string why;
-        const Node* value = compile_part(all.size() == 1 ? it.value() : schema_merge::all_of(root_, all, at, merges_), at, why);
+        Json merged = it.value();
+        if (all.size() > 1) {
+          try {  // (its schema and the patterns' with no value in common: the key never comes)
+            merged = schema_merge::all_of(root_, all, at, merges_);
+          } catch (const schema_merge::EmptySchema& e) {
+            merged = false;
+            why = e.what();
+          }
+        }
+        const Node* value = compile_part(merged, at, why);
         if (value == nullptr) {  // (its schema takes no value: the key never comes)
           n.banned |= uint64_t(1) << (n.names.size() - 1);
           bans[n.names.size() - 1] = "its schema takes no value (" + why + ")";

@@ -318,6 +318,9 @@ class SchemaPrefix {
   void step_top(Thread t, unsigned char c, std::vector<Thread>& out) const;
   // A value of node starting with c, the reading's frames so far in t; hops: references followed.
   void value_start(Thread t, const Node* node, unsigned char c, std::vector<Thread>& out, int hops) const;
+  // The nodes without alternatives that n stands for (through anyOf and references), each once,
+  // in order; seen: the nodes met (a node shared by several alternatives is read once).
+  static void alternatives(const Node* n, std::vector<const Node*>& leaves, std::vector<const Node*>& seen, int hops);
   static void end_value(Thread& t);
   // The scalar `text` ended an item of the array on top of t: false when the array asks for unique
   // items and an earlier one equals it, or it matches contains where no more may; counts a match.

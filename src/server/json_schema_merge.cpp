@@ -149,6 +149,7 @@ class Merger {
     rest.erase("unevaluatedProperties");
     rest.erase("unevaluatedItems");
     Evaluated k, i;
+    evaluated_.clear();  // (its keys point into this rest)
     if (!keys.is_null()) in_place(rest, false, path, 0, k);
     if (!items.is_null()) in_place(rest, true, path, 0, i);
     for (const auto& [e, name] : {std::pair(&k, "unevaluatedProperties"), std::pair(&i, "unevaluatedItems")})
@@ -199,6 +200,8 @@ class Merger {
   void in_place(const Json& s, bool items, const std::string& path, int depth, Evaluated& e) {
     if (!s.is_object()) return;
     if (depth > 16) fail("{}: allOf and $ref nest too deeply around 'unevaluatedProperties' or 'unevaluatedItems'", path);
+    if (++visits_ > kMaxVisits)
+      fail("{}: 'unevaluatedProperties' or 'unevaluatedItems' over more than {} schemas in place", path, kMaxVisits);
     const auto it = s.find("items");
     if (items ? (it != s.end() && (!it->is_array() || s.contains("additionalItems"))) || s.contains("unevaluatedItems")
               : s.contains("additionalProperties") || s.contains("unevaluatedProperties"))
@@ -219,6 +222,17 @@ class Merger {
   bool evaluates(const Json& x, bool items, const std::string& path, int depth) {
     if (!x.is_object()) return false;
     if (depth > 16) return true;
+    // (A schema reached again, through references that share it, is answered once: a true from the
+    // depth bound only makes the answer more careful.)
+    const auto key = std::pair(&x, items);
+    if (const auto known = evaluated_.find(key); known != evaluated_.end()) return known->second;
+    if (++visits_ > kMaxVisits)
+      fail("{}: 'unevaluatedProperties' or 'unevaluatedItems' over more than {} schemas", path, kMaxVisits);
+    const bool yes = evaluates_here(x, items, path, depth);
+    evaluated_[key] = yes;
+    return yes;
+  }
+  bool evaluates_here(const Json& x, bool items, const std::string& path, int depth) {
     static const std::set<std::string> kKeys = {"properties", "patternProperties", "additionalProperties",
                                                 "unevaluatedProperties"};
     static const std::set<std::string> kItems = {"prefixItems", "items", "additionalItems", "contains", "unevaluatedItems"};
@@ -645,6 +659,9 @@ class Merger {
   int& merges_;
   static constexpr int kMaxDepth = 64;  // merged() inside merged()
   int depth_ = 0;
+  static constexpr int kMaxVisits = 4096;  // schemas read for the unevaluated keywords (a bound on the work)
+  int visits_ = 0;
+  std::map<std::pair<const Json*, bool>, bool> evaluated_;  // evaluates(), by schema and keys / items
 };
 
 }  // namespace

@@ -513,12 +513,25 @@ bool SchemaPrefix::item_ends(Thread& t, const std::string& text) {
   return true;
 }
 
+void SchemaPrefix::alternatives(const Node* n, std::vector<const Node*>& leaves, std::vector<const Node*>& seen,
+                                int hops) {
+  if (n == nullptr || hops > 64) return;  // (references that only lead to each other)
+  if (std::find(seen.begin(), seen.end(), n) != seen.end()) return;
+  seen.push_back(n);
+  if (n->any_of.empty()) {
+    leaves.push_back(n);
+    return;
+  }
+  for (const Node* alt : n->any_of) alternatives(alt, leaves, seen, hops + 1);
+}
+
 void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std::vector<Thread>& out,
                                int hops) const {
   if (node == nullptr) node = schema_->any();
-  if (!node->any_of.empty()) {  // each alternative is a reading of its own
-    if (hops > 64) return;      // references that only lead to each other
-    for (const Node* alt : node->any_of) value_start(t, alt, c, out, hops + 1);
+  if (!node->any_of.empty()) {  // each alternative is a reading of its own; a node reached twice, once
+    std::vector<const Node*> leaves, seen;
+    alternatives(node, leaves, seen, hops);
+    for (const Node* leaf : leaves) value_start(t, leaf, c, out, hops);
     return;
   }
   t.started = true;
