@@ -39,8 +39,8 @@
 //   enum values, bounds that do not meet, a required property whose values differ: a
 //   discriminator), read as anyOf (json_schema_oneof.cpp); either beside other keywords: each
 //   alternative merged with them (as an allOf of both); $ref to "#", "#/$defs/..." or
-//   "#/definitions/..." (recursion too); allOf, and $ref beside other keywords (2020-12: both hold), merged into one schema:
-//   types, enum values and bounds of all, required of all, dependentRequired of all (each
+//   "#/definitions/..." (recursion too); allOf, and $ref beside other keywords (2020-12: both
+//   hold), merged into one schema: types, enum values and bounds of all, required of all, dependentRequired of all (each
 //   property's names from every member), each property's schema from every member (its own,
 //   else those of its patternProperties that the name matches, else its additionalProperties),
 //   items of all position by position (a member's items past its prefix also hold at another's
@@ -55,8 +55,8 @@
 //   examples, $schema, $id, $comment, ...
 // - not, where its schema is a type, a const or enum of scalars, both (the listed values of those
 //   types), or an anyOf of such (an object's properties of such with required too, rewritten as
-//   if's not-if is, json_schema_merge.cpp): the types it names are taken out (integer only where numbers
-//   with a fraction are not allowed), and a value never ends equal to a listed one (compared as
+//   if's not-if is, json_schema_merge.cpp): the types it names are taken out (integer only where
+//   numbers with a fraction are not allowed), and a value never ends equal to a listed one (compared as
 //   validators do, 1 equal to 1.0); a string or number goes on only while it can still end as
 //   another value (as with unique items), so no text dead-ends on it. In an allOf, the `not`s of
 //   the members hold together;
