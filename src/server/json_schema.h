@@ -40,8 +40,9 @@
 //   discriminator), read as anyOf (json_schema_oneof.cpp); either beside other keywords: each
 //   alternative merged with them (as an allOf of both); $ref to "#", "#/$defs/..." or
 //   "#/definitions/..." (recursion too); allOf, and $ref beside other keywords (2020-12: both
-//   hold), merged into one schema: types, enum values and bounds of all, required of all, dependentRequired of all (each
-//   property's names from every member), each property's schema from every member (its own,
+//   hold), merged into one schema: types, enum values and bounds of all, required of all,
+//   dependentRequired of all (each property's names from every member), each property's schema
+//   from every member (its own,
 //   else those of its patternProperties that the name matches, else its additionalProperties),
 //   items of all position by position (a member's items past its prefix also hold at another's
 //   prefix positions), multipleOf's least common multiple, alternatives (anyOf / oneOf) paired with
