@@ -27,11 +27,18 @@ bool JsonSchema::Node::within(double v) const {
          (multiple_of == 0 || std::fmod(v, multiple_of) == 0);
 }
 
-bool JsonSchema::Node::string_fits(const std::string& text) const {
-  const std::u32string cps = code_points(text);
+namespace {
+
+// A text's code points within [lo, hi] (hi -1: no end) and matching the pattern (null: none).
+bool text_fits(const std::u32string& cps, int64_t lo, int64_t hi, const JsonPattern* pattern) {
   const auto length = int64_t(cps.size());
-  if (length < min_length || (max_length >= 0 && length > max_length)) return false;
-  return !pattern || pattern->matches(cps);
+  return length >= lo && (hi < 0 || length <= hi) && (pattern == nullptr || pattern->matches(cps));
+}
+
+}  // namespace
+
+bool JsonSchema::Node::string_fits(const std::string& text) const {
+  return text_fits(code_points(text), min_length, max_length, pattern.get());
 }
 
 uint32_t JsonSchema::Node::matched(const std::string& name) const {
@@ -43,12 +50,8 @@ uint32_t JsonSchema::Node::matched(const std::string& name) const {
 }
 
 const JsonSchema::Node* JsonSchema::Node::other_value(const std::string& name) const {
-  if (keys_limited()) {  // propertyNames' limits
-    const std::u32string cps = code_points(name);
-    const auto length = int64_t(cps.size());
-    if (length < key_min || (key_max >= 0 && length > key_max) || (key_pattern && !key_pattern->matches(cps)))
-      return nullptr;
-  }
+  if (keys_limited() && !text_fits(code_points(name), key_min, key_max, key_pattern.get()))  // propertyNames'
+    return nullptr;
   return pattern_values.empty() ? additional : pattern_values[matched(name)];
 }
 

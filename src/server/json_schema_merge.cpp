@@ -175,14 +175,37 @@ class Merger {
     if (!keys.is_null()) x["additionalProperties"] = keys;
     if (!items.is_null()) x[x.contains("items") && x["items"].is_array() ? "additionalItems" : "items"] = items;
   }
+  // An array schema's items as its first items' schemas (prefixItems, or draft 7's items as an
+  // array) and the rest's (items, or draft 7's additionalItems after such an array; said: the
+  // schema says one, else any).
+  struct ItemParts {
+    Json prefix = Json::array(), rest = true;
+    bool said = false;
+    const Json& at(size_t i) const { return i < prefix.size() ? prefix[i] : rest; }
+  };
+  static ItemParts item_parts(const Json& x, const std::string& path) {
+    ItemParts parts;
+    const auto items = x.find("items");
+    if (const auto p = x.find("prefixItems"); p != x.end()) {
+      if (!p->is_array()) fail("{}/prefixItems: must be an array of schemas", path);
+      if (items != x.end() && items->is_array()) fail("{}: 'items' as an array beside 'prefixItems'", path);
+      parts.prefix = *p;
+    }
+    const auto rest = items != x.end() && items->is_array() ? x.find("additionalItems") : items;
+    if (items != x.end() && items->is_array()) parts.prefix = *items;
+    if (rest != x.end()) std::tie(parts.rest, parts.said) = std::tuple(*rest, true);
+    return parts;
+  }
   struct Evaluated {
     bool all = false;         // a schema in place evaluates every key (item)
     std::string branch, at;  // an alternative in place that may evaluate some: its keyword, and where
   };
   // The subschemas of s's alternatives (anyOf, oneOf, if / then / else, dependentSchemas and draft
-  // 7's schema dependencies), each with its keyword.
-  static std::vector<std::pair<const char*, const Json*>> alternatives(const Json& s) {
+  // 7's schema dependencies), each with its keyword; for keys also not's schema (not evaluates
+  // nothing, but the merge writes an object's not with the properties it names).
+  static std::vector<std::pair<const char*, const Json*>> alternatives(const Json& s, bool items) {
     std::vector<std::pair<const char*, const Json*>> out;
+    if (const auto n = s.find("not"); n != s.end() && !items) out.emplace_back("not", &*n);
     for (const char* k : {"anyOf", "oneOf"})
       if (const auto a = s.find(k); a != s.end() && a->is_array())
         for (const Json& x : *a) out.emplace_back(k, &x);
@@ -202,15 +225,11 @@ class Merger {
     if (depth > 16) fail("{}: allOf and $ref nest too deeply around 'unevaluatedProperties' or 'unevaluatedItems'", path);
     if (++visits_ > kMaxVisits)
       fail("{}: 'unevaluatedProperties' or 'unevaluatedItems' over more than {} schemas in place", path, kMaxVisits);
-    const auto it = s.find("items");
-    if (items ? (it != s.end() && (!it->is_array() || s.contains("additionalItems"))) || s.contains("unevaluatedItems")
+    if (items ? item_parts(s, path).said || s.contains("unevaluatedItems")
               : s.contains("additionalProperties") || s.contains("unevaluatedProperties"))
       e.all = true;
     if (e.branch.empty() && items && s.contains("contains")) std::tie(e.branch, e.at) = std::tuple("contains", path);
-    // (not evaluates nothing, but the merge writes an object's not with the properties it names.)
-    if (e.branch.empty() && !items && s.contains("not") && evaluates(s["not"], false, path, depth + 1))
-      std::tie(e.branch, e.at) = std::tuple("not", path);
-    for (const auto& [k, x] : alternatives(s))
+    for (const auto& [k, x] : alternatives(s, items))
       if (e.branch.empty() && evaluates(*x, items, path, depth + 1)) std::tie(e.branch, e.at) = std::tuple(k, path);
     if (const auto r = s.find("$ref"); r != s.end() && r->is_string())
       in_place(target(root_, r->get<std::string>(), path + "/$ref"), items, path + "/$ref", depth + 1, e);
@@ -238,14 +257,13 @@ class Merger {
     static const std::set<std::string> kItems = {"prefixItems", "items", "additionalItems", "contains", "unevaluatedItems"};
     for (auto k = x.begin(); k != x.end(); ++k)
       if ((items ? kItems : kKeys).count(k.key())) return true;
-    if (!items && x.contains("not") && evaluates(x["not"], items, path, depth + 1)) return true;  // (see in_place)
     if (const auto r = x.find("$ref"); r != x.end() && r->is_string() &&
                                        evaluates(target(root_, r->get<std::string>(), path + "/$ref"), items, path, depth + 1))
       return true;
     if (const auto all = x.find("allOf"); all != x.end() && all->is_array())
       for (const Json& m : *all)
         if (evaluates(m, items, path, depth + 1)) return true;
-    for (const auto& alt : alternatives(x))
+    for (const auto& alt : alternatives(x, items))
       if (evaluates(*alt.second, items, path, depth + 1)) return true;
     return false;
   }
@@ -483,11 +501,8 @@ class Merger {
         }
       } else if (k == "not") {  // (not A) and (not B): not (A or B)
         Json alts = Json::array();
-        for (const Json* x : {static_cast<const Json*>(&*have), &v}) {
-          bool any = x->is_object() && x->contains("anyOf") && (*x)["anyOf"].is_array();  // (beside annotations)
-          for (auto it = x->begin(); any && it != x->end(); ++it) any = it.key() == "anyOf" || annotation(it.key());
-          for (const Json& alt : any ? (*x)["anyOf"] : Json::array({*x})) alts.push_back(alt);
-        }
+        for (const Json* x : {static_cast<const Json*>(&*have), &v})
+          for (const Json& alt : not_alternatives(*x)) alts.push_back(alt);
         out[k] = Json{{"anyOf", alts}};
       } else if (k == "uniqueItems" && have->is_boolean() && v.is_boolean()) {
         out[k] = have->get<bool>() || v.get<bool>();
@@ -510,27 +525,7 @@ class Merger {
   // an array; any where it says none): the item at each position takes both sides' schemas there,
   // and the items past both prefixes both rests. Written as prefixItems and items.
   void arrays(Json& a, const Json& b, const std::string& path, std::vector<std::string>& open) {
-    struct Side {
-      Json prefix = Json::array(), rest = true;
-      const Json& at(size_t i) const { return i < prefix.size() ? prefix[i] : rest; }
-    };
-    auto read = [&path](const Json& x) {
-      Side side;
-      const auto items = x.find("items");
-      if (const auto p = x.find("prefixItems"); p != x.end()) {
-        if (!p->is_array()) fail("{}/prefixItems: must be an array of schemas", path);
-        if (items != x.end() && items->is_array()) fail("{}: 'items' as an array beside 'prefixItems'", path);
-        side.prefix = *p;
-      }
-      if (items != x.end() && items->is_array()) {
-        side.prefix = *items;
-        if (const auto r = x.find("additionalItems"); r != x.end()) side.rest = *r;
-      } else if (items != x.end()) {
-        side.rest = *items;
-      }
-      return side;
-    };
-    const Side x = read(a), y = read(b);
+    const ItemParts x = item_parts(a, path), y = item_parts(b, path);
     for (const char* k : {"prefixItems", "items", "additionalItems"}) a.erase(k);
     Json prefix = Json::array();
     for (size_t i = 0; i < std::max(x.prefix.size(), y.prefix.size()); ++i)

@@ -529,6 +529,12 @@ void SchemaPrefix::value_start(Thread t, const Node* node, unsigned char c, std:
                                int hops) const {
   if (node == nullptr) node = schema_->any();
   if (!node->any_of.empty()) {  // each alternative is a reading of its own; a node reached twice, once
+    const bool flat = std::none_of(node->any_of.begin(), node->any_of.end(),
+                                   [](const Node* a) { return a == nullptr || !a->any_of.empty(); });
+    if (flat) {  // (the usual case, with no list to keep: one level of alternatives, as listed)
+      for (const Node* alt : node->any_of) value_start(t, alt, c, out, hops);
+      return;
+    }
     std::vector<const Node*> leaves, seen;
     alternatives(node, leaves, seen, hops);
     for (const Node* leaf : leaves) value_start(t, leaf, c, out, hops);
