@@ -535,5 +535,36 @@ TEST(JsonSchemaNot, ObjectsPropertiesAndRequired) {
   EXPECT_EQ(expect_the_validators(either, {"{}", R"({"a":1})", R"({"b":1})", R"({"a":"x"})"}), 3);
 }
 
+// Closed objects (strict tool parameters) read a silent object with properties as closed; what a
+// negation or an if's condition is rewritten to names properties too, and those do not close an
+// object that had none of its own (an object with its own stays closed to them).
+TEST(JsonSchemaNot, ClosedObjectsAndRewrites) {
+  auto whole = [](const char* schema, const char* text) {
+    SchemaPrefix p(JsonSchema::compile(Json::parse(schema), /*closed_objects=*/true));
+    return p.push(text) && p.complete();
+  };
+  const char* bare = R"({"type":"object","not":{"required":["a"]}})";
+  EXPECT_TRUE(whole(bare, R"({"b":1})"));
+  EXPECT_TRUE(whole(bare, "{}"));
+  EXPECT_FALSE(whole(bare, R"({"a":1})"));
+  const char* valued = R"({"type":"object","not":{"properties":{"k":{"const":1}},"required":["k"]}})";
+  EXPECT_TRUE(whole(valued, R"({"k":2,"z":3})"));
+  EXPECT_TRUE(whole(valued, R"({"z":3})"));
+  EXPECT_FALSE(whole(valued, R"({"k":1})"));
+  const char* cond = R"({"type":"object","if":{"properties":{"k":{"const":1}},"required":["k"]},
+                         "then":{"required":["m"]}})";
+  EXPECT_TRUE(whole(cond, R"({"k":1,"m":2,"z":3})"));
+  EXPECT_TRUE(whole(cond, R"({"k":2,"z":3})"));
+  EXPECT_FALSE(whole(cond, R"({"k":1,"z":3})"));
+  // Its own properties close it, with or without the rewrite.
+  const char* own = R"({"type":"object","properties":{"x":{"type":"integer"}},"not":{"required":["a"]}})";
+  EXPECT_TRUE(whole(own, R"({"x":1})"));
+  EXPECT_FALSE(whole(own, R"({"b":1})"));
+  EXPECT_FALSE(whole(own, R"({"a":1})"));
+  // Not closed: the rewrite's names and others come as the standard reads them.
+  SchemaPrefix open(JsonSchema::compile(Json::parse(own)));
+  EXPECT_TRUE(open.push(R"({"b":1})") && open.complete());
+}
+
 }  // namespace
 }  // namespace dsi::server

@@ -304,7 +304,7 @@ class JsonSchema::Compiler {
         n.props.push_back(value != nullptr ? value : out_.any_);
       }
     }
-    n.additional = closed_objects_ && props != s.end() ? nullptr : out_.any_;
+    n.additional = closed_objects_ && props != s.end() && !s.contains(schema_merge::kRewriteOpen) ? nullptr : out_.any_;
     if (const auto add = s.find("additionalProperties"); add != s.end()) {
       std::string why;
       n.additional = compile_part(*add, path + "/additionalProperties", why);  // (null: no other keys)

@@ -23,7 +23,7 @@ bool annotation(const std::string& k) {
       "title", "description", "default", "examples", "$schema", "$id", "$comment", "$anchor",
       "readOnly", "writeOnly", "deprecated", "format", "$defs", "definitions", "contentMediaType",
       "contentEncoding", "discriminator", "strict", "name"};
-  return kIgnored.count(k) > 0;
+  return kIgnored.count(k) > 0 || k == kRewriteOpen;
 }
 
 std::string part(const std::string& name) {
@@ -101,7 +101,8 @@ class Merger {
     if (schema_merge::conditional(s)) return merged(conditional(s, path, open), path, open);
     Json out = Json::object();  // the keywords beside allOf and $ref
     for (auto it = s.begin(); it != s.end(); ++it)
-      if (it.key() != "allOf" && it.key() != "$ref" && !annotation(it.key())) out[it.key()] = it.value();
+      if (it.key() != "allOf" && it.key() != "$ref" && (!annotation(it.key()) || it.key() == kRewriteOpen))
+        out[it.key()] = it.value();
     // anyOf / oneOf beside other keywords: each alternative with the rest (as an allOf of both).
     if (out.size() > 1 && (out.contains("anyOf") || out.contains("oneOf"))) {
       std::vector<Json> alts;
@@ -332,7 +333,9 @@ class Merger {
     // Names the rest requires anyway: not-if never lacks them.
     const Json flat = merged(rest, path, open);
     const Json required = flat.is_object() ? flat.value("required", Json::array()) : Json::array();
-    branch(*c, s.value("then", Json(true)));
+    Json cond = *c;  // (its properties say what the condition reads, not which keys may come)
+    if (cond.is_object() && cond.contains("properties")) cond[kRewriteOpen] = true;
+    branch(cond, s.value("then", Json(true)));
     branch(negated(*c, required, path + "/if", "if"), s.value("else", Json(true)));
     if (alts.empty()) fail_empty("{}: no value takes 'if' and 'then', or 'else' without 'if'", path);
     Json out = Json::object();
@@ -372,7 +375,7 @@ class Merger {
     for (auto it = props.begin(); it != props.end(); ++it) {
       const Json& p = it.value();
       if (trivial(p) || (p.is_object() && !constrains_beside(p, ""))) continue;  // (annotations only: every value)
-      Json alt = {{"type", "object"}, {"required", Json::array({it.key()})}};
+      Json alt = {{"type", "object"}, {"required", Json::array({it.key()})}, {kRewriteOpen, true}};
       if (!p.is_boolean()) {
         if (!p.is_object()) fail("{}/properties/{}: a schema must be an object or a boolean", path, part(it.key()));
         for (auto k = p.begin(); k != p.end(); ++k)
@@ -387,7 +390,7 @@ class Merger {
     for (const Json& name : names) {
       if (!name.is_string()) fail("{}/required: must be an array of names", path);
       if (required.is_array() && std::find(required.begin(), required.end(), name) != required.end()) continue;
-      alts.push_back(Json{{"type", "object"}, {"properties", Json{{name.get<std::string>(), false}}}});
+      alts.push_back(Json{{"type", "object"}, {"properties", Json{{name.get<std::string>(), false}}}, {kRewriteOpen, true}});
     }
     if (alts.empty()) return Json(false);
     return alts.size() == 1 ? alts[0] : Json{{"anyOf", alts}};
@@ -517,6 +520,9 @@ class Merger {
       objects(out, b, path, open);
     if (b.contains("prefixItems") || b.contains("items") || b.contains("additionalItems")) arrays(out, b, path, open);
     contains(out, a, b, path);
+    auto closes = [](const Json& x) { return x.is_object() && x.contains("properties") && !x.contains(kRewriteOpen); };
+    if (closes(a) || closes(b)) out.erase(kRewriteOpen);
+    else if (a.contains(kRewriteOpen) || b.contains(kRewriteOpen)) out[kRewriteOpen] = true;
     return out;
   }
 

@@ -28,6 +28,11 @@ template <typename... Args>
 
 // A keyword that says nothing of which values are accepted (title, description, $defs, ...).
 bool annotation(const std::string& k);
+// The mark (an annotation, true) on an object schema that a rewrite wrote (not's negations, the
+// condition of an if): its properties only say what the rewrite needs, so closed objects
+// (JsonSchema::compile's closed_objects) do not read it as closed. A merge keeps the mark where
+// neither side is an object schema that closed objects would close (properties, no mark).
+inline constexpr const char* kRewriteOpen = "$dsinfer-rewrite-open";
 // A property name as a part of a path in messages: control bytes as \xNN, at most 40 bytes.
 std::string part(const std::string& name);
 // The schema a reference inside root points at ("#..."); throws dsi::Error with path.
