@@ -7,12 +7,13 @@
 //
 //   bench_topk [--reps N] [--keys N] [--ctas A,B] [--trace]   (--keys: that row length only;
 //   --ctas: the cluster kernel also at each forced CTA count per row, set_topk_cluster_ctas;
-//   --trace: where the cluster kernel's CTAs spend the last replay, TopkSelectParams::trace)
+//   --trace: where the select kernel's CTAs spend the last replay, TopkSelectParams::trace)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -49,7 +50,7 @@ T* dalloc(size_t n) {
 
 // The phase marks of the last replay (us after the first CTA's entry: min, median, max over the CTAs
 // that wrote each; marks of earlier replays, older than that entry, are left out).
-void print_trace(const unsigned long long* dtrace, int64_t rows) {
+void print_trace(const unsigned long long* dtrace, int64_t rows, int64_t n) {
   constexpr int S = dsi::cuda::kTopkTraceSlots, R = dsi::cuda::kTopkTraceRanks;
   std::vector<unsigned long long> t(size_t(rows * R * S));
   DSI_CUDA_CHECK(cudaMemcpy(t.data(), dtrace, t.size() * sizeof(t[0]), cudaMemcpyDeviceToHost));
@@ -59,7 +60,10 @@ void print_trace(const unsigned long long* dtrace, int64_t rows) {
     if (t[size_t(b * S)] != 0 && last - t[size_t(b * S)] < 1000000) t0 = std::min(t0, t[size_t(b * S)]);
   std::printf("    trace of the last replay (us after the first CTA's entry: min, median, max over CTAs)\n");
   int m = 0;
-  for (const char* what : dsi::cuda::kTopkTraceMarks) {
+  const bool cta = dsi::cuda::topk_select_one_cta(n);  // that kernel's own marks
+  const auto* names = cta ? dsi::cuda::kTopkCtaTraceMarks : dsi::cuda::kTopkTraceMarks;
+  const int n_marks = cta ? int(std::size(dsi::cuda::kTopkCtaTraceMarks)) : int(std::size(dsi::cuda::kTopkTraceMarks));
+  for (const char* what : std::vector<const char*>(names, names + n_marks)) {
     std::vector<double> v;
     for (int64_t b = 0; b < rows * R; ++b)
       if (const unsigned long long x = t[size_t(b * S + m)]; x >= t0 && x != 0) v.push_back(double(x - t0) * 1e-3);
@@ -105,7 +109,7 @@ void bench(int64_t rows, int64_t n, bool relu, int reps, const std::vector<int>&
     DSI_CUDA_CHECK(cudaMemset(tr, 0, size_t(rows * dsi::cuda::kTopkTraceRanks * dsi::cuda::kTopkTraceSlots) * 8));
     p.trace = tr;
     std::printf("  with the marks: %.2f us\n", time_graph(copies, reps, select));
-    print_trace(tr, rows);
+    print_trace(tr, rows, n);
     p.trace = nullptr;
     DSI_CUDA_CHECK(cudaFree(tr));
   }

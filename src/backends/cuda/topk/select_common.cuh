@@ -41,6 +41,15 @@ __device__ __forceinline__ void check_bound(const TopkSelectParams& p, int64_t r
     atomicMin(p.bad, static_cast<unsigned long long>(p.first_row + row));
 }
 
+// TopkSelectParams::trace: thread 0 of the CTA writes %globaltimer as `mark` of (row, rank).
+__device__ __forceinline__ void trace_at(unsigned long long* trace, int64_t row, int rank, int mark) {
+  if (trace != nullptr && threadIdx.x == 0) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    trace[(row * kTopkTraceRanks + rank) * kTopkTraceSlots + mark] = t;
+  }
+}
+
 struct BlockPick {
   uint32_t bin, above, total, count;  // count: the keys in `bin`
 };

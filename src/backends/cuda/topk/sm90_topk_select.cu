@@ -74,11 +74,7 @@ constexpr size_t dynamic_smem(int ctas, int64_t cache_entries) {
 
 // TopkSelectParams::trace: thread 0 of this CTA writes %globaltimer as `mark`.
 __device__ __forceinline__ void trace_mark(unsigned long long* trace, int mark) {
-  if (trace != nullptr && threadIdx.x == 0) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    trace[(int64_t(blockIdx.y) * kTopkTraceRanks + blockIdx.x) * kTopkTraceSlots + mark] = t;
-  }
+  trace_at(trace, int64_t(blockIdx.y), int(blockIdx.x), mark);
 }
 
 // The split cluster barrier: arrive, then wait before the first access that needs every CTA past

@@ -74,7 +74,9 @@ __device__ BlockPick cta_pick(const uint32_t* hist, uint32_t need_or_k, bool fir
 template <int PER>
 __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSelectParams p) {
   static_assert(PER % 4 == 0, "PER: whole 16-byte loads");
+  trace_at(p.trace, blockIdx.x, 0, 0);
   pdl_enter();
+  trace_at(p.trace, blockIdx.x, 0, 1);
   __shared__ typename CtaScan::TempStorage scan;
   __shared__ uint32_t hist1[kCtaBins], hist2[kCtaBins], hist3[kCtaBins / 2];
   const int tid = threadIdx.x;
@@ -101,12 +103,15 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
     for (int j = 0; j < PER; ++j) key[j] = i0 + j < bound ? order_key(srow[i0 + j]) : 0u;
   }
   __syncthreads();  // the histograms are zero
+  trace_at(p.trace, row, 0, 2);
   // Pass 1: bits 31..21 of the selectable keys.
 #pragma unroll
   for (int j = 0; j < PER; ++j)
     count_if(hist1, key[j] >> 21, key[j] != 0u);
   __syncthreads();
+  trace_at(p.trace, row, 0, 3);
   BlockPick pick = cta_pick<kCtaBins>(hist1, uint32_t(p.k), true);
+  trace_at(p.trace, row, 0, 4);
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
   for (int j = int(kk) + tid; j < p.k; j += kCtaThreads) {
     out_idx[j] = -1;
@@ -124,7 +129,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
     for (int j = 0; j < PER; ++j)
       count_if(hist2, (key[j] >> 10) & 0x7ffu, (key[j] >> 21) == prefix);
     __syncthreads();
+    trace_at(p.trace, row, 0, 5);
     pick = cta_pick<kCtaBins>(hist2, kk - above, false);
+    trace_at(p.trace, row, 0, 6);
     prefix = (prefix << 11) | pick.bin;
     shift = 10;
     above += pick.above;
@@ -134,7 +141,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
       for (int j = 0; j < PER; ++j)
         count_if(hist3, key[j] & 0x3ffu, (key[j] >> 10) == prefix);
       __syncthreads();
+      trace_at(p.trace, row, 0, 7);
       pick = cta_pick<kCtaBins / 2>(hist3, kk - above, false);
+      trace_at(p.trace, row, 0, 8);
       prefix = (prefix << 10) | pick.bin;  // the k-th key (>= 1: selectable)
       shift = 0;
       above += pick.above;
@@ -152,9 +161,11 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
   for (int j = 0; j < PER; ++j) cnt += (pre_key[j] > prefix ? 1u : 0u) + (pre_key[j] == prefix ? 0x10000u : 0u);
   uint32_t pre = 0;
   CtaScan(scan).ExclusiveSum(cnt, pre);
+  trace_at(p.trace, row, 0, 9);
   const uint32_t gt_b = pre & 0xffffu, eq_b = pre >> 16;
   write_winners(pre_key, i0, prefix, take_eq, 0u, gt_b, eq_b, out_idx, out_val,
                 [&](int j) { return srow[i0 + j]; });  // the score itself (-0 stays -0)
+  trace_at(p.trace, row, 0, 10);
 }
 
 bool cta_path_enabled() {
@@ -164,8 +175,10 @@ bool cta_path_enabled() {
 
 }  // namespace
 
+bool topk_select_one_cta(int64_t n) { return n <= kCtaMaxN && cta_path_enabled(); }
+
 bool launch_topk_select_cta(const TopkSelectParams& p, cudaStream_t s) {
-  if (p.n > kCtaMaxN || !cta_path_enabled()) return false;
+  if (!topk_select_one_cta(p.n)) return false;
   const auto kernel = p.n <= 4 * kCtaThreads   ? topk_select_cta_kernel<4>
                       : p.n <= 8 * kCtaThreads ? topk_select_cta_kernel<8>
                                                : topk_select_cta_kernel<12>;
@@ -177,6 +190,7 @@ bool launch_topk_select_cta(const TopkSelectParams& p, cudaStream_t s) {
     q.first_row = p.first_row + r0;
     q.indices = p.indices + r0 * p.k;
     if (q.values != nullptr) q.values = p.values + r0 * p.k;
+    if (q.trace != nullptr) q.trace = p.trace + r0 * kTopkTraceRanks * kTopkTraceSlots;
     launch(kernel, dim3(unsigned(q.rows)), dim3(kCtaThreads), 0, s, q);
   }
   return true;

@@ -58,7 +58,8 @@ struct TopkSelectParams {
   int64_t first_row;  // what bad calls this call's row 0 (the launch's chunks of rows)
   // Benchmarks' phase marks, when not null: thread 0 of each cluster CTA writes %globaltimer at
   // the points kTopkTraceMarks names into trace[(row * kTopkTraceRanks + rank) * kTopkTraceSlots +
-  // mark] (the cluster kernel only; a CTA writes only the marks it passes).
+  // mark] (a CTA writes only the marks it passes); the one-CTA kernel writes those of
+  // kTopkCtaTraceMarks as rank 0.
   unsigned long long* trace;
 };
 inline constexpr int kTopkTraceRanks = 16;  // the largest cluster
@@ -80,6 +81,20 @@ inline constexpr const char* kTopkTraceMarks[] = {"entry",
                                                    "place in",
                                                    "done"};
 static_assert(sizeof(kTopkTraceMarks) / sizeof(kTopkTraceMarks[0]) == kTopkTraceSlots);
+inline constexpr const char* kTopkCtaTraceMarks[] = {"entry",
+                                                      "past the wait",
+                                                      "keys in registers",
+                                                      "pass 1 counted",
+                                                      "pass 1 picked",
+                                                      "pass 2 counted",
+                                                      "pass 2 picked",
+                                                      "pass 3 counted",
+                                                      "pass 3 picked",
+                                                      "gather scanned",
+                                                      "done"};
+static_assert(sizeof(kTopkCtaTraceMarks) / sizeof(kTopkCtaTraceMarks[0]) <= kTopkTraceSlots);
+// True when rows of n scores go to the one-CTA kernel (its trace marks are kTopkCtaTraceMarks).
+bool topk_select_one_cta(int64_t n);
 // True when the select kernel handles (n, k) on the current device (sm_90+: clusters).
 bool topk_select_supported(int64_t n, int k);
 void launch_topk_select(const TopkSelectParams& p, cudaStream_t stream);
