@@ -536,8 +536,8 @@ TEST(JsonSchemaNot, ObjectsPropertiesAndRequired) {
 }
 
 // Closed objects (strict tool parameters) read a silent object with properties as closed; what a
-// negation or an if's condition is rewritten to names properties too, and those do not close an
-// object that had none of its own (an object with its own stays closed to them).
+// negation or an if's condition is rewritten to names properties too, and those neither close an
+// object that had none of its own nor come in one that has (schema_merge::kRewriteNames).
 TEST(JsonSchemaNot, ClosedObjectsAndRewrites) {
   auto whole = [](const char* schema, const char* text) {
     SchemaPrefix p(JsonSchema::compile(Json::parse(schema), /*closed_objects=*/true));
@@ -556,11 +556,35 @@ TEST(JsonSchemaNot, ClosedObjectsAndRewrites) {
   EXPECT_TRUE(whole(cond, R"({"k":1,"m":2,"z":3})"));
   EXPECT_TRUE(whole(cond, R"({"k":2,"z":3})"));
   EXPECT_FALSE(whole(cond, R"({"k":1,"z":3})"));
-  // Its own properties close it, with or without the rewrite.
+  // Two rewrites in one branch (each with its names).
+  const char* both = R"({"type":"object","not":{"required":["a"]},"if":{"properties":{"b":{"const":1}},"required":["b"]},
+                         "then":{"required":["c"]}})";
+  EXPECT_TRUE(whole(both, R"({"b":1,"c":2,"z":3})"));
+  EXPECT_TRUE(whole(both, R"({"z":3})"));
+  EXPECT_FALSE(whole(both, R"({"b":1})"));
+  EXPECT_FALSE(whole(both, R"({"a":1,"b":2})"));
+  // Its own properties close it, with or without the rewrite, and the names only a rewrite reads
+  // do not come (the branch that needs one is left out).
   const char* own = R"({"type":"object","properties":{"x":{"type":"integer"}},"not":{"required":["a"]}})";
   EXPECT_TRUE(whole(own, R"({"x":1})"));
   EXPECT_FALSE(whole(own, R"({"b":1})"));
   EXPECT_FALSE(whole(own, R"({"a":1})"));
+  const char* own_if = R"({"type":"object","properties":{"x":{"type":"integer"}},
+                           "if":{"properties":{"k":{"const":1}},"required":["k"]},"then":{"required":["x"]}})";
+  EXPECT_TRUE(whole(own_if, R"({"x":1})"));
+  EXPECT_TRUE(whole(own_if, "{}"));
+  EXPECT_FALSE(whole(own_if, R"({"k":1,"x":1})"));
+  EXPECT_FALSE(whole(own_if, R"({"k":2})"));
+  const char* own_not = R"({"type":"object","properties":{"x":{}},"not":{"properties":{"k":{"const":1}},"required":["k"]}})";
+  EXPECT_TRUE(whole(own_not, R"({"x":1})"));
+  EXPECT_FALSE(whole(own_not, R"({"k":2})"));
+  // An allOf's members add their names up: one that a member declares comes.
+  const char* members = R"({"allOf":[{"type":"object","properties":{"x":{}},"if":{"properties":{"k":{"const":1}},
+                            "required":["k"]},"then":{"required":["x"]}},{"properties":{"k":{}}}]})";
+  EXPECT_TRUE(whole(members, R"({"k":1,"x":2})"));
+  EXPECT_TRUE(whole(members, R"({"k":2})"));
+  EXPECT_FALSE(whole(members, R"({"k":1})"));
+  EXPECT_FALSE(whole(members, R"({"z":1})"));
   // Not closed: the rewrite's names and others come as the standard reads them.
   SchemaPrefix open(JsonSchema::compile(Json::parse(own)));
   EXPECT_TRUE(open.push(R"({"b":1})") && open.complete());

@@ -266,6 +266,12 @@ class JsonSchema::Compiler {
       }
     }
     const auto props = s.find("properties");
+    // Closed objects: only declared names come (those of properties that not only rewrites named).
+    const std::set<std::string> rewrite_only = schema_merge::rewrite_names(s);
+    bool declares = false;
+    if (props != s.end() && props->is_object())
+      for (auto it = props->begin(); it != props->end(); ++it) declares = declares || !rewrite_only.count(it.key());
+    const bool closed = closed_objects_ && props != s.end() && (rewrite_only.empty() || declares);
     if (props != s.end()) {
       if (!props->is_object()) fail("{}/properties: must be an object", path);
       if (props->size() > size_t(kMaxProperties))
@@ -275,6 +281,12 @@ class JsonSchema::Compiler {
           if (c < 0x20 || c == '"' || c == '\\')
             fail("{}/properties: the name {} needs escapes, which keys may not have here", path, Json(it.key()).dump());
         n.names.push_back(it.key());
+        if (closed && rewrite_only.count(it.key()) && n.matched(it.key()) == 0) {
+          n.banned |= uint64_t(1) << (n.names.size() - 1);
+          bans[n.names.size() - 1] = "the object is closed (a strict tool's parameters) and declares no such property";
+          n.props.push_back(out_.any_);
+          continue;
+        }
         const std::string at = path + "/properties/" + part(it.key());
         std::vector<Json> all = {it.value()};
         for (uint32_t set = n.matched(it.key()); set != 0; set &= set - 1)
@@ -304,7 +316,7 @@ class JsonSchema::Compiler {
         n.props.push_back(value != nullptr ? value : out_.any_);
       }
     }
-    n.additional = closed_objects_ && props != s.end() && !s.contains(schema_merge::kRewriteOpen) ? nullptr : out_.any_;
+    n.additional = closed ? nullptr : out_.any_;
     if (const auto add = s.find("additionalProperties"); add != s.end()) {
       std::string why;
       n.additional = compile_part(*add, path + "/additionalProperties", why);  // (null: no other keys)

@@ -23,7 +23,15 @@ bool annotation(const std::string& k) {
       "title", "description", "default", "examples", "$schema", "$id", "$comment", "$anchor",
       "readOnly", "writeOnly", "deprecated", "format", "$defs", "definitions", "contentMediaType",
       "contentEncoding", "discriminator", "strict", "name"};
-  return kIgnored.count(k) > 0 || k == kRewriteOpen;
+  return kIgnored.count(k) > 0 || k == kRewriteNames;
+}
+
+std::set<std::string> rewrite_names(const Json& s) {
+  std::set<std::string> out;
+  if (const auto m = s.is_object() ? s.find(kRewriteNames) : s.end(); s.is_object() && m != s.end() && m->is_array())
+    for (const Json& name : *m)
+      if (name.is_string()) out.insert(name.get<std::string>());
+  return out;
 }
 
 std::string part(const std::string& name) {
@@ -101,7 +109,7 @@ class Merger {
     if (schema_merge::conditional(s)) return merged(conditional(s, path, open), path, open);
     Json out = Json::object();  // the keywords beside allOf and $ref
     for (auto it = s.begin(); it != s.end(); ++it)
-      if (it.key() != "allOf" && it.key() != "$ref" && (!annotation(it.key()) || it.key() == kRewriteOpen))
+      if (it.key() != "allOf" && it.key() != "$ref" && (!annotation(it.key()) || it.key() == kRewriteNames))
         out[it.key()] = it.value();
     // anyOf / oneOf beside other keywords: each alternative with the rest (as an allOf of both).
     if (out.size() > 1 && (out.contains("anyOf") || out.contains("oneOf"))) {
@@ -334,7 +342,11 @@ class Merger {
     const Json flat = merged(rest, path, open);
     const Json required = flat.is_object() ? flat.value("required", Json::array()) : Json::array();
     Json cond = *c;  // (its properties say what the condition reads, not which keys may come)
-    if (cond.is_object() && cond.contains("properties")) cond[kRewriteOpen] = true;
+    if (cond.is_object() && cond.contains("properties") && cond["properties"].is_object()) {
+      std::set<std::string> names = rewrite_names(cond);
+      for (auto it = cond["properties"].begin(); it != cond["properties"].end(); ++it) names.insert(it.key());
+      cond[kRewriteNames] = names;
+    }
     branch(cond, s.value("then", Json(true)));
     branch(negated(*c, required, path + "/if", "if"), s.value("else", Json(true)));
     if (alts.empty()) fail_empty("{}: no value takes 'if' and 'then', or 'else' without 'if'", path);
@@ -375,7 +387,7 @@ class Merger {
     for (auto it = props.begin(); it != props.end(); ++it) {
       const Json& p = it.value();
       if (trivial(p) || (p.is_object() && !constrains_beside(p, ""))) continue;  // (annotations only: every value)
-      Json alt = {{"type", "object"}, {"required", Json::array({it.key()})}, {kRewriteOpen, true}};
+      Json alt = {{"type", "object"}, {"required", Json::array({it.key()})}, {kRewriteNames, Json::array({it.key()})}};
       if (!p.is_boolean()) {
         if (!p.is_object()) fail("{}/properties/{}: a schema must be an object or a boolean", path, part(it.key()));
         for (auto k = p.begin(); k != p.end(); ++k)
@@ -390,7 +402,9 @@ class Merger {
     for (const Json& name : names) {
       if (!name.is_string()) fail("{}/required: must be an array of names", path);
       if (required.is_array() && std::find(required.begin(), required.end(), name) != required.end()) continue;
-      alts.push_back(Json{{"type", "object"}, {"properties", Json{{name.get<std::string>(), false}}}, {kRewriteOpen, true}});
+      alts.push_back(Json{{"type", "object"},
+                          {"properties", Json{{name.get<std::string>(), false}}},
+                          {kRewriteNames, Json::array({name})}});
     }
     if (alts.empty()) return Json(false);
     return alts.size() == 1 ? alts[0] : Json{{"anyOf", alts}};
@@ -461,6 +475,7 @@ class Merger {
       if (k == "properties" || k == "additionalProperties" || k == "patternProperties") continue;  // below, together
       if (k == "contains" || k == "minContains" || k == "maxContains") continue;  // below, together
       if (k == "prefixItems" || k == "items" || k == "additionalItems") continue;  // below, together
+      if (k == kRewriteNames) continue;  // below
       const auto have = out.find(k);
       if (have == out.end() && k != "enum" && k != "const") {
         out[k] = v;
@@ -520,9 +535,17 @@ class Merger {
       objects(out, b, path, open);
     if (b.contains("prefixItems") || b.contains("items") || b.contains("additionalItems")) arrays(out, b, path, open);
     contains(out, a, b, path);
-    auto closes = [](const Json& x) { return x.is_object() && x.contains("properties") && !x.contains(kRewriteOpen); };
-    if (closes(a) || closes(b)) out.erase(kRewriteOpen);
-    else if (a.contains(kRewriteOpen) || b.contains(kRewriteOpen)) out[kRewriteOpen] = true;
+    // The names only rewrites named: those of either side that neither side declares.
+    std::set<std::string> only = rewrite_names(a), theirs = rewrite_names(b);
+    only.insert(theirs.begin(), theirs.end());
+    for (const Json* x : {&a, &b})
+      if (const auto p = x->find("properties"); p != x->end() && p->is_object()) {
+        const std::set<std::string> mine = rewrite_names(*x);
+        for (auto it = p->begin(); it != p->end(); ++it)
+          if (!mine.count(it.key())) only.erase(it.key());
+      }
+    if (only.empty()) out.erase(kRewriteNames);
+    else out[kRewriteNames] = only;
     return out;
   }
 

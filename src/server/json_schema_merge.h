@@ -2,6 +2,7 @@
 // (json_schema_merge.cpp): keyword names, paths in messages, references, and the merge itself.
 #pragma once
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,11 +29,15 @@ template <typename... Args>
 
 // A keyword that says nothing of which values are accepted (title, description, $defs, ...).
 bool annotation(const std::string& k);
-// The mark (an annotation, true) on an object schema that a rewrite wrote (not's negations, the
-// condition of an if): its properties only say what the rewrite needs, so closed objects
-// (JsonSchema::compile's closed_objects) do not read it as closed. A merge keeps the mark where
-// neither side is an object schema that closed objects would close (properties, no mark).
-inline constexpr const char* kRewriteOpen = "$dsinfer-rewrite-open";
+// On an object schema that a rewrite wrote (not's negations, the condition of an if), an
+// annotation: the names of its properties that only the rewrite named (an array). They say what
+// the rewrite reads, not which keys may come: closed objects (JsonSchema::compile's
+// closed_objects) close only over the other names (those a schema of the tree declares), and take
+// none of these names; an object whose properties are all such names is not closed. A merge keeps
+// the names that neither side declares.
+inline constexpr const char* kRewriteNames = "$dsinfer-rewrite-names";
+// kRewriteNames of s (empty where it has none).
+std::set<std::string> rewrite_names(const nlohmann::json& s);
 // A property name as a part of a path in messages: control bytes as \xNN, at most 40 bytes.
 std::string part(const std::string& name);
 // The schema a reference inside root points at ("#..."); throws dsi::Error with path.
