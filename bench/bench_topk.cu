@@ -59,15 +59,14 @@ void print_trace(const unsigned long long* dtrace, int64_t rows, int64_t n) {
   for (int64_t b = 0; b < rows * R; ++b)  // entries of the last replay: within 1 ms of the latest
     if (t[size_t(b * S)] != 0 && last - t[size_t(b * S)] < 1000000) t0 = std::min(t0, t[size_t(b * S)]);
   std::printf("    trace of the last replay (us after the first CTA's entry: min, median, max over CTAs)\n");
-  int m = 0;
   const bool cta = dsi::cuda::topk_select_one_cta(n);  // that kernel's own marks
   const auto* names = cta ? dsi::cuda::kTopkCtaTraceMarks : dsi::cuda::kTopkTraceMarks;
   const int n_marks = cta ? int(std::size(dsi::cuda::kTopkCtaTraceMarks)) : int(std::size(dsi::cuda::kTopkTraceMarks));
-  for (const char* what : std::vector<const char*>(names, names + n_marks)) {
+  for (int m = 0; m < n_marks; ++m) {
+    const char* what = names[m];
     std::vector<double> v;
     for (int64_t b = 0; b < rows * R; ++b)
       if (const unsigned long long x = t[size_t(b * S + m)]; x >= t0 && x != 0) v.push_back(double(x - t0) * 1e-3);
-    ++m;
     if (v.empty()) continue;
     std::sort(v.begin(), v.end());
     std::printf("    %-34s %7.2f %7.2f %7.2f us (%zu CTAs)\n", what, v.front(), v[v.size() / 2], v.back(), v.size());

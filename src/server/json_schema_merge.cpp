@@ -536,14 +536,14 @@ class Merger {
     if (b.contains("prefixItems") || b.contains("items") || b.contains("additionalItems")) arrays(out, b, path, open);
     contains(out, a, b, path);
     // The names only rewrites named: those of either side that neither side declares.
-    std::set<std::string> only = rewrite_names(a), theirs = rewrite_names(b);
-    only.insert(theirs.begin(), theirs.end());
-    for (const Json* x : {&a, &b})
-      if (const auto p = x->find("properties"); p != x->end() && p->is_object()) {
-        const std::set<std::string> mine = rewrite_names(*x);
+    const std::set<std::string> ra = rewrite_names(a), rb = rewrite_names(b);
+    std::set<std::string> only = ra;
+    only.insert(rb.begin(), rb.end());
+    for (const auto& [x, mine] : {std::pair<const Json&, const std::set<std::string>&>(a, ra),
+                                  std::pair<const Json&, const std::set<std::string>&>(b, rb)})
+      if (const auto p = x.find("properties"); p != x.end() && p->is_object())
         for (auto it = p->begin(); it != p->end(); ++it)
           if (!mine.count(it.key())) only.erase(it.key());
-      }
     if (only.empty()) out.erase(kRewriteNames);
     else out[kRewriteNames] = only;
     return out;
