@@ -1,6 +1,7 @@
 // Scalar dtype conversions; see dtype.h.
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 
@@ -138,6 +139,33 @@ float load_as_f32(const void* base, DType dtype, int64_t i) {
     case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
     case DType::F8_E4M3: return e4m3_to_f32(static_cast<const uint8_t*>(base)[i]);
     default: fail("load_as_f32: {} is not a float dtype", dtype_name(dtype));
+  }
+}
+
+void load_span_as_f32(const void* base, DType dtype, int64_t begin, int64_t n, float* out) {
+  switch (dtype) {
+    case DType::F32: {
+      const float* src = static_cast<const float*>(base) + begin;
+      std::copy(src, src + n, out);
+      return;
+    }
+    case DType::BF16: {
+      const uint16_t* src = static_cast<const uint16_t*>(base) + begin;
+      for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_f32(src[i]);
+      return;
+    }
+    case DType::F16: {
+      const uint16_t* src = static_cast<const uint16_t*>(base) + begin;
+      for (int64_t i = 0; i < n; ++i) out[i] = f16_to_f32(src[i]);
+      return;
+    }
+    case DType::F8_E4M3: {
+      const uint8_t* src = static_cast<const uint8_t*>(base) + begin;
+      const float* table = kE4M3Table.data();
+      for (int64_t i = 0; i < n; ++i) out[i] = table[src[i]];
+      return;
+    }
+    default: fail("load_span_as_f32: {} is not a float dtype", dtype_name(dtype));
   }
 }
 

@@ -50,5 +50,8 @@ inline constexpr float kE4M3Max = 448.0f;
 
 // Reads element i of an array of a float dtype (F32, BF16, F16, F8_E4M3) as fp32.
 float load_as_f32(const void* base, DType dtype, int64_t i);
+// Elements [begin, begin + n) of such an array as fp32 into out: load_as_f32's values, the dtype read
+// once (the per-element loop is what the CPU backend's dequantisation spends its time in).
+void load_span_as_f32(const void* base, DType dtype, int64_t begin, int64_t n, float* out);
 
 }  // namespace dsi

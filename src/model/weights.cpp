@@ -21,7 +21,7 @@ Tensor to_f32(const Tensor& t, const std::string& name, const std::string& dir) 
             dtype_name(t.dtype()));
   Tensor out = Tensor::empty(t.shape(), DType::F32);
   const Tensor src = t.is_contiguous() ? t : t.contiguous();
-  for (int64_t i = 0; i < t.numel(); ++i) out.f32()[i] = load_as_f32(src.raw(), t.dtype(), i);
+  load_span_as_f32(src.raw(), t.dtype(), 0, t.numel(), out.f32());
   return out;
 }
 

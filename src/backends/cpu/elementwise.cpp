@@ -65,7 +65,7 @@ void embedding(const Tensor& table, const Tensor& ids, Tensor& out) {
     const int64_t id = ids.i32()[i];
     DSI_CHECK(id >= 0 && id < vocab, "token id {} is outside the vocabulary [0, {})", id, vocab);
     float* o = out.f32() + i * out.stride(0);
-    for (int64_t j = 0; j < d; ++j) o[j] = load_as_f32(table.raw(), table.dtype(), id * d + j);
+    load_span_as_f32(table.raw(), table.dtype(), id * d, d, o);
   }
 }
 

@@ -34,8 +34,7 @@ Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end
   }
   for (int64_t r = row_begin; r < row_end; ++r) {
     float* orow = o + (r - row_begin) * in;
-    const int64_t base = r * in;
-    for (int64_t c = 0; c < in; ++c) orow[c] = load_as_f32(wt.raw(), wt.dtype(), base + c);
+    load_span_as_f32(wt.raw(), wt.dtype(), r * in, in, orow);
     if (fp8) {
       const float* srow = w.scale_inv.f32() + ((w.row0 + r) / w.block_out) * w.scale_inv.dim(1);
       for (int64_t c = 0; c < in; ++c) orow[c] *= srow[(w.col0 + c) / w.block_in];
