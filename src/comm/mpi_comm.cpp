@@ -391,4 +391,16 @@ int local_rank_from_env() {
   return -1;
 }
 
+int local_size_from_env() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == '\0') continue;
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    DSI_CHECK(end != v && *end == '\0' && n >= 1 && n < (1 << 20), "{}={} is not a count of local ranks", name, v);
+    return int(n);
+  }
+  return -1;
+}
+
 }  // namespace dsi

@@ -78,5 +78,8 @@ class MpiComm final : public Communicator {
 // The node-local rank the launcher gives this process (OMPI_COMM_WORLD_LOCAL_RANK, then
 // MPI_LOCALRANKID, SLURM_LOCALID, LOCAL_RANK), or -1 when none is set.
 int local_rank_from_env();
+// How many ranks the launcher started on this node (OMPI_COMM_WORLD_LOCAL_SIZE, then
+// MPI_LOCALNRANKS), or -1 when neither is set.
+int local_size_from_env();
 
 }  // namespace dsi

@@ -2,6 +2,7 @@
 #include "ops/linear.h"
 
 #include "backends/cpu/cpu_linear_fp8.h"
+#include "backends/cpu/cpu_ops.h"
 #include "ops/dispatch.h"
 #include "ops/norm.h"
 #ifdef DSI_WITH_CUDA
@@ -13,6 +14,8 @@ namespace dsi::ops {
 void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   DSI_DISPATCH(x.device(), linear, x, w, out);
 }
+
+void share_host_cores(int ranks_on_host) { cpu::share_host_cores(ranks_on_host); }
 
 void rms_norm_linear(const Tensor& x, const Tensor& norm_w, float eps, const LinearWeight& w, Tensor& out) {
   DSI_CHECK(x.ndim() == 2 && x.dim(1) == w.in_features() && x.stride(1) == 1,

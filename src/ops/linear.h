@@ -38,6 +38,12 @@ bool rms_norm_linear_fuses(const Tensor& x, const Tensor& norm_w, const LinearWe
 // Dequantises rows [row_begin, row_end) of W to fp32 (host); out: [row_end - row_begin, in].
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
 
+// The host's products run on one pool of BLAS threads per process. When ranks_on_host ranks share
+// this host's cores (thread ranks, or mpirun processes on one node), each rank's products take
+// cores / ranks_on_host threads of it (at least one): more would spin against the other ranks'.
+// OPENBLAS_NUM_THREADS, when set, is left to rule.
+void share_host_cores(int ranks_on_host);
+
 // y = x W^T in DeepSeek V3's fp8 recipe, for F8_E4M3 weights with block scales: each row of x is
 // quantised to e4m3 per weight column block (block_in columns aligned with the weight's blocks, so
 // the first is partial when col0 > 0) with the fp32 scale amax / 448 (DeepSeek's act_quant; an

@@ -10,6 +10,7 @@
 
 #include "model/config.h"
 #include "runtime/engine_impl.h"
+#include "ops/linear.h"
 #include "runtime/engine_processes.h"
 #include "runtime/ranks.h"
 
@@ -71,6 +72,8 @@ MpiRanks::MpiRanks(MpiSession& session, const ParallelConfig& cfg, const CommOpt
 #endif
   }
   context_ = RankContext::make(cfg, host_->rank(), data);
+  const int on_node = local_size_from_env();
+  if (on_node > 0) ops::share_host_cores(on_node);
 }
 
 MpiRanks::~MpiRanks() = default;

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "ops/linear.h"
 #include "runtime/ranks.h"
 #ifdef DSI_WITH_CUDA
 #include "backends/cuda/device.h"
@@ -30,6 +31,7 @@ int RankGroup::slot(int rank) const {
 
 RankWorkers::RankWorkers(const ParallelConfig& cfg, const CommOptions& options, bool cuda)
     : RankGroup(cfg.tp, all_ranks(cfg.tp)) {
+  ops::share_host_cores(cfg.tp);
   if (cfg.tp > 1) world_ = std::make_unique<LocalWorld>(cfg.tp, options);
   for (int r = 0; r < cfg.tp; ++r)
     contexts_.push_back(RankContext::make(cfg, r, world_ ? &world_->comm(r) : nullptr));

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "comm/local_comm.h"
+#include "ops/linear.h"
 #ifdef DSI_WITH_CUDA
 #include <cstdlib>
 #include <string_view>
@@ -79,6 +80,7 @@ void run_on_thread_ranks(const ParallelConfig& cfg, const CommOptions& options,
                          const std::function<void(const RankContext&)>& fn, bool cuda) {
   DSI_CHECK(cfg.tp >= 1, "tp = {} must be >= 1", cfg.tp);
   LocalWorld world(cfg.tp, options);
+  ops::share_host_cores(cfg.tp);
   std::mutex mu;
   std::exception_ptr first;  // the first error thrown is the root cause; later ones follow it
   std::vector<std::thread> threads;

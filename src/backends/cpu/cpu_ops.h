@@ -29,6 +29,7 @@ void rope(Tensor& x, const Tensor& positions, const Tensor& inv_freq, float atte
 
 void linear(const Tensor& x, const LinearWeight& w, Tensor& out);
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
+void share_host_cores(int ranks_on_host);  // ops/linear.h
 
 void copy(const Tensor& src, Tensor& dst);
 void scale_inplace(Tensor& a, float scale);
