@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "model/config.h"
-#include "runtime/engine_impl.h"
 #include "ops/linear.h"
+#include "runtime/engine_impl.h"
 #include "runtime/engine_processes.h"
 #include "runtime/ranks.h"
 
