@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <thread>
 #include <vector>
@@ -379,28 +380,30 @@ void MpiComm::abort(const std::string& why) {
   std::_Exit(1);  // MPI_Abort does not return in practice; the standard does not promise it
 }
 
-int local_rank_from_env() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}) {
+namespace {
+
+// The first of the launcher's variables `names` that is set, as an integer >= lo, or -1 when none is.
+int launcher_int(std::initializer_list<const char*> names, long lo, const char* what) {
+  for (const char* name : names) {
     const char* v = std::getenv(name);
     if (v == nullptr || *v == '\0') continue;
     char* end = nullptr;
     const long r = std::strtol(v, &end, 10);
-    DSI_CHECK(end != v && *end == '\0' && r >= 0 && r < (1 << 20), "{}={} is not a local rank", name, v);
+    DSI_CHECK(end != v && *end == '\0' && r >= lo && r < (1 << 20), "{}={} is not {}", name, v, what);
     return int(r);
   }
   return -1;
 }
 
+}  // namespace
+
+int local_rank_from_env() {
+  return launcher_int({"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"}, 0,
+                      "a local rank");
+}
+
 int local_size_from_env() {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') continue;
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    DSI_CHECK(end != v && *end == '\0' && n >= 1 && n < (1 << 20), "{}={} is not a count of local ranks", name, v);
-    return int(n);
-  }
-  return -1;
+  return launcher_int({"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}, 1, "a count of local ranks");
 }
 
 }  // namespace dsi
