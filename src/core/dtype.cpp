@@ -132,16 +132,6 @@ uint8_t f32_to_e4m3(float f) {
   return sign | uint8_t(lo);
 }
 
-float load_as_f32(const void* base, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::F32: return static_cast<const float*>(base)[i];
-    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case DType::F8_E4M3: return e4m3_to_f32(static_cast<const uint8_t*>(base)[i]);
-    default: fail("load_as_f32: {} is not a float dtype", dtype_name(dtype));
-  }
-}
-
 void load_span_as_f32(const void* base, DType dtype, int64_t begin, int64_t n, float* out) {
   switch (dtype) {
     case DType::F32: {

@@ -48,10 +48,8 @@ uint8_t f32_to_e4m3(float f);
 
 inline constexpr float kE4M3Max = 448.0f;
 
-// Reads element i of an array of a float dtype (F32, BF16, F16, F8_E4M3) as fp32.
-float load_as_f32(const void* base, DType dtype, int64_t i);
-// Elements [begin, begin + n) of such an array as fp32 into out: load_as_f32's values, the dtype read
-// once (the per-element loop is what the CPU backend's dequantisation spends its time in).
+// Elements [begin, begin + n) of an array of a float dtype (F32, BF16, F16, F8_E4M3) as fp32 into out
+// (exact), the dtype read once for the span.
 void load_span_as_f32(const void* base, DType dtype, int64_t begin, int64_t n, float* out);
 
 }  // namespace dsi

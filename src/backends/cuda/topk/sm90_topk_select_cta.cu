@@ -176,29 +176,20 @@ __global__ void __launch_bounds__(kCtaThreads, 1) topk_select_cta_kernel(TopkSel
                 [&](int j) { return srow[i0 + j]; });  // the score itself (-0 stays -0)
   __syncthreads();
   const int k = p.k, n_win = int(kk);
+  const auto idx_at = [&](int j) { return j < n_win ? s_idx[j] : -1; };
+  const auto val_at = [&](int j) { return j < n_win ? s_val[j] : -INFINITY; };
   const bool vec = (k & 3) == 0 && (reinterpret_cast<uintptr_t>(out_idx) & 15u) == 0 &&
                    (reinterpret_cast<uintptr_t>(out_val) & 15u) == 0;
   if (vec) {
     for (int j = 4 * tid; j < k; j += 4 * kCtaThreads) {
-      int4 v;
-      v.x = j < n_win ? s_idx[j] : -1;
-      v.y = j + 1 < n_win ? s_idx[j + 1] : -1;
-      v.z = j + 2 < n_win ? s_idx[j + 2] : -1;
-      v.w = j + 3 < n_win ? s_idx[j + 3] : -1;
-      *reinterpret_cast<int4*>(out_idx + j) = v;
-      if (out_val != nullptr) {
-        float4 f;
-        f.x = j < n_win ? s_val[j] : -INFINITY;
-        f.y = j + 1 < n_win ? s_val[j + 1] : -INFINITY;
-        f.z = j + 2 < n_win ? s_val[j + 2] : -INFINITY;
-        f.w = j + 3 < n_win ? s_val[j + 3] : -INFINITY;
-        *reinterpret_cast<float4*>(out_val + j) = f;
-      }
+      *reinterpret_cast<int4*>(out_idx + j) = make_int4(idx_at(j), idx_at(j + 1), idx_at(j + 2), idx_at(j + 3));
+      if (out_val != nullptr)
+        *reinterpret_cast<float4*>(out_val + j) = make_float4(val_at(j), val_at(j + 1), val_at(j + 2), val_at(j + 3));
     }
   } else {
     for (int j = tid; j < k; j += kCtaThreads) {
-      out_idx[j] = j < n_win ? s_idx[j] : -1;
-      if (out_val != nullptr) out_val[j] = j < n_win ? s_val[j] : -INFINITY;
+      out_idx[j] = idx_at(j);
+      if (out_val != nullptr) out_val[j] = val_at(j);
     }
   }
   trace_at(p.trace, row, 0, 10);
