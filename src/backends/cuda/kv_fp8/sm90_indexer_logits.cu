@@ -71,6 +71,14 @@ __host__ __device__ constexpr int chunks_per_row(int heads) {
 __host__ __device__ constexpr int group_rows(int heads) {
   return kMaxChunks / chunks_per_row(heads) < kMaxGroupRows ? kMaxChunks / chunks_per_row(heads) : kMaxGroupRows;
 }
+// Blocks per SM each kernel is compiled for (its registers: nvcc -Xptxas -v, none spilled). The
+// accumulators take CAP * N / 2 registers a thread. Left to itself the compiler gave the 4-row
+// 32-head kernel 102 registers, so 4 blocks shared an SM: too few pages in flight (ncu: DRAM 50%
+// busy, 0.76 eligible warps a scheduler); bounded to 5 blocks it takes 96. The 64-head one takes 163
+// (3 blocks); its bound keeps it there (a build that gave it 184 registers, 2 blocks, took 60.3 us
+// against 50.2 in the case below). docs/decode-performance.md has the figures.
+__host__ __device__ constexpr int min_blocks(int n, int cap) { return n * cap <= 128 ? 5 : 3; }
+
 // Dynamic shared memory: [kStages] key tiles, [chunks] query tiles (N x 128 B each), [kStages][64]
 // scales, [chunks][N] weights, and the slack that aligns the base to kAlign.
 __host__ __device__ constexpr size_t smem_bytes(int chunks, int n) {
@@ -103,7 +111,7 @@ __device__ __forceinline__ void page_mma(float (&acc)[CAP][N / 2], const uint8_t
 // N: heads per chunk (chunk_heads(p.heads)); CAP: the most (row, chunk) pairs of a group in this
 // call (the accumulators and query tiles held: 1 for one decode row, so no registers go unused).
 template <int N, int CAP>
-__global__ void __launch_bounds__(kThreads) indexer_logits_wgmma_kernel(const __grid_constant__ CUtensorMap key_map,
+__global__ void __launch_bounds__(kThreads, min_blocks(N, CAP)) indexer_logits_wgmma_kernel(const __grid_constant__ CUtensorMap key_map,
                                                                        IndexerLogitsFp8Params p) {
   // Until pdl_enter() below the kernel reads only what the query rotation, the kernel launched
   // right before it (ops::indexer_logits_fp8), leaves alone: the rows' sequences and bounds, the
@@ -316,15 +324,15 @@ std::atomic<int> g_forced_blocks{0};
 
 template <int N, int CAP>
 void launch_wgmma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
+  const auto kernel = indexer_logits_wgmma_kernel<N, CAP>;
   const int G = group_rows(p.heads);
   const size_t smem = smem_bytes(CAP, N);
   // Per call (cheap, per device, allowed during stream capture).
-  DSI_CUDA_CHECK(
-      cudaFuncSetAttribute(indexer_logits_wgmma_kernel<N, CAP>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   // Blocks one SM holds: the same on every device that runs the kernel (sm_90a), so asked once.
   static const int per_sm = [&] {
     int n = 0;
-    DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, indexer_logits_wgmma_kernel<N, CAP>, kThreads, smem));
+    DSI_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
     return std::max(n, 1);
   }();
   // Every resident block slot over all groups (a group is up to 4 rows of one sequence).
@@ -333,8 +341,7 @@ void launch_wgmma(const IndexerLogitsFp8Params& p, cudaStream_t s) {
   const int64_t want = std::max<int64_t>(1, int64_t(per_sm) * sm_count() / groups);
   const int forced = g_forced_blocks.load(std::memory_order_relaxed);
   const unsigned gx = unsigned(forced > 0 ? forced : std::max<int64_t>(1, std::min(n_tiles, want)));
-  launch(indexer_logits_wgmma_kernel<N, CAP>, dim3(gx, unsigned(p.rows)), kThreads, smem, s,
-         key_tensor_map(p.pool, p.n_pages), p);
+  launch(kernel, dim3(gx, unsigned(p.rows)), kThreads, smem, s, key_tensor_map(p.pool, p.n_pages), p);
 }
 
 // The kernel for this call's chunk size and most chunks per group.
