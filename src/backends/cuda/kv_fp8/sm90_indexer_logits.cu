@@ -76,7 +76,7 @@ __host__ __device__ constexpr int group_rows(int heads) {
 // 32-head kernel 102 registers, so 4 blocks shared an SM: too few pages in flight (ncu: DRAM 50%
 // busy, 0.76 eligible warps a scheduler); bounded to 5 blocks it takes 96. The 64-head one takes 163
 // (3 blocks); its bound keeps it there (a build that gave it 184 registers, 2 blocks, took 60.3 us
-// against 50.2 in the case below). docs/decode-performance.md has the figures.
+// against 50.2 at 4 x 4 rows of 128K keys). docs/decode-performance.md has the figures.
 __host__ __device__ constexpr int min_blocks(int n, int cap) { return n * cap <= 128 ? 5 : 3; }
 
 // Dynamic shared memory: [kStages] key tiles, [chunks] query tiles (N x 128 B each), [kStages][64]
@@ -111,8 +111,8 @@ __device__ __forceinline__ void page_mma(float (&acc)[CAP][N / 2], const uint8_t
 // N: heads per chunk (chunk_heads(p.heads)); CAP: the most (row, chunk) pairs of a group in this
 // call (the accumulators and query tiles held: 1 for one decode row, so no registers go unused).
 template <int N, int CAP>
-__global__ void __launch_bounds__(kThreads, min_blocks(N, CAP)) indexer_logits_wgmma_kernel(const __grid_constant__ CUtensorMap key_map,
-                                                                       IndexerLogitsFp8Params p) {
+__global__ void __launch_bounds__(kThreads, min_blocks(N, CAP))
+    indexer_logits_wgmma_kernel(const __grid_constant__ CUtensorMap key_map, IndexerLogitsFp8Params p) {
   // Until pdl_enter() below the kernel reads only what the query rotation, the kernel launched
   // right before it (ops::indexer_logits_fp8), leaves alone: the rows' sequences and bounds, the
   // block tables and the key pages (common.cuh: only the previous kernel may still be running). So
