@@ -95,7 +95,10 @@ class ErrorFlag {
 // when the previous kernel ends. The contract, for every kernel launched this way:
 //   - pdl_wait() comes before the kernel reads anything an earlier kernel writes, writes anything
 //     an earlier kernel reads or writes, and before it can return. It waits for the previous grid
-//     to complete with its memory visible (and so, transitively, for every grid before it).
+//     to complete with its memory visible (and so, transitively, for every grid before it). A
+//     block with nothing to do may return without it where another block of the same grid always
+//     waits (the indexer logits kernel's rows that lead no group): the grid still completes, and
+//     lets the next one launch, only after the previous grid.
 //   - pdl_trigger() (after pdl_wait) lets the next kernel launch; a kernel that never calls it
 //     triggers when it exits.
 // So when a kernel starts, every grid before the previous one has completed: before its wait a
