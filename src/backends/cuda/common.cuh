@@ -96,9 +96,9 @@ class ErrorFlag {
 //   - pdl_wait() comes before the kernel reads anything an earlier kernel writes, writes anything
 //     an earlier kernel reads or writes, and before it can return. It waits for the previous grid
 //     to complete with its memory visible (and so, transitively, for every grid before it). A
-//     block with nothing to do may return without it where another block of the same grid always
-//     waits (the indexer logits kernel's rows that lead no group): the grid still completes, and
-//     lets the next one launch, only after the previous grid.
+//     block with nothing to do may return without it, through pdl_leave_unwaited(), where another
+//     block of the same grid always waits (the indexer logits kernel's rows that lead no group):
+//     the grid still completes, and lets the next one launch, only after the previous grid.
 //   - pdl_trigger() (after pdl_wait) lets the next kernel launch; a kernel that never calls it
 //     triggers when it exits.
 // So when a kernel starts, every grid before the previous one has completed: before its wait a
@@ -116,6 +116,10 @@ __device__ __forceinline__ void pdl_trigger() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+// Said by a block that returns without waiting (the contract above allows it where another block
+// of the grid always waits; tests/test_cuda_sources.cpp looks for it before such a return): lets
+// the next kernel launch as far as this block goes, as its exit would.
+__device__ __forceinline__ void pdl_leave_unwaited() { pdl_trigger(); }
 // Both, at the top of a kernel that prefetches nothing.
 __device__ __forceinline__ void pdl_enter() {
   pdl_wait();

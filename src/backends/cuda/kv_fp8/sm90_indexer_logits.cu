@@ -166,7 +166,10 @@ __global__ void __launch_bounds__(kThreads, min_blocks(N, CAP))
   // wait (common.cuh): its group's leader, an earlier row of the grid, waits. So its slot frees at
   // once, and the blocks of later groups start their first pages under the previous kernel's tail
   // (4 x 4 rows: 3 of 4 rows lead none).
-  if (R == 0) return;
+  if (R == 0) {
+    pdl_leave_unwaited();
+    return;
+  }
   if (R < 0) {  // an invalid row, reported after the wait
     pdl_enter();
     if (tid == 0 && blockIdx.x == 0) atomicMin(p.bad_row, static_cast<unsigned long long>(r0));
