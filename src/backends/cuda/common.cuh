@@ -99,8 +99,9 @@ class ErrorFlag {
 //     block with nothing to do may return without it, through pdl_leave_unwaited(), where another
 //     block of the same grid always waits (the indexer logits kernel's rows that lead no group):
 //     the grid still completes, and lets the next one launch, only after the previous grid.
-//   - pdl_trigger() (after pdl_wait) lets the next kernel launch; a kernel that never calls it
-//     triggers when it exits.
+//   - pdl_trigger() (after pdl_wait, or in pdl_leave_unwaited) lets the next kernel launch once
+//     every block of the grid has called it or exited; a kernel that never calls it triggers when
+//     it exits.
 // So when a kernel starts, every grid before the previous one has completed: before its wait a
 // kernel may also read what the kernel launched right before it does not write, if its launcher
 // fixes which kernel that is (the indexer logits kernel: its tables and key pages, behind the
