@@ -444,21 +444,29 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
       trace_mark(p.trace, 9);
       const BlockPick p2 = block_pick<kSelThreads, kBins / kSelThreads>(hist1, kBins, need, false, temp.scan);
       trace_mark(p.trace, 10);
-      for (int i = tid; i < 256; i += kSelThreads) hist0[i] = 0;
-      __syncthreads();
-      for (uint32_t i = tid; i < n_cand; i += kSelThreads) {
-        const uint32_t w = cand_at(i);
-        count_if(hist0, w & 0xffu, ((w >> 8) & 0xfffu) == p2.bin);
+      // The k-th key T, and how many keys == T to take (lowest positions first). Where the second
+      // digit's crossing bin holds just the keys still needed (no tie to break), they all win: T is the
+      // key below the bin and no key == T is taken, so the third digit is not counted.
+      const uint32_t rest = need - p2.above;  // keys of bin p2.bin still needed (>= 1)
+      const uint32_t bin24 = (b1 << 20) | (p2.bin << 8);
+      uint32_t t_key = bin24 - 1u, take_eq = 0u;
+      if (p2.count != rest || bin24 == 0u) {
+        for (int i = tid; i < 256; i += kSelThreads) hist0[i] = 0;
+        __syncthreads();
+        for (uint32_t i = tid; i < n_cand; i += kSelThreads) {
+          const uint32_t w = cand_at(i);
+          count_if(hist0, w & 0xffu, ((w >> 8) & 0xfffu) == p2.bin);
+        }
+        __syncthreads();
+        const BlockPick p3 = block_pick<kSelThreads, 1>(hist0, 256, rest, false, temp.scan);
+        t_key = bin24 | p3.bin;
+        take_eq = rest - p3.above;
       }
-      __syncthreads();
-      const BlockPick p3 = block_pick<kSelThreads, 1>(hist0, 256, need - p2.above, false, temp.scan);
       trace_mark(p.trace, 11);
-      const uint32_t thr20 = (p2.bin << 8) | p3.bin;
-      const uint32_t take_eq = need - p2.above - p3.above;  // keys == T to take, lowest positions first
       for (uint32_t i = tid; i < n_cand; i += kSelThreads) {
-        const uint32_t w = cand_at(i), low = w & 0xfffffu;
-        if (low > thr20) atomicAdd(&s_cgt[w >> 20], 1u);
-        else if (low == thr20) atomicAdd(&s_ceq[w >> 20], 1u);
+        const uint32_t w = cand_at(i), key = (b1 << 20) | (w & 0xfffffu);
+        if (key > t_key) atomicAdd(&s_cgt[w >> 20], 1u);
+        else if (key == t_key) atomicAdd(&s_ceq[w >> 20], 1u);
       }
       __syncthreads();
       trace_mark(p.trace, 12);
@@ -468,7 +476,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
         const Place place = place_of(cgt, ceq, take_eq, q);
         if (q < n_ctas) {
           uint32_t* pl = cluster.map_shared_rank(mail.place, q);
-          pl[0] = (b1 << 20) | thr20;
+          pl[0] = t_key;
           pl[1] = place.before;
           pl[2] = place.take;
           pl[3] = cgt;
