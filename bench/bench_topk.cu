@@ -5,7 +5,8 @@
 // ops::topk ran it) with plain stream launches. GB/s of the scores read + indices written, against
 // the H200's ~4.3 TB/s.
 //
-//   bench_topk [--reps N] [--keys N] [--ctas A,B] [--trace]   (--keys: that row length only;
+//   bench_topk [--reps N] [--keys N] [--rows A,B] [--ctas A,B] [--trace]   (--keys: that row length
+//   only; --rows: those row counts instead of 1 and 16 (random scores);
 //   --ctas: the cluster kernel also at each forced CTA count per row, set_topk_cluster_ctas;
 //   --trace: where the select kernel's CTAs spend the last replay, TopkSelectParams::trace)
 #include <cuda_runtime.h>
@@ -153,18 +154,19 @@ void bench(int64_t rows, int64_t n, bool relu, int reps, const std::vector<int>&
 int main(int argc, char** argv) {
   int reps = 20;
   int64_t only_keys = 0;
-  std::vector<int> cta_sweep;
+  std::vector<int> cta_sweep, row_counts;
   try {
     parse_options(argc, argv, [&](const std::string& k, auto value) {
       if (k == "--reps") reps = std::max(1, std::stoi(value()));
       else if (k == "--keys") only_keys = std::stoll(value());
       else if (k == "--ctas") cta_sweep = int_list(value());
+      else if (k == "--rows") row_counts = int_list(value());
       else if (k == "--trace") g_trace = true;
       else return false;
       return true;
     });
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_topk: %s\nusage: bench_topk [--reps N] [--keys N] [--ctas A,B] [--trace]\n", e.what());
+    std::fprintf(stderr, "bench_topk: %s\nusage: bench_topk [--reps N] [--keys N] [--rows A,B] [--ctas A,B] [--trace]\n", e.what());
     return 2;
   }
   try {
@@ -176,7 +178,14 @@ int main(int argc, char** argv) {
     }
     std::printf("%-56s %13s %14s %7s\n", "case", "time", "bandwidth", "of peak");
     auto kept = [&](int64_t len) { return only_keys == 0 || len == only_keys; };
-    for (int64_t len : {int64_t(8192), int64_t(12288), int64_t(16384), int64_t(32768), int64_t(131072), int64_t(1) << 20})
+    const int64_t lens[] = {8192, 12288, 16384, 32768, 131072, int64_t(1) << 20};
+    if (!row_counts.empty()) {  // --rows: random scores only
+      for (int64_t len : lens)
+        for (int rows : row_counts)
+          if (kept(len) && rows > 0) bench(rows, len, false, reps, cta_sweep);
+      return 0;
+    }
+    for (int64_t len : lens)
       for (int64_t rows : {int64_t(1), int64_t(16)})
         if (kept(len)) bench(rows, len, false, reps, cta_sweep);
     for (int64_t rows : {int64_t(1), int64_t(16)})

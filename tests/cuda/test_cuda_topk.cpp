@@ -118,19 +118,21 @@ TEST_F(CudaTopkSelect, OneCtaRows) {
 }
 
 // Every cluster width the launch may take or be forced to, on one row length: 1 CTA (a chunk past
-// the shared-memory cache: streamed), 2 and 4 (cached), 8 and 16 (the largest, capped where the GPU
-// places no cluster of 16); random scores, relu zeros (ties at the threshold across chunks), and
-// bounds inside the row.
+// the shared-memory cache: streamed), 2 to 7 (cached; 3, 5, 6 and 7 own two slices of the merged
+// histograms, some of them), 8, 12 and 16 (the largest, capped where the GPU places no cluster of
+// 16); random scores, relu zeros (ties at the threshold across chunks), all tied (more candidates
+// than CTA 0 takes: the cluster-wide passes), and bounds inside the row.
 TEST_F(CudaTopkSelect, ForcedClusterWidths) {
   struct Restore {
     ~Restore() { cuda::set_topk_cluster_ctas(0); }
   } restore;
   const int64_t n = 40000;
-  for (int ctas : {1, 2, 4, 8, 16}) {
+  for (int ctas : {1, 2, 3, 4, 5, 6, 7, 8, 12, 16}) {
     cuda::set_topk_cluster_ctas(ctas);
     const std::string w = " ctas=" + std::to_string(ctas);
     check(scores(2, n, Fill::kRandom, 21), {int32_t(n), 33333}, 2048, name("random", 2, n, 2048) + w);
     check(scores(2, n, Fill::kReluZeros, 22), {int32_t(n), 9000}, 100, name("relu zeros", 2, n, 100) + w);
+    check(scores(2, n, Fill::kAllTied, 23), {int32_t(n), 20001}, 2048, name("all tied", 2, n, 2048) + w);
   }
 }
 

@@ -4,9 +4,10 @@
 //   1. every CTA of the cluster reads its contiguous chunk of the row, caches the scores' bits in
 //      shared memory and builds a histogram of the top 12 bits of their order keys (the float's
 //      bits made unsigned-monotone, -0 folded onto +0, 0 = not selectable);
-//   2. the CTAs add their counts into one cluster-wide histogram, each owning a slice of it, and
-//      their sums over each slice into every CTA's slice totals (DSMEM); past one all-to-all wait
-//      all find the same slice, then the same bin holding the k-th key, and how many keys it holds;
+//   2. the CTAs add their counts into one cluster-wide histogram cut into slices, each CTA owning
+//      one or two of them, and their sums over each slice into every CTA's slice totals (DSMEM);
+//      past one all-to-all wait all find the same slice, then the same bin holding the k-th key,
+//      and how many keys it holds;
 //   3. when CTA 0 has room for them (the usual case), every CTA sends it the keys of that bin (the
 //      candidates, tagged with the sender) and its count above the bin; CTA 0 alone runs the two
 //      remaining digit passes (12 and 8 bits) over the candidates with block barriers, finds the
@@ -27,6 +28,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -45,7 +47,8 @@ using namespace topk_select;
 
 constexpr int kSelThreads = 512;
 constexpr int kBins = 4096;                       // 12-bit digits (passes 1 and 2), 8 bits last
-constexpr int kMaxCluster = 16;                   // non-portable cluster size (Hopper allows 16)
+constexpr int kMaxCluster = 16;                   // non-portable cluster size (Hopper allows 16): any width
+                                                  // from 1 to 16 CTAs per row
 static_assert(kTopkTraceRanks == kMaxCluster);
 constexpr int64_t kCacheMax = 32768;              // scores per CTA kept in shared memory
 constexpr int kGatherItems = 8;                   // consecutive keys per thread in the gather pass
@@ -65,9 +68,22 @@ struct Pick {
   uint32_t bin, above, total, count;  // count: the keys in `bin`, cluster-wide
 };
 
+// The cluster-wide histograms are cut into `slices_of(C)` slices of equal width (a power of two
+// >= C, so a bin's slice and its place in it are a shift and a mask); slice j belongs to CTA j % C,
+// the first C at offset 0 of their `merged` arrays and the rest (j >= C: fewer than C of them)
+// after it. Rows are cut into chunks of a multiple of 16 scores (16-byte loads stay aligned).
+__host__ __device__ constexpr int slices_of(int ctas) {
+  int s = 1;
+  while (s < ctas) s *= 2;
+  return s;
+}
+__host__ __device__ constexpr int64_t chunk_of(int64_t n, int ctas) { return ((n + ctas - 1) / ctas + 15) / 16 * 16; }
 // Dynamic shared memory (words): the local histograms of the three digits (pass 3 reuses the first),
 // this CTA's slices of the cluster-wide histograms, then the cached scores.
-__host__ __device__ constexpr int64_t merged_words(int ctas) { return 2 * (kBins / ctas) + 256 / ctas; }
+__host__ __device__ constexpr int64_t merged_words(int ctas) {
+  const int ns = slices_of(ctas), owned = (ns + ctas - 1) / ctas;  // slices a CTA owns, at most
+  return owned * (2 * (kBins / ns) + 256 / ns);
+}
 constexpr size_t dynamic_smem(int ctas, int64_t cache_entries) {
   return sizeof(uint32_t) * size_t(2 * kBins + merged_words(ctas) + cache_entries);
 }
@@ -84,7 +100,7 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 
 // Cross-CTA traffic of the cluster, written by the other CTAs.
 struct Mailbox {
-  uint32_t totals[3][kMaxCluster];  // per pick level and CTA: the sum of its slice of the merged histogram
+  uint32_t totals[3][kMaxCluster];  // per pick level and slice: the sum of that slice of the merged histogram
   uint32_t counts[kMaxCluster][2];  // per CTA: its keys > T and == T (candidates: [0] = above bin 1)
   uint32_t n_cand;                  // CTA 0: candidates pushed so far
   uint32_t place[4];                // from CTA 0 (candidates): T, winners before, keys == T taken, keys > T
@@ -92,11 +108,12 @@ struct Mailbox {
 
 // Finds the bin of the cluster-wide histogram (this CTA holds `hist`, NB bins of its own keys) at
 // which the count from the top reaches `need` (first level: min(k, total)); the cluster-wide count
-// above it and the total. Every CTA gets the same answer. Each CTA owns a slice of NB / C bins: the
-// others add their counts into its `merged` slice, and the sums of their counts over it into every
-// CTA's mail.totals[level][owner] (both zero on entry), then arrive at every CTA's `bar` (a fresh
-// shared-memory barrier expecting C arrivals). Past its own, every CTA knows every slice's total, so
-// the slice holding the k-th key, and reads that slice from its owner to find the bin (the owner
+// above it and the total. Every CTA gets the same answer. The histogram is cut into slices_of(C)
+// slices of S bins (slice j at CTA j % C, `merged` + (j / C) * S): every CTA adds its counts into
+// the slices' owners, and its sums over each slice j into every CTA's mail.totals[level][j] (both
+// zero on entry), then arrives at every CTA's `bar` (a fresh shared-memory barrier expecting C
+// arrivals). Past its own, every CTA knows every slice's total, so the slice holding the k-th key,
+// and reads that slice from its owner to find the bin (the owner
 // leaves it alone, and stays, until every CTA has passed a later wait). Sending the totals after a
 // cluster barrier and the bin from the owner after another took 1.2 us more at 128K keys, and a
 // cluster barrier instead of the barriers' arrivals about 0.1 us more. Block-synchronising; the
@@ -108,19 +125,23 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
   __shared__ uint32_t s_need, s_total, s_above, s_fbin, s_fabove, s_fcount;
   __shared__ int s_cross;  // the CTA whose slice holds the k-th key (-1: none)
   const int tid = threadIdx.x, lane = tid & 31;
-  const unsigned n_ctas = cluster.num_blocks();
-  const int S = NB / int(n_ctas);  // n_ctas is a power of two <= 16 and divides NB
-  // S is a power of two too: the owner and the place in its slice by shift and mask (a run-time
-  // division and remainder cost an integer-division sequence per bin).
+  const unsigned n_ctas = cluster.num_blocks(), n_slices = unsigned(slices_of(int(n_ctas)));
+  const int S = NB / int(n_slices);  // a power of two: n_slices is one <= 16 and divides NB
+  // A bin's slice and its place in it by shift and mask (a run-time division and remainder cost an
+  // integer-division sequence per bin); slice j < 2C: its owner and offset by one comparison.
   const unsigned s_shift = unsigned(__ffs(S) - 1), s_mask = unsigned(S) - 1u;
+  auto slice_at = [&](unsigned j) -> uint32_t* {  // slice j at its owner (merged: this CTA's)
+    const bool second = j >= n_ctas;
+    return cluster.map_shared_rank(merged + (second ? S : 0), second ? j - n_ctas : j);
+  };
   __syncthreads();  // this CTA's histogram is complete
   for (int b = tid; b < NB; b += kSelThreads) {
     const uint32_t c = hist[b];
-    if (c != 0u) atomicAdd(cluster.map_shared_rank(merged + (unsigned(b) & s_mask), unsigned(b) >> s_shift), c);
+    if (c != 0u) atomicAdd(slice_at(unsigned(b) >> s_shift) + (unsigned(b) & s_mask), c);
   }
   // This CTA's count over each slice: thread t sums bins [8t, 8t + 8) (one slice: S >= 16), the
   // lanes of one slice add theirs, and the slice's first lane (lane j < C of a warp-wide slice)
-  // adds the sum into the owner's total at every CTA.
+  // adds the sum into the slice's total at every CTA.
   uint32_t* totals = mail.totals[level];
   constexpr int kSum = 8;
   if (tid * kSum < NB) {  // warp-uniform: NB / 8 is a multiple of 32
@@ -129,11 +150,11 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
     uint32_t part = x.x + x.y + x.z + x.w + y.x + y.y + y.z + y.w;
     const int L = min(32, S / kSum);  // lanes per slice
     for (int o = 1; o < L; o <<= 1) part += __shfl_xor_sync(0xffffffffu, part, o);
-    const unsigned owner = unsigned(tid * kSum) >> s_shift;
+    const unsigned slice = unsigned(tid * kSum) >> s_shift;
     if (L == 32) {
-      if (unsigned(lane) < n_ctas && part != 0u) atomicAdd(cluster.map_shared_rank(totals + owner, unsigned(lane)), part);
+      if (unsigned(lane) < n_ctas && part != 0u) atomicAdd(cluster.map_shared_rank(totals + slice, unsigned(lane)), part);
     } else if ((lane & (L - 1)) == 0 && part != 0u) {
-      for (unsigned q = 0; q < n_ctas; ++q) atomicAdd(cluster.map_shared_rank(totals + owner, q), part);
+      for (unsigned q = 0; q < n_ctas; ++q) atomicAdd(cluster.map_shared_rank(totals + slice, q), part);
     }
   }
   // Every CTA arrives at every CTA's `bar` (n_ctas arrivals, fresh) once its pushes are out.
@@ -142,9 +163,9 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
   trace_mark(trace, 3);
   mbarrier_wait_cluster(bar, 0u);  // every count is in its slice, every slice total at every CTA
   trace_mark(trace, 4);
-  if (tid < 32) {  // lane q: CTA q's slice, the bins above it are in the slices of higher ranks
+  if (tid < 32) {  // lane q: slice q, the bins above it are in the higher slices
     const unsigned q = unsigned(tid);
-    const uint32_t t = q < n_ctas ? totals[q] : 0u;
+    const uint32_t t = q < n_slices ? totals[q] : 0u;
     uint32_t total = 0, above = 0;
 #pragma unroll
     for (int j = 0; j < kMaxCluster; ++j) {
@@ -159,15 +180,15 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
       s_total = total;
     }
     __syncwarp();
-    if (q < n_ctas && need > 0 && above < need && above + t >= need) {  // exactly one lane
+    if (q < n_slices && need > 0 && above < need && above + t >= need) {  // exactly one lane
       s_cross = int(q);
       s_above = above;
     }
   }
   __syncthreads();
-  const int cross = s_cross;
+  const int cross = s_cross;  // the slice
   if (cross >= 0) {  // block-uniform
-    const uint32_t* slice = cluster.map_shared_rank(merged, unsigned(cross));
+    const uint32_t* slice = slice_at(unsigned(cross));
     constexpr int kPer = NB >= kSelThreads ? NB / kSelThreads : 1;
     const int per = (S + kSelThreads - 1) / kSelThreads;  // <= kPer
     uint32_t cnt[kPer], sum = 0;
@@ -283,16 +304,19 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   const unsigned crank = cluster.block_rank(), n_ctas = cluster.num_blocks();
   uint32_t* hist0 = dyn;                         // [4096] pass 1, then [256] pass 3
   uint32_t* hist1 = dyn + kBins;                 // [4096] pass 2
-  uint32_t* merged0 = dyn + 2 * kBins;           // [4096 / C] this CTA's slices of the cluster's
-  uint32_t* merged1 = merged0 + kBins / n_ctas;  //   histograms: passes 1, 2
-  uint32_t* merged2 = merged1 + kBins / n_ctas;  //   and 3 ([256 / C])
+  // This CTA's slices of the cluster's histograms: passes 1, 2 (4096 / slices_of(C) bins a slice)
+  // and 3 (256 / slices_of(C)), one or two slices each.
+  const int owned = (slices_of(int(n_ctas)) + int(n_ctas) - 1) / int(n_ctas);
+  uint32_t* merged0 = dyn + 2 * kBins;
+  uint32_t* merged1 = merged0 + owned * (kBins / slices_of(int(n_ctas)));
+  uint32_t* merged2 = merged1 + owned * (kBins / slices_of(int(n_ctas)));
   uint32_t* cache = dyn + 2 * kBins + merged_words(int(n_ctas));  // [chunk] scores' bits (kCached)
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.y;
   const float* srow = p.scores + row * p.score_stride;
   const int64_t bound = p.bounds[row];
   if (crank == 0 && tid == 0) check_bound(p, row, bound);
-  const int64_t chunk = (p.n + n_ctas - 1) / n_ctas;
+  const int64_t chunk = chunk_of(p.n, int(n_ctas));
   const int64_t lo = std::min<int64_t>(p.n, int64_t(crank) * chunk);
   const int64_t len = std::min<int64_t>(p.n, lo + chunk) - lo;
   uint32_t* cand = cache + (kCached ? chunk : 0);  // [cand_cap] CTA 0: the candidates of bin 1
@@ -620,8 +644,8 @@ std::atomic<int> g_forced_ctas{0};
 }  // namespace
 
 void set_topk_cluster_ctas(int ctas) {
-  DSI_CHECK(ctas == 0 || (ctas > 0 && ctas <= kMaxCluster && (ctas & (ctas - 1)) == 0),
-            "topk: a cluster of 1, 2, 4, 8 or 16 CTAs per row (0: the launch's choice), got {}", ctas);
+  DSI_CHECK(ctas >= 0 && ctas <= kMaxCluster, "topk: a cluster of 1 to {} CTAs per row (0: the launch's choice), got {}",
+            kMaxCluster, ctas);
   g_forced_ctas.store(ctas);
 }
 
@@ -658,32 +682,44 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
     }
     return m;
   }();
-  // The largest cluster this GPU can place (16 needs a GPC with 16 free SMs; else 8, portable).
-  static const int largest = [&] {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(16, 1, 1);
-    cfg.blockDim = dim3(kSelThreads, 1, 1);
-    cfg.dynamicSmemBytes = max_smem;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 16;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int clusters = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, topk_select_kernel<true>, &cfg);
-    if (e != cudaSuccess) cudaGetLastError();
-    return e == cudaSuccess && clusters > 0 ? 16 : 8;
+  // How many clusters of each width this GPU holds at once, one CTA an SM (a cluster of C needs C
+  // free SMs of one GPC: an H100 places 30 of 4 CTAs but 15 of 8 and 7 of 16). 0: none.
+  static const std::array<int, kMaxCluster + 1> resident = [&] {
+    std::array<int, kMaxCluster + 1> r{};
+    for (int c = 1; c <= kMaxCluster; ++c) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(unsigned(c), 1, 1);
+      cfg.blockDim = dim3(kSelThreads, 1, 1);
+      cfg.dynamicSmemBytes = max_smem;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = unsigned(c);
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, topk_select_kernel<true>, &cfg);
+      if (e != cudaSuccess) cudaGetLastError();
+      r[size_t(c)] = e == cudaSuccess ? clusters : 0;
+    }
+    return r;
   }();
-  // CTAs per row: one per 2048 scores up to the largest cluster; fewer when many rows already
-  // fill the device.
+  // The largest cluster this GPU can place (16 needs a GPC with 16 free SMs; 8 is portable).
+  static const int largest = [&] {
+    int c = kMaxCluster;
+    while (c > 8 && resident[size_t(c)] < 1) --c;
+    return c;
+  }();
+  // CTAs per row: one per 2048 scores up to the largest cluster, a power of two; where the rows'
+  // clusters of that width would not all be resident at once, narrower (any width down to 2):
+  // 16 rows of 128K scores take 6 CTAs each on an H100 (17 such clusters fit), not 8 (15 fit: a
+  // second wave) or 4 (a third of the SMs idle).
   int ctas = int(std::clamp<int64_t>((p.n + 2047) / 2048, 1, largest));
-  while (ctas & (ctas - 1)) ctas &= ctas - 1;  // a power of two: it divides the histograms' bins
-  const int64_t sms = sm_count();
-  while (ctas > 2 && p.rows * ctas > sms / 2) ctas /= 2;
+  while (ctas & (ctas - 1)) ctas &= ctas - 1;
+  while (ctas > 2 && p.rows > resident[size_t(ctas)]) --ctas;
   if (const int forced = g_forced_ctas.load(std::memory_order_relaxed); forced > 0) ctas = std::min(forced, largest);
-  const int64_t chunk = (p.n + ctas - 1) / ctas;
+  const int64_t chunk = chunk_of(p.n, ctas);
   const bool cached = chunk <= kCacheMax;
   const size_t base = dynamic_smem(ctas, cached ? chunk : 0);
   // Room for the candidates (the keys of the threshold's first-digit bin, sent to CTA 0): rows whose
