@@ -123,7 +123,7 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
                              Mailbox& mail, uint64_t* bar, int level, uint32_t need_or_k, bool first,
                              Temp& temp, unsigned long long* trace) {
   __shared__ uint32_t s_need, s_total, s_above, s_fbin, s_fabove, s_fcount;
-  __shared__ int s_cross;  // the CTA whose slice holds the k-th key (-1: none)
+  __shared__ int s_cross;  // the slice holding the k-th key (-1: none)
   const int tid = threadIdx.x, lane = tid & 31;
   const unsigned n_ctas = cluster.num_blocks(), n_slices = unsigned(slices_of(int(n_ctas)));
   const int S = NB / int(n_slices);  // a power of two: n_slices is one <= 16 and divides NB
@@ -186,7 +186,7 @@ __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* h
     }
   }
   __syncthreads();
-  const int cross = s_cross;  // the slice
+  const int cross = s_cross;
   if (cross >= 0) {  // block-uniform
     const uint32_t* slice = slice_at(unsigned(cross));
     constexpr int kPer = NB >= kSelThreads ? NB / kSelThreads : 1;
