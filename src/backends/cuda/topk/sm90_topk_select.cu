@@ -118,21 +118,25 @@ struct Mailbox {
 // cluster barrier and the bin from the owner after another took 1.2 us more at 128K keys, and a
 // cluster barrier instead of the barriers' arrivals about 0.1 us more. Block-synchronising; the
 // caller has passed the cluster barrier after which the others may add into this CTA's slices.
-template <int NB>
+template <int NB, bool kPow2>
 __device__ Pick cluster_pick(const cg::cluster_group& cluster, const uint32_t* hist, uint32_t* merged,
                              Mailbox& mail, uint64_t* bar, int level, uint32_t need_or_k, bool first,
                              Temp& temp, unsigned long long* trace) {
   __shared__ uint32_t s_need, s_total, s_above, s_fbin, s_fabove, s_fcount;
   __shared__ int s_cross;  // the slice holding the k-th key (-1: none)
   const int tid = threadIdx.x, lane = tid & 31;
-  const unsigned n_ctas = cluster.num_blocks(), n_slices = unsigned(slices_of(int(n_ctas)));
+  const unsigned n_ctas = cluster.num_blocks(), n_slices = kPow2 ? n_ctas : unsigned(slices_of(int(n_ctas)));
   const int S = NB / int(n_slices);  // a power of two: n_slices is one <= 16 and divides NB
   // A bin's slice and its place in it by shift and mask (a run-time division and remainder cost an
   // integer-division sequence per bin); slice j < 2C: its owner and offset by one comparison.
   const unsigned s_shift = unsigned(__ffs(S) - 1), s_mask = unsigned(S) - 1u;
   auto slice_at = [&](unsigned j) -> uint32_t* {  // slice j at its owner (merged: this CTA's)
-    const bool second = j >= n_ctas;
-    return cluster.map_shared_rank(merged + (second ? S : 0), second ? j - n_ctas : j);
+    if constexpr (kPow2) {
+      return cluster.map_shared_rank(merged, j);  // one slice a CTA
+    } else {
+      const bool second = j >= n_ctas;
+      return cluster.map_shared_rank(merged + (second ? S : 0), second ? j - n_ctas : j);
+    }
   };
   __syncthreads();  // this CTA's histogram is complete
   for (int b = tid; b < NB; b += kSelThreads) {
@@ -287,7 +291,9 @@ __device__ BlockPick block_pick(const uint32_t* hist, int nb, uint32_t need_or_k
   return BlockPick{s_bin, s_above, total, s_count};
 }
 
-template <bool kCached>
+// kPow2: the cluster's width is a power of two (one slice a CTA; the code of the one-row launch,
+// 16 CTAs, stays that of a kernel without the other widths).
+template <bool kCached, bool kPow2>
 __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectParams p, int cand_cap) {
   trace_mark(p.trace, 0);
   pdl_enter();
@@ -306,10 +312,11 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   uint32_t* hist1 = dyn + kBins;                 // [4096] pass 2
   // This CTA's slices of the cluster's histograms: passes 1, 2 (4096 / slices_of(C) bins a slice)
   // and 3 (256 / slices_of(C)), one or two slices each.
-  const int owned = (slices_of(int(n_ctas)) + int(n_ctas) - 1) / int(n_ctas);
+  const int n_slices = kPow2 ? int(n_ctas) : slices_of(int(n_ctas));
+  const int owned = (n_slices + int(n_ctas) - 1) / int(n_ctas);
   uint32_t* merged0 = dyn + 2 * kBins;
-  uint32_t* merged1 = merged0 + owned * (kBins / slices_of(int(n_ctas)));
-  uint32_t* merged2 = merged1 + owned * (kBins / slices_of(int(n_ctas)));
+  uint32_t* merged1 = merged0 + owned * (kBins / n_slices);
+  uint32_t* merged2 = merged1 + owned * (kBins / n_slices);
   uint32_t* cache = dyn + 2 * kBins + merged_words(int(n_ctas));  // [chunk] scores' bits (kCached)
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.y;
@@ -385,7 +392,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   }
   trace_mark(p.trace, 2);
   cluster_wait();
-  Pick pick = cluster_pick<kBins>(cluster, hist0, merged0, mail, &s_bars[2], 0, uint32_t(p.k), true, temp, p.trace);
+  Pick pick = cluster_pick<kBins, kPow2>(cluster, hist0, merged0, mail, &s_bars[2], 0, uint32_t(p.k), true, temp, p.trace);
   trace_mark(p.trace, 5);
   const uint32_t kk = min(uint32_t(p.k), pick.total);  // winners: min(k, selectable keys)
   int32_t* out_idx = p.indices + row * p.k;
@@ -530,7 +537,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
         count_if(hist1, (o >> 8) & 0xfffu, o != 0u && (o >> 20) == b1);
       }
     }
-    pick = cluster_pick<kBins>(cluster, hist1, merged1, mail, &s_bars[3], 1, kk - above, false, temp, nullptr);
+    pick = cluster_pick<kBins, kPow2>(cluster, hist1, merged1, mail, &s_bars[3], 1, kk - above, false, temp, nullptr);
     const uint32_t prefix24 = (b1 << 12) | pick.bin;
     above += pick.above;
     // Pass 3: bits 7..0 of the keys with that 24-bit prefix (hist0 is free again: every CTA's pushes
@@ -546,7 +553,7 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
         count_if(hist0, o & 0xffu, o != 0u && (o >> 8) == prefix24);
       }
     }
-    pick = cluster_pick<256>(cluster, hist0, merged2, mail, &s_bars[4], 2, kk - above, false, temp, nullptr);
+    pick = cluster_pick<256, kPow2>(cluster, hist0, merged2, mail, &s_bars[4], 2, kk - above, false, temp, nullptr);
     thr = (prefix24 << 8) | pick.bin;  // the k-th key (>= 1: selectable)
     above += pick.above;
     const uint32_t take_eq = kk - above;  // keys == thr to take, lowest positions first (>= 1)
@@ -638,6 +645,10 @@ __global__ void __launch_bounds__(kSelThreads, 1) topk_select_kernel(TopkSelectP
   trace_mark(p.trace, 15);
 }
 
+// The kernel's instantiations: cached / streamed chunks, each at power-of-two widths and others.
+constexpr void (*kKernels[])(TopkSelectParams, int) = {topk_select_kernel<true, true>, topk_select_kernel<true, false>,
+                                                      topk_select_kernel<false, true>, topk_select_kernel<false, false>};
+
 // CTAs per row forced on the cluster kernel (0: the launch chooses); set_topk_cluster_ctas.
 std::atomic<int> g_forced_ctas{0};
 
@@ -668,7 +679,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
     DSI_CUDA_CHECK(cudaGetDevice(&dev));
     DSI_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     size_t static_smem = 0;
-    for (auto kernel : {topk_select_kernel<true>, topk_select_kernel<false>}) {
+    for (auto kernel : kKernels) {
       cudaFuncAttributes fa{};
       DSI_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
       static_smem = std::max(static_smem, fa.sharedSizeBytes);
@@ -676,7 +687,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
     const size_t m = size_t(optin) - static_smem;
     DSI_CHECK(m >= dynamic_smem(1, kCacheMax), "topk: {} bytes of shared memory per block, {} needed", m,
               dynamic_smem(1, kCacheMax));
-    for (auto kernel : {topk_select_kernel<true>, topk_select_kernel<false>}) {
+    for (auto kernel : kKernels) {
       DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(m)));
       DSI_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     }
@@ -699,7 +710,7 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, topk_select_kernel<true>, &cfg);
+      const cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, kKernels[(c & (c - 1)) == 0 ? 0 : 1], &cfg);
       if (e != cudaSuccess) cudaGetLastError();
       r[size_t(c)] = e == cudaSuccess ? clusters : 0;
     }
@@ -726,7 +737,8 @@ void launch_topk_select(const TopkSelectParams& p, cudaStream_t s) {
   // bin holds more take the cluster-wide digit passes instead.
   const int cand_cap = int(std::min<int64_t>({kCandMax, p.n, int64_t(max_smem - base) / 4}));
   const size_t smem = base + sizeof(uint32_t) * size_t(cand_cap);
-  auto kernel = cached ? topk_select_kernel<true> : topk_select_kernel<false>;
+  const bool pow2 = (ctas & (ctas - 1)) == 0;
+  auto kernel = kKernels[(cached ? 0 : 2) + (pow2 ? 0 : 1)];
   for (int64_t r0 = 0; r0 < p.rows; r0 += 65535) {
     TopkSelectParams q = p;
     q.rows = std::min<int64_t>(65535, p.rows - r0);
