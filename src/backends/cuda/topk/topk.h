@@ -99,8 +99,8 @@ bool topk_select_one_cta(int64_t n);
 bool topk_select_supported(int64_t n, int k);
 void launch_topk_select(const TopkSelectParams& p, cudaStream_t stream);
 // CTAs per row forced on the cluster kernel (rows past the one-CTA kernel's), for tests and
-// comparisons: 1, 2, 4, 8 or 16 (capped at the largest cluster the GPU places), or 0 (the default)
-// for the launch's choice.
+// comparisons: 1 to 16 (capped at the largest cluster the GPU places), or 0 (the default) for the
+// launch's choice.
 void set_topk_cluster_ctas(int ctas);
 
 // Sorts each row of keys_in ([rows, n] contiguous) descending into keys_out (cub segmented radix
