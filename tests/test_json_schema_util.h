@@ -349,9 +349,11 @@ inline void expect_refused(const char* schema, const std::string& part) {
   EXPECT_NE(m.find(part), std::string::npos) << schema << "\n" << m;
 }
 
-// Seeded walks through the schema's mask: each step's mask is each token tried alone and its text
-// a prefix the recognizer takes; returns how many walks wrote a whole value, each of which the
-// validator must accept.
+// Seeded walks through the schema's mask: each step's mask leaves some token, the text is a prefix
+// the recognizer takes, and every other step (the odd steps of even walks, the even steps of odd
+// ones) the mask is each token tried alone (the plain reading copies the state for every token of
+// the vocabulary: on every step it was most of the suite's time); returns how many walks wrote a
+// whole value, each of which the validator must accept.
 inline int walks_that_end(const Json& s, uint64_t seed, int walks) {
   const Tokenizer& tok = test::kjv_tokenizer();
   const int64_t V = tok.vocab_size() + 1;
@@ -366,7 +368,7 @@ inline int walks_that_end(const Json& s, uint64_t seed, int walks) {
       const std::vector<int32_t> ok = test::allowed(c, V);
       const std::string shown = Json(text).dump(-1, ' ', false, Json::error_handler_t::replace);
       EXPECT_FALSE(ok.empty()) << shown;
-      EXPECT_EQ(ok, test::each_token(c.state(), tok, V, eos)) << shown;
+      if ((step + walk) % 2 == 1) EXPECT_EQ(ok, test::each_token(c.state(), tok, V, eos)) << shown;
       if (ok.empty() || ::testing::Test::HasFailure()) return ended;
       // After some random steps, prefer what ends: the end of sequence, then closing bytes.
       int32_t pick = ok[std::uniform_int_distribution<size_t>(0, ok.size() - 1)(rng)];

@@ -23,6 +23,12 @@ def pytest_addoption(parser):
                           "command's own process")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "constrained: a constrained-decoding test (JSON mode, structured outputs, forced tool "
+                   "calls); the constraint stays with rank 0, so a multi-process server adds nothing to it")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

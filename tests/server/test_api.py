@@ -369,6 +369,7 @@ def test_scoring_a_prompt(server, tokenizer):
         assert all(abs(a - b) < 1e-4 for a, b in zip(lps[1:], choice["logprobs"]["token_logprobs"][1:]))
 
 
+@pytest.mark.constrained
 def test_json_mode(server):
     # response_format json_object: the answer is one JSON object (it can end only once the object
     # is closed; cut short by max_tokens it is a prefix of one).
@@ -422,6 +423,7 @@ COMPOSED_SCHEMA = {
 }
 
 
+@pytest.mark.constrained
 def test_json_schema(server):
     # response_format json_schema (structured outputs): a value the schema accepts, as the
     # jsonschema package reads it; a schema with what the server cannot enforce is a 400.
@@ -467,6 +469,7 @@ def test_json_schema(server):
     assert "#/pattern" in e["message"] and "lookaround" in e["message"], e["message"]
 
 
+@pytest.mark.constrained
 def test_structured_outputs_regex_and_choice(server):
     # vLLM's structured_outputs (and guided_*): a regular expression the whole answer matches (as
     # Python's re.fullmatch reads it), one of a list of choices; what cannot be enforced is a 400.
@@ -510,6 +513,7 @@ SAY = {"type": "function", "function": {"name": "say", "parameters": {
     "type": "object", "properties": {"text": {"type": "string", "maxLength": 30}}, "required": ["text"]}}}
 
 
+@pytest.mark.constrained
 def test_forced_tool_calls(server):
     # tool_choice "required" or a named function (the server reads GLM's call format here): the
     # answer is a call, read back by the openai client as message.tool_calls, of a declared
