@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: install what is missing, build the CPU debug preset with
-# AddressSanitizer + UBSan, and run every test with ctest; then the fuzzers; then, where a CUDA
-# toolkit is installed, compile the CUDA build's own targets: the CUDA backend, its tests (they need a
-# GPU: scripts/gpu_tests.sh), the CLI and the benchmarks (the CPU tests were built and run above).
+# AddressSanitizer + UBSan (-O1 -g1: the line tables the sanitizers' stack traces print, at about
+# two thirds of -g's compile time), and run every test with ctest, one BLAS thread each; then the
+# fuzzers; then, where a CUDA toolkit is installed, compile the CUDA build's own targets: the CUDA
+# backend, its tests (they need a GPU: scripts/gpu_tests.sh), the CLI and the benchmarks (the CPU
+# tests were built and run above).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install_deps.sh
