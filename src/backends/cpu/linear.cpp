@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <vector>
 
 #include "backends/cpu/cpu_ops.h"
 #include "ops/linear.h"
@@ -24,17 +25,14 @@ void product(const Tensor& x, const float* w, int64_t rows, int64_t in, float* y
               int(x.stride(0)), w, int(in), 0.0f, y, y_stride);
 }
 
-}  // namespace
-
-Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
+// Rows [row_begin, row_end) of w as fp32, written to out (row-major, in_features apart).
+void dequantize_rows_into(const LinearWeight& w, int64_t row_begin, int64_t row_end, float* out) {
   const Tensor& wt = w.weight;
   DSI_CHECK(wt.ndim() == 2 && wt.is_contiguous(), "linear: weight must be a contiguous [out, in], got {}",
             wt.desc());
   DSI_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= wt.dim(0),
             "dequantize_rows: rows [{}, {}) of {}", row_begin, row_end, wt.desc());
   const int64_t in = wt.dim(1);
-  Tensor out = Tensor::empty({row_end - row_begin, in}, DType::F32);
-  float* o = out.f32();
   const bool fp8 = wt.dtype() == DType::F8_E4M3;
   if (fp8) {
     DSI_CHECK(w.scale_inv.defined(), "linear: fp8 weight {} without weight_scale_inv", wt.desc());
@@ -50,13 +48,27 @@ Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end
     DSI_CHECK(w.scale_inv.is_contiguous(), "weight_scale_inv must be contiguous");
   }
   for (int64_t r = row_begin; r < row_end; ++r) {
-    float* orow = o + (r - row_begin) * in;
+    float* orow = out + (r - row_begin) * in;
     load_span_as_f32(wt.raw(), wt.dtype(), r * in, in, orow);
-    if (fp8) {
-      const float* srow = w.scale_inv.f32() + ((w.row0 + r) / w.block_out) * w.scale_inv.dim(1);
-      for (int64_t c = 0; c < in; ++c) orow[c] *= srow[(w.col0 + c) / w.block_in];
+    if (!fp8) continue;
+    // One scale per block of columns; the first block is cut short by the slice's column offset.
+    const float* srow = w.scale_inv.f32() + ((w.row0 + r) / w.block_out) * w.scale_inv.dim(1);
+    for (int64_t c0 = 0, b = 0; c0 < in; ++b) {
+      const int64_t c1 = std::min(in, (b + 1) * w.block_in - w.col0);
+      const float s = srow[b];
+      for (int64_t c = c0; c < c1; ++c) orow[c] *= s;
+      c0 = c1;
     }
   }
+}
+
+}  // namespace
+
+Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
+  const Tensor& wt = w.weight;
+  DSI_CHECK(wt.ndim() == 2, "linear: weight must be a contiguous [out, in], got {}", wt.desc());
+  Tensor out = Tensor::empty({std::max<int64_t>(0, row_end - row_begin), wt.dim(1)}, DType::F32);
+  dequantize_rows_into(w, row_begin, row_end, out.f32());
   return out;
 }
 
@@ -77,12 +89,16 @@ void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
     product(x, w.weight.f32(), out_f, in_f, out.f32(), int(out.stride(0)));
     return;
   }
-  // Dequantise ~1 MB of weight rows at a time.
+  // Dequantise ~1 MB of weight rows at a time into this thread's buffer (kept from product to
+  // product: a fresh megabyte each time cost page faults and clearing on every call).
   const int64_t chunk = std::max<int64_t>(1, (1 << 18) / in_f);
+  thread_local std::vector<float> scratch;
+  const size_t need = size_t(std::min(chunk, out_f) * in_f);
+  if (scratch.size() < need) scratch.resize(need);
   for (int64_t r0 = 0; r0 < out_f; r0 += chunk) {
     const int64_t r1 = std::min(out_f, r0 + chunk);
-    Tensor wf = dequantize_rows(w, r0, r1);
-    product(x, wf.f32(), r1 - r0, in_f, out.f32() + r0, int(out.stride(0)));
+    dequantize_rows_into(w, r0, r1, scratch.data());
+    product(x, scratch.data(), r1 - r0, in_f, out.f32() + r0, int(out.stride(0)));
   }
 }
 
