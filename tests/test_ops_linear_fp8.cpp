@@ -1,7 +1,8 @@
 // Op tests of the fp8-activation linear (ops::linear_fp8_act, DeepSeek V3's recipe) and its
 // activation quantiser on the CPU reference: the quantiser against its definition, the GEMM
 // against a float64 evaluation of the same quantised formula (tight) and against the exact fp32
-// linear (loose: the cost of e4m3 activations), slice offsets, odd shapes, errors.
+// linear (loose: the cost of e4m3 activations), slice offsets, odd shapes, errors; and the plain
+// fp32-activation linear on the same sliced fp8 weights (its scale blocks, exactly).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -181,6 +182,44 @@ TEST(OpLinearFp8Act, MatchesFormulaAndExactLinear) {
       std::printf("[ info ] %s: normalised MSE vs formula %.3g, vs exact linear %.3g\n", what.c_str(),
                   e_formula, e_exact);
     }
+  }
+}
+
+// The fp32-activation linear (ops::linear) on sliced fp8 weights: each dequantised element is its
+// e4m3 value times the scale of its block, the blocks shifted by the slice's offsets (row0, col0),
+// exactly; the product (sgemv at one row, sgemm at more, chunked by rows) against float64. Small
+// blocks put many block edges inside each row; the [800, 700] weight spans three row chunks.
+TEST(OpLinearFp8Weights, SliceOffsetsTakeEachBlocksScale) {
+  struct Case {
+    int64_t n, out, in, row0, col0;
+    int bo, bi;
+  };
+  for (const Case& c : std::vector<Case>{{1, 37, 100, 0, 0, 8, 16},
+                                         {1, 37, 100, 3, 5, 8, 16},
+                                         {4, 129, 257, 127, 1, 128, 128},
+                                         {3, 64, 300, 63, 127, 64, 128},
+                                         {1, 800, 700, 100, 60, 128, 128},
+                                         {2, 800, 700, 5, 127, 128, 128}}) {
+    const std::string what = "n " + std::to_string(c.n) + " [" + std::to_string(c.out) + ", " +
+                             std::to_string(c.in) + "] offsets " + std::to_string(c.row0) + "," +
+                             std::to_string(c.col0) + " blocks " + std::to_string(c.bo) + "x" +
+                             std::to_string(c.bi);
+    const LinearWeight w =
+        fp8_weight(c.out, c.in, c.row0, c.col0, uint64_t(c.out * 11 + c.in + c.col0), c.bo, c.bi);
+    const Tensor rows = ops::dequantize_rows(w, 0, c.out);
+    const auto* wp = static_cast<const uint8_t*>(w.weight.raw());
+    int64_t wrong = 0;
+    for (int64_t o = 0; o < c.out; ++o)
+      for (int64_t j = 0; j < c.in; ++j) {
+        const float scale =
+            w.scale_inv.f32()[((c.row0 + o) / c.bo) * w.scale_inv.dim(1) + (c.col0 + j) / c.bi];
+        wrong += rows.f32()[o * c.in + j] != float(test::ref_e4m3(wp[o * c.in + j])) * scale;
+      }
+    EXPECT_EQ(wrong, 0) << what << ": dequantised elements off their block's scale";
+    const Tensor xs = activations(c.n, c.in + 3, uint64_t(c.n + c.in)).narrow(1, 1, c.in);
+    Tensor out = Tensor::empty({c.n, c.out}, DType::F32);
+    ops::linear(xs, w, out);
+    EXPECT_LE(nmse(out, exact_linear(xs, w)), tol::kReductionNmse) << what;
   }
 }
 
