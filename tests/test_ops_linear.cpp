@@ -129,7 +129,7 @@ void check_linear(const Tensor& x, const LinearWeight& w, const std::string& wha
   test::expect_reduction_near(out, want.y, want.abs_sum, what);
 }
 
-// F32 weights (the direct BLAS path: sgemv at one row, sgemm at more) with n = 1, 3 and 37 rows,
+// F32 weights (the direct BLAS path: a dot product a row at one row, sgemm at more) with n = 1, 3 and 37 rows,
 // contiguous and row-strided input.
 TEST(OpLinear, F32MatchesFloat64) {
   const LinearWeight w = f32_weight(50, 70, 400);
@@ -178,6 +178,21 @@ TEST(OpLinear, Fp8Blocks64x32) {
 TEST(OpLinear, Fp8ManyRowChunks) {
   const LinearWeight w = fp8_weight(1000, 300, 128, 128, 450);
   check_linear(test::rand_tensor({5, 300}, 451), w, "fp8 1000x300");
+  check_linear(test::rand_tensor({1, 300}, 452), w, "fp8 1000x300 one row");
+}
+
+// One row against rows longer than the dot products' 8192-element segments (f32: the direct path;
+// bf16: dequantised a row a chunk), and the same weights at two rows (sgemm).
+TEST(OpLinear, OneRowOfLongInputs) {
+  for (int64_t in : {8192, 8193, 20000}) {
+    const LinearWeight f = f32_weight(3, in, 460 + uint64_t(in));
+    const LinearWeight b = bf16_weight(5, in, 470 + uint64_t(in));
+    for (int64_t n : {1, 2}) {
+      const std::string what = "in " + std::to_string(in) + " n " + std::to_string(n);
+      check_linear(test::rand_tensor({n, in}, 480 + uint64_t(in + n)), f, "f32 " + what);
+      check_linear(test::rand_tensor({n, in}, 490 + uint64_t(in + n)), b, "bf16 " + what);
+    }
+  }
 }
 
 // n = 0 writes nothing (a NaN guard buffer around a [0, out] view stays intact); in = 0 gives

@@ -38,8 +38,9 @@ bool rms_norm_linear_fuses(const Tensor& x, const Tensor& norm_w, const LinearWe
 // Dequantises rows [row_begin, row_end) of W to fp32 (host); out: [row_end - row_begin, in].
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
 
-// The host's products run on one pool of BLAS threads per process. When ranks_on_host ranks share
-// this host's cores (thread ranks, or mpirun processes on one node), each rank's products take
+// The host's products of several rows run on one pool of BLAS threads per process (one row, a
+// decode step's, stays on its rank's thread: cpu/linear.cpp). When ranks_on_host ranks share this
+// host's cores (thread ranks, or mpirun processes on one node), each rank's products take
 // cores / ranks_on_host threads of it (at least one): more would spin against the other ranks'.
 // OPENBLAS_NUM_THREADS, when set, is left to rule.
 void share_host_cores(int ranks_on_host);

@@ -13,12 +13,27 @@ namespace dsi::cpu {
 
 namespace {
 
-// y[i, :rows] = x[i, :] W^T for fp32 W [rows, in] (row-major). One row of x (a decode step) takes
-// sgemv: sgemm would first pack all of W, which is most of its time at one row (4-7x slower).
+// OpenBLAS computes a dot product of at most 10,000 elements on the calling thread; longer ones
+// are split over its threads.
+constexpr int64_t kDotSegment = 8192;
+
+float dot(const float* a, const float* b, int64_t n) {
+  if (n <= kDotSegment) return cblas_sdot(int(n), a, 1, b, 1);
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; i += kDotSegment)
+    s += cblas_sdot(int(std::min(kDotSegment, n - i)), a + i, 1, b + i, 1);
+  return s;
+}
+
+// y[i, :rows] = x[i, :] W^T for fp32 W [rows, in] (row-major). One row of x (a decode step) takes a
+// dot product per weight row, on the calling thread: sgemm would first pack all of W, which is most
+// of its time at one row (4-7x slower), and sgemv splits each call over OpenBLAS's threads, whose
+// hand-offs cost more than these products save (a megabyte of weights, in cache) and, on a host
+// whose cores are busy, wait on threads that are not running.
 void product(const Tensor& x, const float* w, int64_t rows, int64_t in, float* y, int y_stride) {
   const int64_t n = x.dim(0);
   if (n == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, int(rows), int(in), 1.0f, w, int(in), x.f32(), 1, 0.0f, y, 1);
+    for (int64_t r = 0; r < rows; ++r) y[r] = dot(w + r * in, x.f32(), in);
     return;
   }
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(n), int(rows), int(in), 1.0f, x.f32(),
