@@ -1,5 +1,6 @@
 // CPU reference: y = x W^T for f32 / bf16 / f16 / fp8-block-scaled weights. Weights stay in their
-// checkpoint dtype; blocks of rows are dequantised to fp32 and multiplied with OpenBLAS sgemm.
+// checkpoint dtype; blocks of rows are dequantised to fp32 and multiplied with OpenBLAS (sgemm, or
+// at one row a dot product per weight row).
 #include <cblas.h>
 
 #include <algorithm>
