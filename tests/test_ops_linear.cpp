@@ -129,8 +129,8 @@ void check_linear(const Tensor& x, const LinearWeight& w, const std::string& wha
   test::expect_reduction_near(out, want.y, want.abs_sum, what);
 }
 
-// F32 weights (the direct BLAS path: a dot product a row at one row, sgemm at more) with n = 1, 3 and 37 rows,
-// contiguous and row-strided input.
+// F32 weights (the direct BLAS path: a dot product per weight row at one row, sgemm at more) with
+// n = 1, 3 and 37 rows, contiguous and row-strided input.
 TEST(OpLinear, F32MatchesFloat64) {
   const LinearWeight w = f32_weight(50, 70, 400);
   for (int64_t n : {1, 3, 37}) {

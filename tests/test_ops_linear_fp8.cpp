@@ -187,8 +187,9 @@ TEST(OpLinearFp8Act, MatchesFormulaAndExactLinear) {
 
 // The fp32-activation linear (ops::linear) on sliced fp8 weights: each dequantised element is its
 // e4m3 value times the scale of its block, the blocks shifted by the slice's offsets (row0, col0),
-// exactly; the product (sgemv at one row, sgemm at more, chunked by rows) against float64. Small
-// blocks put many block edges inside each row; the [800, 700] weight spans three row chunks.
+// exactly; the product (dot products at one row, sgemm at more, chunked by rows) against
+// float64. Small blocks put many block edges inside each row; the [800, 700] weight spans three
+// row chunks.
 TEST(OpLinearFp8Weights, SliceOffsetsTakeEachBlocksScale) {
   struct Case {
     int64_t n, out, in, row0, col0;
