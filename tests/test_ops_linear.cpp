@@ -270,5 +270,28 @@ TEST(OpLinear, Fp8ScaleInvShapeIsChecked) {
       {"scale_inv", "[2, 4]"});
 }
 
+// Slice offsets outside the first scale block, a block size of zero, and a weight that is not a
+// contiguous [out, in] are errors that say which, for the product and for dequantize_rows alike.
+TEST(OpLinear, WeightLayoutIsChecked) {
+  const Tensor x = test::rand_tensor({1, 30}, 498);
+  Tensor out = Tensor::empty({1, 20}, DType::F32);
+  const auto expect_both = [&](const LinearWeight& w, const std::vector<std::string>& words) {
+    test::expect_error([&] { ops::linear(x, w, out); }, words);
+    test::expect_error([&] { ops::dequantize_rows(w, 0, 1); }, words);
+  };
+  LinearWeight w = fp8_weight(20, 30, 16, 16, 497);
+  w.row0 = 16;
+  expect_both(w, {"slice offsets (16, 0)", "16x16"});
+  w.row0 = 0;
+  w.col0 = -1;
+  expect_both(w, {"slice offsets (0, -1)"});
+  w.col0 = 0;
+  w.block_in = 0;
+  expect_both(w, {"block size 16x0"});
+  LinearWeight flat = bf16_weight(20, 30, 499);
+  flat.weight = flat.weight.view({600});
+  test::expect_error([&] { ops::dequantize_rows(flat, 0, 1); }, {"contiguous [out, in]"});
+}
+
 }  // namespace
 }  // namespace dsi

@@ -46,6 +46,24 @@ bool rms_norm_linear_fuses(const Tensor& x, const Tensor& norm_w, const LinearWe
   return false;
 }
 
+void check_linear_weight(const LinearWeight& w) {
+  const Tensor& wt = w.weight;
+  DSI_CHECK(wt.ndim() == 2 && wt.is_contiguous(), "linear: weight must be a contiguous [out, in], got {}",
+            wt.desc());
+  if (wt.dtype() != DType::F8_E4M3) return;
+  DSI_CHECK(w.scale_inv.defined(), "linear: fp8 weight {} without weight_scale_inv", wt.desc());
+  check_dtype(w.scale_inv, DType::F32, "weight_scale_inv");
+  DSI_CHECK(w.block_out > 0 && w.block_in > 0, "linear: fp8 block size {}x{}", w.block_out, w.block_in);
+  DSI_CHECK(w.row0 >= 0 && w.row0 < w.block_out && w.col0 >= 0 && w.col0 < w.block_in,
+            "linear: slice offsets ({}, {}) outside the first {}x{} block", w.row0, w.col0,
+            w.block_out, w.block_in);
+  check_shape(w.scale_inv,
+              {(w.row0 + wt.dim(0) + w.block_out - 1) / w.block_out,
+               (w.col0 + wt.dim(1) + w.block_in - 1) / w.block_in},
+              "weight_scale_inv");
+  DSI_CHECK(w.scale_inv.is_contiguous(), "weight_scale_inv must be contiguous");
+}
+
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
   DSI_DISPATCH(w.weight.device(), dequantize_rows, w, row_begin, row_end);
 }

@@ -35,6 +35,11 @@ void rms_norm_linear(const Tensor& x, const Tensor& norm_w, float eps, const Lin
 // does not, a caller with several products of the same normed x normalises it once instead.
 bool rms_norm_linear_fuses(const Tensor& x, const Tensor& norm_w, const LinearWeight& w);
 
+// The weight's own checks, the same on every backend (a backend adds where its tensors live):
+// a contiguous [out, in]; an F8_E4M3 weight has contiguous F32 block scales of the shape its
+// blocks and slice offsets give, and offsets inside the first block.
+void check_linear_weight(const LinearWeight& w);
+
 // Dequantises rows [row_begin, row_end) of W to fp32 (host); out: [row_end - row_begin, in].
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
 

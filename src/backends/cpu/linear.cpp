@@ -41,25 +41,6 @@ void product(const Tensor& x, const float* w, int64_t rows, int64_t in, float* y
               int(x.stride(0)), w, int(in), 0.0f, y, y_stride);
 }
 
-// The weight a product dequantises: contiguous [out, in]; fp8 with its block scales.
-void check_weight(const LinearWeight& w) {
-  const Tensor& wt = w.weight;
-  DSI_CHECK(wt.ndim() == 2 && wt.is_contiguous(), "linear: weight must be a contiguous [out, in], got {}",
-            wt.desc());
-  if (wt.dtype() != DType::F8_E4M3) return;
-  DSI_CHECK(w.scale_inv.defined(), "linear: fp8 weight {} without weight_scale_inv", wt.desc());
-  check_dtype(w.scale_inv, DType::F32, "weight_scale_inv");
-  DSI_CHECK(w.block_out > 0 && w.block_in > 0, "linear: fp8 block size {}x{}", w.block_out, w.block_in);
-  DSI_CHECK(w.row0 >= 0 && w.row0 < w.block_out && w.col0 >= 0 && w.col0 < w.block_in,
-            "linear: slice offsets ({}, {}) outside the first {}x{} block", w.row0, w.col0,
-            w.block_out, w.block_in);
-  check_shape(w.scale_inv,
-              {(w.row0 + wt.dim(0) + w.block_out - 1) / w.block_out,
-               (w.col0 + wt.dim(1) + w.block_in - 1) / w.block_in},
-              "weight_scale_inv");
-  DSI_CHECK(w.scale_inv.is_contiguous(), "weight_scale_inv must be contiguous");
-}
-
 // Rows [row_begin, row_end) of a checked weight as fp32, written to out (row-major, in_features
 // apart).
 void dequantize_rows_into(const LinearWeight& w, int64_t row_begin, int64_t row_end, float* out) {
@@ -85,7 +66,7 @@ void dequantize_rows_into(const LinearWeight& w, int64_t row_begin, int64_t row_
 
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
   const Tensor& wt = w.weight;
-  check_weight(w);
+  ops::check_linear_weight(w);
   DSI_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= wt.dim(0),
             "dequantize_rows: rows [{}, {}) of {}", row_begin, row_end, wt.desc());
   Tensor out = Tensor::empty({row_end - row_begin, wt.dim(1)}, DType::F32);
@@ -112,7 +93,7 @@ void linear(const Tensor& x, const LinearWeight& w, Tensor& out) {
   }
   // Dequantise ~1 MB of weight rows at a time into this thread's buffer (kept from product to
   // product: a fresh megabyte each time cost page faults and clearing on every call).
-  check_weight(w);  // once a product, not a chunk
+  ops::check_linear_weight(w);  // once a product, not a chunk
   const int64_t chunk = std::max<int64_t>(1, (1 << 18) / in_f);
   thread_local std::vector<float> scratch;
   const size_t need = size_t(std::min(chunk, out_f) * in_f);

@@ -37,25 +37,10 @@ __global__ void dequantize_kernel(DequantParams p) {
 
 void validate_weight(const LinearWeight& w, int64_t row_begin, int64_t row_end) {
   const Tensor& wt = w.weight;
-  DSI_CHECK(wt.ndim() == 2 && wt.is_contiguous(), "linear: weight must be a contiguous [out, in], got {}",
-            wt.desc());
+  ops::check_linear_weight(w);
   DSI_CHECK(0 <= row_begin && row_begin <= row_end && row_end <= wt.dim(0),
             "dequantize_rows: rows [{}, {}) of {}", row_begin, row_end, wt.desc());
-  const int64_t in = wt.dim(1);
-  if (wt.dtype() == DType::F8_E4M3) {
-    DSI_CHECK(w.scale_inv.defined(), "linear: fp8 weight {} without weight_scale_inv", wt.desc());
-    check_dtype(w.scale_inv, DType::F32, "weight_scale_inv");
-    DSI_CHECK(w.block_out > 0 && w.block_in > 0, "linear: fp8 block size {}x{}", w.block_out, w.block_in);
-    DSI_CHECK(w.row0 >= 0 && w.row0 < w.block_out && w.col0 >= 0 && w.col0 < w.block_in,
-              "linear: slice offsets ({}, {}) outside the first {}x{} block", w.row0, w.col0,
-              w.block_out, w.block_in);
-    check_shape(w.scale_inv,
-                {(w.row0 + wt.dim(0) + w.block_out - 1) / w.block_out,
-                 (w.col0 + in + w.block_in - 1) / w.block_in},
-                "weight_scale_inv");
-    DSI_CHECK(w.scale_inv.is_contiguous(), "weight_scale_inv must be contiguous");
-    check_on(w.scale_inv, wt.device(), "linear", "weight_scale_inv");
-  }
+  if (wt.dtype() == DType::F8_E4M3) check_on(w.scale_inv, wt.device(), "linear", "weight_scale_inv");
   float_kind(wt.dtype(), "linear weight");
 }
 
