@@ -68,7 +68,7 @@ LinearWeight fp8_weight(int64_t out, int64_t in, int bo, int bi, uint64_t seed) 
 }
 
 // The float64 dequantised weight W[i][j] (row-major [out, in]): decoded value, times
-// scale_inv[i / bo][j / bi] for fp8.
+// scale_inv[(row0 + i) / bo][(col0 + j) / bi] for fp8.
 std::vector<double> ref_dequant(const LinearWeight& lw) {
   const int64_t out = lw.out_features(), in = lw.in_features();
   std::vector<double> w(size_t(out * in));
@@ -89,7 +89,8 @@ std::vector<double> ref_dequant(const LinearWeight& lw) {
         case DType::F8_E4M3:
           v = test::ref_e4m3(static_cast<const uint8_t*>(lw.weight.raw())[k]) *
               double(
-                  lw.scale_inv.f32()[(i / lw.block_out) * lw.scale_inv.dim(1) + j / lw.block_in]);
+                  lw.scale_inv.f32()[((lw.row0 + i) / lw.block_out) * lw.scale_inv.dim(1) +
+                                     (lw.col0 + j) / lw.block_in]);
           break;
         default:
           ADD_FAILURE() << "unexpected dtype";
@@ -173,24 +174,31 @@ TEST(OpLinear, Fp8Blocks64x32) {
   check_linear(test::rand_tensor({37, 70}, 441), w, "fp8 64x32");
 }
 
-// FP8 weights large enough to be dequantised in several row chunks (1000 x 300: chunk boundaries
-// not aligned with the 128-row scale blocks).
+// FP8 weights large enough to be dequantised in several row chunks at 9 rows (sgemm; 1000 x 300:
+// chunk boundaries not aligned with the 128-row scale blocks), and streamed at 1 and 5 rows.
 TEST(OpLinear, Fp8ManyRowChunks) {
   const LinearWeight w = fp8_weight(1000, 300, 128, 128, 450);
-  check_linear(test::rand_tensor({5, 300}, 451), w, "fp8 1000x300");
+  check_linear(test::rand_tensor({9, 300}, 453), w, "fp8 1000x300");
+  check_linear(test::rand_tensor({5, 300}, 451), w, "fp8 1000x300 5 rows");
   check_linear(test::rand_tensor({1, 300}, 452), w, "fp8 1000x300 one row");
 }
 
-// One row against rows longer than the dot products' 8192-element segments (f32: the direct path;
-// bf16: dequantised a row a chunk), and the same weights at two rows (sgemm).
-TEST(OpLinear, OneRowOfLongInputs) {
-  for (int64_t in : {8192, 8193, 20000}) {
+// Up to 8 rows stream each weight row once, 2048 columns at a time (4 rows for f32 weights), more
+// take sgemm: row counts on both sides of those limits, against rows that end on, just past and
+// short of a segment's end and rows of many segments, f32, bf16 and fp8 (blocks of 128, and a
+// slice that starts 40 columns into its first block).
+TEST(OpLinear, FewRowsOfLongInputs) {
+  for (int64_t in : {2047, 2048, 2049, 8193, 20000}) {
     const LinearWeight f = f32_weight(3, in, 460 + uint64_t(in));
     const LinearWeight b = bf16_weight(5, in, 470 + uint64_t(in));
-    for (int64_t n : {1, 2}) {
+    LinearWeight q = fp8_weight(4, in + 40, 128, 128, 475 + uint64_t(in));
+    q.weight = q.weight.narrow(1, 40, in).contiguous();
+    q.col0 = 40;
+    for (int64_t n : {1, 2, 4, 5, 8, 9}) {
       const std::string what = "in " + std::to_string(in) + " n " + std::to_string(n);
       check_linear(test::rand_tensor({n, in}, 480 + uint64_t(in + n)), f, "f32 " + what);
       check_linear(test::rand_tensor({n, in}, 490 + uint64_t(in + n)), b, "bf16 " + what);
+      check_linear(test::rand_tensor({n, in}, 495 + uint64_t(in + n)), q, "fp8 " + what);
     }
   }
 }
@@ -209,17 +217,21 @@ TEST(OpLinear, EmptyShapes) {
   for (int i = 0; i < 12; ++i) EXPECT_EQ(out.f32()[i], 0.0f) << i;
 }
 
-// Guard regions: the output is a strided view inside a NaN buffer (F32 sgemm path and fp8 path).
+// Guard regions: the output is a strided view inside a NaN buffer (f32 and fp8 weights); x's rows
+// strided too (columns of a wider tensor), at 3 rows (streamed) and 9 (sgemm).
 TEST(OpLinear, GuardRegion) {
   for (const LinearWeight& w : {f32_weight(40, 64, 470), fp8_weight(40, 64, 16, 16, 471)}) {
-    const Tensor x = test::rand_tensor({9, 64}, 472);
-    Tensor buf = test::guard_filled({11, 52}, DType::F32);
-    Tensor out = buf.narrow(0, 1, 9).narrow(1, 5, 40);
-    ops::linear(x, w, out);
-    test::expect_guard_intact(buf, out,
-                              std::string("linear ") + std::string(dtype_name(w.weight.dtype())));
-    const RefOut want = ref_linear(x, w);
-    test::expect_reduction_near(out, want.y, want.abs_sum, "linear guarded");
+    for (const int64_t n : {3, 9}) {
+      const Tensor x = test::rand_tensor({n, 70}, 472).narrow(1, 3, 64);
+      Tensor buf = test::guard_filled({n + 2, 52}, DType::F32);
+      Tensor out = buf.narrow(0, 1, n).narrow(1, 5, 40);
+      ops::linear(x, w, out);
+      const std::string what = std::string("linear ") + std::string(dtype_name(w.weight.dtype())) + " n " +
+                               std::to_string(n);
+      test::expect_guard_intact(buf, out, what);
+      const RefOut want = ref_linear(x, w);
+      test::expect_reduction_near(out, want.y, want.abs_sum, what);
+    }
   }
 }
 

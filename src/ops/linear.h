@@ -43,8 +43,8 @@ void check_linear_weight(const LinearWeight& w);
 // Dequantises rows [row_begin, row_end) of W to fp32 (host); out: [row_end - row_begin, in].
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
 
-// The host's products of several rows run on one pool of BLAS threads per process (one row, a
-// decode step's, stays on its rank's thread: cpu/linear.cpp). When ranks_on_host ranks share this
+// The host's products of many rows run on one pool of BLAS threads per process (up to 8 rows, a
+// decode step's or an MTP verification's, stay on their rank's thread: cpu/linear.cpp). When ranks_on_host ranks share this
 // host's cores (thread ranks, or mpirun processes on one node), each rank's products take
 // cores / ranks_on_host threads of it (at least one): more would spin against the other ranks'.
 // OPENBLAS_NUM_THREADS, when set, is left to rule.
