@@ -306,7 +306,9 @@ TEST(PatternConstraint, WalksEndInWholeMatches) {
       }
       if (!done) continue;
       ++ended;
-      if (choice) EXPECT_NE(std::find(choices.begin(), choices.end(), text), choices.end()) << text;
+      if (choice) {
+        EXPECT_NE(std::find(choices.begin(), choices.end(), text), choices.end()) << text;
+      }
       else
         EXPECT_TRUE(std::regex_match(text, std::regex(regexes[k], std::regex::ECMAScript))) << regexes[k] << ": " << text;
     }
