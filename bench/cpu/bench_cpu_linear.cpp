@@ -19,8 +19,6 @@
 #include "dsinfer/error.h"
 #include "ops/linear.h"
 
-extern "C" void openblas_set_num_threads(int);
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -41,33 +39,36 @@ std::vector<int> int_list(const std::string& text) {
   return out;
 }
 
-// A weight of `out` x `in` in `dtype` with values of about 0.05 (fp8: e4m3 codes of that size
-// and scales of one).
+// A weight of `out` x `in` in `dtype` from a xorshift generator (the values do not matter, the
+// setup's time does): uniform in [-0.1, 0.1) for f32 and bf16; fp8: any code but NaN's, with
+// scales of 2^-8.
 dsi::LinearWeight make_weight(int64_t out, int64_t in, dsi::DType dtype, uint32_t seed) {
-  // Uniform in [-0.1, 0.1) from a xorshift generator (the values do not matter, the setup's time does).
   uint64_t state = 0x9E3779B97F4A7C15ull * (seed + 1);
-  auto d = [&](std::mt19937&) {
+  auto next = [&] {
     state ^= state << 13, state ^= state >> 7, state ^= state << 17;
-    return float(int32_t(state >> 40) - (1 << 23)) * (0.1f / float(1 << 23));
+    return state;
   };
-  std::mt19937 rng(seed);
+  auto uniform = [&] { return float(int32_t(next() >> 40) - (1 << 23)) * (0.1f / float(1 << 23)); };
   dsi::LinearWeight w;
   w.weight = dsi::Tensor::empty({out, in}, dtype);
   const int64_t n = out * in;
   switch (dtype) {
     case dsi::DType::F32:
-      for (int64_t i = 0; i < n; ++i) w.weight.f32()[i] = d(rng);
+      for (int64_t i = 0; i < n; ++i) w.weight.f32()[i] = uniform();
       break;
     case dsi::DType::BF16: {
       auto* p = static_cast<uint16_t*>(w.weight.raw());
-      for (int64_t i = 0; i < n; ++i) p[i] = dsi::f32_to_bf16(d(rng));
+      for (int64_t i = 0; i < n; ++i) p[i] = dsi::f32_to_bf16(uniform());
       break;
     }
     case dsi::DType::F8_E4M3: {
       auto* p = static_cast<uint8_t*>(w.weight.raw());
-      for (int64_t i = 0; i < n; ++i) p[i] = dsi::f32_to_e4m3(d(rng));
+      for (int64_t i = 0; i < n; ++i) {
+        const uint8_t b = uint8_t(next() >> 56);
+        p[i] = (b & 0x7f) == 0x7f ? uint8_t(b ^ 1) : b;
+      }
       const int64_t so = (out + 127) / 128, si = (in + 127) / 128;
-      w.scale_inv = dsi::Tensor::from_f32(std::vector<float>(size_t(so * si), 1.0f), {so, si});
+      w.scale_inv = dsi::Tensor::from_f32(std::vector<float>(size_t(so * si), 0x1p-8f), {so, si});
       break;
     }
     default: dsi::fail("make_weight: {}", dsi::dtype_name(dtype));

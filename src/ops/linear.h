@@ -44,10 +44,10 @@ void check_linear_weight(const LinearWeight& w);
 Tensor dequantize_rows(const LinearWeight& w, int64_t row_begin, int64_t row_end);
 
 // The host's products of many rows run on one pool of BLAS threads per process (up to 8 rows, a
-// decode step's or an MTP verification's, stay on their rank's thread: cpu/linear.cpp). When ranks_on_host ranks share this
-// host's cores (thread ranks, or mpirun processes on one node), each rank's products take
-// cores / ranks_on_host threads of it (at least one): more would spin against the other ranks'.
-// OPENBLAS_NUM_THREADS, when set, is left to rule.
+// decode step's or an MTP verification's, stay on their rank's thread: cpu/linear.cpp). When
+// ranks_on_host ranks share this host's cores (thread ranks, or mpirun processes on one node),
+// each rank's products take cores / ranks_on_host threads of it (at least one): more would spin
+// against the other ranks'. OPENBLAS_NUM_THREADS, when set, is left to rule.
 void share_host_cores(int ranks_on_host);
 
 // y = x W^T in DeepSeek V3's fp8 recipe, for F8_E4M3 weights with block scales: each row of x is
