@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "../bench_options.h"
 #include "core/dtype.h"
 #include "dsinfer/error.h"
 #include "ops/linear.h"
@@ -26,17 +27,6 @@ using Clock = std::chrono::steady_clock;
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-std::vector<int> int_list(const std::string& text) {
-  std::vector<int> out;
-  size_t at = 0;
-  while (at <= text.size()) {
-    const size_t comma = std::min(text.find(',', at), text.size());
-    out.push_back(std::stoi(text.substr(at, comma - at)));
-    at = comma + 1;
-  }
-  return out;
 }
 
 // A weight of `out` x `in` in `dtype` from a xorshift generator (the values do not matter, the
@@ -95,16 +85,14 @@ int main(int argc, char** argv) try {
   int reps = 20, threads = 0;
   std::string only;
   std::vector<int> rows = {1, 4};
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (i + 1 >= argc) dsi::fail("{} needs a value", k);
-    const std::string v = argv[++i];
-    if (k == "--reps") reps = std::max(1, std::stoi(v));
-    else if (k == "--rows") rows = int_list(v);
-    else if (k == "--threads") threads = std::stoi(v);
-    else if (k == "--only") only = v;
-    else dsi::fail("unknown option {}", k);
-  }
+  parse_options(argc, argv, [&](const std::string& k, auto value) {
+    if (k == "--reps") reps = std::max(1, std::stoi(value()));
+    else if (k == "--rows") rows = int_list(value());
+    else if (k == "--threads") threads = std::stoi(value());
+    else if (k == "--only") only = value();
+    else return false;
+    return true;
+  });
   if (threads > 0) openblas_set_num_threads(threads);
   std::printf("host copy rate: %.1f GB/s (memcpy of 1 GB, read + write)\n", copy_gbs());
   struct Shape {
