@@ -187,9 +187,9 @@ TEST(OpLinearFp8Act, MatchesFormulaAndExactLinear) {
 
 // The fp32-activation linear (ops::linear) on sliced fp8 weights: each dequantised element is its
 // e4m3 value times the scale of its block, the blocks shifted by the slice's offsets (row0, col0),
-// exactly; the product (dot products at one row, sgemm at more, chunked by rows) against
+// exactly; the product (streamed dot products up to 8 rows, sgemm over row chunks at more) against
 // float64. Small blocks put many block edges inside each row; the [800, 700] weight spans three
-// row chunks.
+// row chunks at 9 rows.
 TEST(OpLinearFp8Weights, SliceOffsetsTakeEachBlocksScale) {
   struct Case {
     int64_t n, out, in, row0, col0;
@@ -200,7 +200,8 @@ TEST(OpLinearFp8Weights, SliceOffsetsTakeEachBlocksScale) {
                                          {4, 129, 257, 127, 1, 128, 128},
                                          {3, 64, 300, 63, 127, 64, 128},
                                          {1, 800, 700, 100, 60, 128, 128},
-                                         {2, 800, 700, 5, 127, 128, 128}}) {
+                                         {2, 800, 700, 5, 127, 128, 128},
+                                         {9, 800, 700, 5, 127, 128, 128}}) {
     const std::string what = "n " + std::to_string(c.n) + " [" + std::to_string(c.out) + ", " +
                              std::to_string(c.in) + "] offsets " + std::to_string(c.row0) + "," +
                              std::to_string(c.col0) + " blocks " + std::to_string(c.bo) + "x" +
